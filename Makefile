@@ -1,0 +1,44 @@
+# refract — fresh machine: `make demo`, `make test`. Both install what they need first.
+SHELL := /bin/bash
+CARGO ?= cargo
+APT_PACKAGES := clang libbpf-dev haproxy wrk iproute2 curl fonts-dejavu-core procps
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deps build release test demo lint fmt bench clean
+
+# Installs missing Debian packages (idempotent: nothing happens when all are there).
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first"; exit 1; }
+	@rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy 2>/dev/null || true
+
+build: deps
+	$(CARGO) build --workspace
+
+release: deps
+	$(CARGO) build --release -p refract
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Every test, the lab tests included (they need root and skip with a printed reason otherwise).
+test: lint release
+	$(CARGO) test --workspace --release -- --test-threads=2
+
+demo: release
+	./target/release/refract demo
+
+bench: release
+	./target/release/refract bench sweep
+	./target/release/refract bench sweep --rate none
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	$(CARGO) clean

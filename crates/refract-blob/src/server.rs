@@ -1,0 +1,259 @@
+//! The blob server's HTTP loop: one task per connection, requests answered in order.
+
+use crate::pattern;
+use bytes::{Buf, BytesMut};
+use refract_http::classify::{classify_plan, RouteClass};
+use refract_http::{reply, BodyKind, ChunkedDecoder, RequestHead};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+const MAX_HEAD: usize = 64 * 1024;
+/// Largest body kept in memory (query plans); larger bodies are consumed and discarded.
+const MAX_KEPT_BODY: usize = 1 << 20;
+/// Blobs up to this size are sent in one write together with their head.
+const SMALL_BLOB: u64 = 64 * 1024;
+
+/// What a blob server has served.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Reads: `GET /blob` and read-only plans.
+    pub reads: AtomicU64,
+    /// Writes: `POST /blob` and plans with write operators.
+    pub writes: AtomicU64,
+    /// Plans with a TableLoad.
+    pub loads: AtomicU64,
+}
+
+/// A blob server's identity and capacity.
+#[derive(Debug, Clone)]
+pub struct BlobServer {
+    name: String,
+    delay: Duration,
+    permits: Option<Arc<Semaphore>>,
+    /// Counters, shared with whoever wants to read them in-process.
+    pub stats: Arc<Stats>,
+}
+
+impl BlobServer {
+    /// A server named `name` that spends `delay_ms` per query, `concurrency` at a time (0 = any).
+    pub fn new(name: String, delay_ms: u64, concurrency: usize) -> Self {
+        BlobServer {
+            name,
+            delay: Duration::from_millis(delay_ms),
+            permits: (concurrency > 0).then(|| Arc::new(Semaphore::new(concurrency))),
+            stats: Arc::default(),
+        }
+    }
+
+    fn stats_json(&self) -> String {
+        serde_json::json!({
+            "name": self.name,
+            "reads": self.stats.reads.load(Relaxed),
+            "writes": self.stats.writes.load(Relaxed),
+            "loads": self.stats.loads.load(Relaxed),
+        })
+        .to_string()
+    }
+
+    /// Simulated query processing: wait for a slot, then the delay.
+    async fn process(&self) {
+        let _permit = match &self.permits {
+            Some(p) => p.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+    }
+}
+
+/// Serves connections from `listener` until it fails.
+pub async fn serve(listener: TcpListener, server: BlobServer) -> anyhow::Result<()> {
+    let server = Arc::new(server);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(&server, stream).await {
+                tracing::debug!(error = %e, "blob connection ended");
+            }
+        });
+    }
+}
+
+async fn connection(srv: &BlobServer, mut s: TcpStream) -> std::io::Result<()> {
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    loop {
+        let head = match read_head(&mut s, &mut buf).await? {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                let msg = e.to_string();
+                return s.write_all(&reply::error(e.status(), &msg, &[], true)).await;
+            }
+        };
+        buf.advance(head.len);
+        let body = match read_body(&mut s, &mut buf, head.body).await? {
+            Ok(b) => b,
+            Err(e) => return s.write_all(&reply::error(400, &e.to_string(), &[], true)).await,
+        };
+        respond(srv, &mut s, &head, &body).await?;
+        if !head.keep_alive {
+            return Ok(());
+        }
+    }
+}
+
+type Parsed<T> = std::io::Result<Result<T, refract_http::Error>>;
+
+async fn read_head(s: &mut TcpStream, buf: &mut BytesMut) -> Parsed<Option<RequestHead>> {
+    loop {
+        match RequestHead::parse(buf, MAX_HEAD) {
+            Ok(Some(h)) => return Ok(Ok(Some(h))),
+            Ok(None) => {}
+            Err(e) => return Ok(Err(e)),
+        }
+        if s.read_buf(buf).await? == 0 {
+            return Ok(Ok(None));
+        }
+    }
+}
+
+/// Reads a request body, keeping at most [`MAX_KEPT_BODY`] bytes of it.
+async fn read_body(s: &mut TcpStream, buf: &mut BytesMut, kind: BodyKind) -> Parsed<Vec<u8>> {
+    let mut kept = Vec::new();
+    let mut keep = |b: &[u8]| {
+        let room = MAX_KEPT_BODY.saturating_sub(kept.len());
+        kept.extend_from_slice(&b[..b.len().min(room)]);
+    };
+    match kind {
+        BodyKind::None | BodyKind::UntilClose => {}
+        BodyKind::Length(mut left) => loop {
+            let n = left.min(buf.len() as u64) as usize;
+            keep(&buf[..n]);
+            buf.advance(n);
+            left -= n as u64;
+            if left == 0 {
+                break;
+            }
+            fill(s, buf).await?;
+        },
+        BodyKind::Chunked => {
+            let mut dec = ChunkedDecoder::new();
+            let mut raw = Vec::new();
+            loop {
+                let n = match dec.advance(buf) {
+                    Ok(n) => n,
+                    Err(e) => return Ok(Err(e)),
+                };
+                raw.extend_from_slice(&buf[..n.min(MAX_KEPT_BODY.saturating_sub(raw.len()))]);
+                buf.advance(n);
+                if dec.is_done() {
+                    break;
+                }
+                fill(s, buf).await?;
+            }
+            keep(&refract_http::chunked::decode_all(&raw));
+        }
+    }
+    Ok(Ok(kept))
+}
+
+async fn fill(s: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<()> {
+    if s.read_buf(buf).await? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+async fn respond(srv: &BlobServer, s: &mut TcpStream, head: &RequestHead, body: &[u8]) -> std::io::Result<()> {
+    let close = !head.keep_alive;
+    match (head.method.as_str(), head.path()) {
+        ("GET", "/blob") => get_blob(srv, s, head, close).await,
+        ("POST", "/blob") => {
+            srv.process().await;
+            srv.stats.writes.fetch_add(1, Relaxed);
+            s.write_all(&ok_json(srv, &format!("{{\"written\":{}}}", body.len()), close)).await
+        }
+        ("POST", "/query") => query(srv, s, body, close).await,
+        ("GET", "/stats") => {
+            s.write_all(&reply::response(200, "application/json", srv.stats_json().as_bytes(), close)).await
+        }
+        (_, "/blob" | "/query" | "/stats") => s.write_all(&reply::error(405, "method not allowed", &[], close)).await,
+        _ => s.write_all(&reply::error(404, "no such path", &[("path", head.path())], close)).await,
+    }
+}
+
+fn ok_json(srv: &BlobServer, body: &str, close: bool) -> Vec<u8> {
+    let conn = if close { "connection: close\r\n" } else { "" };
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-served-by: {}\r\n{conn}\r\n",
+        body.len(),
+        srv.name
+    )
+    .into_bytes();
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
+async fn query(srv: &BlobServer, s: &mut TcpStream, body: &[u8], close: bool) -> std::io::Result<()> {
+    srv.process().await;
+    let class = classify_plan(body);
+    let counter = match class {
+        RouteClass::All => &srv.stats.loads,
+        RouteClass::Write | RouteClass::Procedure => &srv.stats.writes,
+        RouteClass::Read => &srv.stats.reads,
+    };
+    counter.fetch_add(1, Relaxed);
+    let result = serde_json::json!({ "served_by": srv.name, "kind": class.as_str(), "rows": [] }).to_string();
+    s.write_all(&ok_json(srv, &result, close)).await
+}
+
+fn blob_params(head: &RequestHead) -> Option<(u64, u64)> {
+    let mut bytes = None;
+    let mut seed = 0;
+    for (k, v) in form_urlencoded::parse(head.query().unwrap_or("").as_bytes()) {
+        match &*k {
+            "bytes" => bytes = Some(v.parse().ok()?),
+            "seed" => seed = v.parse().ok()?,
+            _ => {}
+        }
+    }
+    Some((bytes?, seed))
+}
+
+async fn get_blob(srv: &BlobServer, s: &mut TcpStream, head: &RequestHead, close: bool) -> std::io::Result<()> {
+    let Some((n, seed)) = blob_params(head) else {
+        return s.write_all(&reply::error(400, "need bytes=N (and optional seed=S) as integers", &[], close)).await;
+    };
+    srv.process().await;
+    srv.stats.reads.fetch_add(1, Relaxed);
+    let conn = if close { "connection: close\r\n" } else { "" };
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {n}\r\nx-served-by: {}\r\n{conn}\r\n",
+        srv.name
+    )
+    .into_bytes();
+    if n <= SMALL_BLOB {
+        let mut off = 0;
+        while off < n {
+            let chunk = pattern::slice(off, seed, (n - off) as usize);
+            out.extend_from_slice(chunk);
+            off += chunk.len() as u64;
+        }
+        return s.write_all(&out).await;
+    }
+    s.write_all(&out).await?;
+    let mut off = 0u64;
+    while off < n {
+        let chunk = pattern::slice(off, seed, (n - off).min(1 << 20) as usize);
+        s.write_all(chunk).await?;
+        off += chunk.len() as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! The admin listener: `GET /backends`, `POST /backends`, `DELETE /backends/NAME`,
+//! `GET /metrics` (Prometheus text) and `GET /health`. It runs on its own address so that
+//! operators reach it even when the client listener is saturated.
+
+use crate::config::BackendConfig;
+use crate::conn::ClientConn;
+use crate::dispatcher::Ctx;
+use bytes::Bytes;
+use refract_http::{reply, RequestHead};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Largest admin request body.
+const MAX_ADMIN_BODY: usize = 64 * 1024;
+
+/// Accepts admin connections until the dispatcher stops.
+pub async fn serve(ctx: Arc<Ctx>, listener: TcpListener) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = ctx.stop.cancelled() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let ctx = ctx.clone();
+                tokio::spawn(async move { connection(&ctx, ClientConn::new(stream)).await });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn connection(ctx: &Ctx, mut conn: ClientConn) {
+    let idle = Duration::from_millis(ctx.cfg.timeouts.client_idle_ms);
+    loop {
+        let head = match conn.read_head(ctx.cfg.limits.max_head_bytes, idle, &ctx.stop).await {
+            Ok(Ok(h)) => h,
+            Ok(Err(_)) => break,
+            Err(e) => {
+                let _ = conn.reply(&reply::error(e.status(), &e.to_string(), &[], true)).await;
+                break;
+            }
+        };
+        conn.consume(head.len);
+        let body = match conn.read_body(head.body, MAX_ADMIN_BODY).await {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = conn.reply(&reply::error(e.status(), &e.to_string(), &[], true)).await;
+                break;
+            }
+        };
+        let close = !head.keep_alive;
+        if conn.reply(&route(ctx, &head, &body, close)).await.is_err() || close {
+            break;
+        }
+    }
+    conn.close_gracefully().await;
+}
+
+fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
+    let json =
+        |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
+    match (head.method.as_str(), head.path()) {
+        ("GET", "/backends") => {
+            let views: Vec<_> = ctx.members.snapshot().iter().map(|b| b.view()).collect();
+            json(200, serde_json::json!(views))
+        }
+        ("POST", "/backends") => match serde_json::from_slice::<BackendConfig>(body) {
+            Err(e) => reply::error(400, &format!("bad backend definition: {e}"), &[], close),
+            Ok(cfg) => match ctx.members.add(cfg.clone()) {
+                Ok(()) => json(201, serde_json::json!({ "added": cfg.name })),
+                Err(e) if e.contains("already") => reply::error(409, &e, &[], close),
+                Err(e) => reply::error(400, &e, &[], close),
+            },
+        },
+        ("DELETE", path) if path.starts_with("/backends/") => {
+            let name = &path["/backends/".len()..];
+            if ctx.members.remove(name) {
+                json(200, serde_json::json!({ "removed": name }))
+            } else {
+                reply::error(404, "no such backend", &[("backend", name)], close)
+            }
+        }
+        ("GET", "/metrics") => {
+            for b in ctx.members.snapshot().iter() {
+                ctx.metrics.set_backend(&b.name, b.is_up(), b.inflight());
+            }
+            reply::response(200, "text/plain; version=0.0.4", ctx.metrics.render().as_bytes(), close)
+        }
+        ("GET", "/health") => reply::response(200, "text/plain", b"ok\n", close),
+        _ => reply::error(404, "unknown admin path", &[("path", head.path())], close),
+    }
+}

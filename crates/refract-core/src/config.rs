@@ -1,0 +1,299 @@
+//! The dispatcher's configuration: TOML, unknown keys refused, then validated; every error
+//! names the line it is about. `docs/config.md` documents every key.
+
+use refract_http::RouteRule;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+use toml::Spanned;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listening addresses and threads.
+    pub listen: Listen,
+    /// Replica selection.
+    #[serde(default)]
+    pub balance: Balance,
+    /// Timeouts.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Size limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Active health checks.
+    #[serde(default)]
+    pub health: Health,
+    /// Backends at start; more can be added through the admin listener.
+    #[serde(default, rename = "backend")]
+    pub backends: Vec<Spanned<BackendConfig>>,
+    /// Routing rules (method + path prefix → class), tried after the built-in rules.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RouteRule>,
+}
+
+/// `[listen]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    /// Client-facing HTTP address.
+    pub http: SocketAddr,
+    /// Admin address (`/backends`, `/metrics`); absent = no admin listener.
+    #[serde(default)]
+    pub admin: Option<SocketAddr>,
+    /// Runtime worker threads; 0 = one per core.
+    #[serde(default)]
+    pub workers: usize,
+}
+
+/// How a read picks among replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// In turn.
+    #[default]
+    RoundRobin,
+    /// Power of two random choices, the one with fewer requests in flight.
+    LeastOutstanding,
+}
+
+/// `[balance]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Balance {
+    /// Replica selection policy.
+    pub policy: Policy,
+    /// Whether the primary also serves reads.
+    pub read_from_primary: bool,
+    /// Whether reads go to the primary when no replica is up.
+    pub read_fallback_to_primary: bool,
+}
+
+impl Default for Balance {
+    fn default() -> Self {
+        Balance { policy: Policy::RoundRobin, read_from_primary: false, read_fallback_to_primary: true }
+    }
+}
+
+/// `[timeouts]`, all in milliseconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// Connecting to a backend; past it: 504 and the backend is marked down.
+    pub connect_ms: u64,
+    /// From the request sent to the response head, and between two reads of a response body.
+    pub request_ms: u64,
+    /// How long a client connection may sit idle between requests.
+    pub client_idle_ms: u64,
+    /// On SIGINT/SIGTERM, how long in-flight requests may take to finish.
+    pub drain_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { connect_ms: 1000, request_ms: 30_000, client_idle_ms: 60_000, drain_ms: 10_000 }
+    }
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest request head accepted (431 past it).
+    pub max_head_bytes: usize,
+    /// Largest body refract buffers (Hyrise-R plans, fan-out); 413 past it. Other bodies stream.
+    pub max_buffered_body: usize,
+    /// Idle keep-alive connections kept per backend.
+    pub max_idle_per_backend: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_head_bytes: 64 * 1024, max_buffered_body: 1 << 20, max_idle_per_backend: 64 }
+    }
+}
+
+/// `[health]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Health {
+    /// Time between two probes of a backend.
+    pub interval_ms: u64,
+    /// A probe that takes longer fails.
+    pub timeout_ms: u64,
+    /// HTTP path probed with GET (2xx = healthy); absent = a TCP connect is the probe.
+    pub path: Option<String>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health { interval_ms: 1000, timeout_ms: 1000, path: None }
+    }
+}
+
+/// A backend's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Takes writes (and reads if configured).
+    Primary,
+    /// Takes reads.
+    Replica,
+}
+
+/// `[[backend]]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Unique name (letters, digits, `-`, `_`).
+    pub name: String,
+    /// Address of the backend.
+    pub addr: SocketAddr,
+    /// Primary or replica.
+    pub role: Role,
+}
+
+/// A configuration error, with the line when known.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    path: String,
+    message: String,
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError { path: path.display().to_string(), message: e.to_string() })?;
+        Config::parse(&text).map_err(|message| ConfigError { path: path.display().to_string(), message })
+    }
+
+    /// Parses and validates configuration text; the error names the line.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
+        cfg.validate(text)
+    }
+
+    fn validate(self, text: &str) -> Result<Config, String> {
+        let mut primaries = 0;
+        for (i, b) in self.backends.iter().enumerate() {
+            let at = line_of(text, b.span().start);
+            validate_backend(b.get_ref()).map_err(|m| format!("line {at}: {m}"))?;
+            if self.backends[..i].iter().any(|o| o.get_ref().name == b.get_ref().name) {
+                return Err(format!("line {at}: backend name {:?} is used twice", b.get_ref().name));
+            }
+            primaries += usize::from(b.get_ref().role == Role::Primary);
+            if primaries > 1 {
+                return Err(format!("line {at}: a second primary; exactly one backend may be primary"));
+            }
+        }
+        let t = &self.timeouts;
+        for (key, v) in
+            [("connect_ms", t.connect_ms), ("request_ms", t.request_ms), ("client_idle_ms", t.client_idle_ms)]
+        {
+            if v == 0 {
+                return Err(format!("line {}: [timeouts] {key} must be > 0", find_key_line(text, key)));
+            }
+        }
+        if self.health.interval_ms == 0 || self.health.timeout_ms == 0 {
+            return Err(format!("line {}: [health] times must be > 0", find_key_line(text, "health")));
+        }
+        if self.limits.max_head_bytes < 1024 {
+            return Err(format!(
+                "line {}: [limits] max_head_bytes must be ≥ 1024",
+                find_key_line(text, "max_head_bytes")
+            ));
+        }
+        Ok(self)
+    }
+
+    /// The backends as plain values.
+    pub fn backend_list(&self) -> Vec<BackendConfig> {
+        self.backends.iter().map(|b| b.get_ref().clone()).collect()
+    }
+}
+
+/// Checks one backend definition (also used for runtime additions).
+pub fn validate_backend(b: &BackendConfig) -> Result<(), String> {
+    let ok = !b.name.is_empty()
+        && b.name.len() <= 64
+        && b.name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
+    if !ok {
+        return Err(format!("backend name {:?} must be 1-64 letters, digits, '-' or '_'", b.name));
+    }
+    if b.addr.port() == 0 {
+        return Err(format!("backend {} needs a port", b.name));
+    }
+    Ok(())
+}
+
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => format!("line {}: {}", line_of(text, span.start), e.message()),
+        None => e.message().to_string(),
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+fn find_key_line(text: &str, key: &str) -> usize {
+    text.lines().position(|l| l.trim_start().starts_with(key) || l.contains(&format!("[{key}]"))).map_or(0, |i| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = "[listen]\nhttp = \"127.0.0.1:8080\"\n";
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::parse(MIN).unwrap();
+        assert_eq!(c.timeouts.connect_ms, 1000);
+        assert_eq!(c.balance.policy, Policy::RoundRobin);
+        assert!(c.backends.is_empty());
+    }
+
+    #[test]
+    fn unknown_key_names_the_line() {
+        let e = Config::parse(&format!("{MIN}colour = 3\n")).unwrap_err();
+        assert!(e.starts_with("line 3:"), "{e}");
+        assert!(e.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn bad_address_names_the_line() {
+        let e = Config::parse("[listen]\n\nhttp = \"nowhere\"\n").unwrap_err();
+        assert!(e.starts_with("line 3:"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_backend_names_the_line() {
+        let text = format!(
+            "{MIN}[[backend]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n\
+             [[backend]]\nname = \"a\"\naddr = \"127.0.0.1:2\"\nrole = \"replica\"\n"
+        );
+        let e = Config::parse(&text).unwrap_err();
+        assert!(e.contains("used twice"), "{e}");
+        assert!(e.starts_with("line 7:") || e.starts_with("line 8:"), "{e}");
+    }
+
+    #[test]
+    fn two_primaries_refused() {
+        let text = format!(
+            "{MIN}[[backend]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n\
+             [[backend]]\nname = \"b\"\naddr = \"127.0.0.1:2\"\nrole = \"primary\"\n"
+        );
+        assert!(Config::parse(&text).unwrap_err().contains("second primary"));
+    }
+
+    #[test]
+    fn zero_timeout_refused() {
+        let e = Config::parse(&format!("{MIN}[timeouts]\nconnect_ms = 0\n")).unwrap_err();
+        assert_eq!(e, "line 4: [timeouts] connect_ms must be > 0");
+    }
+}

@@ -1,0 +1,160 @@
+//! The core's error type: each error says whose fault it was and whether a retry may help.
+
+use std::io;
+
+/// Whose fault an error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client sent something wrong or went away.
+    Client,
+    /// A backend failed or misbehaved.
+    Backend,
+    /// refract itself (e.g. no backend available).
+    Internal,
+}
+
+/// What can go wrong while serving a request.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The client's request is not valid HTTP.
+    #[error("bad request: {0}")]
+    Request(#[from] refract_http::Error),
+    /// A buffered body exceeded the limit.
+    #[error("request body larger than {0} bytes cannot be buffered")]
+    BodyTooLarge(usize),
+    /// Reading from or writing to the client failed.
+    #[error("client i/o: {0}")]
+    ClientIo(io::Error),
+    /// No backend can take this request.
+    #[error("no backend available for {0} requests")]
+    NoBackend(&'static str),
+    /// Connecting to a backend failed.
+    #[error("backend {backend}: connect failed: {source}")]
+    Connect {
+        /// The backend's name.
+        backend: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Connecting to a backend took too long.
+    #[error("backend {backend}: connect timed out")]
+    ConnectTimeout {
+        /// The backend's name.
+        backend: String,
+    },
+    /// The backend did not answer in time.
+    #[error("backend {backend}: no response in time")]
+    ResponseTimeout {
+        /// The backend's name.
+        backend: String,
+    },
+    /// The backend's connection failed or closed before the response was complete.
+    #[error("backend {backend}: {source}")]
+    BackendIo {
+        /// The backend's name.
+        backend: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The backend sent something that is not valid HTTP.
+    #[error("backend {backend}: bad response: {source}")]
+    BackendProtocol {
+        /// The backend's name.
+        backend: String,
+        /// The cause.
+        source: refract_http::Error,
+    },
+    /// A backend of a fan-out answered with an error status.
+    #[error("backend {backend}: answered {status}")]
+    BackendStatus {
+        /// The backend's name.
+        backend: String,
+        /// The status it sent.
+        status: u16,
+    },
+}
+
+impl Error {
+    /// Whose fault it is.
+    pub fn side(&self) -> Side {
+        match self {
+            Error::Request(_) | Error::BodyTooLarge(_) | Error::ClientIo(_) => Side::Client,
+            Error::NoBackend(_) => Side::Internal,
+            _ => Side::Backend,
+        }
+    }
+
+    /// Whether another backend might succeed where this one failed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Connect { .. }
+                | Error::ConnectTimeout { .. }
+                | Error::BackendIo { .. }
+                | Error::ResponseTimeout { .. }
+        )
+    }
+
+    /// Whether the backend should be marked down at once.
+    pub fn marks_down(&self) -> bool {
+        matches!(self, Error::Connect { .. } | Error::ConnectTimeout { .. })
+    }
+
+    /// The backend involved, if any.
+    pub fn backend(&self) -> Option<&str> {
+        match self {
+            Error::Connect { backend, .. }
+            | Error::ConnectTimeout { backend }
+            | Error::ResponseTimeout { backend }
+            | Error::BackendIo { backend, .. }
+            | Error::BackendProtocol { backend, .. }
+            | Error::BackendStatus { backend, .. } => Some(backend),
+            _ => None,
+        }
+    }
+
+    /// The HTTP status the client gets when nothing was sent to it yet.
+    pub fn status(&self) -> u16 {
+        match self {
+            Error::Request(e) => e.status(),
+            Error::BodyTooLarge(_) => 413,
+            Error::ClientIo(_) => 400,
+            Error::NoBackend(_) => 503,
+            Error::ConnectTimeout { .. } | Error::ResponseTimeout { .. } => 504,
+            _ => 502,
+        }
+    }
+
+    /// A short label for the errors-by-kind metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Request(refract_http::Error::HeadTooLarge(_)) => "head_too_large",
+            Error::Request(_) => "bad_request",
+            Error::BodyTooLarge(_) => "body_too_large",
+            Error::ClientIo(_) => "client_io",
+            Error::NoBackend(_) => "no_backend",
+            Error::Connect { .. } => "connect",
+            Error::ConnectTimeout { .. } => "connect_timeout",
+            Error::ResponseTimeout { .. } => "response_timeout",
+            Error::BackendIo { .. } => "backend_io",
+            Error::BackendProtocol { .. } => "backend_protocol",
+            Error::BackendStatus { .. } => "backend_status",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_sides() {
+        let t = Error::ConnectTimeout { backend: "b1".into() };
+        assert_eq!((t.status(), t.side(), t.is_retryable(), t.marks_down()), (504, Side::Backend, true, true));
+        let p = Error::BackendProtocol { backend: "b1".into(), source: refract_http::Error::BadChunk("x") };
+        assert_eq!((p.status(), p.is_retryable()), (502, false));
+        assert_eq!(Error::NoBackend("read").status(), 503);
+        assert_eq!(Error::Request(refract_http::Error::HeadTooLarge(1)).status(), 431);
+        assert_eq!(t.backend(), Some("b1"));
+    }
+}

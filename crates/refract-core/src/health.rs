@@ -1,0 +1,52 @@
+//! Active health checks: every backend is probed at an interval (a TCP connect, or an HTTP GET
+//! of a configured path that must answer 2xx); a failing backend is marked down and skipped, a
+//! recovered one comes back. Requests mark a backend down at once when connecting fails.
+
+use crate::backend::Backend;
+use crate::config::Health;
+use crate::dispatcher::Ctx;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinSet;
+
+/// Probes all backends until the dispatcher stops.
+pub async fn run(ctx: Arc<Ctx>) {
+    let cfg = ctx.cfg.health.clone();
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {},
+            _ = ctx.stop.cancelled() => return,
+        }
+        let mut probes = JoinSet::new();
+        for b in ctx.members.snapshot().iter().cloned() {
+            let cfg = cfg.clone();
+            probes.spawn(async move {
+                let ok = probe(&b, &cfg).await;
+                (b, ok)
+            });
+        }
+        while let Some(Ok((b, ok))) = probes.join_next().await {
+            if b.set_up(ok) {
+                tracing::warn!(backend = %b.name, up = ok, "backend health changed");
+            }
+        }
+    }
+}
+
+/// One probe; true when healthy.
+pub async fn probe(b: &Backend, cfg: &Health) -> bool {
+    let timeout = Duration::from_millis(cfg.timeout_ms);
+    let check = async {
+        let mut conn = b.connect(timeout).await.ok()?;
+        let Some(path) = &cfg.path else { return Some(true) };
+        let req = format!("GET {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n", b.addr);
+        conn.stream.write_all(req.as_bytes()).await.ok()?;
+        let mut head = [0u8; 12];
+        conn.stream.read_exact(&mut head).await.ok()?;
+        Some(head.starts_with(b"HTTP/1.") && head[9] == b'2')
+    };
+    matches!(tokio::time::timeout(timeout, check).await, Ok(Some(true)))
+}

@@ -1,0 +1,172 @@
+//! Runtime membership (backends added and removed while serving) and the choice of a backend
+//! for a request: the primary for writes, a replica for reads (round robin or least
+//! outstanding with two random choices).
+
+use crate::backend::Backend;
+use crate::config::{validate_backend, BackendConfig, Balance, Policy, Role};
+use crate::metrics::Metrics;
+use rand::Rng;
+use refract_http::RouteClass;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+
+/// The current backends.
+pub struct Membership {
+    list: RwLock<Arc<Vec<Arc<Backend>>>>,
+    rr: AtomicUsize,
+    balance: Balance,
+    max_idle: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Membership {
+    /// Membership from the configured backends.
+    pub fn new(cfgs: &[BackendConfig], balance: Balance, max_idle: usize, metrics: Arc<Metrics>) -> Self {
+        let list = cfgs.iter().map(|c| Arc::new(Backend::new(c, max_idle, metrics.backend(&c.name)))).collect();
+        Membership { list: RwLock::new(Arc::new(list)), rr: AtomicUsize::new(0), balance, max_idle, metrics }
+    }
+
+    /// The backends now (a cheap snapshot; membership may change after).
+    pub fn snapshot(&self) -> Arc<Vec<Arc<Backend>>> {
+        self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Adds a backend; refuses a bad definition, a duplicate name or a second primary.
+    pub fn add(&self, cfg: BackendConfig) -> Result<(), String> {
+        validate_backend(&cfg)?;
+        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
+        if guard.iter().any(|b| b.name == cfg.name) {
+            return Err(format!("backend {} already exists", cfg.name));
+        }
+        if cfg.role == Role::Primary && guard.iter().any(|b| b.role == Role::Primary) {
+            return Err("there is already a primary; remove it first".into());
+        }
+        let mut next = guard.as_ref().clone();
+        next.push(Arc::new(Backend::new(&cfg, self.max_idle, self.metrics.backend(&cfg.name))));
+        *guard = Arc::new(next);
+        tracing::info!(backend = %cfg.name, addr = %cfg.addr, "backend added");
+        Ok(())
+    }
+
+    /// Removes a backend by name; its in-flight requests finish. Returns whether it existed.
+    pub fn remove(&self, name: &str) -> bool {
+        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
+        let Some(pos) = guard.iter().position(|b| b.name == name) else {
+            return false;
+        };
+        let mut next = guard.as_ref().clone();
+        next.remove(pos).retire();
+        *guard = Arc::new(next);
+        self.metrics.remove_backend(name);
+        tracing::info!(backend = %name, "backend removed");
+        true
+    }
+
+    /// The primary, if there is one.
+    pub fn primary(&self) -> Option<Arc<Backend>> {
+        self.snapshot().iter().find(|b| b.role == Role::Primary).cloned()
+    }
+
+    /// The backend for one request of `class` (not `All`), avoiding those in `exclude`.
+    pub fn pick(&self, class: RouteClass, exclude: &[Arc<Backend>]) -> Option<Arc<Backend>> {
+        let list = self.snapshot();
+        let usable = |b: &&Arc<Backend>| b.is_up() && !exclude.iter().any(|e| Arc::ptr_eq(e, b));
+        let primary = || list.iter().filter(usable).find(|b| b.role == Role::Primary).cloned();
+        if class != RouteClass::Read {
+            return primary();
+        }
+        let readers: Vec<&Arc<Backend>> =
+            list.iter().filter(usable).filter(|b| b.role == Role::Replica || self.balance.read_from_primary).collect();
+        if readers.is_empty() {
+            return if self.balance.read_fallback_to_primary { primary() } else { None };
+        }
+        Some(self.choose(&readers).clone())
+    }
+
+    fn choose<'a>(&self, readers: &[&'a Arc<Backend>]) -> &'a Arc<Backend> {
+        let n = readers.len();
+        match self.balance.policy {
+            Policy::RoundRobin => readers[self.rr.fetch_add(1, Relaxed) % n],
+            Policy::LeastOutstanding if n == 1 => readers[0],
+            Policy::LeastOutstanding => {
+                let mut rng = rand::thread_rng();
+                let a = rng.gen_range(0..n);
+                let b = (a + rng.gen_range(1..n)) % n;
+                if readers[b].inflight() < readers[a].inflight() {
+                    readers[b]
+                } else {
+                    readers[a]
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(name: &str, port: u16, role: Role) -> BackendConfig {
+        BackendConfig { name: name.into(), addr: ([127, 0, 0, 1], port).into(), role }
+    }
+
+    fn three(policy: Policy) -> Membership {
+        let cfgs = [cfg("p", 1, Role::Primary), cfg("r1", 2, Role::Replica), cfg("r2", 3, Role::Replica)];
+        let balance = Balance { policy, ..Balance::default() };
+        Membership::new(&cfgs, balance, 4, Arc::new(Metrics::new()))
+    }
+
+    #[test]
+    fn writes_go_to_primary_reads_rotate_over_replicas() {
+        let m = three(Policy::RoundRobin);
+        assert_eq!(m.pick(RouteClass::Write, &[]).unwrap().name, "p");
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[]).unwrap().name.clone()).collect();
+        assert_eq!(names, ["r1", "r2", "r1", "r2"]);
+    }
+
+    #[test]
+    fn down_replicas_are_skipped_then_primary_takes_reads() {
+        let m = three(Policy::LeastOutstanding);
+        let list = m.snapshot();
+        list[1].set_up(false);
+        assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+        list[2].set_up(false);
+        assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "p");
+        list[0].set_up(false);
+        assert!(m.pick(RouteClass::Read, &[]).is_none());
+        assert!(m.pick(RouteClass::Write, &[]).is_none());
+    }
+
+    #[test]
+    fn exclusion_for_retries() {
+        let m = three(Policy::RoundRobin);
+        let first = m.pick(RouteClass::Read, &[]).unwrap();
+        for _ in 0..4 {
+            assert!(!Arc::ptr_eq(&m.pick(RouteClass::Read, std::slice::from_ref(&first)).unwrap(), &first));
+        }
+    }
+
+    #[test]
+    fn least_outstanding_prefers_idle_replica() {
+        let m = three(Policy::LeastOutstanding);
+        let busy = m.snapshot()[1].clone();
+        let _guards: Vec<_> = (0..5).map(|_| busy.begin()).collect();
+        for _ in 0..20 {
+            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+        }
+    }
+
+    #[test]
+    fn add_and_remove_at_runtime() {
+        let m = three(Policy::RoundRobin);
+        assert!(m.add(cfg("r1", 9, Role::Replica)).is_err());
+        assert!(m.add(cfg("p2", 9, Role::Primary)).is_err());
+        assert!(m.add(cfg("bad name", 9, Role::Replica)).is_err());
+        m.add(cfg("r3", 4, Role::Replica)).unwrap();
+        assert_eq!(m.snapshot().len(), 4);
+        assert!(m.remove("r1"));
+        assert!(!m.remove("r1"));
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[]).unwrap().name.clone()).collect();
+        assert!(names.iter().all(|n| n == "r2" || n == "r3"), "{names:?}");
+    }
+}

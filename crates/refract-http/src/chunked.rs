@@ -1,0 +1,237 @@
+//! A chunked-transfer state machine (RFC 9112 §7.1). A proxy relays chunked bodies verbatim,
+//! so this decoder does not copy data out: it only tells how many of the offered bytes belong
+//! to the body and when the body (with its trailers) is complete. Broken encodings are errors.
+
+use crate::error::Error;
+
+/// Longest chunk-size line (with extensions) accepted.
+const MAX_LINE: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Reading hex digits of a chunk size.
+    Size { digits: u8 },
+    /// Skipping a chunk extension up to CR.
+    Ext,
+    /// Expecting LF after the size line.
+    SizeLf,
+    /// Inside chunk data, this many bytes left.
+    Data(u64),
+    /// Expecting CR after chunk data.
+    DataCr,
+    /// Expecting LF after chunk data.
+    DataLf,
+    /// At the start of a trailer line (or the final CRLF).
+    TrailerStart,
+    /// Inside a trailer line.
+    Trailer,
+    /// Expecting LF after a trailer line.
+    TrailerLf,
+    /// Expecting the final LF.
+    EndLf,
+    /// The body is complete.
+    Done,
+}
+
+/// Tracks the framing of one chunked body.
+#[derive(Debug, Clone)]
+pub struct ChunkedDecoder {
+    state: State,
+    size: u64,
+    line: usize,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkedDecoder {
+    /// A decoder at the start of a body.
+    pub fn new() -> Self {
+        ChunkedDecoder { state: State::Size { digits: 0 }, size: 0, line: 0 }
+    }
+
+    /// Whether the whole body, trailers included, has been seen.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Consumes body bytes from the front of `input`; returns how many belong to the body.
+    /// Stops at the end of the body, so the rest of `input` is the next message.
+    pub fn advance(&mut self, input: &[u8]) -> Result<usize, Error> {
+        let mut i = 0;
+        while i < input.len() && self.state != State::Done {
+            if let State::Data(left) = self.state {
+                let take = left.min((input.len() - i) as u64) as usize;
+                i += take;
+                self.state = if left == take as u64 { State::DataCr } else { State::Data(left - take as u64) };
+                continue;
+            }
+            self.step(input[i])?;
+            i += 1;
+        }
+        Ok(i)
+    }
+
+    fn step(&mut self, b: u8) -> Result<(), Error> {
+        self.line += 1;
+        if self.line > MAX_LINE {
+            return Err(Error::BadChunk("line too long"));
+        }
+        self.state = match self.state {
+            State::Size { digits } => self.size_byte(b, digits)?,
+            State::Ext => match b {
+                b'\r' => State::SizeLf,
+                b'\n' => return Err(Error::BadChunk("bare LF in chunk extension")),
+                _ => State::Ext,
+            },
+            State::SizeLf => self.end_size_line(b)?,
+            State::DataCr => expect(b, b'\r', State::DataLf, "missing CR after chunk data")?,
+            State::DataLf => self.new_line(expect(b, b'\n', State::Size { digits: 0 }, "missing LF after chunk data")?),
+            State::TrailerStart => match b {
+                b'\r' => State::EndLf,
+                b'\n' => return Err(Error::BadChunk("bare LF in trailers")),
+                _ => State::Trailer,
+            },
+            State::Trailer => match b {
+                b'\r' => State::TrailerLf,
+                b'\n' => return Err(Error::BadChunk("bare LF in trailer")),
+                _ => State::Trailer,
+            },
+            State::TrailerLf => self.new_line(expect(b, b'\n', State::TrailerStart, "missing LF after trailer")?),
+            State::EndLf => expect(b, b'\n', State::Done, "missing final LF")?,
+            State::Data(_) | State::Done => self.state,
+        };
+        Ok(())
+    }
+
+    fn new_line(&mut self, s: State) -> State {
+        self.line = 0;
+        if s == (State::Size { digits: 0 }) {
+            self.size = 0;
+        }
+        s
+    }
+
+    fn size_byte(&mut self, b: u8, digits: u8) -> Result<State, Error> {
+        if let Some(d) = (b as char).to_digit(16) {
+            if digits >= 15 {
+                return Err(Error::BadChunk("chunk size too large"));
+            }
+            self.size = self.size * 16 + u64::from(d);
+            return Ok(State::Size { digits: digits + 1 });
+        }
+        if digits == 0 {
+            return Err(Error::BadChunk("chunk size is not hexadecimal"));
+        }
+        match b {
+            b'\r' => Ok(State::SizeLf),
+            b';' | b' ' | b'\t' => Ok(State::Ext),
+            _ => Err(Error::BadChunk("chunk size is not hexadecimal")),
+        }
+    }
+
+    fn end_size_line(&mut self, b: u8) -> Result<State, Error> {
+        if b != b'\n' {
+            return Err(Error::BadChunk("missing LF after chunk size"));
+        }
+        self.line = 0;
+        Ok(if self.size == 0 { State::TrailerStart } else { State::Data(self.size) })
+    }
+}
+
+fn expect(b: u8, want: u8, next: State, why: &'static str) -> Result<State, Error> {
+    if b == want {
+        Ok(next)
+    } else {
+        Err(Error::BadChunk(why))
+    }
+}
+
+/// The data of a chunked body that [`ChunkedDecoder`] accepted (extensions and trailers dropped).
+pub fn decode_all(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
+        let line = std::str::from_utf8(&raw[..eol]).unwrap_or("0");
+        let digits = line.split([';', ' ', '\t']).next().unwrap_or("0");
+        let size = usize::from_str_radix(digits, 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = eol + 2;
+        let end = start.saturating_add(size).min(raw.len());
+        out.extend_from_slice(&raw[start..end]);
+        raw = &raw[end.saturating_add(2).min(raw.len())..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode(chunks: &[Vec<u8>], trailer: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for c in chunks.iter().filter(|c| !c.is_empty()) {
+            out.extend(format!("{:x}\r\n", c.len()).bytes());
+            out.extend(c);
+            out.extend(b"\r\n");
+        }
+        out.extend(b"0\r\n");
+        if trailer {
+            out.extend(b"X-Sum: 1\r\n");
+        }
+        out.extend(b"\r\n");
+        out
+    }
+
+    #[test]
+    fn whole_body_then_next_message() {
+        let mut raw = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n".to_vec();
+        let body_len = raw.len();
+        raw.extend(b"GET / HTTP/1.1\r\n");
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(d.advance(&raw), Ok(body_len));
+        assert!(d.is_done());
+    }
+
+    #[test]
+    fn decode_all_reassembles() {
+        assert_eq!(decode_all(b"3\r\nabc\r\n2;x\r\nde\r\n0\r\n\r\n"), b"abcde");
+    }
+
+    #[test]
+    fn broken_encodings_are_errors() {
+        for bad in [&b"zz\r\n"[..], b"5\r\nhelloXX", b"5\nhello", b"0\r\n\r\r", b"\r\n"] {
+            assert!(ChunkedDecoder::new().advance(bad).is_err(), "{bad:?}");
+        }
+        assert!(ChunkedDecoder::new().advance(b"fffffffffffffffff\r\n").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_finds_the_same_end(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..6),
+            trailer: bool,
+            split in 0usize..2000,
+        ) {
+            let raw = encode(&chunks, trailer);
+            let cut = split.min(raw.len());
+            let mut d = ChunkedDecoder::new();
+            let a = d.advance(&raw[..cut]).unwrap();
+            prop_assert_eq!(a, cut);
+            let b = d.advance(&raw[cut..]).unwrap();
+            prop_assert_eq!(a + b, raw.len());
+            prop_assert!(d.is_done());
+        }
+
+        #[test]
+        fn never_panics_on_garbage(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut d = ChunkedDecoder::new();
+            let _ = d.advance(&data);
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Request and response heads: parsed with httparse, reduced to what a proxy needs to frame
+//! the body and route the request. The raw head bytes are forwarded verbatim.
+
+use crate::error::Error;
+
+/// Most headers a head may carry; more is refused as malformed (431 would also be fair).
+const MAX_HEADERS: usize = 100;
+
+/// How the body of a message is delimited (RFC 9112 §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// No body at all.
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the peer closes (responses only).
+    UntilClose,
+}
+
+/// The parts of a request head a proxy acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    /// Method, e.g. `GET`.
+    pub method: String,
+    /// Request target, e.g. `/blob?bytes=1`.
+    pub target: String,
+    /// HTTP/1.`minor`.
+    pub minor: u8,
+    /// Body framing.
+    pub body: BodyKind,
+    /// Whether the client wants the connection kept after this exchange.
+    pub keep_alive: bool,
+    /// Value of `x-refract-route`, if present.
+    pub route_hint: Option<String>,
+    /// Length of the head in bytes, including the final CRLF CRLF.
+    pub len: usize,
+}
+
+/// The parts of a response head a proxy acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// Status code.
+    pub status: u16,
+    /// Body framing, already resolved against the request (HEAD, 204, 304 have none).
+    pub body: BodyKind,
+    /// Whether the server keeps the connection after this response.
+    pub keep_alive: bool,
+    /// Length of the head in bytes.
+    pub len: usize,
+}
+
+/// Framing and connection headers common to requests and responses.
+#[derive(Default)]
+struct Framing {
+    content_length: Option<u64>,
+    chunked: bool,
+    close: bool,
+    keep_alive: bool,
+    route_hint: Option<String>,
+}
+
+fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
+    let mut f = Framing::default();
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = parse_length(h.value)?;
+            if f.content_length.is_some_and(|old| old != n) {
+                return Err(Error::BadFraming("conflicting Content-Length headers"));
+            }
+            f.content_length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            f.chunked = transfer_is_chunked(h.value)?;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            scan_connection(h.value, &mut f);
+        } else if h.name.eq_ignore_ascii_case("x-refract-route") {
+            let v = std::str::from_utf8(h.value)
+                .map_err(|_| Error::BadHeader { name: "x-refract-route", reason: "not UTF-8".into() })?;
+            f.route_hint = Some(v.trim().to_ascii_lowercase());
+        }
+    }
+    if f.chunked && f.content_length.is_some() {
+        return Err(Error::BadFraming("both Content-Length and chunked"));
+    }
+    Ok(f)
+}
+
+fn parse_length(v: &[u8]) -> Result<u64, Error> {
+    let s = std::str::from_utf8(v).map_err(|_| Error::BadFraming("Content-Length not ASCII"))?;
+    let s = s.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::BadFraming("Content-Length not a number"));
+    }
+    s.parse().map_err(|_| Error::BadFraming("Content-Length too large"))
+}
+
+fn transfer_is_chunked(v: &[u8]) -> Result<bool, Error> {
+    let s = std::str::from_utf8(v).map_err(|_| Error::BadFraming("Transfer-Encoding not ASCII"))?;
+    let last = s.rsplit(',').next().unwrap_or("").trim();
+    if last.eq_ignore_ascii_case("chunked") {
+        Ok(true)
+    } else {
+        // Any other final coding leaves the length unknowable for a request.
+        Err(Error::BadFraming("unsupported Transfer-Encoding"))
+    }
+}
+
+fn scan_connection(v: &[u8], f: &mut Framing) {
+    for token in v.split(|&b| b == b',') {
+        let t = token.trim_ascii();
+        if t.eq_ignore_ascii_case(b"close") {
+            f.close = true;
+        } else if t.eq_ignore_ascii_case(b"keep-alive") {
+            f.keep_alive = true;
+        }
+    }
+}
+
+fn keep_alive(minor: u8, f: &Framing) -> bool {
+    if minor >= 1 {
+        !f.close
+    } else {
+        f.keep_alive && !f.close
+    }
+}
+
+fn check_size(buf: &[u8], max: usize) -> Result<(), Error> {
+    if buf.len() > max {
+        Err(Error::HeadTooLarge(max))
+    } else {
+        Ok(())
+    }
+}
+
+impl RequestHead {
+    /// Parses a request head from the front of `buf`. `Ok(None)` means more bytes are needed;
+    /// `max` bounds the head size (a head not complete within `max` bytes is refused).
+    pub fn parse(buf: &[u8], max: usize) -> Result<Option<Self>, Error> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let len = match req.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return check_size(buf, max).map(|()| None),
+            Err(e) => return Err(Error::Malformed(e.to_string())),
+        };
+        if len > max {
+            return Err(Error::HeadTooLarge(max));
+        }
+        let minor = req.version.unwrap_or(1);
+        let f = scan_headers(req.headers)?;
+        let body = match (f.chunked, f.content_length) {
+            (true, _) => BodyKind::Chunked,
+            (false, Some(0)) | (false, None) => BodyKind::None,
+            (false, Some(n)) => BodyKind::Length(n),
+        };
+        Ok(Some(RequestHead {
+            method: req.method.unwrap_or("").to_string(),
+            target: req.path.unwrap_or("").to_string(),
+            minor,
+            body,
+            keep_alive: keep_alive(minor, &f),
+            route_hint: f.route_hint,
+            len,
+        }))
+    }
+
+    /// The path without the query string.
+    pub fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or("")
+    }
+
+    /// The raw query string, if any.
+    pub fn query(&self) -> Option<&str> {
+        self.target.split_once('?').map(|(_, q)| q)
+    }
+
+    /// Whether the response to this request can have no body by definition.
+    pub fn is_head(&self) -> bool {
+        self.method == "HEAD"
+    }
+}
+
+impl ResponseHead {
+    /// Parses a response head to a request made with method HEAD when `head_request`.
+    pub fn parse(buf: &[u8], max: usize, head_request: bool) -> Result<Option<Self>, Error> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut res = httparse::Response::new(&mut headers);
+        let len = match res.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return check_size(buf, max).map(|()| None),
+            Err(e) => return Err(Error::Malformed(e.to_string())),
+        };
+        let status = res.code.unwrap_or(0);
+        let minor = res.version.unwrap_or(1);
+        let f = scan_headers(res.headers)?;
+        let bodyless = head_request || (100..200).contains(&status) || status == 204 || status == 304;
+        let body = match (bodyless, f.chunked, f.content_length) {
+            (true, _, _) => BodyKind::None,
+            (false, true, _) => BodyKind::Chunked,
+            (false, false, Some(0)) => BodyKind::None,
+            (false, false, Some(n)) => BodyKind::Length(n),
+            (false, false, None) => BodyKind::UntilClose,
+        };
+        let keep_alive = keep_alive(minor, &f) && body != BodyKind::UntilClose;
+        Ok(Some(ResponseHead { status, body, keep_alive, len }))
+    }
+
+    /// An interim (1xx) response, after which the final response follows.
+    pub fn is_interim(&self) -> bool {
+        (100..200).contains(&self.status) && self.status != 101
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_get_with_keep_alive() {
+        let raw = b"GET /blob?bytes=4 HTTP/1.1\r\nHost: x\r\n\r\nNEXT";
+        let h = RequestHead::parse(raw, 1024).unwrap().unwrap();
+        assert_eq!(h.method, "GET");
+        assert_eq!(h.path(), "/blob");
+        assert_eq!(h.query(), Some("bytes=4"));
+        assert_eq!(h.body, BodyKind::None);
+        assert!(h.keep_alive);
+        assert_eq!(h.len, raw.len() - 4);
+    }
+
+    #[test]
+    fn partial_head_needs_more_bytes() {
+        assert_eq!(RequestHead::parse(b"GET / HTTP/1.1\r\nHo", 1024), Ok(None));
+    }
+
+    #[test]
+    fn oversized_partial_head_is_refused() {
+        let mut raw = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        raw.extend(std::iter::repeat_n(b'a', 2000));
+        assert_eq!(RequestHead::parse(&raw, 1024), Err(Error::HeadTooLarge(1024)));
+    }
+
+    #[test]
+    fn garbage_is_malformed() {
+        let e = RequestHead::parse(b"\x00\x01garbage\r\n\r\n", 1024).unwrap_err();
+        assert!(matches!(e, Error::Malformed(_)));
+        assert_eq!(e.status(), 400);
+    }
+
+    #[test]
+    fn framing_headers() {
+        let cl = RequestHead::parse(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n", 1024);
+        assert_eq!(cl.unwrap().unwrap().body, BodyKind::Length(5));
+        let ch = RequestHead::parse(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 1024);
+        assert_eq!(ch.unwrap().unwrap().body, BodyKind::Chunked);
+        let both = b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(matches!(RequestHead::parse(both, 1024), Err(Error::BadFraming(_))));
+        let bad = b"POST / HTTP/1.1\r\nContent-Length: 5x\r\n\r\n";
+        assert!(matches!(RequestHead::parse(bad, 1024), Err(Error::BadFraming(_))));
+        let gz = b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n";
+        assert!(matches!(RequestHead::parse(gz, 1024), Err(Error::BadFraming(_))));
+    }
+
+    #[test]
+    fn connection_semantics() {
+        let close = RequestHead::parse(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", 1024);
+        assert!(!close.unwrap().unwrap().keep_alive);
+        let old = RequestHead::parse(b"GET / HTTP/1.0\r\n\r\n", 1024);
+        assert!(!old.unwrap().unwrap().keep_alive);
+        let old_ka = RequestHead::parse(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", 1024);
+        assert!(old_ka.unwrap().unwrap().keep_alive);
+    }
+
+    #[test]
+    fn route_hint_is_lowercased() {
+        let h = RequestHead::parse(b"GET / HTTP/1.1\r\nX-Refract-Route: WRITE\r\n\r\n", 1024);
+        assert_eq!(h.unwrap().unwrap().route_hint.as_deref(), Some("write"));
+    }
+
+    #[test]
+    fn response_framing() {
+        let r = ResponseHead::parse(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", 1024, false);
+        let r = r.unwrap().unwrap();
+        assert_eq!((r.status, r.body, r.keep_alive), (200, BodyKind::Length(3), true));
+        let h = ResponseHead::parse(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", 1024, true);
+        assert_eq!(h.unwrap().unwrap().body, BodyKind::None);
+        let u = ResponseHead::parse(b"HTTP/1.1 200 OK\r\n\r\n", 1024, false).unwrap().unwrap();
+        assert_eq!((u.body, u.keep_alive), (BodyKind::UntilClose, false));
+        let c = ResponseHead::parse(b"HTTP/1.1 100 Continue\r\n\r\n", 1024, false).unwrap();
+        assert!(c.unwrap().is_interim());
+        let n = ResponseHead::parse(b"HTTP/1.1 204 No Content\r\n\r\n", 1024, false).unwrap();
+        assert_eq!(n.unwrap().body, BodyKind::None);
+    }
+}

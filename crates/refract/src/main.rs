@@ -1,0 +1,49 @@
+//! `refract`: the one binary. It parses the command line and hands over to the crates; it
+//! holds no logic of its own.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "refract", version, about = "A query dispatcher for scale-out database clusters")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the dispatcher.
+    Dispatch {
+        /// The TOML configuration file (see examples/ and docs/config.md).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run the test backend: returns results of a requested size (the paper's stored procedure).
+    BlobServer(refract_blob::BlobArgs),
+    /// Build, inspect or remove the network-namespace lab.
+    #[command(subcommand)]
+    Lab(refract_lab::LabCmd),
+    /// Benchmarks, run in the lab; figures go to docs/benchmarks.md.
+    #[command(subcommand)]
+    Bench(refract_lab::BenchCmd),
+    /// The main job end to end: a cluster, routing shown, a short sweep.
+    Demo(refract_lab::DemoArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Dispatch { config } => refract_core::run_dispatcher_from_file(&config),
+        Cmd::BlobServer(args) => refract_blob::run(args),
+        Cmd::Lab(cmd) => cmd.run(),
+        Cmd::Bench(cmd) => cmd.run(),
+        Cmd::Demo(args) => args.run(),
+    }
+}

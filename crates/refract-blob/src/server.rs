@@ -214,25 +214,37 @@ async fn query(srv: &BlobServer, s: &mut TcpStream, body: &[u8], close: bool) ->
     s.write_all(&ok_json(srv, &result, close)).await
 }
 
-fn blob_params(head: &RequestHead) -> Option<(u64, u64)> {
+/// `bytes`, `seed` and `chunked` of a blob request.
+struct BlobParams {
+    bytes: u64,
+    seed: u64,
+    chunked: bool,
+}
+
+fn blob_params(head: &RequestHead) -> Option<BlobParams> {
     let mut bytes = None;
-    let mut seed = 0;
+    let (mut seed, mut chunked) = (0, false);
     for (k, v) in form_urlencoded::parse(head.query().unwrap_or("").as_bytes()) {
         match &*k {
             "bytes" => bytes = Some(v.parse().ok()?),
             "seed" => seed = v.parse().ok()?,
+            "chunked" => chunked = v == "1" || v == "true",
             _ => {}
         }
     }
-    Some((bytes?, seed))
+    Some(BlobParams { bytes: bytes?, seed, chunked })
 }
 
 async fn get_blob(srv: &BlobServer, s: &mut TcpStream, head: &RequestHead, close: bool) -> std::io::Result<()> {
-    let Some((n, seed)) = blob_params(head) else {
+    let Some(p) = blob_params(head) else {
         return s.write_all(&reply::error(400, "need bytes=N (and optional seed=S) as integers", &[], close)).await;
     };
     srv.process().await;
     srv.stats.reads.fetch_add(1, Relaxed);
+    if p.chunked {
+        return chunked_blob(srv, s, p.bytes, p.seed, close).await;
+    }
+    let (n, seed) = (p.bytes, p.seed);
     let conn = if close { "connection: close\r\n" } else { "" };
     let mut out = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {n}\r\nx-served-by: {}\r\n{conn}\r\n",
@@ -256,4 +268,24 @@ async fn get_blob(srv: &BlobServer, s: &mut TcpStream, head: &RequestHead, close
         off += chunk.len() as u64;
     }
     Ok(())
+}
+
+/// The same blob with `Transfer-Encoding: chunked` (chunks of at most 64 000 bytes).
+async fn chunked_blob(srv: &BlobServer, s: &mut TcpStream, n: u64, seed: u64, close: bool) -> std::io::Result<()> {
+    let conn = if close { "connection: close\r\n" } else { "" };
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\nx-served-by: {}\r\n{conn}\r\n",
+        srv.name
+    );
+    s.write_all(head.as_bytes()).await?;
+    let mut off = 0u64;
+    while off < n {
+        let chunk = pattern::slice(off, seed, (n - off).min(64_000) as usize);
+        let mut out = format!("{:x}\r\n", chunk.len()).into_bytes();
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(b"\r\n");
+        s.write_all(&out).await?;
+        off += chunk.len() as u64;
+    }
+    s.write_all(b"0\r\n\r\n").await
 }

@@ -1,0 +1,265 @@
+//! The test kit: starts the real `refract` binary (blob servers, the dispatcher) on loopback
+//! ports and speaks raw HTTP/1.1 to it, so tests see exactly what a client sees.
+#![allow(dead_code)]
+
+use refract_http::{BodyKind, ChunkedDecoder, ResponseHead};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// Sends a signal (e.g. "TERM", "KILL").
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args([format!("-{sig}"), self.child.id().to_string()]).status();
+    }
+
+    /// Peak resident memory, in KiB (VmHWM).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_refract")
+}
+
+/// A port free right now on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "{addr} never started listening");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts a blob server on `port` (0 = any free port).
+pub fn blob_at(name: &str, port: u16, extra: &[&str]) -> Proc {
+    let port = if port == 0 { free_port() } else { port };
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let child = Command::new(bin())
+        .args(["blob-server", "--listen", &addr.to_string(), "--name", name])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(addr);
+    Proc { child, addr }
+}
+
+pub fn blob(name: &str) -> Proc {
+    blob_at(name, 0, &[])
+}
+
+/// A running dispatcher and its admin address.
+pub struct Dispatcher {
+    pub proc: Proc,
+    pub admin: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// The config for a dispatcher on fresh ports in front of `backends` (name, addr, role);
+/// `extra` is appended verbatim.
+pub fn config(http: SocketAddr, admin: SocketAddr, backends: &[(&str, SocketAddr, &str)], extra: &str) -> String {
+    let mut text = format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nworkers = 2\n");
+    for (name, addr, role) in backends {
+        text += &format!("[[backend]]\nname = \"{name}\"\naddr = \"{addr}\"\nrole = \"{role}\"\n");
+    }
+    text + extra
+}
+
+/// Starts a dispatcher; `extra` is TOML appended to the generated config.
+pub fn dispatcher(backends: &[(&str, SocketAddr, &str)], extra: &str) -> Dispatcher {
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    dispatcher_with(&config(http, admin, backends, extra), http, admin)
+}
+
+pub fn dispatcher_with(text: &str, http: SocketAddr, admin: SocketAddr) -> Dispatcher {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("refract.toml");
+    std::fs::write(&path, text).unwrap();
+    let child = Command::new(bin())
+        .args(["dispatch", "--config", path.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(http);
+    wait_listening(admin);
+    Dispatcher { proc: Proc { child, addr: http }, admin, _dir: dir }
+}
+
+/// A response as the client saw it.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// A keep-alive client connection.
+pub struct Client {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        Client { stream, buf: Vec::new() }
+    }
+
+    pub fn send(&mut self, raw: &[u8]) {
+        self.stream.write_all(raw).unwrap();
+    }
+
+    fn fill(&mut self) -> std::io::Result<usize> {
+        let mut chunk = [0u8; 65536];
+        let n = self.stream.read(&mut chunk)?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+
+    /// Reads one response; `Err` if the connection ends first (e.g. a body cut short).
+    pub fn read_response(&mut self, head_request: bool) -> std::io::Result<Response> {
+        let rh = loop {
+            if let Some(h) = ResponseHead::parse(&self.buf, 1 << 20, head_request).unwrap() {
+                break h;
+            }
+            if self.fill()? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        };
+        let head = String::from_utf8_lossy(&self.buf[..rh.len]).to_string();
+        self.buf.drain(..rh.len);
+        let body = self.read_body(rh.body)?;
+        Ok(Response { status: rh.status, head, body })
+    }
+
+    fn read_body(&mut self, kind: BodyKind) -> std::io::Result<Vec<u8>> {
+        match kind {
+            BodyKind::None => Ok(Vec::new()),
+            BodyKind::Length(n) => {
+                while (self.buf.len() as u64) < n {
+                    if self.fill()? == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                Ok(self.buf.drain(..n as usize).collect())
+            }
+            BodyKind::Chunked => {
+                let mut dec = ChunkedDecoder::new();
+                let mut seen = 0;
+                loop {
+                    seen += dec.advance(&self.buf[seen..]).unwrap();
+                    if dec.is_done() {
+                        let raw: Vec<u8> = self.buf.drain(..seen).collect();
+                        return Ok(refract_http::chunked::decode_all(&raw));
+                    }
+                    if self.fill()? == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+            }
+            BodyKind::UntilClose => {
+                while self.fill()? > 0 {}
+                Ok(std::mem::take(&mut self.buf))
+            }
+        }
+    }
+
+    /// Whether the server closed the connection (EOF or reset) within the timeout.
+    pub fn is_closed(&mut self) -> bool {
+        self.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 1];
+        loop {
+            match self.stream.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                    return false
+                }
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+/// One request on a fresh connection.
+pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let mut c = Client::connect(addr);
+    c.send(&raw_request(method, path, headers, body));
+    c.read_response(method == "HEAD").unwrap()
+}
+
+pub fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
+    for (k, v) in headers {
+        out += &format!("{k}: {v}\r\n");
+    }
+    if !body.is_empty() || method == "POST" {
+        out += &format!("content-length: {}\r\n", body.len());
+    }
+    let mut raw = (out + "\r\n").into_bytes();
+    raw.extend_from_slice(body);
+    raw
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Response {
+    request(addr, "GET", path, &[], b"")
+}
+
+/// A blob server's `/stats`.
+pub fn stats(addr: SocketAddr) -> serde_json::Value {
+    get(addr, "/stats").json()
+}
+
+/// A Hyrise-R form body for a plan.
+pub fn plan_body(plan: &str) -> Vec<u8> {
+    let mut out = b"query=".to_vec();
+    for b in plan.bytes() {
+        if b.is_ascii_alphanumeric() {
+            out.push(b);
+        } else {
+            out.extend(format!("%{b:02X}").bytes());
+        }
+    }
+    out
+}
+
+pub const TABLE_LOAD: &str = r#"{"operators":{"0":{"type":"TableLoad","table":"t","filename":"t.tbl"}}}"#;

@@ -1,0 +1,134 @@
+//! Routing against three real blob servers: reads spread over replicas, writes on the primary,
+//! a TableLoad on all, `x-refract-route` honoured, pipelined responses in order.
+
+mod common;
+use common::*;
+use refract_blob::pattern;
+
+fn cluster() -> (Proc, Proc, Proc, Dispatcher) {
+    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
+    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")], "");
+    (b1, b2, b3, d)
+}
+
+#[test]
+fn reads_spread_writes_on_primary_tableload_on_all() {
+    let (b1, b2, b3, d) = cluster();
+    let mut c = Client::connect(d.proc.addr);
+    let mut served = std::collections::HashMap::new();
+    for i in 0..30 {
+        c.send(&raw_request("GET", &format!("/blob?bytes=100&seed={i}"), &[], b""));
+        let r = c.read_response(false).unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(pattern::first_mismatch(&r.body, 0, i), None);
+        *served.entry(r.header("x-served-by").unwrap()).or_insert(0) += 1;
+    }
+    assert!(served.get("b2").copied().unwrap_or(0) >= 5, "{served:?}");
+    assert!(served.get("b3").copied().unwrap_or(0) >= 5, "{served:?}");
+    assert_eq!(served.get("b1"), None, "the primary took reads: {served:?}");
+    for _ in 0..10 {
+        c.send(&raw_request("POST", "/blob", &[], b"some data"));
+        let r = c.read_response(false).unwrap();
+        assert_eq!((r.status, r.header("x-served-by").as_deref()), (200, Some("b1")));
+    }
+    c.send(&raw_request("POST", "/query", &[], &plan_body(TABLE_LOAD)));
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.json()["served_by"].as_str()), (200, Some("b1")));
+    let (s1, s2, s3) = (stats(b1.addr), stats(b2.addr), stats(b3.addr));
+    assert_eq!((s1["writes"].as_u64(), s2["writes"].as_u64(), s3["writes"].as_u64()), (Some(10), Some(0), Some(0)));
+    for s in [&s1, &s2, &s3] {
+        assert_eq!(s["loads"], 1, "{s}");
+    }
+    assert_eq!(s2["reads"].as_u64().unwrap() + s3["reads"].as_u64().unwrap(), 30);
+}
+
+#[test]
+fn hyrise_plans_are_classified() {
+    let (b1, b2, b3, d) = cluster();
+    let insert = r#"{"operators":{"0":{"type":"GetTable","name":"t"},"1":{"type":"InsertScan"}},"edges":[["0","1"]]}"#;
+    let scan = r#"{"operators":{"0":{"type":"GetTable","name":"t"},"1":{"type":"SimpleTableScan"}}}"#;
+    assert_eq!(request(d.proc.addr, "POST", "/query", &[], &plan_body(insert)).json()["served_by"], "b1");
+    let r = request(d.proc.addr, "POST", "/query", &[], &plan_body(scan));
+    assert_ne!(r.json()["served_by"], "b1");
+    assert_eq!(stats(b1.addr)["writes"], 1);
+    assert_eq!(stats(b2.addr)["reads"].as_u64().unwrap() + stats(b3.addr)["reads"].as_u64().unwrap(), 1);
+}
+
+#[test]
+fn route_header_is_honoured() {
+    let (b1, b2, b3, d) = cluster();
+    let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-route", "write")], b"");
+    assert_eq!(r.header("x-served-by").as_deref(), Some("b1"));
+    let r = request(d.proc.addr, "POST", "/blob", &[("x-refract-route", "read")], b"x");
+    assert_ne!(r.header("x-served-by").as_deref(), Some("b1"));
+    let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-route", "all")], b"");
+    assert_eq!((r.status, r.header("x-served-by").as_deref()), (200, Some("b1")));
+    assert_eq!(stats(b1.addr)["reads"], 2);
+    let (s2, s3) = (stats(b2.addr), stats(b3.addr));
+    assert_eq!((s2["reads"].as_u64(), s3["reads"].as_u64()), (Some(1), Some(1)), "the fan-out reached both replicas");
+    assert_eq!(s2["writes"].as_u64().unwrap() + s3["writes"].as_u64().unwrap(), 1, "the forced read went to a replica");
+    let bad = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-route", "sideways")], b"");
+    assert_eq!(bad.status, 400);
+    assert!(bad.json()["error"].as_str().unwrap().contains("x-refract-route"));
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let (_b1, _b2, _b3, d) = cluster();
+    let mut c = Client::connect(d.proc.addr);
+    let sizes = [1u64, 70_000, 0, 5, 300_000, 12, 64, 1_000_000];
+    let mut all = Vec::new();
+    for (i, n) in sizes.iter().enumerate() {
+        all.extend(raw_request("GET", &format!("/blob?bytes={n}&seed={i}"), &[], b""));
+    }
+    c.send(&all);
+    for (i, n) in sizes.iter().enumerate() {
+        let r = c.read_response(false).unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len() as u64, *n, "response {i}");
+        assert_eq!(pattern::first_mismatch(&r.body, 0, i as u64), None, "response {i}");
+    }
+}
+
+#[test]
+fn chunked_bodies_both_ways() {
+    let (b1, _b2, _b3, d) = cluster();
+    let mut c = Client::connect(d.proc.addr);
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.json()["written"].as_u64()), (200, Some(8)));
+    c.send(&raw_request("GET", "/blob?bytes=200000&seed=7&chunked=1", &[], b""));
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.header("transfer-encoding").as_deref(), Some("chunked"));
+    assert_eq!(r.body.len(), 200_000);
+    assert_eq!(pattern::first_mismatch(&r.body, 0, 7), None);
+    c.send(&raw_request("GET", "/blob?bytes=3", &[], b""));
+    assert_eq!(c.read_response(false).unwrap().body.len(), 3);
+    assert_eq!(stats(b1.addr)["writes"], 1);
+}
+
+#[test]
+fn least_outstanding_policy_spreads_reads() {
+    let (_b1, _b2, _b3, d) = {
+        let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
+        let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
+        let d = dispatcher(&backends, "[balance]\npolicy = \"least-outstanding\"\n");
+        (b1, b2, b3, d)
+    };
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..40 {
+        seen.insert(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").unwrap());
+    }
+    assert_eq!(seen, ["b2".to_string(), "b3".to_string()].into_iter().collect());
+}
+
+#[test]
+fn the_loopback_example_works_as_documented() {
+    let _b: Vec<Proc> = (1..=3).map(|i| blob_at(&format!("b{i}"), 9000 + i, &[])).collect();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/loopback.toml")).unwrap();
+    let d = dispatcher_with(&text, "127.0.0.1:8080".parse().unwrap(), "127.0.0.1:8081".parse().unwrap());
+    assert_eq!(get(d.proc.addr, "/blob?bytes=1").status, 200);
+    let backends = get(d.admin, "/backends").json();
+    let names: Vec<_> = backends.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["b1", "b2", "b3"]);
+}

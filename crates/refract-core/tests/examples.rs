@@ -1,4 +1,5 @@
 //! Every example configuration parses and validates.
+#![allow(clippy::unwrap_used)]
 
 use refract_core::Config;
 use std::path::Path;

@@ -1,4 +1,5 @@
 //! The admin listener: runtime membership and metrics.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 use common::*;

@@ -1,4 +1,5 @@
 //! Failures: dead replicas, backends dying mid-response, no backend at all, bad input,
+#![allow(clippy::unwrap_used)]
 //! timeouts. After each, the dispatcher must keep serving other clients.
 
 mod common;

@@ -1,4 +1,5 @@
 //! Routing against three real blob servers: reads spread over replicas, writes on the primary,
+#![allow(clippy::unwrap_used)]
 //! a TableLoad on all, `x-refract-route` honoured, pipelined responses in order.
 
 mod common;

@@ -1,4 +1,5 @@
 //! Large results stream through the dispatcher with bounded memory.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 use common::*;

@@ -38,8 +38,12 @@ use std::path::Path;
 /// Loads the configuration, runs the dispatcher until SIGINT/SIGTERM, then drains.
 pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<()> {
     let cfg = Config::load(path)?;
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if cfg.listen.workers > 0 {
+    // One worker: a current-thread runtime, with no cross-thread wake-ups at all.
+    let mut rt = match cfg.listen.workers {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    if cfg.listen.workers > 1 {
         rt.worker_threads(cfg.listen.workers);
     }
     rt.enable_all().build()?.block_on(async move {

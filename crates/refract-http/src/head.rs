@@ -291,4 +291,57 @@ mod tests {
         let n = ResponseHead::parse(b"HTTP/1.1 204 No Content\r\n\r\n", 1024, false).unwrap();
         assert_eq!(n.unwrap().body, BodyKind::None);
     }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn token() -> impl Strategy<Value = String> {
+            "[A-Za-z][A-Za-z0-9-]{0,15}"
+        }
+
+        proptest! {
+            #[test]
+            fn request_round_trip(
+                method in "(GET|POST|PUT|DELETE|HEAD)",
+                path in "/[a-z0-9/]{0,20}(\\?[a-z]=[0-9]{1,4})?",
+                len in proptest::option::of(0u64..1_000_000),
+                close: bool,
+                extra in proptest::collection::vec((token(), "[ -~]{0,30}"), 0..6),
+            ) {
+                let mut raw = format!("{method} {path} HTTP/1.1\r\n");
+                for (k, v) in &extra {
+                    let lower = k.to_ascii_lowercase();
+                    if ["content-length", "transfer-encoding", "connection", "x-refract-route"].contains(&lower.as_str()) {
+                        continue;
+                    }
+                    raw += &format!("{k}: {}\r\n", v.trim());
+                }
+                if let Some(n) = len {
+                    raw += &format!("Content-Length: {n}\r\n");
+                }
+                if close {
+                    raw += "Connection: close\r\n";
+                }
+                raw += "\r\n";
+                let h = RequestHead::parse(raw.as_bytes(), 1 << 16).unwrap().unwrap();
+                prop_assert_eq!(&h.method, &method);
+                prop_assert_eq!(&h.target, &path);
+                prop_assert_eq!(h.len, raw.len());
+                prop_assert_eq!(h.keep_alive, !close);
+                let want = match len { None | Some(0) => BodyKind::None, Some(n) => BodyKind::Length(n) };
+                prop_assert_eq!(h.body, want);
+                // Every proper prefix needs more bytes, never errs.
+                for cut in [1, raw.len() / 2, raw.len() - 1] {
+                    prop_assert_eq!(RequestHead::parse(&raw.as_bytes()[..cut], 1 << 16), Ok(None));
+                }
+            }
+
+            #[test]
+            fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+                let _ = RequestHead::parse(&data, 256);
+                let _ = ResponseHead::parse(&data, 256, false);
+            }
+        }
+    }
 }

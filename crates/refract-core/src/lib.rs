@@ -13,6 +13,7 @@
 //! - `health`: active health checks.
 //! - `admin`: `/backends`, `/metrics`.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`overload`]: admission limits, queues, deadlines, retry budget (being wired in).
 //! - [`conn`]: a client connection and its buffer.
 //! - [`error`]: the error type.
 
@@ -26,6 +27,7 @@ mod fanout;
 mod health;
 pub mod membership;
 pub mod metrics;
+pub mod overload;
 mod relay;
 mod session;
 

@@ -1,0 +1,457 @@
+//! Per-backend admission: at most `limit` requests in flight (the adaptive limit under the
+//! configured cap); the rest wait in a bounded queue, highest priority first. The queue is
+//! managed CoDel-style: while its oldest waiter has stayed below `target` within the last
+//! `interval`, it is served first-in first-out; once waiting has stayed above `target` for a
+//! whole `interval`, the backend is overloaded and the queue turns last-in first-out (fresh
+//! requests still meet their deadlines) and waiters older than twice the target are shed.
+
+use super::limit::{AdaptiveLimit, LimitConfig};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// Request priority; under pressure the lowest is shed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    /// Served first, shed last.
+    High = 0,
+    /// The default.
+    Normal = 1,
+    /// Shed first.
+    Low = 2,
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The wait queue is full of requests at least as important.
+    QueueFull,
+    /// Shed by queue management (waited too long under overload, or pushed out by a
+    /// more important request).
+    Shed,
+    /// The request could not start before its deadline.
+    Deadline,
+}
+
+/// How a request that held a permit ended, for the limit to learn from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Completed: its latency is a sample.
+    Success,
+    /// Timed out or answered "overloaded": the limit backs off.
+    Overloaded,
+    /// Says nothing about the backend's capacity (e.g. the client went away).
+    Ignore,
+}
+
+/// Admission settings.
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    /// Whether limits apply at all (in-flight is counted either way).
+    pub enabled: bool,
+    /// The adaptive limit.
+    pub limit: LimitConfig,
+    /// Waiters beyond this are refused.
+    pub max_queue: usize,
+    /// CoDel target sojourn time.
+    pub target: Duration,
+    /// CoDel interval.
+    pub interval: Duration,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            enabled: true,
+            limit: LimitConfig::default(),
+            max_queue: 1024,
+            target: Duration::from_millis(5),
+            interval: Duration::from_millis(100),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    since: Instant,
+    tx: oneshot::Sender<()>,
+}
+
+#[derive(Debug)]
+struct State {
+    inflight: usize,
+    limiter: AdaptiveLimit,
+    queues: [VecDeque<Waiter>; 3],
+    next_id: u64,
+    /// Last time the queue was empty or its oldest waiter was under target.
+    last_good: Instant,
+    overloaded: bool,
+    shed: u64,
+}
+
+impl State {
+    fn queued(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
+
+    fn oldest(&self) -> Option<Instant> {
+        self.queues.iter().filter_map(|q| q.front().map(|w| w.since)).min()
+    }
+
+    fn remove(&mut self, id: u64) -> bool {
+        for q in &mut self.queues {
+            if let Some(pos) = q.iter().position(|w| w.id == id) {
+                q.remove(pos);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// One backend's admission control.
+#[derive(Debug)]
+pub struct Admission {
+    cfg: AdmissionConfig,
+    state: Mutex<State>,
+}
+
+/// A granted slot; give it back with [`Permit::finish`] (dropping it counts as `Ignore`).
+#[derive(Debug)]
+pub struct Permit {
+    adm: Arc<Admission>,
+    started: Instant,
+    finished: bool,
+}
+
+impl Permit {
+    /// Returns the slot and teaches the limit.
+    pub fn finish(mut self, outcome: Outcome) {
+        self.finished = true;
+        self.adm.release(Some((outcome, self.started.elapsed())));
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.adm.release(None);
+        }
+    }
+}
+
+/// A snapshot for admin and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionView {
+    /// Current concurrency limit.
+    pub limit: usize,
+    /// Requests holding a permit.
+    pub inflight: usize,
+    /// Requests waiting.
+    pub queued: usize,
+    /// Whether the queue is in overload (LIFO, shedding) mode.
+    pub overloaded: bool,
+    /// Waiters shed so far.
+    pub shed: u64,
+}
+
+impl Admission {
+    /// Admission with `cfg`.
+    pub fn new(cfg: AdmissionConfig) -> Arc<Self> {
+        let state = State {
+            inflight: 0,
+            limiter: AdaptiveLimit::new(cfg.limit.clone()),
+            queues: Default::default(),
+            next_id: 0,
+            last_good: Instant::now(),
+            overloaded: false,
+            shed: 0,
+        };
+        Arc::new(Admission { cfg, state: Mutex::new(state) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current state.
+    pub fn view(&self) -> AdmissionView {
+        let s = self.lock();
+        AdmissionView {
+            limit: s.limiter.limit(),
+            inflight: s.inflight,
+            queued: s.queued(),
+            overloaded: s.overloaded,
+            shed: s.shed,
+        }
+    }
+
+    fn permit(self: &Arc<Self>) -> Permit {
+        Permit { adm: self.clone(), started: Instant::now(), finished: false }
+    }
+
+    /// Waits for a slot, at most until `deadline`.
+    pub async fn acquire(self: &Arc<Self>, prio: Priority, deadline: Option<Instant>) -> Result<Permit, Refusal> {
+        let (id, mut rx) = match self.enqueue(prio, deadline)? {
+            None => return Ok(self.permit()),
+            Some(w) => w,
+        };
+        let granted = match deadline {
+            Some(d) => tokio::select! {
+                r = &mut rx => Some(r),
+                _ = tokio::time::sleep_until(d) => None,
+            },
+            None => Some((&mut rx).await),
+        };
+        match granted {
+            Some(Ok(())) => Ok(self.permit()),
+            Some(Err(_)) => Err(Refusal::Shed),
+            None => self.give_up(id, rx),
+        }
+    }
+
+    /// Either a slot now (`None`), or a place in the queue.
+    fn enqueue(
+        &self,
+        prio: Priority,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(u64, oneshot::Receiver<()>)>, Refusal> {
+        let mut s = self.lock();
+        let now = Instant::now();
+        if !self.cfg.enabled || (s.inflight < s.limiter.limit() && s.queued() == 0) {
+            s.inflight += 1;
+            return Ok(None);
+        }
+        if let Some(d) = deadline {
+            if d <= now || now + self.expected_wait(&s) > d {
+                return Err(Refusal::Deadline);
+            }
+        }
+        self.manage(&mut s, now);
+        if s.queued() >= self.cfg.max_queue && !shed_lower(&mut s, prio) {
+            return Err(Refusal::QueueFull);
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = s.next_id;
+        s.next_id += 1;
+        s.queues[prio as usize].push_back(Waiter { id, since: now, tx });
+        Ok(Some((id, rx)))
+    }
+
+    /// The deadline passed while queued: leave the queue, or hand back a slot granted meanwhile.
+    fn give_up(&self, id: u64, mut rx: oneshot::Receiver<()>) -> Result<Permit, Refusal> {
+        let mut s = self.lock();
+        if !s.remove(id) && rx.try_recv().is_ok() {
+            s.inflight -= 1;
+            self.dispatch(&mut s);
+        }
+        Err(Refusal::Deadline)
+    }
+
+    /// Rough wait for a new waiter: the queue ahead drains `limit` at a time, each round
+    /// taking about one recent latency.
+    fn expected_wait(&self, s: &State) -> Duration {
+        let rounds = (s.queued() + 1) as f64 / s.limiter.limit() as f64;
+        Duration::from_secs_f64((rounds * s.limiter.recent_latency()).min(3600.0))
+    }
+
+    fn release(&self, sample: Option<(Outcome, Duration)>) {
+        let mut s = self.lock();
+        s.inflight = s.inflight.saturating_sub(1);
+        let inflight = s.inflight + 1;
+        match sample {
+            Some((Outcome::Success, rtt)) => s.limiter.sample(rtt.as_secs_f64(), inflight),
+            Some((Outcome::Overloaded, _)) => s.limiter.back_off(),
+            _ => {}
+        }
+        self.dispatch(&mut s);
+    }
+
+    /// CoDel bookkeeping, and shedding of stale waiters while overloaded.
+    fn manage(&self, s: &mut State, now: Instant) {
+        match s.oldest() {
+            Some(t) if now - t > self.cfg.target => {
+                if now - s.last_good > self.cfg.interval {
+                    s.overloaded = true;
+                }
+            }
+            _ => {
+                s.last_good = now;
+                s.overloaded = false;
+            }
+        }
+        if s.overloaded {
+            let limit = 2 * self.cfg.target;
+            let mut shed = 0;
+            for q in &mut s.queues {
+                let before = q.len();
+                q.retain(|w| now - w.since <= limit);
+                shed += before - q.len();
+            }
+            s.shed += shed as u64;
+        }
+    }
+
+    /// Grants free slots to waiters: highest priority first; FIFO normally, LIFO in overload.
+    fn dispatch(&self, s: &mut State) {
+        self.manage(s, Instant::now());
+        while s.inflight < s.limiter.limit() || (!self.cfg.enabled && s.queued() > 0) {
+            let lifo = s.overloaded;
+            let Some(w) =
+                s.queues
+                    .iter_mut()
+                    .find(|q| !q.is_empty())
+                    .and_then(|q| if lifo { q.pop_back() } else { q.pop_front() })
+            else {
+                break;
+            };
+            s.inflight += 1;
+            if w.tx.send(()).is_err() {
+                s.inflight -= 1;
+            }
+        }
+    }
+}
+
+/// Makes room for a waiter of `prio` by shedding the oldest waiter of a lower priority.
+fn shed_lower(s: &mut State, prio: Priority) -> bool {
+    for p in (prio as usize + 1..3).rev() {
+        if s.queues[p].pop_front().is_some() {
+            s.shed += 1;
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixed(limit: f64, max_queue: usize) -> Arc<Admission> {
+        let l = LimitConfig { initial: limit, min: limit, max: limit, ..LimitConfig::default() };
+        Admission::new(AdmissionConfig { limit: l, max_queue, ..AdmissionConfig::default() })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admits_up_to_the_limit_then_queues_fifo() {
+        let a = fixed(2.0, 10);
+        let p1 = a.acquire(Priority::Normal, None).await.unwrap();
+        let _p2 = a.acquire(Priority::Normal, None).await.unwrap();
+        let (a1, a2) = (a.clone(), a.clone());
+        let w1 = tokio::spawn(async move { a1.acquire(Priority::Normal, None).await.map(|_| 1) });
+        tokio::task::yield_now().await;
+        let w2 = tokio::spawn(async move { a2.acquire(Priority::Normal, None).await.map(|_| 2) });
+        tokio::task::yield_now().await;
+        assert_eq!(a.view().queued, 2);
+        p1.finish(Outcome::Success);
+        assert_eq!(w1.await.unwrap(), Ok(1), "the first waiter goes first");
+        assert_eq!(w2.await.unwrap(), Ok(2), "then the second, when the first finished");
+        assert_eq!(a.view().queued, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_queue_refuses_and_high_priority_pushes_out_low() {
+        let a = fixed(1.0, 1);
+        let _p = a.acquire(Priority::Normal, None).await.unwrap();
+        let a1 = a.clone();
+        let low = tokio::spawn(async move { a1.acquire(Priority::Low, None).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        assert_eq!(a.acquire(Priority::Low, None).await.unwrap_err(), Refusal::QueueFull);
+        let a2 = a.clone();
+        let high = tokio::spawn(async move { a2.acquire(Priority::High, None).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        assert_eq!(low.await.unwrap(), Err(Refusal::Shed));
+        assert_eq!(a.view().queued, 1);
+        drop(high);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_refuses_at_once_or_while_waiting() {
+        let a = fixed(1.0, 10);
+        let p = a.acquire(Priority::Normal, None).await.unwrap();
+        let past = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(a.acquire(Priority::Normal, Some(past)).await.unwrap_err(), Refusal::Deadline);
+        let soon = Instant::now() + Duration::from_millis(50);
+        let started = Instant::now();
+        assert_eq!(a.acquire(Priority::Normal, Some(soon)).await.unwrap_err(), Refusal::Deadline);
+        assert_eq!(Instant::now() - started, Duration::from_millis(50));
+        assert_eq!(a.view().queued, 0, "the waiter left the queue");
+        drop(p);
+        assert_eq!(a.view().inflight, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expected_wait_beyond_deadline_is_refused_without_waiting() {
+        let a = fixed(1.0, 10);
+        // Teach the limiter that requests take 100 ms.
+        for _ in 0..20 {
+            let p = a.acquire(Priority::Normal, None).await.unwrap();
+            tokio::time::advance(Duration::from_millis(100)).await;
+            p.finish(Outcome::Success);
+        }
+        let _p = a.acquire(Priority::Normal, None).await.unwrap();
+        let started = Instant::now();
+        let r = a.acquire(Priority::Normal, Some(Instant::now() + Duration::from_millis(20))).await;
+        assert_eq!(r.unwrap_err(), Refusal::Deadline);
+        assert_eq!(Instant::now(), started, "refused at once, not after waiting");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn standing_queue_turns_lifo_and_sheds_stale_waiters() {
+        let a = fixed(1.0, 100);
+        let mut holder = Some(a.acquire(Priority::Normal, None).await.unwrap());
+        let mut waiters = Vec::new();
+        for i in 0..3 {
+            let ai = a.clone();
+            waiters.push(tokio::spawn(async move { ai.acquire(Priority::Normal, None).await.map(|p| (i, p)) }));
+            tokio::task::yield_now().await;
+            tokio::time::advance(Duration::from_millis(60)).await;
+        }
+        // The oldest waiter has waited 180 ms > target for more than an interval.
+        let ai = a.clone();
+        let fresh = tokio::spawn(async move { ai.acquire(Priority::Normal, None).await.map(|p| (3, p)) });
+        tokio::task::yield_now().await;
+        assert!(a.view().overloaded);
+        holder.take().unwrap().finish(Outcome::Success);
+        let (i, p) = fresh.await.unwrap().unwrap();
+        assert_eq!(i, 3, "newest first under overload");
+        for w in waiters {
+            assert_eq!(w.await.unwrap().map(|(i, _)| i).unwrap_err(), Refusal::Shed, "stale waiters were shed");
+        }
+        assert!(a.view().shed >= 3);
+        p.finish(Outcome::Success);
+        assert_eq!(a.view().inflight, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn disabled_admission_counts_but_never_waits() {
+        let a = Admission::new(AdmissionConfig { enabled: false, ..AdmissionConfig::default() });
+        let permits: Vec<_> = futures_lite(&a, 500).await;
+        assert_eq!(a.view().inflight, 500);
+        drop(permits);
+        assert_eq!(a.view().inflight, 0);
+    }
+
+    async fn futures_lite(a: &Arc<Admission>, n: usize) -> Vec<Permit> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(a.acquire(Priority::Low, None).await.unwrap());
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overload_outcome_shrinks_the_limit() {
+        let a = Admission::new(AdmissionConfig::default());
+        let before = a.view().limit;
+        for _ in 0..5 {
+            a.acquire(Priority::Normal, None).await.unwrap().finish(Outcome::Overloaded);
+        }
+        assert!(a.view().limit < before);
+    }
+}

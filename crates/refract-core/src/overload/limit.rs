@@ -1,0 +1,167 @@
+//! An adaptive concurrency limit in the style of TCP Vegas (as in Netflix's
+//! concurrency-limits): the latency with no queueing (`no_load`, the minimum seen, re-probed
+//! now and then) tells how many requests of the current limit are merely waiting inside the
+//! backend: `queue = limit × (1 − no_load / latency)`. Few waiting → grow; many → shrink.
+//! Little's law does the rest: past capacity, fewer requests in flight means less queueing
+//! delay for the same throughput.
+
+/// Tuning of the limit.
+#[derive(Debug, Clone)]
+pub struct LimitConfig {
+    /// Starting limit.
+    pub initial: f64,
+    /// Never below this.
+    pub min: f64,
+    /// Never above this (the hard cap from the configuration).
+    pub max: f64,
+    /// Grow while fewer than `alpha × log10(limit)` requests wait inside the backend.
+    pub alpha: f64,
+    /// Shrink while more than `beta × log10(limit)` wait.
+    pub beta: f64,
+    /// Every this many samples, re-learn the no-load latency from the lightly loaded samples
+    /// of the last window (if any): the backend may have become slower or faster.
+    pub probe_every: u64,
+}
+
+impl Default for LimitConfig {
+    fn default() -> Self {
+        LimitConfig { initial: 20.0, min: 1.0, max: 200.0, alpha: 3.0, beta: 6.0, probe_every: 1000 }
+    }
+}
+
+/// The limit's state.
+#[derive(Debug, Clone)]
+pub struct AdaptiveLimit {
+    cfg: LimitConfig,
+    limit: f64,
+    no_load: f64,
+    recent: f64,
+    samples: u64,
+    light_min: f64,
+}
+
+/// Latencies below this are treated as this (a zero would divide by zero).
+const MIN_RTT: f64 = 1e-6;
+
+impl AdaptiveLimit {
+    /// A limit at `cfg.initial`.
+    pub fn new(cfg: LimitConfig) -> Self {
+        let limit = cfg.initial.clamp(cfg.min, cfg.max);
+        AdaptiveLimit { cfg, limit, no_load: f64::INFINITY, recent: 0.0, samples: 0, light_min: f64::INFINITY }
+    }
+
+    /// The current limit (at least 1).
+    pub fn limit(&self) -> usize {
+        self.limit.floor().max(1.0) as usize
+    }
+
+    /// Recent latency in seconds (0 before any sample).
+    pub fn recent_latency(&self) -> f64 {
+        self.recent
+    }
+
+    /// A request timed out or was refused as overloaded: shrink multiplicatively.
+    pub fn back_off(&mut self) {
+        self.limit = (self.limit * 0.9).clamp(self.cfg.min, self.cfg.max);
+    }
+
+    /// Learns from one completed request: its latency and how many were in flight with it.
+    pub fn sample(&mut self, rtt_secs: f64, inflight: usize) {
+        let rtt = if rtt_secs.is_finite() { rtt_secs.max(MIN_RTT) } else { return };
+        self.recent = if self.samples == 0 { rtt } else { self.recent + (rtt - self.recent) * 0.2 };
+        self.samples += 1;
+        self.no_load = self.no_load.min(rtt);
+        let light = (inflight as f64) * 2.0 < self.limit;
+        if light {
+            self.light_min = self.light_min.min(rtt);
+        }
+        if self.samples.is_multiple_of(self.cfg.probe_every.max(1)) {
+            if self.light_min.is_finite() {
+                self.no_load = self.light_min;
+            }
+            self.light_min = f64::INFINITY;
+        }
+        // An application-limited sample (few in flight) says nothing about capacity.
+        if light {
+            return;
+        }
+        let queue = self.limit * (1.0 - self.no_load / rtt);
+        let step = self.limit.log10().max(1.0);
+        if queue <= self.cfg.alpha * step {
+            self.limit += step;
+        } else if queue >= self.cfg.beta * step {
+            self.limit -= step;
+        }
+        self.limit = self.limit.clamp(self.cfg.min, self.cfg.max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(limit: &mut AdaptiveLimit, rtt: impl Fn(usize) -> f64, rounds: usize) {
+        for _ in 0..rounds {
+            let inflight = limit.limit();
+            limit.sample(rtt(inflight), inflight);
+        }
+    }
+
+    #[test]
+    fn grows_while_latency_is_flat() {
+        let mut l = AdaptiveLimit::new(LimitConfig::default());
+        run(&mut l, |_| 0.010, 500);
+        assert_eq!(l.limit(), 200, "flat latency: the limit climbs to the cap");
+    }
+
+    #[test]
+    fn settles_near_capacity_when_latency_follows_littles_law() {
+        // A backend with 8 workers and 10 ms per request: past 8 in flight, requests queue.
+        let capacity = 8.0;
+        // Load ramps up from below capacity, so the no-load latency is seen first.
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 4.0, ..LimitConfig::default() });
+        run(&mut l, |n| 0.010 * (n as f64 / capacity).max(1.0), 5000);
+        let settled = l.limit();
+        assert!((9..=20).contains(&settled), "limit {settled} should sit a little above capacity 8");
+    }
+
+    #[test]
+    fn ignores_application_limited_samples() {
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 50.0, ..LimitConfig::default() });
+        for _ in 0..100 {
+            l.sample(1.0, 2);
+        }
+        assert_eq!(l.limit(), 50);
+    }
+
+    #[test]
+    fn zero_latency_samples_are_harmless() {
+        let mut l = AdaptiveLimit::new(LimitConfig::default());
+        for _ in 0..100 {
+            l.sample(0.0, 20);
+        }
+        assert!(l.limit() >= 20);
+    }
+
+    #[test]
+    fn relearns_a_slower_no_load_latency() {
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 4.0, probe_every: 100, ..LimitConfig::default() });
+        run(&mut l, |n| 0.001 * (n as f64 / 8.0).max(1.0), 2000);
+        // The backend becomes 10x slower; light load reveals the new floor.
+        for _ in 0..300 {
+            l.sample(0.010, 1);
+        }
+        run(&mut l, |n| 0.010 * (n as f64 / 8.0).max(1.0), 2000);
+        assert!((9..=20).contains(&l.limit()), "{}", l.limit());
+    }
+
+    #[test]
+    fn respects_min_and_max() {
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 4.0, min: 2.0, max: 10.0, ..LimitConfig::default() });
+        run(&mut l, |n| 0.001 * (n as f64).powi(3), 2000);
+        assert!(l.limit() >= 2);
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 4.0, min: 2.0, max: 10.0, ..LimitConfig::default() });
+        run(&mut l, |_| 0.001, 2000);
+        assert_eq!(l.limit(), 10);
+    }
+}

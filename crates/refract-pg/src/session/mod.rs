@@ -1,0 +1,102 @@
+//! Session state a transaction-pooling proxy must carry from one server connection to the
+//! next: SET parameters, prepared statements, and where the transaction stands.
+
+mod params;
+mod prepared;
+mod transaction;
+
+pub use params::ParamTracker;
+pub use prepared::{Origin, PreparedRegistry, PreparedStatement};
+pub use transaction::{TxEvent, TxTracker};
+
+use crate::backend::BackendMessage;
+use crate::classify::{RouteHint, Statement};
+
+/// One client session's state, fed with the statements it ran and the server's replies.
+#[derive(Debug, Clone)]
+pub struct SessionState {
+    /// SET parameters to replay.
+    pub params: ParamTracker,
+    /// Named prepared statements to re-prepare.
+    pub prepared: PreparedRegistry,
+    /// Transaction state of the server connection in use.
+    pub tx: TxTracker,
+    /// `SET refract.route`.
+    pub route: RouteHint,
+}
+
+impl Default for SessionState {
+    fn default() -> Self {
+        SessionState {
+            params: ParamTracker::new(),
+            prepared: PreparedRegistry::new(),
+            tx: TxTracker::new(),
+            route: RouteHint::Auto,
+        }
+    }
+}
+
+impl SessionState {
+    /// A fresh session.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a statement that succeeded on the server (or, for `RouteSetting`, that refract
+    /// answered itself).
+    pub fn statement_done(&mut self, stmt: &Statement) {
+        let in_tx = self.tx.in_transaction();
+        match stmt {
+            Statement::RouteSetting(h) => self.route = *h,
+            Statement::Prepare { name, text, read } => drop(self.prepared.sql_prepare(name, text, *read)),
+            Statement::Deallocate { name: Some(name) } => drop(self.prepared.close(name)),
+            Statement::Deallocate { name: None } => self.prepared.clear(),
+            Statement::Discard { all: true } => {
+                self.prepared.clear();
+                self.params.apply(stmt, in_tx);
+            }
+            _ => self.params.apply(stmt, in_tx),
+        }
+    }
+
+    /// Feeds a server message; ends transactions in the parameter tracker.
+    pub fn server_message(&mut self, msg: &BackendMessage) -> Option<TxEvent> {
+        let event = self.tx.observe(msg)?;
+        if let TxEvent::Ended { committed } = event {
+            self.params.end_transaction(committed);
+        }
+        Some(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::TxStatus;
+    use crate::classify::Classifier;
+
+    #[test]
+    fn a_session_in_transaction_mode() {
+        let c = Classifier::default();
+        let mut s = SessionState::new();
+        let run = |s: &mut SessionState, sql: &str, tag: &str, status: TxStatus| {
+            for stmt in &c.classify(sql).statements {
+                s.statement_done(stmt);
+            }
+            s.server_message(&BackendMessage::CommandComplete(tag.into()));
+            s.server_message(&BackendMessage::ReadyForQuery(status))
+        };
+        assert_eq!(run(&mut s, "SET search_path = app", "SET", TxStatus::Idle), Some(TxEvent::Idle));
+        run(&mut s, "BEGIN", "BEGIN", TxStatus::InTransaction);
+        run(&mut s, "SET statement_timeout = 100", "SET", TxStatus::InTransaction);
+        assert_eq!(run(&mut s, "ROLLBACK", "ROLLBACK", TxStatus::Idle), Some(TxEvent::Ended { committed: false }));
+        assert_eq!(s.params.replay_sql().as_deref(), Some("SET search_path = app"));
+        run(&mut s, "PREPARE q AS SELECT 1", "PREPARE", TxStatus::Idle);
+        assert!(s.prepared.get("q").unwrap().read);
+        run(&mut s, "SET refract.route = 'replica'", "SET", TxStatus::Idle);
+        assert_eq!(s.route, RouteHint::Replica);
+        run(&mut s, "DISCARD ALL", "DISCARD ALL", TxStatus::Idle);
+        assert!(s.prepared.is_empty());
+        assert_eq!(s.params.replay_sql(), None);
+    }
+}

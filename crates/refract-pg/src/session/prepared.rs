@@ -1,0 +1,166 @@
+//! [`PreparedRegistry`]: a client's named prepared statements, protocol-level (Parse) and
+//! SQL-level (PREPARE), so they can be prepared again on any server connection.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::frontend::FrontendMessage;
+
+/// How the client prepared a statement.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// A Parse message: the query and its declared parameter types.
+    Protocol {
+        /// The SQL text.
+        query: String,
+        /// Parameter type OIDs (0 = let the server infer).
+        param_types: Vec<u32>,
+    },
+    /// A `PREPARE name AS ...` statement, replayed as is.
+    Sql {
+        /// The PREPARE statement's text.
+        text: String,
+    },
+}
+
+/// One prepared statement of a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedStatement {
+    /// The client's name for it.
+    pub name: String,
+    /// What to send to prepare it.
+    pub origin: Origin,
+    /// Its query is a plain read (so Bind/Execute of it may go to a replica).
+    pub read: bool,
+}
+
+impl PreparedStatement {
+    /// A server-side name derived from the content, so clients whose statements share a name
+    /// but not a query never collide on a shared server connection, and identical ones share.
+    pub fn global_name(&self) -> String {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.origin.hash(&mut h);
+        format!("refract_{:016x}", h.finish())
+    }
+
+    /// The message that prepares it on a server under `server_name`: a Parse, or a Query for
+    /// SQL PREPARE (whose name is fixed by its text).
+    pub fn prepare_message(&self, server_name: &str) -> Bytes {
+        let msg = match &self.origin {
+            Origin::Protocol { query, param_types } => FrontendMessage::Parse {
+                name: server_name.to_owned(),
+                query: query.clone(),
+                param_types: param_types.clone(),
+            },
+            Origin::Sql { text } => FrontendMessage::Query(text.clone()),
+        };
+        let mut out = BytesMut::new();
+        msg.encode(&mut out);
+        out.freeze()
+    }
+}
+
+/// The named statements a client prepared and has not closed.
+#[derive(Debug, Clone, Default)]
+pub struct PreparedRegistry {
+    statements: HashMap<String, Arc<PreparedStatement>>,
+}
+
+impl PreparedRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a Parse (the unnamed statement `""` included: it lives until the next Parse).
+    pub fn parse(&mut self, name: &str, query: &str, param_types: &[u32], read: bool) -> Arc<PreparedStatement> {
+        let origin = Origin::Protocol { query: query.to_owned(), param_types: param_types.to_vec() };
+        self.insert(name, origin, read)
+    }
+
+    /// Records a SQL `PREPARE`.
+    pub fn sql_prepare(&mut self, name: &str, text: &str, read: bool) -> Arc<PreparedStatement> {
+        self.insert(name, Origin::Sql { text: text.to_owned() }, read)
+    }
+
+    fn insert(&mut self, name: &str, origin: Origin, read: bool) -> Arc<PreparedStatement> {
+        let s = Arc::new(PreparedStatement { name: name.to_owned(), origin, read });
+        self.statements.insert(name.to_owned(), s.clone());
+        s
+    }
+
+    /// A Close of a statement or `DEALLOCATE name`.
+    pub fn close(&mut self, name: &str) -> Option<Arc<PreparedStatement>> {
+        self.statements.remove(name)
+    }
+
+    /// `DEALLOCATE ALL` or `DISCARD ALL`.
+    pub fn clear(&mut self) {
+        self.statements.clear();
+    }
+
+    /// The statement called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<PreparedStatement>> {
+        self.statements.get(name)
+    }
+
+    /// How many statements are registered.
+    pub fn len(&self) -> usize {
+        self.statements.len()
+    }
+
+    /// Whether none are.
+    pub fn is_empty(&self) -> bool {
+        self.statements.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::Limits;
+
+    #[test]
+    fn registers_and_closes() {
+        let mut r = PreparedRegistry::new();
+        r.parse("s1", "SELECT $1", &[23], true);
+        r.sql_prepare("p", "PREPARE p AS SELECT 1", true);
+        assert_eq!(r.len(), 2);
+        assert!(r.get("s1").unwrap().read);
+        r.parse("s1", "INSERT INTO t VALUES ($1)", &[], false);
+        assert!(!r.get("s1").unwrap().read, "replaced");
+        assert!(r.close("s1").is_some());
+        assert!(r.close("s1").is_none());
+        r.clear();
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn prepares_again_elsewhere() {
+        let mut r = PreparedRegistry::new();
+        let s = r.parse("s1", "SELECT $1", &[23], true);
+        let bytes = s.prepare_message(&s.global_name());
+        let (msg, _) = FrontendMessage::parse(&bytes, &Limits::default()).unwrap().unwrap();
+        assert_eq!(
+            msg,
+            FrontendMessage::Parse { name: s.global_name(), query: "SELECT $1".into(), param_types: vec![23] }
+        );
+        let p = r.sql_prepare("p", "PREPARE p AS SELECT 1", true);
+        assert_eq!(&p.prepare_message("ignored")[..], b"Q\0\0\0\x1aPREPARE p AS SELECT 1\0");
+    }
+
+    #[test]
+    fn global_names_follow_content() {
+        let mut a = PreparedRegistry::new();
+        let mut b = PreparedRegistry::new();
+        let x = a.parse("s1", "SELECT 1", &[], true);
+        let y = b.parse("other", "SELECT 1", &[], true);
+        let z = b.parse("s1", "SELECT 2", &[], true);
+        assert_eq!(x.global_name(), y.global_name());
+        assert_ne!(x.global_name(), z.global_name());
+        assert!(x.global_name().starts_with("refract_"));
+    }
+}

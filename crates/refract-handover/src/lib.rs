@@ -1,0 +1,69 @@
+//! Moving a live client TCP connection between hosts or processes.
+//!
+//! This is the foundation of refract's hand-over (see `HANDOVER.md` for the protocol and
+//! `docs/handover.md` for what exists so far): it knows sockets, eBPF maps and control messages,
+//! never an application protocol. It is the only crate of the workspace with `unsafe` code; every
+//! block says why it is sound.
+//!
+//! # Layout
+//! - [`TcpState`] (`tcp_state.rs`): the plain, serializable state of one connection.
+//! - [`snapshot`] / [`Repair`] (`snapshot.rs`): source side, TCP_REPAIR in HANDOVER.md order.
+//! - [`restore`] (`restore.rs`): target side, rebuilds the socket from a [`TcpState`].
+//! - [`Rules`]: the ★ rules, each switchable only so tests can show why it exists.
+//! - [`Steering`] (`steering.rs`): the dispatcher's ingress program, FREEZE / STEER per flow.
+//! - [`Guard`] (`guard.rs`): the agent host's no-RST guard and its tombstones.
+//! - [`send_fd`] / [`recv_fd`] (`fd_pass.rs`): same-host hand-over by SCM_RIGHTS.
+//! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
+//! - `sys.rs`: the raw socket options and ioctls (the `unsafe` lives here).
+//! - [`Error`] (`error.rs`): what failed, whose fault, whether to retry.
+
+mod bpf;
+mod error;
+mod fd_pass;
+mod guard;
+mod restore;
+mod snapshot;
+mod steering;
+mod sys;
+mod tcp_state;
+
+pub use bpf::FlowKey;
+pub use error::{Error, Result, Side};
+pub use fd_pass::{recv_fd, send_fd};
+pub use guard::{Guard, GuardStats};
+pub use restore::restore;
+#[doc(hidden)]
+pub use restore::restore_with;
+pub use snapshot::{conn_info, discard, resume, snapshot, unacked, unsent, ConnInfo, Repair};
+pub use steering::{FlowAction, FlowEntry, SteerTarget, Steering, SteeringStats};
+pub use tcp_state::{RepairWindow, SockOpts, TcpOptions, TcpState};
+
+/// The ★ rules of HANDOVER.md that snapshot and restore follow. Production code always uses
+/// [`Rules::ALL`]; the switches exist so the negative-control tests can show each failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// Snapshot 4: select the SEND repair queue right after repair on.
+    pub select_send_queue_first: bool,
+    /// Snapshot 8: re-check `SIOCOUTQNSD` and the receive sequence after reading the queues.
+    pub recheck_queues: bool,
+    /// Restore 2: `TCP_MAXSEG` before `connect`.
+    pub maxseg_before_connect: bool,
+    /// Restore 9: `SO_REUSEADDR` again after repair off.
+    pub reuseaddr_after_repair: bool,
+}
+
+impl Rules {
+    /// Every rule on.
+    pub const ALL: Rules = Rules {
+        select_send_queue_first: true,
+        recheck_queues: true,
+        maxseg_before_connect: true,
+        reuseaddr_after_repair: true,
+    };
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules::ALL
+    }
+}

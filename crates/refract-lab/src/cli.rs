@@ -1,0 +1,129 @@
+//! The command line: `refract lab …`, `refract bench …`, `refract demo`.
+
+use crate::bench::{self, SweepOptions};
+use crate::sweep::Plan;
+use crate::units::{parse_duration, ByteSize, Rate};
+use crate::{demo, fabric, lab};
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+/// `refract lab …`: the network-namespace lab (needs root).
+#[derive(Debug, Subcommand)]
+pub enum LabCmd {
+    /// Build the lab (or repair it): hosts rf-c1, rf-c2, rf-d, rf-b1, rf-b2 on a bridge in rf-sw.
+    Up {
+        /// Link rate for tbf on both ends of every link (`1gbit`, `100mbit`, …) or `none`.
+        #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
+        rate: Rate,
+        /// Also start the cluster: blob servers b1, b2, refract and HAProxy in rf-d.
+        #[arg(long)]
+        cluster: bool,
+    },
+    /// Stop the cluster and remove every rf-* namespace.
+    Down,
+    /// Show what is up.
+    Status,
+    /// Run a command in a host (c1, c2, d, b1, b2) and return its exit code.
+    Exec {
+        /// The host: `c1` or `rf-c1`.
+        host: String,
+        /// The command and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
+}
+
+impl LabCmd {
+    /// Run the subcommand.
+    pub fn run(self) -> Result<()> {
+        match self {
+            LabCmd::Up { rate, cluster } => lab::up(rate, cluster),
+            LabCmd::Down => lab::down(),
+            LabCmd::Status => lab::status(),
+            LabCmd::Exec { host, cmd } => {
+                lab::require_root()?;
+                let code = fabric::exec(&host, &cmd)?;
+                if code != 0 {
+                    std::process::exit(code);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `refract bench …`: measurements in the lab (needs root).
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// Throughput per payload size and target, plus 1-byte latency; writes the report.
+    Sweep(SweepArgs),
+}
+
+/// Options of `bench sweep`.
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// Payload sizes (K = 1024).
+    #[arg(long, default_value = "1,8,64,512,4K,32K,256K,1M,2M,16M,128M", value_delimiter = ',', value_parser = ByteSize::parse)]
+    sizes: Vec<ByteSize>,
+    /// Targets: direct, refract, haproxy.
+    #[arg(long, default_value = "direct,refract,haproxy", value_delimiter = ',')]
+    targets: Vec<String>,
+    /// wrk duration per measurement.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    duration: std::time::Duration,
+    /// Link rate (`1gbit`, …) or `none`.
+    #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
+    rate: Rate,
+    /// The markdown page; the CSV and PNG go next to it.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+    /// The page section to (re)write; defaults to the rate (`1gbit`, `none`).
+    #[arg(long)]
+    section: Option<String>,
+    /// Skip Table 2 (1-byte latency on one connection).
+    #[arg(long)]
+    no_latency: bool,
+}
+
+impl BenchCmd {
+    /// Run the subcommand.
+    pub fn run(self) -> Result<()> {
+        match self {
+            BenchCmd::Sweep(a) => bench::sweep(&a.into_options()),
+        }
+    }
+}
+
+impl SweepArgs {
+    fn into_options(self) -> SweepOptions {
+        let sizes = self.sizes;
+        let command =
+            bench::rerun_command(&sizes, &self.targets, self.duration, self.rate, &self.out, self.section.as_deref());
+        SweepOptions {
+            section: self.section.unwrap_or_else(|| self.rate.label()),
+            plan: Plan { sizes, targets: self.targets, duration: self.duration, latency: !self.no_latency },
+            rate: self.rate,
+            out: self.out,
+            command,
+        }
+    }
+}
+
+/// `refract demo`: a cluster, routing shown, a short sweep; under 3 minutes.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Fewer sizes, no latency table (about half a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Use loopback (127.0.0.1) even when root.
+    #[arg(long)]
+    loopback: bool,
+}
+
+impl DemoArgs {
+    /// Run the demo.
+    pub fn run(self) -> Result<()> {
+        demo::run(self.quick, self.loopback)
+    }
+}

@@ -1,0 +1,162 @@
+//! Starting and stopping a cluster (blob servers, the refract dispatcher, HAProxy) as daemons:
+//! own process group (a Ctrl-C at the terminal does not reach them), logs and pid files in the
+//! state directory, and a readiness wait that probes every listener through the data path.
+
+use crate::haproxy::{self, HaproxySpec};
+use crate::http_client::Client;
+use crate::layout::{Layout, Proc};
+use crate::{fabric, interrupt, sh, state};
+use anyhow::{bail, Context, Result};
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the cluster may take to accept on every listener.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running cluster's processes, as started by this process.
+pub struct Running {
+    children: Vec<(Proc, Child)>,
+}
+
+/// Write the configs and start every process, then wait until every listener answers.
+pub fn start(layout: &Layout) -> Result<Running> {
+    let config_path = state::write("dispatch.toml", &layout.config_text)?;
+    let haproxy_cfg = state::write("haproxy.cfg", &haproxy_config(layout)?)?;
+    let procs = layout.procs(&config_path.to_string_lossy(), &haproxy_cfg.to_string_lossy());
+    // On any error below, dropping `running` stops what was already started.
+    let mut running = Running { children: Vec::new() };
+    for p in procs {
+        let child = spawn(&p)?;
+        running.children.push((p, child));
+    }
+    wait_ready(layout, &mut running)?;
+    Ok(running)
+}
+
+/// The HAProxy config for a layout (its text goes into the benchmark report too).
+pub fn haproxy_config(layout: &Layout) -> Result<String> {
+    let bind = layout.haproxy.clone().unwrap_or_else(|| "127.0.0.1:8090".into());
+    Ok(HaproxySpec::mirror(&layout.config, &bind)?.render())
+}
+
+/// Start one daemon, its output going to `NAME.log`, its pid to `NAME.pid`.
+fn spawn(p: &Proc) -> Result<Child> {
+    let exe = std::env::current_exe().context("locating the refract binary")?;
+    let program = if p.haproxy { haproxy::BINARY.to_string() } else { exe.to_string_lossy().into_owned() };
+    let args: Vec<&str> = p.args.iter().map(String::as_str).collect();
+    let mut c = sh::cmd(p.ns.as_deref(), &program, &args);
+    let log = File::create(state::path(&format!("{}.log", p.name)))?;
+    c.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).env("RUST_LOG", "warn").process_group(0);
+    let child = c.spawn().with_context(|| format!("cannot start `{}`", sh::show(&c)))?;
+    state::write(&format!("{}.pid", p.name), &child.id().to_string())?;
+    Ok(child)
+}
+
+/// The readiness probes: `(what, address, path)`; each must answer 200.
+fn probes(layout: &Layout) -> Vec<(String, String, &'static str)> {
+    let mut v: Vec<(String, String, &'static str)> =
+        layout.backends.iter().map(|(name, addr)| (format!("blob server {name}"), addr.clone(), "/stats")).collect();
+    v.push(("refract".into(), layout.refract_addr(), "/blob?bytes=1"));
+    if let Some(admin) = &layout.config.listen.admin {
+        v.push(("refract admin".into(), admin.clone(), "/metrics"));
+    }
+    if let Some(h) = &layout.haproxy {
+        v.push(("haproxy".into(), h.clone(), "/blob?bytes=1"));
+    }
+    v
+}
+
+/// Whether every listener of the layout answers 200 right now.
+pub fn is_ready(layout: &Layout) -> bool {
+    let client = layout.client();
+    probes(layout).iter().all(|(_, addr, path)| probe(&client, addr, path))
+}
+
+fn probe(client: &Client, addr: &str, path: &str) -> bool {
+    client.get(addr, path).map(|r| r.status == 200).unwrap_or(false)
+}
+
+/// Poll the probes until all pass; fail early if a process dies.
+fn wait_ready(layout: &Layout, running: &mut Running) -> Result<()> {
+    let client = layout.client();
+    let mut pending = probes(layout);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !pending.is_empty() {
+        interrupt::check()?;
+        running.check_alive()?;
+        pending.retain(|(_, addr, path)| !probe(&client, addr, path));
+        if Instant::now() > deadline {
+            let names: Vec<&str> = pending.iter().map(|p| p.0.as_str()).collect();
+            bail!("not answering after {READY_TIMEOUT:?}: {} (logs in {})", names.join(", "), state::dir().display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+impl Running {
+    /// Fail with the log's tail if a process has exited.
+    fn check_alive(&mut self) -> Result<()> {
+        for (p, child) in &mut self.children {
+            if let Some(status) = child.try_wait()? {
+                let log = format!("{}.log", p.name);
+                bail!("{} exited ({status}); {log}:\n{}", p.name, state::log_tail(&log, 20));
+            }
+        }
+        Ok(())
+    }
+
+    /// Let the processes outlive this handle (`lab up --cluster`; `lab down` stops them).
+    pub fn detach(mut self) {
+        self.children.clear();
+    }
+}
+
+impl Drop for Running {
+    /// Stop the processes this handle started and reap them.
+    fn drop(&mut self) {
+        stop_pids(self.children.iter().map(|(_, c)| c.id()).collect());
+        for (p, child) in &mut self.children {
+            let _ = child.wait();
+            let _ = std::fs::remove_file(state::path(&format!("{}.pid", p.name)));
+        }
+    }
+}
+
+/// Stop a cluster that may have been started by another process (`lab down`, `lab up`
+/// repairing): by pid file for loopback, by killing everything in its namespaces for the lab.
+pub fn stop(layout: &Layout) {
+    let procs = layout.procs("", "");
+    let pids = procs.iter().filter_map(|p| pid_of(&p.name)).collect();
+    stop_pids(pids);
+    for p in &procs {
+        if let Some(ns) = &p.ns {
+            fabric::kill_all(ns);
+        }
+        let _ = std::fs::remove_file(state::path(&format!("{}.pid", p.name)));
+    }
+}
+
+/// The pid recorded for a daemon, if that process still runs one of our programs.
+fn pid_of(name: &str) -> Option<u32> {
+    let pid: u32 = state::read(&format!("{name}.pid"))?.trim().parse().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    (sh::alive(pid) && (cmdline.contains("refract") || cmdline.contains("haproxy"))).then_some(pid)
+}
+
+/// TERM, up to 2 s of grace, then KILL.
+fn stop_pids(pids: Vec<u32>) {
+    for pid in &pids {
+        sh::signal(*pid, "TERM");
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pids.iter().any(|p| sh::alive(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for pid in pids.iter().filter(|p| sh::alive(**p)) {
+        sh::signal(*pid, "KILL");
+    }
+}

@@ -1,0 +1,44 @@
+//! refract's lab: a network-namespace fabric that reproduces the paper's topology on one
+//! machine, the cluster that runs in it (blob servers, the refract dispatcher, HAProxy as the
+//! peer), the wrk-driven payload sweep with its report (markdown, CSV, PNG), and the demo.
+//!
+//! This crate is the bench harness: it uses `anyhow` and shells out to `ip`, `tc`, `wrk`,
+//! `curl` and `haproxy`; it never ships in the data path.
+//!
+//! # Layout
+//! - [`cli`]: the `lab`, `bench` and `demo` subcommands (`LabCmd`, `BenchCmd`, `DemoArgs`).
+//! - [`topology`]: the hosts, namespaces and addresses (198.18.0.0/24 only).
+//! - [`fabric`]: namespaces, veths, the bridge, tbf (`lab up` / `lab down` / `lab exec`).
+//! - [`shaping`]: tbf parameters for a rate, and why.
+//! - [`lab`]: `lab up/down/status` and `LabGuard`, which undoes what it brought up.
+//! - [`layout`], [`cluster`]: where a cluster's processes live; starting, probing, stopping them.
+//! - [`dispatch_config`], [`haproxy`]: reading the dispatcher config; HAProxy's mirrored config.
+//! - [`wrk`], [`sweep`]: running wrk and parsing it; the sweep with progress and ETA.
+//! - [`report`], [`csv`], [`plot`], [`environment`]: the outputs.
+//! - [`demo`], [`http_client`]: the demo and its tiny HTTP client.
+//! - [`sh`], [`state`], [`units`], [`interrupt`]: helpers.
+
+pub mod bench;
+pub mod cli;
+pub mod cluster;
+pub mod csv;
+pub mod demo;
+pub mod dispatch_config;
+pub mod environment;
+pub mod fabric;
+pub mod haproxy;
+pub mod http_client;
+pub mod interrupt;
+pub mod lab;
+pub mod layout;
+pub mod plot;
+pub mod report;
+pub mod sh;
+pub mod shaping;
+pub mod state;
+pub mod sweep;
+pub mod topology;
+pub mod units;
+pub mod wrk;
+
+pub use cli::{BenchCmd, DemoArgs, LabCmd};

@@ -1,0 +1,119 @@
+//! The figure: throughput vs payload size, log-log, one line per target (the paper's Fig. 4).
+
+use crate::sweep::Results;
+use crate::units::ByteSize;
+use anyhow::{anyhow, Context, Result};
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Fonts tried in order (Debian's fonts-dejavu-core first).
+const FONTS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// Register a TrueType font as "sans-serif" once; plotters (ab_glyph) has none built in.
+fn ensure_font() -> Result<()> {
+    static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let bytes = FONTS
+                .iter()
+                .find_map(|p| std::fs::read(p).ok())
+                .ok_or_else(|| format!("no font found (install fonts-dejavu-core): tried {}", FONTS.join(", ")))?;
+            // The font must live as long as the process; it is loaded once.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| "bad font file".to_string())
+        })
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+/// A line colour per target (colour-blind safe).
+fn colour(i: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 5] = [
+        RGBColor(0, 114, 178),
+        RGBColor(213, 94, 0),
+        RGBColor(0, 158, 115),
+        RGBColor(204, 121, 167),
+        RGBColor(86, 180, 233),
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Axis labels on a log scale: `1`, `100`, `10k`, `1M`.
+fn si(v: f64) -> String {
+    match v {
+        v if v >= 1e9 => format!("{}G", v / 1e9),
+        v if v >= 1e6 => format!("{}M", v / 1e6),
+        v if v >= 1e3 => format!("{}k", v / 1e3),
+        v => format!("{v}"),
+    }
+}
+
+/// The series to draw: `(target, [(payload bytes, bit/s)])`, zero points dropped (log scale).
+fn series(results: &Results, targets: &[String], sizes: &[ByteSize]) -> Vec<(String, Vec<(f64, f64)>)> {
+    targets
+        .iter()
+        .map(|t| {
+            let points = sizes
+                .iter()
+                .filter_map(|&s| results.cell(s, t).map(|m| (s.0 as f64, m.throughput() * 8.0)))
+                .filter(|&(_, y)| y > 0.0)
+                .collect();
+            (t.clone(), points)
+        })
+        .collect()
+}
+
+/// Draw the PNG.
+pub fn draw(path: &Path, title: &str, results: &Results, targets: &[String], sizes: &[ByteSize]) -> Result<()> {
+    ensure_font()?;
+    let data = series(results, targets, sizes);
+    let ys = data.iter().flat_map(|(_, p)| p.iter().map(|&(_, y)| y));
+    let (ymin, ymax) = ys.fold((f64::MAX, f64::MIN), |(lo, hi), y| (lo.min(y), hi.max(y)));
+    let xmax = sizes.iter().map(|s| s.0 as f64).fold(1.0, f64::max);
+    if ymin > ymax {
+        return Err(anyhow!("nothing to plot"));
+    }
+    let root = BitMapBackend::new(path, (1000, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 26))
+        .margin(16)
+        .x_label_area_size(56)
+        .y_label_area_size(80)
+        .build_cartesian_2d((0.7..xmax * 1.5).log_scale(), (ymin / 2.0..ymax * 2.0).log_scale())
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("payload size (bytes)")
+        .y_desc("throughput (bit/s)")
+        .x_label_formatter(&|v| si(*v))
+        .y_label_formatter(&|v| si(*v))
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    for (i, (name, points)) in data.into_iter().enumerate() {
+        let c = colour(i);
+        chart
+            .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)).point_size(4))
+            .map_err(|e| anyhow!("{e}"))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3)));
+        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, c.filled()))).map_err(|e| anyhow!("{e}"))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 18))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    root.present().with_context(|| format!("writing {}", path.display()))
+}

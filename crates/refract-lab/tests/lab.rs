@@ -1,0 +1,89 @@
+//! The lab itself (root only): up, reachability inside the namespaces, exec, repair after a
+//! partial failure, shaping, down leaving no `rf-*` namespace.
+
+use refract_lab::fabric;
+use refract_lab::sh::{self, cmd};
+use refract_lab::units::Rate;
+
+/// Tears the lab down however the test ends.
+struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        if let Err(e) = fabric::down() {
+            eprintln!("cleanup failed: {e:#}");
+        }
+    }
+}
+
+/// Say why the test is skipped, past the harness's output capture (a skip must be seen).
+fn skip(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+}
+
+/// Why the test cannot run here, if it cannot.
+fn skip_reason() -> Option<String> {
+    if !sh::is_root() {
+        return Some("not root (network namespaces need CAP_NET_ADMIN)".into());
+    }
+    if !sh::have("ip") || !sh::have("tc") {
+        return Some("iproute2 (ip, tc) is not installed".into());
+    }
+    match fabric::lab_namespaces() {
+        Ok(ns) if !ns.is_empty() => Some(format!("a lab is up ({}); not touching it", ns.join(" "))),
+        Ok(_) => None,
+        Err(e) => Some(format!("`ip netns list` failed: {e:#}")),
+    }
+}
+
+/// c1 reaches `addr`: ICMP when ping is installed, else a TCP connect (bash's /dev/tcp) to a
+/// closed port, which the host answers with a reset: "Connection refused" proves the path.
+fn reachable(addr: &str) -> bool {
+    if sh::have("ping") {
+        return sh::ok(cmd(Some("rf-c1"), "ping", &["-c1", "-W2", addr]));
+    }
+    let script = format!("exec 3<>/dev/tcp/{addr}/9");
+    let mut c = cmd(Some("rf-c1"), "timeout", &["3", "bash", "-c", &script]);
+    let out = sh::output(&mut c).expect("run bash");
+    String::from_utf8_lossy(&out.stderr).contains("Connection refused")
+}
+
+fn qdisc(ns: &str, dev: &str) -> String {
+    sh::run(cmd(Some(ns), "tc", &["qdisc", "show", "dev", dev])).expect("tc qdisc show")
+}
+
+#[test]
+fn lab_up_exec_repair_down() {
+    if let Some(why) = skip_reason() {
+        skip(&why);
+        return;
+    }
+    let _down = Down;
+    let gbit = Rate::parse("1gbit").expect("rate");
+    assert!(fabric::up(gbit).expect("lab up"), "first up builds");
+    assert!(fabric::is_complete());
+    assert!(!fabric::up(gbit).expect("second up"), "second up keeps the lab");
+
+    for addr in ["198.18.0.100", "198.18.0.21", "198.18.0.2", "198.18.0.22"] {
+        assert!(reachable(addr), "c1 cannot reach {addr}");
+    }
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(fabric::exec("c1", &args(&["sh", "-c", "exit 3"])).expect("exec"), 3);
+    assert_eq!(fabric::exec("rf-b1", &args(&["ip", "-o", "addr", "show", "dev", "eth0"])).expect("exec"), 0);
+    assert!(fabric::exec("x9", &args(&["true"])).is_err(), "unknown host");
+
+    assert!(qdisc("rf-d", "eth0").contains("tbf"), "host end shaped");
+    assert!(qdisc("rf-sw", "p-d").contains("tbf"), "switch end shaped");
+    fabric::shape(Rate::Unlimited).expect("unshape");
+    assert!(!qdisc("rf-d", "eth0").contains("tbf"));
+
+    sh::ip(&["netns", "del", "rf-b2"]).expect("break the lab");
+    assert!(!fabric::is_complete());
+    assert!(fabric::up(gbit).expect("repair"), "a partial lab is rebuilt");
+    assert!(fabric::is_complete());
+    assert!(reachable("198.18.0.22"), "b2 back after repair");
+
+    fabric::down().expect("lab down");
+    assert_eq!(fabric::lab_namespaces().expect("list"), Vec::<String>::new());
+}

@@ -3,10 +3,11 @@
 use crate::config::{BackendConfig, Role};
 use crate::error::Error;
 use crate::metrics::BackendCounters;
+use crate::overload::{Admission, AdmissionConfig, PeakEwma};
 use bytes::BytesMut;
 use serde::Serialize;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -32,6 +33,21 @@ pub struct Backend {
     max_idle: usize,
     /// Request counters by class.
     pub counters: BackendCounters,
+    /// Admission control: the adaptive limit and the wait queue.
+    pub admission: Arc<Admission>,
+    /// Peak-EWMA latency, for balancing.
+    pub latency: PeakEwma,
+    consecutive_failures: AtomicU32,
+    /// Ejected until this instant (milliseconds since `EPOCH`); 0 = not ejected.
+    ejected_until: AtomicU64,
+}
+
+/// Time base for ejection deadlines kept in atomics.
+static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+
+fn now_ms() -> u64 {
+    let epoch = *EPOCH.get_or_init(tokio::time::Instant::now);
+    (tokio::time::Instant::now() - epoch).as_millis() as u64 + 1
 }
 
 /// A connection to a backend with its read buffer (bytes read but not yet relayed).
@@ -54,8 +70,14 @@ pub struct BackendView {
     pub addr: SocketAddr,
     /// Role.
     pub role: Role,
-    /// "up" or "down".
+    /// "up", "down" or "ejected".
     pub state: &'static str,
+    /// Current adaptive concurrency limit.
+    pub limit: usize,
+    /// Requests waiting for a slot.
+    pub queued: usize,
+    /// Peak-EWMA latency in milliseconds.
+    pub latency_ms: f64,
     /// Requests in flight now.
     pub in_flight: usize,
     /// Requests completed.
@@ -78,7 +100,11 @@ impl Drop for InflightGuard {
 
 impl Backend {
     /// A backend from its configuration; it starts up (health checks correct that quickly).
-    pub fn new(cfg: &BackendConfig, max_idle: usize, counters: BackendCounters) -> Self {
+    pub fn new(cfg: &BackendConfig, max_idle: usize, counters: BackendCounters, mut adm: AdmissionConfig) -> Self {
+        if let Some(cap) = cfg.max_concurrency {
+            adm.limit.max = cap as f64;
+            adm.limit.initial = adm.limit.initial.min(cap as f64);
+        }
         Backend {
             name: cfg.name.clone(),
             addr: cfg.addr,
@@ -91,7 +117,43 @@ impl Backend {
             idle: Mutex::new(Vec::new()),
             max_idle,
             counters,
+            admission: Admission::new(adm),
+            latency: PeakEwma::new(Duration::from_millis(1), Duration::from_secs(10)),
+            consecutive_failures: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
         }
+    }
+
+    /// Whether it is ejected for failing repeatedly.
+    pub fn is_ejected(&self) -> bool {
+        let until = self.ejected_until.load(Relaxed);
+        until != 0 && now_ms() < until
+    }
+
+    /// Whether it may take a new request: up, not removed, not ejected.
+    pub fn is_available(&self) -> bool {
+        self.is_up() && !self.is_ejected()
+    }
+
+    /// Counts a success (resets the failure streak) or a failure; returns true when this
+    /// failure completes a streak of `threshold` (the caller decides whether to eject).
+    pub fn note_outcome(&self, ok: bool, threshold: u32) -> bool {
+        if ok {
+            self.consecutive_failures.store(0, Relaxed);
+            return false;
+        }
+        self.consecutive_failures.fetch_add(1, Relaxed) + 1 == threshold
+    }
+
+    /// Takes it out of rotation for `for_ms`.
+    pub fn eject(&self, for_ms: u64) {
+        self.ejected_until.store(now_ms() + for_ms, Relaxed);
+        self.consecutive_failures.store(0, Relaxed);
+    }
+
+    /// Balancing cost: peak-EWMA latency × (requests in flight + 1).
+    pub fn cost(&self) -> f64 {
+        self.latency.get() * (self.inflight() + 1) as f64
     }
 
     /// Whether it takes requests.
@@ -177,11 +239,19 @@ impl Backend {
 
     /// The admin view.
     pub fn view(&self) -> BackendView {
+        let adm = self.admission.view();
         BackendView {
             name: self.name.clone(),
             addr: self.addr,
             role: self.role,
-            state: if self.up.load(Relaxed) { "up" } else { "down" },
+            state: match (self.up.load(Relaxed), self.is_ejected()) {
+                (false, _) => "down",
+                (true, true) => "ejected",
+                (true, false) => "up",
+            },
+            limit: adm.limit,
+            queued: adm.queued,
+            latency_ms: self.latency.get() * 1000.0,
             in_flight: self.inflight(),
             served: self.served.load(Relaxed),
             errors: self.errors.load(Relaxed),

@@ -31,6 +31,84 @@ pub struct Config {
     /// Routing rules (method + path prefix → class), tried after the built-in rules.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteRule>,
+    /// Overload control (on by default).
+    #[serde(default)]
+    pub overload: Overload,
+    /// The PostgreSQL front end; absent = off.
+    #[serde(default)]
+    pub postgres: Option<crate::pg::PgConfig>,
+}
+
+/// `[overload]`: admission control, deadlines, retries, ejection. On by default, so an
+/// operator who sets nothing is protected.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Overload {
+    /// Whether admission limits and queues apply (in-flight counts are kept either way).
+    pub enabled: bool,
+    /// Hard cap on requests in flight per backend; the adaptive limit stays below it.
+    pub max_concurrency: usize,
+    /// Adaptive limit at start.
+    pub initial_concurrency: usize,
+    /// Adaptive limit floor.
+    pub min_concurrency: usize,
+    /// Requests waiting per backend beyond the limit; more are refused (503).
+    pub max_queue: usize,
+    /// CoDel target: acceptable standing wait in the queue.
+    pub queue_target_ms: u64,
+    /// CoDel interval: how long the wait may stay above target before overload mode.
+    pub queue_interval_ms: u64,
+    /// Deadline for requests that carry none (`x-refract-timeout-ms`); 0 = none.
+    pub default_timeout_ms: u64,
+    /// Retries allowed as a fraction of requests.
+    pub retry_budget_ratio: f64,
+    /// Retries allowed per second regardless of traffic.
+    pub retry_budget_floor: f64,
+    /// Consecutive failures (errors or timeouts) that eject a backend for a while.
+    pub eject_after_failures: u32,
+    /// How long an ejected backend sits out.
+    pub eject_ms: u64,
+    /// At most this fraction of the replicas is ejected at once.
+    pub eject_max_fraction: f64,
+}
+
+impl Overload {
+    /// The admission settings of one backend.
+    pub fn admission(&self) -> crate::overload::AdmissionConfig {
+        let ms = std::time::Duration::from_millis;
+        crate::overload::AdmissionConfig {
+            enabled: self.enabled,
+            limit: crate::overload::LimitConfig {
+                initial: self.initial_concurrency as f64,
+                min: self.min_concurrency as f64,
+                max: self.max_concurrency as f64,
+                ..Default::default()
+            },
+            max_queue: self.max_queue,
+            target: ms(self.queue_target_ms),
+            interval: ms(self.queue_interval_ms),
+        }
+    }
+}
+
+impl Default for Overload {
+    fn default() -> Self {
+        Overload {
+            enabled: true,
+            max_concurrency: 256,
+            initial_concurrency: 16,
+            min_concurrency: 1,
+            max_queue: 1024,
+            queue_target_ms: 5,
+            queue_interval_ms: 100,
+            default_timeout_ms: 0,
+            retry_budget_ratio: 0.2,
+            retry_budget_floor: 10.0,
+            eject_after_failures: 5,
+            eject_ms: 10_000,
+            eject_max_fraction: 0.5,
+        }
+    }
 }
 
 /// `[listen]`
@@ -56,6 +134,9 @@ pub enum Policy {
     RoundRobin,
     /// Power of two random choices, the one with fewer requests in flight.
     LeastOutstanding,
+    /// Power of two random choices weighted by peak-EWMA latency × (in flight + 1): a slow
+    /// or struggling replica gets a shrinking share.
+    PeakEwma,
 }
 
 /// `[balance]`
@@ -152,6 +233,9 @@ pub struct BackendConfig {
     pub addr: SocketAddr,
     /// Primary or replica.
     pub role: Role,
+    /// This backend's hard cap on requests in flight (overrides `[overload] max_concurrency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<usize>,
 }
 
 /// A configuration error, with the line when known.
@@ -199,6 +283,16 @@ impl Config {
         }
         if self.health.interval_ms == 0 || self.health.timeout_ms == 0 {
             return Err(format!("line {}: [health] times must be > 0", find_key_line(text, "health")));
+        }
+        let o = &self.overload;
+        if o.min_concurrency == 0 || o.min_concurrency > o.max_concurrency || o.initial_concurrency == 0 {
+            return Err(format!(
+                "line {}: [overload] needs 1 ≤ min_concurrency ≤ max_concurrency and initial_concurrency ≥ 1",
+                find_key_line(text, "overload")
+            ));
+        }
+        if !(0.0..=1.0).contains(&o.eject_max_fraction) || o.retry_budget_ratio < 0.0 || o.retry_budget_floor < 0.0 {
+            return Err(format!("line {}: [overload] fractions must be in 0..=1 and budgets ≥ 0", find_key_line(text, "overload")));
         }
         if self.limits.max_head_bytes < 1024 {
             return Err(format!(

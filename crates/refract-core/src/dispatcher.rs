@@ -4,6 +4,7 @@
 use crate::config::Config;
 use crate::membership::Membership;
 use crate::metrics::Metrics;
+use crate::overload::RetryBudget;
 use crate::{admin, health, session};
 use refract_http::Classifier;
 use std::net::SocketAddr;
@@ -25,6 +26,8 @@ pub struct Ctx {
     pub classifier: Classifier,
     /// Cancelled when the dispatcher starts draining.
     pub stop: CancellationToken,
+    /// Retries allowed (shared by all sessions).
+    pub budget: RetryBudget,
 }
 
 /// A running dispatcher.
@@ -39,8 +42,15 @@ impl Dispatcher {
     /// Binds the listeners and starts serving.
     pub async fn start(cfg: Config) -> std::io::Result<Dispatcher> {
         let metrics = Arc::new(Metrics::new());
-        let members =
-            Membership::new(&cfg.backend_list(), cfg.balance.clone(), cfg.limits.max_idle_per_backend, metrics.clone());
+        let members = Membership::new(
+            &cfg.backend_list(),
+            cfg.balance.clone(),
+            cfg.limits.max_idle_per_backend,
+            metrics.clone(),
+            &cfg.overload,
+        );
+        let o = &cfg.overload;
+        let budget = RetryBudget::new(o.retry_budget_ratio, o.retry_budget_floor, 100.0);
         let classifier = Classifier::new(cfg.routes.clone());
         let listener = TcpListener::bind(cfg.listen.http).await?;
         let admin = match cfg.listen.admin {
@@ -49,10 +59,13 @@ impl Dispatcher {
         };
         let http_addr = listener.local_addr()?;
         let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
-        let ctx = Arc::new(Ctx { cfg, members, metrics, classifier, stop: CancellationToken::new() });
+        let ctx = Arc::new(Ctx { cfg, members, metrics, classifier, stop: CancellationToken::new(), budget });
         let sessions = TaskTracker::new();
         tokio::spawn(accept_loop(ctx.clone(), listener, sessions.clone()));
         tokio::spawn(health::run(ctx.clone()));
+        if let Some(pg) = ctx.cfg.postgres.clone() {
+            crate::pg::start(ctx.clone(), pg).await?;
+        }
         if let Some(l) = admin {
             tokio::spawn(admin::serve(ctx.clone(), l));
         }

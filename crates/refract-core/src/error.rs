@@ -64,6 +64,17 @@ pub enum Error {
         /// The cause.
         source: refract_http::Error,
     },
+    /// The client closed its connection while its request was being served.
+    #[error("client went away")]
+    ClientGone,
+    /// The backend's admission control refused the request.
+    #[error("backend {backend} overloaded: {reason}")]
+    Overloaded {
+        /// The backend's name.
+        backend: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
     /// A backend of a fan-out answered with an error status.
     #[error("backend {backend}: answered {status}")]
     BackendStatus {
@@ -78,8 +89,8 @@ impl Error {
     /// Whose fault it is.
     pub fn side(&self) -> Side {
         match self {
-            Error::Request(_) | Error::BodyTooLarge(_) | Error::ClientIo(_) => Side::Client,
-            Error::NoBackend(_) => Side::Internal,
+            Error::Request(_) | Error::BodyTooLarge(_) | Error::ClientIo(_) | Error::ClientGone => Side::Client,
+            Error::NoBackend(_) | Error::Overloaded { .. } => Side::Internal,
             _ => Side::Backend,
         }
     }
@@ -108,6 +119,7 @@ impl Error {
             | Error::ResponseTimeout { backend }
             | Error::BackendIo { backend, .. }
             | Error::BackendProtocol { backend, .. }
+            | Error::Overloaded { backend, .. }
             | Error::BackendStatus { backend, .. } => Some(backend),
             _ => None,
         }
@@ -118,8 +130,8 @@ impl Error {
         match self {
             Error::Request(e) => e.status(),
             Error::BodyTooLarge(_) => 413,
-            Error::ClientIo(_) => 400,
-            Error::NoBackend(_) => 503,
+            Error::ClientIo(_) | Error::ClientGone => 400,
+            Error::NoBackend(_) | Error::Overloaded { .. } => 503,
             Error::ConnectTimeout { .. } | Error::ResponseTimeout { .. } => 504,
             _ => 502,
         }
@@ -132,6 +144,8 @@ impl Error {
             Error::Request(_) => "bad_request",
             Error::BodyTooLarge(_) => "body_too_large",
             Error::ClientIo(_) => "client_io",
+            Error::ClientGone => "client_gone",
+            Error::Overloaded { .. } => "overloaded",
             Error::NoBackend(_) => "no_backend",
             Error::Connect { .. } => "connect",
             Error::ConnectTimeout { .. } => "connect_timeout",

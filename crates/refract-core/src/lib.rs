@@ -6,6 +6,7 @@
 //! - [`config`]: the TOML configuration and its validation.
 //! - [`dispatcher`]: start, accept loop, drain on shutdown.
 //! - `session`: the client session loop (one request at a time, in order).
+//! - `forward`: one request to one backend: admission, exchange, retry, learning.
 //! - `relay`: moving bodies between client and backend with bounded buffers.
 //! - `fanout`: class `all`, sent to every backend.
 //! - [`membership`]: backends at runtime and the choice of one per request.
@@ -13,6 +14,7 @@
 //! - `health`: active health checks.
 //! - `admin`: `/backends`, `/metrics`.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`pg`]: the PostgreSQL front end.
 //! - [`overload`]: admission limits, queues, deadlines, retry budget (being wired in).
 //! - [`conn`]: a client connection and its buffer.
 //! - [`error`]: the error type.
@@ -24,10 +26,12 @@ pub mod conn;
 pub mod dispatcher;
 pub mod error;
 mod fanout;
+mod forward;
 mod health;
 pub mod membership;
 pub mod metrics;
 pub mod overload;
+pub mod pg;
 mod relay;
 mod session;
 

@@ -3,7 +3,8 @@
 //! outstanding with two random choices).
 
 use crate::backend::Backend;
-use crate::config::{validate_backend, BackendConfig, Balance, Policy, Role};
+use crate::config::{validate_backend, Balance, BackendConfig, Overload, Policy, Role};
+use crate::overload::AdmissionConfig;
 use crate::metrics::Metrics;
 use rand::Rng;
 use refract_http::RouteClass;
@@ -17,13 +18,42 @@ pub struct Membership {
     balance: Balance,
     max_idle: usize,
     metrics: Arc<Metrics>,
+    admission: AdmissionConfig,
+    eject_max_fraction: f64,
 }
 
 impl Membership {
     /// Membership from the configured backends.
-    pub fn new(cfgs: &[BackendConfig], balance: Balance, max_idle: usize, metrics: Arc<Metrics>) -> Self {
-        let list = cfgs.iter().map(|c| Arc::new(Backend::new(c, max_idle, metrics.backend(&c.name)))).collect();
-        Membership { list: RwLock::new(Arc::new(list)), rr: AtomicUsize::new(0), balance, max_idle, metrics }
+    pub fn new(cfgs: &[BackendConfig], balance: Balance, max_idle: usize, metrics: Arc<Metrics>, overload: &Overload) -> Self {
+        let admission = overload.admission();
+        let list = cfgs
+            .iter()
+            .map(|c| Arc::new(Backend::new(c, max_idle, metrics.backend(&c.name), admission.clone())))
+            .collect();
+        Membership {
+            list: RwLock::new(Arc::new(list)),
+            rr: AtomicUsize::new(0),
+            balance,
+            max_idle,
+            metrics,
+            admission,
+            eject_max_fraction: overload.eject_max_fraction,
+        }
+    }
+
+    /// Ejects a failing replica for `for_ms`, unless that would eject more than the allowed
+    /// fraction of replicas (the primary is never ejected: writes have nowhere else to go).
+    pub fn try_eject(&self, b: &Backend, for_ms: u64) -> bool {
+        let list = self.snapshot();
+        let replicas = list.iter().filter(|r| r.role == Role::Replica).count();
+        let ejected = list.iter().filter(|r| r.role == Role::Replica && r.is_ejected()).count();
+        let allowed = (replicas as f64 * self.eject_max_fraction).floor() as usize;
+        if b.role != Role::Replica || b.is_ejected() || ejected + 1 > allowed {
+            return false;
+        }
+        b.eject(for_ms);
+        tracing::warn!(backend = %b.name, for_ms, "backend ejected after consecutive failures");
+        true
     }
 
     /// The backends now (a cheap snapshot; membership may change after).
@@ -42,7 +72,8 @@ impl Membership {
             return Err("there is already a primary; remove it first".into());
         }
         let mut next = guard.as_ref().clone();
-        next.push(Arc::new(Backend::new(&cfg, self.max_idle, self.metrics.backend(&cfg.name))));
+        let counters = self.metrics.backend(&cfg.name);
+        next.push(Arc::new(Backend::new(&cfg, self.max_idle, counters, self.admission.clone())));
         *guard = Arc::new(next);
         tracing::info!(backend = %cfg.name, addr = %cfg.addr, "backend added");
         Ok(())
@@ -70,7 +101,7 @@ impl Membership {
     /// The backend for one request of `class` (not `All`), avoiding those in `exclude`.
     pub fn pick(&self, class: RouteClass, exclude: &[Arc<Backend>]) -> Option<Arc<Backend>> {
         let list = self.snapshot();
-        let usable = |b: &&Arc<Backend>| b.is_up() && !exclude.iter().any(|e| Arc::ptr_eq(e, b));
+        let usable = |b: &&Arc<Backend>| b.is_available() && !exclude.iter().any(|e| Arc::ptr_eq(e, b));
         let primary = || list.iter().filter(usable).find(|b| b.role == Role::Primary).cloned();
         if class != RouteClass::Read {
             return primary();
@@ -87,18 +118,23 @@ impl Membership {
         let n = readers.len();
         match self.balance.policy {
             Policy::RoundRobin => readers[self.rr.fetch_add(1, Relaxed) % n],
-            Policy::LeastOutstanding if n == 1 => readers[0],
-            Policy::LeastOutstanding => {
-                let mut rng = rand::thread_rng();
-                let a = rng.gen_range(0..n);
-                let b = (a + rng.gen_range(1..n)) % n;
-                if readers[b].inflight() < readers[a].inflight() {
-                    readers[b]
-                } else {
-                    readers[a]
-                }
-            }
+            Policy::LeastOutstanding | Policy::PeakEwma if n == 1 => readers[0],
+            Policy::LeastOutstanding => two_choices(readers, |b| b.inflight() as f64),
+            Policy::PeakEwma => two_choices(readers, Backend::cost),
         }
+    }
+}
+
+/// Power of two choices: two distinct random readers, the one with the lower cost.
+fn two_choices<'a>(readers: &[&'a Arc<Backend>], cost: impl Fn(&Backend) -> f64) -> &'a Arc<Backend> {
+    let n = readers.len();
+    let mut rng = rand::thread_rng();
+    let a = rng.gen_range(0..n);
+    let b = (a + rng.gen_range(1..n)) % n;
+    if cost(readers[b]) < cost(readers[a]) {
+        readers[b]
+    } else {
+        readers[a]
     }
 }
 
@@ -107,13 +143,13 @@ mod tests {
     use super::*;
 
     fn cfg(name: &str, port: u16, role: Role) -> BackendConfig {
-        BackendConfig { name: name.into(), addr: ([127, 0, 0, 1], port).into(), role }
+        BackendConfig { name: name.into(), addr: ([127, 0, 0, 1], port).into(), role, max_concurrency: None }
     }
 
     fn three(policy: Policy) -> Membership {
         let cfgs = [cfg("p", 1, Role::Primary), cfg("r1", 2, Role::Replica), cfg("r2", 3, Role::Replica)];
         let balance = Balance { policy, ..Balance::default() };
-        Membership::new(&cfgs, balance, 4, Arc::new(Metrics::new()))
+        Membership::new(&cfgs, balance, 4, Arc::new(Metrics::new()), &Overload::default())
     }
 
     #[test]
@@ -135,6 +171,29 @@ mod tests {
         list[0].set_up(false);
         assert!(m.pick(RouteClass::Read, &[]).is_none());
         assert!(m.pick(RouteClass::Write, &[]).is_none());
+    }
+
+    #[test]
+    fn peak_ewma_steers_away_from_a_slow_replica() {
+        let m = three(Policy::PeakEwma);
+        let list = m.snapshot();
+        list[1].latency.observe(std::time::Duration::from_millis(100));
+        list[2].latency.observe(std::time::Duration::from_millis(1));
+        for _ in 0..20 {
+            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+        }
+    }
+
+    #[test]
+    fn ejection_is_bounded_to_a_fraction_of_replicas() {
+        let m = three(Policy::RoundRobin);
+        let list = m.snapshot();
+        assert!(!m.try_eject(&list[0], 1000), "the primary is never ejected");
+        assert!(m.try_eject(&list[1], 1000));
+        assert!(!m.try_eject(&list[2], 1000), "at most half of two replicas");
+        for _ in 0..4 {
+            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+        }
     }
 
     #[test]

@@ -3,19 +3,19 @@
 //! are served one at a time in arrival order, so pipelined responses keep their order and the
 //! connection is quiescent at every request boundary (where a hand-over can happen later).
 
-use crate::backend::Backend;
 use crate::conn::ClientConn;
 use crate::dispatcher::Ctx;
 use crate::error::Error;
 use crate::fanout;
-use crate::relay::{self, Sink};
+use crate::forward::{self, Request};
+use crate::overload::Priority;
 use bytes::Bytes;
 use refract_http::chunked::decode_all;
 use refract_http::{reply, BodyKind, RequestHead, RouteClass};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
+use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 /// What the session does after a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -72,9 +72,18 @@ async fn serve(ctx: &Ctx, conn: &mut ClientConn, head: RequestHead) -> Next {
         Ok(x) => x,
         Err(e) => return reply_error(ctx, conn, &e, false).await,
     };
+    let priority = match priority(&head) {
+        Ok(p) => p,
+        Err(e) => return reply_error(ctx, conn, &e, false).await,
+    };
+    let timeout_ms = head.timeout_ms.or(Some(ctx.cfg.overload.default_timeout_ms).filter(|&ms| ms > 0));
+    let deadline = timeout_ms.map(|ms| started + Duration::from_millis(ms));
     let result = match &body {
         ReqBody::Buffered(b) if class == RouteClass::All => fanout::run(ctx, conn, &head_bytes, &head, b).await,
-        _ => forward(ctx, conn, class, &head_bytes, &head, &body).await,
+        _ => {
+            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority };
+            forward::forward(ctx, conn, &req).await
+        }
     };
     ctx.metrics.observe(class, started.elapsed().as_secs_f64());
     match result {
@@ -89,6 +98,19 @@ async fn serve(ctx: &Ctx, conn: &mut ClientConn, head: RequestHead) -> Next {
             let keep = head.keep_alive && matches!(body, ReqBody::Buffered(_));
             reply_error(ctx, conn, &f.err, keep).await
         }
+    }
+}
+
+/// The request's priority class (`x-refract-priority`, default normal).
+fn priority(head: &RequestHead) -> Result<Priority, Error> {
+    match head.priority.as_deref() {
+        None | Some("normal") => Ok(Priority::Normal),
+        Some("high") => Ok(Priority::High),
+        Some("low") => Ok(Priority::Low),
+        Some(other) => Err(Error::Request(refract_http::Error::BadHeader {
+            name: "x-refract-priority",
+            reason: format!("{other:?} is not one of high, normal, low"),
+        })),
     }
 }
 
@@ -114,7 +136,7 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
 /// Sends an error reply (unless the client itself failed) and says whether to go on.
 async fn reply_error(ctx: &Ctx, conn: &mut ClientConn, err: &Error, keep: bool) -> Next {
     ctx.metrics.error(err.kind());
-    if let Error::ClientIo(_) = err {
+    if let Error::ClientIo(_) | Error::ClientGone = err {
         return Next::Close;
     }
     match err.backend() {
@@ -126,113 +148,5 @@ async fn reply_error(ctx: &Ctx, conn: &mut ClientConn, err: &Error, keep: bool) 
     match conn.reply(&bytes).await {
         Ok(()) if keep => Next::Continue,
         _ => Next::Close,
-    }
-}
-
-/// Forwards to one backend of `class`; a read is retried once on another backend when the
-/// failure left the client untouched and the body can be sent again. Writes never are.
-async fn forward(
-    ctx: &Ctx,
-    conn: &mut ClientConn,
-    class: RouteClass,
-    head_bytes: &Bytes,
-    head: &RequestHead,
-    body: &ReqBody,
-) -> Result<bool, Failure> {
-    let mut tried: Vec<Arc<Backend>> = Vec::new();
-    let mut last = None;
-    loop {
-        let Some(b) = ctx.members.pick(class, &tried) else {
-            return Err(last.unwrap_or(Failure::untouched(Error::NoBackend(class.as_str()))));
-        };
-        match exchange(ctx, conn, &b, head_bytes, head, body).await {
-            Ok(go_on) => {
-                b.record(true);
-                b.counters.request(class);
-                return Ok(go_on);
-            }
-            Err(f) => {
-                b.record(false);
-                if f.err.marks_down() && b.set_up(false) {
-                    tracing::warn!(backend = %b.name, error = %f.err, "backend marked down");
-                }
-                let again = class == RouteClass::Read
-                    && tried.is_empty()
-                    && !f.touched
-                    && matches!(body, ReqBody::Buffered(_))
-                    && f.err.is_retryable();
-                if !again {
-                    return Err(f);
-                }
-                tracing::debug!(backend = %b.name, error = %f.err, "read failed; retrying on another backend");
-                ctx.metrics.error(f.err.kind());
-                ctx.metrics.error("retry");
-                tried.push(b);
-                last = Some(f);
-            }
-        }
-    }
-}
-
-/// One request/response exchange with one backend. `Ok(go_on)` says whether the client
-/// connection can carry another request (not after a response delimited by close).
-async fn exchange(
-    ctx: &Ctx,
-    conn: &mut ClientConn,
-    b: &Arc<Backend>,
-    head_bytes: &Bytes,
-    head: &RequestHead,
-    body: &ReqBody,
-) -> Result<bool, Failure> {
-    let _inflight = b.begin();
-    let t = &ctx.cfg.timeouts;
-    let mut bc = b.checkout(Duration::from_millis(t.connect_ms)).await.map_err(Failure::untouched)?;
-    let sent = send_request(conn, &mut bc, &b.name, head_bytes, body).await.map_err(Failure::untouched)?;
-    ctx.metrics.bytes_to_backend.inc_by(sent);
-    let timeout = Duration::from_millis(t.request_ms);
-    let mut sink = Sink::new(&mut conn.stream);
-    let result = async {
-        loop {
-            let rh = relay::response_head(&mut bc, timeout, &b.name, head.is_head()).await?;
-            if !rh.is_interim() {
-                let reuse = sink.response(&mut bc, &rh, timeout, &b.name).await?;
-                return Ok((rh, reuse));
-            }
-            sink.pass(&mut bc, rh.len).await?;
-        }
-    }
-    .await;
-    ctx.metrics.bytes_to_client.inc_by(sink.written);
-    let (rh, reuse) = result.map_err(|err| Failure { err, touched: sink.written > 0 })?;
-    if reuse {
-        b.checkin(bc);
-    }
-    Ok(rh.body != BodyKind::UntilClose)
-}
-
-async fn send_request(
-    conn: &mut ClientConn,
-    bc: &mut crate::backend::BackendConn,
-    backend: &str,
-    head_bytes: &Bytes,
-    body: &ReqBody,
-) -> Result<u64, Error> {
-    let io = |source| Error::BackendIo { backend: backend.to_string(), source };
-    match body {
-        ReqBody::Buffered(b) if b.is_empty() => bc.stream.write_all(head_bytes).await.map_err(io)?,
-        ReqBody::Buffered(b) => bc.stream.write_all(&[&head_bytes[..], &b[..]].concat()).await.map_err(io)?,
-        ReqBody::Stream(kind) => {
-            bc.stream.write_all(head_bytes).await.map_err(io)?;
-            let n = relay::request_body(conn, bc, *kind, backend).await?;
-            return Ok(head_bytes.len() as u64 + n);
-        }
-    }
-    Ok((head_bytes.len() + body_len(body)) as u64)
-}
-
-fn body_len(body: &ReqBody) -> usize {
-    match body {
-        ReqBody::Buffered(b) => b.len(),
-        ReqBody::Stream(_) => 0,
     }
 }

@@ -34,6 +34,10 @@ pub struct RequestHead {
     pub keep_alive: bool,
     /// Value of `x-refract-route`, if present.
     pub route_hint: Option<String>,
+    /// `x-refract-timeout-ms`: the client's deadline, relative to the request's arrival.
+    pub timeout_ms: Option<u64>,
+    /// `x-refract-priority`: `high`, `normal` or `low`.
+    pub priority: Option<String>,
     /// Length of the head in bytes, including the final CRLF CRLF.
     pub len: usize,
 }
@@ -59,6 +63,8 @@ struct Framing {
     close: bool,
     keep_alive: bool,
     route_hint: Option<String>,
+    timeout_ms: Option<u64>,
+    priority: Option<String>,
 }
 
 fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
@@ -74,16 +80,33 @@ fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
             f.chunked = transfer_is_chunked(h.value)?;
         } else if h.name.eq_ignore_ascii_case("connection") {
             scan_connection(h.value, &mut f);
-        } else if h.name.eq_ignore_ascii_case("x-refract-route") {
-            let v = std::str::from_utf8(h.value)
-                .map_err(|_| Error::BadHeader { name: "x-refract-route", reason: "not UTF-8".into() })?;
-            f.route_hint = Some(v.trim().to_ascii_lowercase());
+        } else if h.name.len() > 10 && h.name[..10].eq_ignore_ascii_case("x-refract-") {
+            scan_refract_header(h, &mut f)?;
         }
     }
     if f.chunked && f.content_length.is_some() {
         return Err(Error::BadFraming("both Content-Length and chunked"));
     }
     Ok(f)
+}
+
+fn scan_refract_header(h: &httparse::Header<'_>, f: &mut Framing) -> Result<(), Error> {
+    let (name, slot) = match h.name[10..].to_ascii_lowercase().as_str() {
+        "route" => ("x-refract-route", &mut f.route_hint),
+        "priority" => ("x-refract-priority", &mut f.priority),
+        "timeout-ms" => {
+            let v = parse_length(h.value).map_err(|_| Error::BadHeader {
+                name: "x-refract-timeout-ms",
+                reason: "not a number of milliseconds".into(),
+            })?;
+            f.timeout_ms = Some(v);
+            return Ok(());
+        }
+        _ => return Ok(()),
+    };
+    let v = std::str::from_utf8(h.value).map_err(|_| Error::BadHeader { name, reason: "not UTF-8".into() })?;
+    *slot = Some(v.trim().to_ascii_lowercase());
+    Ok(())
 }
 
 fn parse_length(v: &[u8]) -> Result<u64, Error> {
@@ -161,6 +184,8 @@ impl RequestHead {
             body,
             keep_alive: keep_alive(minor, &f),
             route_hint: f.route_hint,
+            timeout_ms: f.timeout_ms,
+            priority: f.priority,
             len,
         }))
     }
@@ -269,6 +294,15 @@ mod tests {
         assert!(!old.unwrap().unwrap().keep_alive);
         let old_ka = RequestHead::parse(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", 1024);
         assert!(old_ka.unwrap().unwrap().keep_alive);
+    }
+
+    #[test]
+    fn deadline_and_priority_headers() {
+        let raw = b"GET / HTTP/1.1\r\nX-Refract-Timeout-Ms: 250\r\nx-refract-priority: Low\r\n\r\n";
+        let h = RequestHead::parse(raw, 1024).unwrap().unwrap();
+        assert_eq!((h.timeout_ms, h.priority.as_deref()), (Some(250), Some("low")));
+        let bad = RequestHead::parse(b"GET / HTTP/1.1\r\nx-refract-timeout-ms: soon\r\n\r\n", 1024);
+        assert!(matches!(bad, Err(Error::BadHeader { name: "x-refract-timeout-ms", .. })));
     }
 
     #[test]

@@ -25,8 +25,10 @@ pub fn reason(status: u16) -> &'static str {
 /// A complete response with a body of the given content type.
 pub fn response(status: u16, content_type: &str, body: &[u8], close: bool) -> Bytes {
     let conn = if close { "connection: close\r\n" } else { "" };
+    // A 503 is always temporary: say when to come back (and not sooner).
+    let retry = if status == 503 { "retry-after: 1\r\n" } else { "" };
     let mut out = format!(
-        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{conn}\r\n",
+        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{retry}{conn}\r\n",
         reason(status),
         body.len()
     )
@@ -57,6 +59,7 @@ mod tests {
         let text = std::str::from_utf8(&r).unwrap();
         assert!(text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
         assert!(text.contains("connection: close\r\n"));
+        assert!(text.contains("retry-after: 1\r\n"));
         let body = text.split("\r\n\r\n").nth(1).unwrap();
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"], "no backend available");

@@ -1,0 +1,219 @@
+//! Forwarding one request to one backend of its class: admission (the backend's adaptive
+//! limit and queue, bounded by the request's deadline), the exchange itself, and what the
+//! outcome teaches the limit, the latency estimate and the ejection counter. A read may be
+//! retried once, on another backend, within the retry budget, if nothing reached the client;
+//! writes never are.
+
+use crate::backend::{Backend, BackendConn};
+use crate::conn::ClientConn;
+use crate::dispatcher::Ctx;
+use crate::error::Error;
+use crate::overload::{Outcome, Priority, Refusal};
+use crate::relay::{self, Sink};
+use crate::session::{Failure, ReqBody};
+use bytes::Bytes;
+use refract_http::{BodyKind, RequestHead, RouteClass};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+/// A request ready to forward.
+pub(crate) struct Request<'a> {
+    pub class: RouteClass,
+    pub head_bytes: &'a Bytes,
+    pub head: &'a RequestHead,
+    pub body: &'a ReqBody,
+    pub deadline: Option<Instant>,
+    pub priority: Priority,
+}
+
+/// How an exchange ended: whether the client connection can go on, and the status sent.
+struct Done {
+    go_on: bool,
+    status: u16,
+}
+
+/// Forwards `req`; `Ok(go_on)` says whether the client connection can carry another request.
+pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>) -> Result<bool, Failure> {
+    ctx.budget.deposit();
+    let mut tried: Vec<Arc<Backend>> = Vec::new();
+    let mut last = None;
+    loop {
+        let Some(b) = ctx.members.pick(req.class, &tried) else {
+            return Err(last.unwrap_or(Failure::untouched(Error::NoBackend(req.class.as_str()))));
+        };
+        let permit = b.admission.acquire(req.priority, req.deadline).await.map_err(|r| refused(&b, r))?;
+        let started = Instant::now();
+        let result = exchange(ctx, conn, &b, req).await;
+        let f = match result {
+            Ok(done) => {
+                let overloaded = done.status == 503 || done.status == 429;
+                permit.finish(if overloaded { Outcome::Overloaded } else { Outcome::Success });
+                learn(ctx, &b, req.class, started, !overloaded && done.status < 500);
+                return Ok(done.go_on);
+            }
+            Err(f) => f,
+        };
+        permit.finish(outcome_of(&f.err));
+        if f.err.side() == crate::error::Side::Backend {
+            learn(ctx, &b, req.class, started, false);
+        }
+        if f.err.marks_down() && b.set_up(false) {
+            tracing::warn!(backend = %b.name, error = %f.err, "backend marked down");
+        }
+        if !may_retry(ctx, req, &f, tried.is_empty()) {
+            return Err(f);
+        }
+        tracing::debug!(backend = %b.name, error = %f.err, "read failed; retrying on another backend");
+        ctx.metrics.error(f.err.kind());
+        ctx.metrics.error("retry");
+        tried.push(b);
+        last = Some(f);
+    }
+}
+
+fn refused(b: &Backend, r: Refusal) -> Failure {
+    let reason = match r {
+        Refusal::QueueFull => "queue full",
+        Refusal::Shed => "shed by queue management",
+        Refusal::Deadline => "cannot start before the request's deadline",
+    };
+    Failure::untouched(Error::Overloaded { backend: b.name.clone(), reason })
+}
+
+/// What a failed exchange teaches the concurrency limit.
+fn outcome_of(err: &Error) -> Outcome {
+    match err {
+        Error::ResponseTimeout { .. } | Error::ConnectTimeout { .. } => Outcome::Overloaded,
+        _ => Outcome::Ignore,
+    }
+}
+
+/// Books an exchange: counters, latency, failure streak (and ejection).
+fn learn(ctx: &Ctx, b: &Backend, class: RouteClass, started: Instant, ok: bool) {
+    b.record(ok);
+    if ok {
+        b.counters.request(class);
+        b.latency.observe(started.elapsed());
+    } else {
+        // A failure costs as much as the request timeout: the balancer should avoid it.
+        b.latency.observe(started.elapsed().max(Duration::from_millis(ctx.cfg.timeouts.request_ms.min(1000))));
+    }
+    let o = &ctx.cfg.overload;
+    if b.note_outcome(ok, o.eject_after_failures) {
+        ctx.members.try_eject(b, o.eject_ms);
+    }
+}
+
+/// Only reads, only once, only if nothing reached the client, the body can be sent again,
+/// the failure was the backend's transport (not an answer), and the budget allows it.
+fn may_retry(ctx: &Ctx, req: &Request<'_>, f: &Failure, first: bool) -> bool {
+    req.class == RouteClass::Read
+        && first
+        && !f.touched
+        && matches!(req.body, ReqBody::Buffered(_))
+        && f.err.is_retryable()
+        && req.deadline.is_none_or(|d| Instant::now() < d)
+        && ctx.budget.try_withdraw()
+}
+
+/// One request/response exchange with one backend.
+async fn exchange(ctx: &Ctx, conn: &mut ClientConn, b: &Arc<Backend>, req: &Request<'_>) -> Result<Done, Failure> {
+    let _inflight = b.begin();
+    let t = &ctx.cfg.timeouts;
+    let mut timeout = Duration::from_millis(t.request_ms);
+    let mut connect = Duration::from_millis(t.connect_ms);
+    let mut head_bytes = req.head_bytes.clone();
+    if let Some(d) = req.deadline {
+        let left = d.saturating_duration_since(Instant::now());
+        (timeout, connect) = (timeout.min(left), connect.min(left));
+        head_bytes = with_deadline_header(req.head_bytes, left);
+    }
+    let mut bc = b.checkout(connect).await.map_err(Failure::untouched)?;
+    let sent = send_request(conn, &mut bc, &b.name, &head_bytes, req.body).await.map_err(Failure::untouched)?;
+    ctx.metrics.bytes_to_backend.inc_by(sent);
+    let mut written = 0u64;
+    let rh = loop {
+        let rh = tokio::select! {
+            r = relay::response_head(&mut bc, timeout, &b.name, req.head.is_head()) => r,
+            () = client_gone(conn, ctx.cfg.limits.max_head_bytes) => Err(Error::ClientGone),
+        };
+        let rh = rh.map_err(|err| Failure { err, touched: written > 0 })?;
+        if !rh.is_interim() {
+            break rh;
+        }
+        let mut sink = Sink::new(&mut conn.stream);
+        sink.pass(&mut bc, rh.len).await.map_err(|err| Failure { err, touched: true })?;
+        written += sink.written;
+    };
+    let mut sink = Sink::new(&mut conn.stream);
+    let result = sink.response(&mut bc, &rh, timeout, &b.name).await;
+    written += sink.written;
+    ctx.metrics.bytes_to_client.inc_by(written);
+    let reuse = result.map_err(|err| Failure { err, touched: written > 0 })?;
+    if reuse {
+        b.checkin(bc);
+    }
+    Ok(Done { go_on: rh.body != BodyKind::UntilClose, status: rh.status })
+}
+
+/// Resolves when the client has closed its side (or failed) while its request is being
+/// served, so the backend work can be abandoned. Pipelined bytes it sends meanwhile are kept
+/// in the client buffer (up to `max` bytes; past that, the client is no longer watched).
+async fn client_gone(conn: &mut ClientConn, max: usize) {
+    loop {
+        if conn.buf.len() > max || conn.stream.readable().await.is_err() {
+            return std::future::pending().await;
+        }
+        conn.buf.reserve(4096);
+        match conn.stream.try_read_buf(&mut conn.buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The head with `x-refract-deadline-ms` (time left) added, so the backend can give up too.
+fn with_deadline_header(head: &Bytes, left: Duration) -> Bytes {
+    let end = head.len().saturating_sub(2);
+    let mut out = Vec::with_capacity(head.len() + 40);
+    out.extend_from_slice(&head[..end]);
+    out.extend_from_slice(format!("x-refract-deadline-ms: {}\r\n\r\n", left.as_millis()).as_bytes());
+    Bytes::from(out)
+}
+
+async fn send_request(
+    conn: &mut ClientConn,
+    bc: &mut BackendConn,
+    backend: &str,
+    head_bytes: &Bytes,
+    body: &ReqBody,
+) -> Result<u64, Error> {
+    let io = |source| Error::BackendIo { backend: backend.to_string(), source };
+    match body {
+        ReqBody::Buffered(b) if b.is_empty() => bc.stream.write_all(head_bytes).await.map_err(io)?,
+        ReqBody::Buffered(b) => bc.stream.write_all(&[&head_bytes[..], &b[..]].concat()).await.map_err(io)?,
+        ReqBody::Stream(kind) => {
+            bc.stream.write_all(head_bytes).await.map_err(io)?;
+            let n = relay::request_body(conn, bc, *kind, backend).await?;
+            return Ok(head_bytes.len() as u64 + n);
+        }
+    }
+    let body_len = if let ReqBody::Buffered(b) = body { b.len() } else { 0 };
+    Ok((head_bytes.len() + body_len) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_header_goes_before_the_blank_line() {
+        let head = Bytes::from_static(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n");
+        let out = with_deadline_header(&head, Duration::from_millis(250));
+        assert_eq!(&out[..], b"GET / HTTP/1.1\r\nhost: x\r\nx-refract-deadline-ms: 250\r\n\r\n");
+    }
+}

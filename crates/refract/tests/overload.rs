@@ -1,0 +1,82 @@
+//! Overload control end to end: deadlines refuse at once, an abandoned request stops holding
+//! its backend slot, bad priorities are refused.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+const ONE_SLOT: &str = "[overload]\nmax_concurrency = 1\ninitial_concurrency = 1\n";
+
+fn in_flight(d: &Dispatcher, name: &str) -> u64 {
+    let list = get(d.admin, "/backends").json();
+    list.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()["in_flight"].as_u64().unwrap()
+}
+
+#[test]
+fn a_request_that_cannot_start_before_its_deadline_is_refused_not_sent_late() {
+    let slow = blob_at("b1", 0, &["--delay-ms", "600"]);
+    let d = dispatcher(&[("b1", slow.addr, "primary")], ONE_SLOT);
+    let addr = d.proc.addr;
+    let holder = std::thread::spawn(move || get(addr, "/blob?bytes=1"));
+    std::thread::sleep(Duration::from_millis(150));
+    let started = Instant::now();
+    let r = request(addr, "GET", "/blob?bytes=1", &[("x-refract-timeout-ms", "100")], b"");
+    let took = started.elapsed();
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    assert!(r.json()["error"].as_str().unwrap().contains("deadline"), "{r:?}");
+    assert!(
+        took < Duration::from_millis(150),
+        "refused after {took:?}, it must not wait for the deadline or the backend"
+    );
+    assert_eq!(holder.join().unwrap().status, 200, "the admitted request is unaffected");
+}
+
+#[test]
+fn a_client_that_goes_away_releases_its_backend_slot() {
+    let slow = blob_at("b1", 0, &["--delay-ms", "1500"]);
+    let d = dispatcher(&[("b1", slow.addr, "primary")], ONE_SLOT);
+    let mut c = Client::connect(d.proc.addr);
+    c.send(&raw_request("GET", "/blob?bytes=1", &[], b""));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(in_flight(&d, "b1"), 1);
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while in_flight(&d, "b1") != 0 {
+        assert!(Instant::now() < deadline, "the abandoned request still holds the backend");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The slot is free again: a new request is admitted (and waits for the backend only).
+    let r = request(d.proc.addr, "GET", "/blob?bytes=2", &[("x-refract-timeout-ms", "5000")], b"");
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn bad_overload_headers_are_refused() {
+    let b1 = blob("b1");
+    let d = dispatcher(&[("b1", b1.addr, "primary")], "");
+    let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-priority", "urgent")], b"");
+    assert_eq!(r.status, 400);
+    let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-timeout-ms", "soon")], b"");
+    assert_eq!(r.status, 400);
+    let ok = request(
+        d.proc.addr,
+        "GET",
+        "/blob?bytes=1",
+        &[("x-refract-priority", "low"), ("x-refract-timeout-ms", "900")],
+        b"",
+    );
+    assert_eq!(ok.status, 200);
+}
+
+#[test]
+fn control_off_never_queues_or_refuses() {
+    let slow = blob_at("b1", 0, &["--delay-ms", "300"]);
+    let d = dispatcher(&[("b1", slow.addr, "primary")], "[overload]\nenabled = false\nmax_concurrency = 1\n");
+    let addr = d.proc.addr;
+    let handles: Vec<_> = (0..4).map(|_| std::thread::spawn(move || get(addr, "/blob?bytes=1").status)).collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+}

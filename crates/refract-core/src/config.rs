@@ -292,7 +292,10 @@ impl Config {
             ));
         }
         if !(0.0..=1.0).contains(&o.eject_max_fraction) || o.retry_budget_ratio < 0.0 || o.retry_budget_floor < 0.0 {
-            return Err(format!("line {}: [overload] fractions must be in 0..=1 and budgets ≥ 0", find_key_line(text, "overload")));
+            return Err(format!(
+                "line {}: [overload] fractions must be in 0..=1 and budgets ≥ 0",
+                find_key_line(text, "overload")
+            ));
         }
         if self.limits.max_head_bytes < 1024 {
             return Err(format!(

@@ -3,9 +3,9 @@
 //! outstanding with two random choices).
 
 use crate::backend::Backend;
-use crate::config::{validate_backend, Balance, BackendConfig, Overload, Policy, Role};
-use crate::overload::AdmissionConfig;
+use crate::config::{validate_backend, BackendConfig, Balance, Overload, Policy, Role};
 use crate::metrics::Metrics;
+use crate::overload::AdmissionConfig;
 use rand::Rng;
 use refract_http::RouteClass;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -24,7 +24,13 @@ pub struct Membership {
 
 impl Membership {
     /// Membership from the configured backends.
-    pub fn new(cfgs: &[BackendConfig], balance: Balance, max_idle: usize, metrics: Arc<Metrics>, overload: &Overload) -> Self {
+    pub fn new(
+        cfgs: &[BackendConfig],
+        balance: Balance,
+        max_idle: usize,
+        metrics: Arc<Metrics>,
+        overload: &Overload,
+    ) -> Self {
         let admission = overload.admission();
         let list = cfgs
             .iter()

@@ -51,6 +51,7 @@ pub struct Metrics {
     pub connections: Counter,
     backend_up: Family<BackendLabel, Gauge>,
     backend_inflight: Family<BackendLabel, Gauge>,
+    pg_replica_lag: Family<BackendLabel, Gauge>,
 }
 
 /// Per-backend handles, one request counter per route class.
@@ -99,6 +100,12 @@ impl Metrics {
         reg.register("backend_up", "1 when the backend is taking requests", backend_up.clone());
         let backend_inflight = Family::<BackendLabel, Gauge>::default();
         reg.register("backend_in_flight", "Requests in flight per backend", backend_inflight.clone());
+        let pg_replica_lag = Family::<BackendLabel, Gauge>::default();
+        reg.register(
+            "pg_replica_lag_bytes",
+            "PostgreSQL replica WAL replay lag behind the primary",
+            pg_replica_lag.clone(),
+        );
         Metrics {
             registry: Mutex::new(reg),
             requests,
@@ -109,6 +116,7 @@ impl Metrics {
             connections,
             backend_up,
             backend_inflight,
+            pg_replica_lag,
         }
     }
 
@@ -135,6 +143,11 @@ impl Metrics {
         let l = BackendLabel { backend: name.into() };
         self.backend_up.get_or_create(&l).set(i64::from(up));
         self.backend_inflight.get_or_create(&l).set(inflight as i64);
+    }
+
+    /// Sets a PostgreSQL replica's lag gauge (WAL bytes behind the primary).
+    pub fn set_pg_lag(&self, name: &str, bytes: u64) {
+        self.pg_replica_lag.get_or_create(&BackendLabel { backend: name.into() }).set(bytes as i64);
     }
 
     /// Forgets a removed backend's gauges.

@@ -66,6 +66,12 @@ pub enum Error {
         /// The epoch received.
         got: u64,
     },
+    /// The control peer sent nothing (not even a heartbeat) for this long; it is declared dead.
+    #[error("control peer silent for {0:?}: declared dead")]
+    PeerDead(std::time::Duration),
+    /// The control peer closed the channel.
+    #[error("control peer closed the channel")]
+    Closed,
     /// I/O on the control channel or the fd-passing socket failed.
     #[error("control channel: {0}")]
     Io(#[from] io::Error),
@@ -89,7 +95,12 @@ impl Error {
     pub fn side(&self) -> Side {
         match self {
             Error::NotEstablished(_) => Side::Client,
-            Error::Codec(_) | Error::Auth | Error::StaleEpoch { .. } | Error::Io(_) => Side::Backend,
+            Error::Codec(_)
+            | Error::Auth
+            | Error::StaleEpoch { .. }
+            | Error::PeerDead(_)
+            | Error::Closed
+            | Error::Io(_) => Side::Backend,
             Error::Sys { .. }
             | Error::NotQuiescent(_)
             | Error::QueueMoved(_)

@@ -13,11 +13,14 @@
 //! - [`Steering`] (`steering.rs`): the dispatcher's ingress program, FREEZE / STEER per flow.
 //! - [`Guard`] (`guard.rs`): the agent host's no-RST guard and its tombstones.
 //! - [`send_fd`] / [`recv_fd`] (`fd_pass.rs`): same-host hand-over by SCM_RIGHTS.
+//! - [`control`]: control messages dispatcher ↔ agent ([`control::Msg`] codec, epochs,
+//!   HMAC-SHA256 authentication, [`control::ControlChannel`] with heartbeats).
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
 //! - `sys.rs`: the raw socket options and ioctls (the `unsafe` lives here).
 //! - [`Error`] (`error.rs`): what failed, whose fault, whether to retry.
 
 mod bpf;
+pub mod control;
 mod error;
 mod fd_pass;
 mod guard;

@@ -7,9 +7,11 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::time::Duration;
 
-use common::lab::{Lab, A_MAC, D_MAC, VIP};
-use common::{inq, root_or_skip, wait_until};
-use refract_handover::{discard, restore, snapshot, unacked, FlowAction, FlowKey, Guard, SteerTarget, Steering};
+use common::lab::{mac, Lab, A_MAC, CLIENT_IP, C_MAC, D_MAC, VIP};
+use common::{expect_stream, inq, pattern, root_or_skip, wait_until, A2B};
+use refract_handover::{
+    discard, restore, snapshot, unacked, unsent, FlowAction, FlowKey, Guard, SteerTarget, Steering,
+};
 
 fn vip(port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(VIP.parse().unwrap(), port)
@@ -178,6 +180,110 @@ fn a_full_map_is_reported_so_the_caller_relays() {
         assert!(steering.remove(&key(2)).unwrap());
         assert_eq!(steering.len().unwrap(), 0);
         assert!(Steering::attach("eth0", 0).is_err());
+        drop(steering);
+    });
+}
+
+#[test]
+#[ignore = "not deterministic in release builds (the client still receives the result: the bridge relearns its MAC); to be fixed with issue 3"]
+fn without_the_source_mac_rewrite_the_agents_replies_go_to_the_dispatcher() {
+    if !root_or_skip("without_the_source_mac_rewrite_the_agents_replies_go_to_the_dispatcher") {
+        return;
+    }
+    let lab = Lab::up("n");
+    lab.thread(|| {
+        let mut target = d_target(&lab);
+        // The agent host already knows the client's MAC (as after any earlier exchange): an
+        // ARP reply from the client would re-teach the switch its port for a moment and hide
+        // the failure until the client's next steered segment.
+        let neigh = ["-n", &lab.ns("a"), "neigh", "replace", CLIENT_IP, "lladdr", &mac(C_MAC), "dev", "eth0"];
+        assert!(std::process::Command::new("ip").args(neigh).args(["nud", "permanent"]).status().unwrap().success());
+        // ★ rule off: steered frames keep the client's source MAC.
+        target.src_mac = C_MAC;
+        let mut steering = Steering::attach("eth0", 64).unwrap();
+        let (mut client, server, key) = connect(&lab, 7002);
+        client.write_all(b"GET 1\n").unwrap();
+        assert!(wait_until(Duration::from_secs(2), || inq(&server) == 6));
+        steering.freeze(key).unwrap();
+        let state = snapshot(&server).unwrap();
+        discard(server.into()).unwrap();
+        lab.enter("a");
+        let guard = Guard::attach("eth0", VIP.parse().unwrap(), 16).unwrap();
+        let mut agent = TcpStream::from(restore(&state).unwrap());
+        timeouts(&agent);
+        lab.enter("d");
+        steering.steer(key, target, 1).unwrap();
+        expect(&mut agent, b"GET 1\n");
+        client.write_all(b"more").unwrap();
+        expect(&mut agent, b"more");
+        // The steered frame entered the switch on d's port with the client's MAC: learnt there.
+        assert_eq!(lab.fdb_port(C_MAC).as_deref(), Some("sw-d"));
+        agent.write_all(b"RESULT").unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut buf = [0u8; 6];
+        let err = client.read(&mut buf).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{err}");
+        assert_eq!(unacked(&agent).unwrap(), 6, "the client never saw the result: it went to d");
+
+        // Rule on: with d's MAC as the source the client's next segment is learnt on its own
+        // port again, and the agent's retransmission reaches the client.
+        target.src_mac = D_MAC;
+        steering.steer(key, target, 1).unwrap();
+        client.write_all(b"again").unwrap();
+        expect(&mut agent, b"again");
+        assert_eq!(lab.fdb_port(C_MAC).as_deref(), Some("sw-c"));
+        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        expect(&mut client, b"RESULT");
+
+        assert!(steering.remove(&key).unwrap());
+        drop(agent);
+        lab.enter("a");
+        drop(guard);
+        lab.enter("d");
+        drop(steering);
+    });
+}
+
+#[test]
+fn sent_but_unacknowledged_bytes_move_with_the_state() {
+    if !root_or_skip("sent_but_unacknowledged_bytes_move_with_the_state") {
+        return;
+    }
+    const N: usize = 8000; // under the initial congestion window: all of it goes out at once
+    let lab = Lab::up("u");
+    lab.thread(|| {
+        let target = d_target(&lab);
+        let mut steering = Steering::attach("eth0", 64).unwrap();
+        let (mut client, mut server, key) = connect(&lab, 7003);
+        // FREEZE drops the client's ACKs at d's ingress: what d sends stays unacknowledged.
+        steering.freeze(key).unwrap();
+        server.write_all(&pattern(A2B, 0, N)).unwrap();
+        expect_stream(&mut client, A2B, 0, N);
+        assert!(wait_until(Duration::from_secs(2), || unsent(&server).unwrap() == 0));
+        assert_eq!(unacked(&server).unwrap() as usize, N);
+        let state = snapshot(&server).unwrap();
+        assert_eq!((state.sent_unacked().len(), state.unsent), (N, 0));
+        discard(server.into()).unwrap();
+
+        lab.enter("a");
+        let guard = Guard::attach("eth0", VIP.parse().unwrap(), 16).unwrap();
+        let mut agent = TcpStream::from(restore(&state).unwrap());
+        timeouts(&agent);
+        assert_eq!(unacked(&agent).unwrap() as usize, N, "the agent holds the unacknowledged bytes");
+        lab.enter("d");
+        steering.steer(key, target, 1).unwrap();
+        // The client's next segment acknowledges them at the agent; the stream continues there.
+        client.write_all(b"next").unwrap();
+        expect(&mut agent, b"next");
+        assert!(wait_until(Duration::from_secs(2), || unacked(&agent).unwrap() == 0));
+        agent.write_all(&pattern(A2B, N as u64, 100_000)).unwrap();
+        expect_stream(&mut client, A2B, N as u64, 100_000); // no byte lost or repeated
+
+        assert!(steering.remove(&key).unwrap());
+        drop(agent);
+        lab.enter("a");
+        drop(guard);
+        lab.enter("d");
         drop(steering);
     });
 }

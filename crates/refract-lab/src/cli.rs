@@ -1,6 +1,7 @@
 //! The command line: `refract lab …`, `refract bench …`, `refract demo`.
 
 use crate::bench::{self, SweepOptions};
+pub use crate::overload_args::OverloadArgs;
 use crate::sweep::Plan;
 use crate::units::{parse_duration, ByteSize, Rate};
 use crate::{demo, fabric, lab};
@@ -58,6 +59,12 @@ impl LabCmd {
 pub enum BenchCmd {
     /// Throughput per payload size and target, plus 1-byte latency; writes the report.
     Sweep(SweepArgs),
+    /// Overload: goodput and latency from 0.25× to 3× capacity, a slow replica, retrying
+    /// clients; refract with and without overload control, and HAProxy; writes docs/overload.md.
+    Overload(OverloadArgs),
+    /// The open-loop load generator `bench overload` runs in a client namespace (JSON on stdout).
+    #[command(hide = true)]
+    Loadgen(crate::loadgen::Spec),
 }
 
 /// Options of `bench sweep`.
@@ -91,6 +98,8 @@ impl BenchCmd {
     pub fn run(self) -> Result<()> {
         match self {
             BenchCmd::Sweep(a) => bench::sweep(&a.into_options()),
+            BenchCmd::Overload(a) => crate::overload::run(&a.into_options()),
+            BenchCmd::Loadgen(spec) => crate::loadgen::main(&spec),
         }
     }
 }

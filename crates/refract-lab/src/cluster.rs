@@ -96,9 +96,20 @@ fn wait_ready(layout: &Layout, running: &mut Running) -> Result<()> {
     Ok(())
 }
 
+/// Start processes as daemons, as [`start`] does but without configs or readiness probes;
+/// dropping the handle stops them (the overload bench starts its own rig this way).
+pub fn spawn_all(procs: Vec<Proc>) -> Result<Running> {
+    let mut running = Running { children: Vec::new() };
+    for p in procs {
+        let child = spawn(&p)?;
+        running.children.push((p, child));
+    }
+    Ok(running)
+}
+
 impl Running {
     /// Fail with the log's tail if a process has exited.
-    fn check_alive(&mut self) -> Result<()> {
+    pub fn check_alive(&mut self) -> Result<()> {
         for (p, child) in &mut self.children {
             if let Some(status) = child.try_wait()? {
                 let log = format!("{}.log", p.name);

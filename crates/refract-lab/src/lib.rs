@@ -16,6 +16,9 @@
 //! - [`wrk`], [`sweep`]: running wrk and parsing it; the sweep with progress and ETA.
 //! - [`report`], [`csv`], [`plot`], [`environment`]: the outputs.
 //! - [`demo`], [`http_client`]: the demo and its tiny HTTP client.
+//! - [`overload`] (`bench overload`), [`overload_args`]: the overload benchmark; [`rig`]: its
+//!   processes; [`loadgen`], [`pool`], [`schedule`], [`summary`]: the open-loop load generator
+//!   and its statistics; [`overload_results`], [`overload_report`], [`overload_plot`]: the outputs.
 //! - [`sh`], [`state`], [`units`], [`interrupt`]: helpers.
 
 pub mod bench;
@@ -31,11 +34,21 @@ pub mod http_client;
 pub mod interrupt;
 pub mod lab;
 pub mod layout;
+pub mod loadgen;
+pub mod overload;
+pub mod overload_args;
+pub mod overload_plot;
+pub mod overload_report;
+pub mod overload_results;
 pub mod plot;
+pub mod pool;
 pub mod report;
+pub mod rig;
+pub mod schedule;
 pub mod sh;
 pub mod shaping;
 pub mod state;
+pub mod summary;
 pub mod sweep;
 pub mod topology;
 pub mod units;

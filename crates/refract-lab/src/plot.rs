@@ -16,7 +16,7 @@ const FONTS: [&str; 3] = [
 ];
 
 /// Register a TrueType font as "sans-serif" once; plotters (ab_glyph) has none built in.
-fn ensure_font() -> Result<()> {
+pub(crate) fn ensure_font() -> Result<()> {
     static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
@@ -33,7 +33,7 @@ fn ensure_font() -> Result<()> {
 }
 
 /// A line colour per target (colour-blind safe).
-fn colour(i: usize) -> RGBColor {
+pub(crate) fn colour(i: usize) -> RGBColor {
     const PALETTE: [RGBColor; 5] = [
         RGBColor(0, 114, 178),
         RGBColor(213, 94, 0),

@@ -178,6 +178,13 @@ impl PgCluster {
     }
 }
 
+impl PgCluster {
+    /// Stops the primary at once (as a crash would), e.g. to test failover.
+    pub fn kill_primary(&mut self) -> io::Result<()> {
+        stop_server(&self.tools, &mut self.primary)
+    }
+}
+
 impl Drop for PgCluster {
     fn drop(&mut self) {
         for r in &mut self.replicas {

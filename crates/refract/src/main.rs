@@ -27,6 +27,8 @@ enum Cmd {
     /// Benchmarks, run in the lab; figures go to docs/benchmarks.md.
     #[command(subcommand)]
     Bench(refract_lab::BenchCmd),
+    /// Run the agent on a backend host (host checks, guard, control listener).
+    Agent(refract_agent::AgentArgs),
     /// The main job end to end: a cluster, routing shown, a short sweep.
     Demo(refract_lab::DemoArgs),
 }
@@ -45,5 +47,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Lab(cmd) => cmd.run(),
         Cmd::Bench(cmd) => cmd.run(),
         Cmd::Demo(args) => args.run(),
+        Cmd::Agent(args) => refract_agent::run(args),
     }
 }

@@ -1,20 +1,92 @@
-//! The PostgreSQL front end: a listener speaking the v3 protocol to clients and routing each
-//! statement to the primary or a replica. (Being built: `[postgres]` is refused for now.)
+//! The PostgreSQL front end: a listener speaking the v3 protocol to clients, pooling server
+//! connections and routing each statement to the primary or a replica (`docs/postgres.md`).
+//!
+//! # Layout
+//! - `config`: `[postgres]` ([`PgConfig`]).
+//! - `login`: startup, SSLRequest, CancelRequest and client authentication.
+//! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
+//! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
+//! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
+//! - `server`: one server connection; `wire`: framed sockets; `cancel`: cancel keys.
+//! - `error`: the error type.
+
+mod batch;
+mod cancel;
+mod config;
+mod error;
+mod login;
+mod pool;
+mod server;
+mod servers;
+mod session;
+mod wire;
+
+pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
+pub use error::PgError;
 
 use crate::dispatcher::Ctx;
-use serde::Deserialize;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use crate::metrics::Metrics;
+use refract_pg::classify::{Classifier, ClassifierConfig};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
-/// `[postgres]`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PgConfig {
-    /// Client-facing PostgreSQL address.
-    pub listen: SocketAddr,
+/// What every PostgreSQL session shares.
+pub(crate) struct Shared {
+    cfg: PgConfig,
+    servers: Arc<servers::Servers>,
+    classifier: Classifier,
+    cancels: Arc<cancel::Cancels>,
+    /// ParameterStatus values to greet clients with (from the first server login).
+    server_params: RwLock<Vec<(String, String)>>,
+    metrics: Arc<Metrics>,
+    next_client: AtomicU64,
+    stop: CancellationToken,
 }
 
-/// Starts the PostgreSQL listener.
-pub async fn start(_ctx: Arc<Ctx>, _cfg: PgConfig) -> std::io::Result<()> {
-    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "the [postgres] front end is not built yet"))
+/// Binds the PostgreSQL listener and starts serving (and probing the servers) in the background.
+pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
+    let listener = TcpListener::bind(cfg.listen).await?;
+    let mut ccfg = ClassifierConfig::default();
+    if let Some(f) = &cfg.write_functions {
+        ccfg.write_functions = f.clone();
+    }
+    let servers = Arc::new(servers::Servers::new(&cfg));
+    let shared = Arc::new(Shared {
+        servers: servers.clone(),
+        classifier: Classifier::new(ccfg),
+        cancels: Arc::default(),
+        server_params: RwLock::new(vec![]),
+        metrics: ctx.metrics.clone(),
+        next_client: AtomicU64::new(1),
+        stop: ctx.stop.clone(),
+        cfg,
+    });
+    let interval = Duration::from_millis(shared.cfg.health_interval_ms);
+    tokio::spawn(servers::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
+    tracing::info!(addr = %listener.local_addr()?, "postgres listening");
+    tokio::spawn(accept_loop(shared, listener));
+    Ok(())
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shared.stop.cancelled() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                shared.metrics.connections.inc();
+                tokio::spawn(session::run(shared.clone(), stream));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "postgres accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
 }

@@ -8,6 +8,7 @@ use std::process::Command;
 
 pub const VIP: &str = "198.18.1.100";
 pub const CLIENT_IP: &str = "198.18.1.1";
+pub const C_MAC: [u8; 6] = [0x02, 0x52, 0x46, 0, 0, 0x01];
 pub const D_MAC: [u8; 6] = [0x02, 0x52, 0x46, 0, 0, 0x02];
 pub const A_MAC: [u8; 6] = [0x02, 0x52, 0x46, 0, 0, 0x03];
 
@@ -20,7 +21,7 @@ fn sh(args: &[&str]) {
     assert!(st.success(), "{args:?} failed");
 }
 
-fn mac(m: [u8; 6]) -> String {
+pub fn mac(m: [u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
@@ -47,7 +48,7 @@ impl Lab {
         sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"]);
         sh(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
         for (host, ip, m) in
-            [("c", CLIENT_IP, None), ("d", "198.18.1.2", Some(D_MAC)), ("a", "198.18.1.3", Some(A_MAC))]
+            [("c", CLIENT_IP, Some(C_MAC)), ("d", "198.18.1.2", Some(D_MAC)), ("a", "198.18.1.3", Some(A_MAC))]
         {
             let ns = lab.ns(host);
             sh(&["ip", "netns", "add", &ns]);
@@ -84,6 +85,17 @@ impl Lab {
     pub fn enter(&self, host: &str) {
         let ns = File::open(format!("/run/netns/{}", self.ns(host))).expect("open netns");
         nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+    }
+
+    /// The bridge port (`sw-HOST`) on which the switch has learnt `m`, if any.
+    pub fn fdb_port(&self, m: [u8; 6]) -> Option<String> {
+        let out =
+            Command::new("bridge").args(["-n", &self.ns("sw"), "fdb", "show", "br", "br0"]).output().expect("bridge");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let want = mac(m);
+        text.lines()
+            .filter(|l| l.starts_with(&want) && !l.contains("permanent"))
+            .find_map(|l| l.split_whitespace().skip_while(|w| *w != "dev").nth(1).map(str::to_owned))
     }
 
     /// `tc filter show dev eth0 ingress` in host `host`.

@@ -1,0 +1,147 @@
+//! `AgentConfig`: the agent's TOML configuration (see `examples/lab/agent-b1.toml`).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use refract_handover::control::{ChannelOptions, ControlKey};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Everything the agent needs to know; every key is documented in the example file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The local backend this agent fronts (the blob server now, a database later).
+    pub backend: SocketAddr,
+    /// Where the agent listens for dispatcher control connections.
+    pub control: SocketAddr,
+    /// The service address (VIP) the dispatcher owns; on this host it sits on `lo`.
+    pub vip: Ipv4Addr,
+    /// The NIC that faces the dispatcher: the guard goes on its ingress.
+    pub interface: String,
+    /// The shared control key (at least 16 bytes), the same in the dispatcher's config.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Or a file holding the key (trailing newline ignored); exactly one of `key`, `key_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Flows the guard's tombstone map can hold.
+    #[serde(default = "default_map_capacity")]
+    pub map_capacity: u32,
+    /// Heartbeat interval on the control channel, in milliseconds.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// A dispatcher silent for this long is declared dead, in milliseconds.
+    #[serde(default = "default_dead_after_ms")]
+    pub dead_after_ms: u64,
+}
+
+fn default_map_capacity() -> u32 {
+    4096
+}
+
+fn default_heartbeat_ms() -> u64 {
+    1000
+}
+
+fn default_dead_after_ms() -> u64 {
+    3000
+}
+
+impl AgentConfig {
+    /// Parses TOML (errors carry the line) and validates.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self> {
+        let cfg: AgentConfig = toml::from_str(text).map_err(|e| Error::config(origin, e))?;
+        cfg.validate(origin)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::config(path, e))?;
+        Self::parse(&text, path)
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(self, origin: &Path) -> Result<Self> {
+        let bad = |msg: &str| Err(Error::config(origin, msg));
+        if self.key.is_some() == self.key_file.is_some() {
+            return bad("set exactly one of `key` and `key_file`");
+        }
+        if self.map_capacity == 0 {
+            return bad("`map_capacity` must be at least 1");
+        }
+        if self.heartbeat_ms == 0 || self.dead_after_ms <= self.heartbeat_ms {
+            return bad("`dead_after_ms` must be longer than `heartbeat_ms` (> 0)");
+        }
+        if self.interface.is_empty() {
+            return bad("`interface` must name the NIC that faces the dispatcher");
+        }
+        if let Some(k) = &self.key {
+            ControlKey::try_new(k.as_bytes()).map_err(|e| Error::config(origin, e))?;
+        }
+        Ok(self)
+    }
+
+    /// The control key, read from `key_file` if that is where it is.
+    pub fn control_key(&self) -> Result<ControlKey> {
+        let bytes = match (&self.key, &self.key_file) {
+            (Some(k), _) => k.as_bytes().to_vec(),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| Error::config(path, e))?;
+                text.trim_end_matches(['\n', '\r']).as_bytes().to_vec()
+            }
+            (None, None) => return Err(Error::config(Path::new("key"), "no control key configured")),
+        };
+        ControlKey::try_new(bytes).map_err(|e| Error::config(Path::new("key"), e))
+    }
+
+    /// Heartbeat and dead-peer timing for the control channel.
+    pub fn channel_options(&self) -> ChannelOptions {
+        ChannelOptions {
+            heartbeat: Duration::from_millis(self.heartbeat_ms),
+            dead_after: Duration::from_millis(self.dead_after_ms),
+            ..ChannelOptions::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const OK: &str = r#"
+        backend = "127.0.0.1:9000"
+        control = "127.0.0.1:9100"
+        vip = "198.18.2.100"
+        interface = "eth0"
+        key = "0123456789abcdef"
+    "#;
+
+    fn parse(text: &str) -> Result<AgentConfig> {
+        AgentConfig::parse(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn defaults_and_options() {
+        let c = parse(OK).unwrap();
+        assert_eq!((c.map_capacity, c.heartbeat_ms, c.dead_after_ms), (4096, 1000, 3000));
+        assert_eq!(c.channel_options().dead_after, Duration::from_secs(3));
+        assert!(c.control_key().is_ok());
+    }
+
+    #[test]
+    fn mistakes_are_refused_with_where() {
+        let e = parse(&format!("{OK}\nvipp = 1")).unwrap_err().to_string();
+        assert!(e.contains("test.toml") && e.contains("vipp") && e.contains("line 8"), "{e}");
+        let e = parse(&OK.replace("0123456789abcdef", "short")).unwrap_err().to_string();
+        assert!(e.contains("16 bytes"), "{e}");
+        let e = parse(&format!("{OK}\nkey_file = \"/k\"")).unwrap_err().to_string();
+        assert!(e.contains("exactly one"), "{e}");
+        let e = parse(&format!("{OK}\nheartbeat_ms = 5000")).unwrap_err().to_string();
+        assert!(e.contains("dead_after_ms"), "{e}");
+        assert!(parse(&format!("{OK}\nmap_capacity = 0")).is_err());
+    }
+}

@@ -1,0 +1,282 @@
+//! Extended-protocol batches (Parse/Bind/Describe/Execute/Close up to Sync or Flush): routed
+//! as a whole, named statements renamed to refract's global names and prepared again on
+//! whichever server connection runs them; answers relayed in order, with the answers refract
+//! owes for messages it did not need to send (ParseComplete, CloseComplete) put in place.
+
+use super::error::PgError;
+use super::session::{Session, FLUSH_AT};
+use bytes::{Bytes, BytesMut};
+use refract_pg::classify::Route;
+use refract_pg::frontend::Target;
+use refract_pg::session::{Origin, PreparedStatement};
+use refract_pg::{reply, BackendMessage, FrontendMessage};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+/// What answer a message sent to the server ends with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Parse,
+    Bind,
+    Close,
+    DescribeStatement,
+    DescribePortal,
+    Execute,
+    Sync,
+    Other,
+}
+
+impl Kind {
+    fn of(msg: &FrontendMessage) -> Kind {
+        match msg {
+            FrontendMessage::Parse { .. } => Kind::Parse,
+            FrontendMessage::Bind(_) => Kind::Bind,
+            FrontendMessage::Close(..) => Kind::Close,
+            FrontendMessage::Describe(Target::Statement, _) => Kind::DescribeStatement,
+            FrontendMessage::Describe(Target::Portal, _) => Kind::DescribePortal,
+            FrontendMessage::Execute { .. } => Kind::Execute,
+            FrontendMessage::Sync => Kind::Sync,
+            _ => Kind::Other,
+        }
+    }
+
+    /// Whether `tag` is the last answer to this message.
+    fn ends_with(self, tag: u8) -> bool {
+        match self {
+            Kind::Parse => tag == b'1',
+            Kind::Bind => tag == b'2',
+            Kind::Close => tag == b'3',
+            Kind::DescribeStatement | Kind::DescribePortal => tag == b'T' || tag == b'n',
+            Kind::Execute => matches!(tag, b'C' | b'I' | b's'),
+            Kind::Sync => tag == b'Z',
+            Kind::Other => tag == b'V',
+        }
+    }
+}
+
+/// An answer expected in the server's stream.
+#[derive(Debug)]
+enum Expect {
+    /// The server answers this message; relay it unless refract sent the message itself.
+    Server { kind: Kind, relay: bool, prepares: Option<String> },
+    /// refract answers in the server's place at this point.
+    Local(Bytes),
+}
+
+/// A batch being rewritten for one server connection.
+#[derive(Default)]
+struct Plan {
+    out: BytesMut,
+    expect: VecDeque<Expect>,
+    /// Global names this batch prepares (not yet confirmed).
+    preparing: HashSet<String>,
+    skip: bool,
+}
+
+impl Plan {
+    fn send(&mut self, msg: &FrontendMessage, relay: bool, prepares: Option<String>) {
+        msg.encode(&mut self.out);
+        let kind = Kind::of(msg);
+        if matches!(msg, FrontendMessage::Flush) || (self.skip && kind != Kind::Sync) {
+            return;
+        }
+        self.expect.push_back(Expect::Server { kind, relay, prepares });
+    }
+
+    fn local(&mut self, answer: Bytes) {
+        if !self.skip {
+            self.expect.push_back(Expect::Local(answer));
+        }
+    }
+}
+
+impl Session {
+    /// Runs the batch collected up to this Sync or Flush.
+    pub(super) async fn run_batch(&mut self) -> Result<(), PgError> {
+        let msgs = std::mem::take(&mut self.batch);
+        let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
+        if self.bound.is_none() && synced && msgs.len() == 1 {
+            self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
+            return self.flush().await;
+        }
+        let route = self.batch_route(&msgs);
+        if let Err(e) = self.bind(route).await {
+            return self.refuse(e, synced).await;
+        }
+        let result = self.run_bound_batch(msgs, synced, route).await;
+        self.settle(result).await
+    }
+
+    async fn run_bound_batch(&mut self, msgs: Vec<FrontendMessage>, synced: bool, route: Route) -> Result<(), PgError> {
+        self.sync_params().await?;
+        let plan = self.plan(msgs)?;
+        self.conn()?.wire.send(&plan.out).await?;
+        self.relay_batch(plan.expect).await?;
+        if synced {
+            self.after_ready(route == Route::Write).await?;
+        }
+        Ok(())
+    }
+
+    /// A batch is a read if every statement it parses or binds is one.
+    fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
+        let mut parsed: HashMap<&str, bool> = HashMap::new();
+        let mut write = false;
+        for m in msgs {
+            match m {
+                FrontendMessage::Parse { name, query, .. } => {
+                    let read = self.is_read(query);
+                    parsed.insert(name, read);
+                    write |= !read;
+                }
+                FrontendMessage::Bind(b) => {
+                    let known = self.state.prepared.get(&b.statement).map(|p| p.read);
+                    write |= !parsed.get(b.statement.as_str()).copied().or(known).unwrap_or(false);
+                }
+                _ => {}
+            }
+        }
+        if write {
+            Route::Write
+        } else {
+            Route::Read
+        }
+    }
+
+    fn is_read(&self, query: &str) -> bool {
+        self.shared.classifier.classify(query).target(self.state.route) == Route::Read
+    }
+
+    /// Rewrites the batch for the bound connection.
+    fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
+        let mut plan = Plan { skip: self.skip_until_sync, ..Plan::default() };
+        for msg in msgs {
+            match msg {
+                FrontendMessage::Parse { name, query, param_types } => {
+                    let read = self.is_read(&query);
+                    let ps = self.state.prepared.parse(&name, &query, &param_types, read);
+                    if name.is_empty() {
+                        plan.send(&FrontendMessage::Parse { name, query, param_types }, true, None);
+                    } else if self.is_prepared(&ps, &plan)? {
+                        plan.local(BackendMessage::ParseComplete.to_bytes());
+                    } else {
+                        let g = ps.global_name();
+                        plan.preparing.insert(g.clone());
+                        plan.send(&FrontendMessage::Parse { name: g.clone(), query, param_types }, true, Some(g));
+                    }
+                }
+                FrontendMessage::Bind(mut b) => {
+                    b.statement = self.server_name(&b.statement, &mut plan)?;
+                    plan.send(&FrontendMessage::Bind(b), true, None);
+                }
+                FrontendMessage::Describe(Target::Statement, name) => {
+                    let name = self.server_name(&name, &mut plan)?;
+                    plan.send(&FrontendMessage::Describe(Target::Statement, name), true, None);
+                }
+                FrontendMessage::Close(Target::Statement, name) if !name.is_empty() => {
+                    // Other clients may share the server-side statement: it stays prepared.
+                    self.state.prepared.close(&name);
+                    plan.local(BackendMessage::CloseComplete.to_bytes());
+                }
+                msg => plan.send(&msg, true, None),
+            }
+        }
+        Ok(plan)
+    }
+
+    fn is_prepared(&mut self, ps: &PreparedStatement, plan: &Plan) -> Result<bool, PgError> {
+        let g = ps.global_name();
+        Ok(plan.preparing.contains(&g) || self.conn()?.prepared.contains(&g))
+    }
+
+    /// The server-side name of a client's statement, preparing it first where it is missing.
+    fn server_name(&mut self, name: &str, plan: &mut Plan) -> Result<String, PgError> {
+        let Some(ps) = self.state.prepared.get(name).cloned().filter(|_| !name.is_empty()) else {
+            return Ok(name.to_owned());
+        };
+        if !matches!(ps.origin, Origin::Protocol { .. }) {
+            return Ok(name.to_owned()); // SQL PREPARE: the name is the server's too
+        }
+        let g = ps.global_name();
+        if !self.is_prepared(&ps, plan)? {
+            prepare_silently(plan, &ps, &g);
+        }
+        Ok(g)
+    }
+
+    /// Relays answers in order, inserting refract's own where due, until all are in.
+    async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<(), PgError> {
+        loop {
+            while let Some(Expect::Local(_)) = expect.front() {
+                if let Some(Expect::Local(b)) = expect.pop_front() {
+                    self.out.extend_from_slice(&b);
+                }
+            }
+            if expect.is_empty() {
+                return self.flush().await;
+            }
+            let (tag, frame) = self.server_frame().await?;
+            match tag {
+                b'N' | b'S' | b'A' => self.out.extend_from_slice(&frame),
+                b'E' => {
+                    self.out.extend_from_slice(&frame);
+                    skip_to_sync(&mut expect);
+                    self.skip_until_sync = expect.is_empty();
+                }
+                b'G' => {
+                    self.out.extend_from_slice(&frame);
+                    self.flush().await?;
+                    self.copy_in().await?;
+                }
+                _ => self.answer(tag, frame, &mut expect)?,
+            }
+            if self.out.len() >= FLUSH_AT {
+                self.flush().await?;
+            }
+        }
+    }
+
+    fn answer(&mut self, tag: u8, frame: Bytes, expect: &mut VecDeque<Expect>) -> Result<(), PgError> {
+        let Some(Expect::Server { kind, relay, prepares }) = expect.front() else {
+            return Err(PgError::Unavailable(format!("internal: unexpected server message '{}'", char::from(tag))));
+        };
+        let (kind, relay) = (*kind, *relay);
+        if tag == b'1' {
+            if let Some(g) = prepares.clone() {
+                self.conn()?.prepared.insert(g);
+            }
+        }
+        if tag == b'C' || tag == b'Z' {
+            self.observe(tag, &frame)?;
+        }
+        if relay {
+            self.out.extend_from_slice(&frame);
+        }
+        if kind.ends_with(tag) {
+            expect.pop_front();
+            if tag == b'Z' {
+                self.skip_until_sync = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Prepares `ps` as `g` ahead of a message that needs it; its ParseComplete is not relayed.
+fn prepare_silently(plan: &mut Plan, ps: &Arc<PreparedStatement>, g: &str) {
+    plan.preparing.insert(g.to_owned());
+    plan.out.extend_from_slice(&ps.prepare_message(g));
+    if !plan.skip {
+        plan.expect.push_back(Expect::Server { kind: Kind::Parse, relay: false, prepares: Some(g.to_owned()) });
+    }
+}
+
+/// After an error the server skips to the next Sync, and refract owes nothing before it.
+fn skip_to_sync(expect: &mut VecDeque<Expect>) {
+    while let Some(e) = expect.front() {
+        if matches!(e, Expect::Server { kind: Kind::Sync, .. }) {
+            return;
+        }
+        expect.pop_front();
+    }
+}

@@ -1,0 +1,288 @@
+//! `[postgres]`: the listener, client users, servers, pooling, lag and health settings.
+
+use refract_pg::auth::{AuthMethod, Credential};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// `[postgres]`, validated; the settings are reachable through `Deref`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "PgSettings")]
+pub struct PgConfig {
+    settings: PgSettings,
+    /// Client users with their prepared credentials (SCRAM verifiers are derived once here).
+    users: Arc<HashMap<String, UserEntry>>,
+}
+
+/// What a client user may log in with.
+#[derive(Debug, Clone)]
+pub struct UserEntry {
+    /// The method clients of this user must use.
+    pub method: AuthMethod,
+    /// The stored password or verifier.
+    pub credential: Credential,
+}
+
+/// `[postgres]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgSettings {
+    /// Client-facing PostgreSQL address.
+    pub listen: SocketAddr,
+    /// The one database clients may ask for (and refract logs into).
+    #[serde(default = "default_database")]
+    pub database: String,
+    /// `transaction` (default) or `session`.
+    #[serde(default)]
+    pub pool_mode: PoolMode,
+    /// Most server connections per server.
+    #[serde(default = "default_pool_size")]
+    pub pool_size: usize,
+    /// Server connections kept open per healthy server.
+    #[serde(default = "default_min_idle")]
+    pub min_idle: usize,
+    /// How long a query may wait for a free server connection.
+    #[serde(default = "default_checkout_timeout_ms")]
+    pub checkout_timeout_ms: u64,
+    /// Connect and login timeout towards servers.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Health check and lag poll period.
+    #[serde(default = "default_health_interval_ms")]
+    pub health_interval_ms: u64,
+    /// A replica further behind the primary than this many WAL bytes is skipped; 0 = no bound.
+    #[serde(default = "default_max_lag_bytes")]
+    pub max_lag_bytes: u64,
+    /// After a session's write, its reads go to the primary until a replica has replayed it.
+    #[serde(default = "default_true")]
+    pub read_your_writes: bool,
+    /// The user refract logs into the servers as.
+    pub server_user: String,
+    /// Its password (SCRAM, md5 or cleartext, as the server asks).
+    #[serde(default)]
+    pub server_password: Option<String>,
+    /// Functions that make a SELECT a write; absent = refract-pg's default list.
+    #[serde(default)]
+    pub write_functions: Option<Vec<String>>,
+    /// `[[postgres.user]]`: who may connect.
+    #[serde(default, rename = "user")]
+    pub users: Vec<PgUser>,
+    /// `[[postgres.server]]`: the primary and the replicas.
+    #[serde(default, rename = "server")]
+    pub servers: Vec<PgServerConfig>,
+}
+
+/// `[[postgres.user]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgUser {
+    /// User name.
+    pub name: String,
+    /// A plain password, a `SCRAM-SHA-256$…` verifier or an `md5…` hash; empty for trust.
+    #[serde(default)]
+    pub password: String,
+    /// `scram-sha-256` (default), `md5` or `trust`.
+    #[serde(default)]
+    pub auth: AuthKind,
+}
+
+/// A client authentication method.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthKind {
+    /// SCRAM-SHA-256.
+    #[default]
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+    /// md5.
+    Md5,
+    /// No password.
+    Trust,
+}
+
+/// `[[postgres.server]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgServerConfig {
+    /// Name in metrics and logs.
+    pub name: String,
+    /// `host:port`.
+    pub addr: SocketAddr,
+    /// `primary` or `replica`.
+    pub role: PgRole,
+}
+
+/// A server's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PgRole {
+    /// Takes writes.
+    Primary,
+    /// A streaming hot standby: takes plain reads.
+    Replica,
+}
+
+/// How long a client keeps a server connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// For one transaction, or one statement outside a transaction; routed per statement.
+    #[default]
+    Transaction,
+    /// For the whole client session, on the primary (no per-statement routing).
+    Session,
+}
+
+fn default_database() -> String {
+    "postgres".into()
+}
+fn default_pool_size() -> usize {
+    20
+}
+fn default_min_idle() -> usize {
+    1
+}
+fn default_checkout_timeout_ms() -> u64 {
+    5_000
+}
+fn default_connect_timeout_ms() -> u64 {
+    3_000
+}
+fn default_health_interval_ms() -> u64 {
+    1_000
+}
+fn default_max_lag_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+fn default_true() -> bool {
+    true
+}
+
+impl TryFrom<PgSettings> for PgConfig {
+    type Error = String;
+
+    fn try_from(s: PgSettings) -> Result<Self, String> {
+        s.check()?;
+        let mut users = HashMap::new();
+        for u in &s.users {
+            users.insert(u.name.clone(), user_entry(u)?);
+        }
+        Ok(PgConfig { settings: s, users: Arc::new(users) })
+    }
+}
+
+fn user_entry(u: &PgUser) -> Result<UserEntry, String> {
+    let method = match u.auth {
+        AuthKind::ScramSha256 => AuthMethod::ScramSha256,
+        AuthKind::Md5 => AuthMethod::Md5,
+        AuthKind::Trust => AuthMethod::Trust,
+    };
+    if method != AuthMethod::Trust && u.password.is_empty() {
+        return Err(format!("[[postgres.user]] {}: a password is required unless auth = \"trust\"", u.name));
+    }
+    let credential = if u.password.is_empty() {
+        Credential { scram: None, md5: None }
+    } else {
+        Credential::parse(&u.name, &u.password).map_err(|e| format!("[[postgres.user]] {}: {e}", u.name))?
+    };
+    let usable = match method {
+        AuthMethod::ScramSha256 => credential.scram.is_some(),
+        AuthMethod::Md5 => credential.md5.is_some(),
+        AuthMethod::Trust => true,
+    };
+    if !usable {
+        return Err(format!("[[postgres.user]] {}: the stored password cannot verify {:?}", u.name, u.auth));
+    }
+    Ok(UserEntry { method, credential })
+}
+
+impl PgSettings {
+    fn check(&self) -> Result<(), String> {
+        let primaries = self.servers.iter().filter(|s| s.role == PgRole::Primary).count();
+        if primaries != 1 {
+            return Err(format!("[postgres] needs exactly one server with role = \"primary\" (found {primaries})"));
+        }
+        for (i, s) in self.servers.iter().enumerate() {
+            if s.name.is_empty() || self.servers[..i].iter().any(|o| o.name == s.name) {
+                return Err(format!("[[postgres.server]] name {:?} is empty or used twice", s.name));
+            }
+            if s.addr.port() == 0 {
+                return Err(format!("[[postgres.server]] {} needs a port", s.name));
+            }
+        }
+        for (i, u) in self.users.iter().enumerate() {
+            if u.name.is_empty() || self.users[..i].iter().any(|o| o.name == u.name) {
+                return Err(format!("[[postgres.user]] name {:?} is empty or used twice", u.name));
+            }
+        }
+        let times = [
+            ("checkout_timeout_ms", self.checkout_timeout_ms),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("health_interval_ms", self.health_interval_ms),
+        ];
+        if let Some((key, _)) = times.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("[postgres] {key} must be > 0"));
+        }
+        if self.pool_size == 0 || self.min_idle > self.pool_size {
+            return Err("[postgres] pool_size must be > 0 and ≥ min_idle".into());
+        }
+        if self.database.is_empty() || self.server_user.is_empty() {
+            return Err("[postgres] database and server_user must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+impl PgConfig {
+    /// The client user called `name`.
+    pub fn user(&self, name: &str) -> Option<&UserEntry> {
+        self.users.get(name)
+    }
+}
+
+impl std::ops::Deref for PgConfig {
+    type Target = PgSettings;
+
+    fn deref(&self) -> &PgSettings {
+        &self.settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> Result<PgConfig, String> {
+        let text = format!(
+            "listen = \"127.0.0.1:6432\"\nserver_user = \"u\"\n{extra}\n\
+             [[server]]\nname = \"p\"\naddr = \"127.0.0.1:5433\"\nrole = \"primary\"\n"
+        );
+        toml::from_str::<PgConfig>(&text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_example_has_the_documented_addresses() {
+        let cfg = crate::Config::parse(include_str!("../../../../examples/postgres.toml")).map(|c| c.postgres);
+        let pg = cfg.ok().flatten().map(|p| {
+            let servers: Vec<String> = p.servers.iter().map(|s| format!("{} {:?}", s.addr, s.role)).collect();
+            (p.listen.to_string(), servers, p.user("refract").map(|u| u.method))
+        });
+        let servers = vec!["127.0.0.1:5433 Primary".to_owned(), "127.0.0.1:5434 Replica".to_owned()];
+        assert_eq!(pg, Some(("127.0.0.1:6432".to_owned(), servers, Some(AuthMethod::ScramSha256))));
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let c = parse("").map_err(|e| e.to_string());
+        let c = c.as_ref().map(|c| (c.pool_mode, c.pool_size, c.read_your_writes));
+        assert_eq!(c, Ok((PoolMode::Transaction, 20, true)));
+        assert!(parse("pool_size = 0").is_err());
+        assert!(parse("bogus = 1").is_err());
+        assert!(parse("[[user]]\nname = \"a\"\n").is_err(), "password required for scram");
+        assert!(parse("[[user]]\nname = \"a\"\nauth = \"trust\"\n").is_ok());
+        assert!(parse("[[user]]\nname = \"a\"\npassword = \"p\"\nauth = \"scram-sha-256\"\n").is_ok());
+        let md5 = parse("[[user]]\nname = \"a\"\npassword = \"md5aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"\n");
+        assert!(md5.is_err(), "an md5 hash cannot verify SCRAM");
+    }
+}

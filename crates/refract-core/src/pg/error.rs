@@ -1,0 +1,58 @@
+//! [`PgError`]: what can fail in the PostgreSQL front end, and whose fault it is.
+
+use refract_pg::{ErrorFields, Side};
+use std::io;
+
+/// An error of the PostgreSQL front end.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// A socket failed.
+    #[error("{side} i/o: {source}")]
+    Io {
+        /// Whose socket.
+        side: Side,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The peer closed the connection.
+    #[error("{0} closed the connection")]
+    Closed(Side),
+    /// A message could not be framed or decoded, or authentication broke.
+    #[error("{0}")]
+    Protocol(#[from] refract_pg::Error),
+    /// The server answered with an error.
+    #[error("server error {}: {}", .0.code().unwrap_or("?"), .0.message().unwrap_or(""))]
+    Server(ErrorFields),
+    /// Connecting, logging in or waiting for a connection took too long.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+    /// No server can take the statement.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl PgError {
+    /// An i/o error on `side`'s socket.
+    pub fn io(side: Side, source: io::Error) -> Self {
+        PgError::Io { side, source }
+    }
+
+    /// Whose fault it is.
+    pub fn side(&self) -> Side {
+        match self {
+            PgError::Io { side, .. } | PgError::Closed(side) => *side,
+            PgError::Protocol(e) => e.side(),
+            PgError::Server(_) | PgError::Timeout(_) => Side::Backend,
+            PgError::Unavailable(_) => Side::Internal,
+        }
+    }
+
+    /// Whether trying again (e.g. on another server) may help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PgError::Io { side, .. } | PgError::Closed(side) => *side == Side::Backend,
+            PgError::Timeout(_) | PgError::Unavailable(_) => true,
+            PgError::Protocol(_) | PgError::Server(_) => false,
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The startup phase of a client connection: SSLRequest (refused with `N`), CancelRequest
+//! (forwarded), StartupMessage, authentication against `[[postgres.user]]`, and the greeting.
+
+use super::cancel::CancelKey;
+use super::error::PgError;
+use super::server::{self, ServerConn};
+use super::wire::Wire;
+use super::Shared;
+use bytes::{Bytes, BytesMut};
+use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
+use refract_pg::notice::sqlstate;
+use refract_pg::startup::PROTOCOL_3_0;
+use refract_pg::{reply, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
+use std::time::Duration;
+
+/// Startup and authentication must finish within this time.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Startup parameters that become session SETs (replayed on every server connection used).
+const TRACKED_PARAMS: &[&str] =
+    &["application_name", "client_encoding", "datestyle", "timezone", "intervalstyle", "extra_float_digits"];
+
+/// A logged-in client.
+#[derive(Debug)]
+pub struct LoggedIn {
+    /// The startup message.
+    pub startup: Startup,
+    /// The cancel key given to the client.
+    pub key: CancelKey,
+}
+
+/// Runs the startup phase; `None` if the connection ended (error already sent, or a cancel).
+pub async fn login(shared: &Shared, wire: &mut Wire) -> Option<LoggedIn> {
+    match tokio::time::timeout(LOGIN_TIMEOUT, login_inner(shared, wire)).await {
+        Ok(Ok(done)) => done,
+        Ok(Err((code, message))) => {
+            let _ = wire.send(&reply::fatal(code, &message)).await;
+            None
+        }
+        Err(_) => {
+            let _ = wire.send(&reply::fatal(sqlstate::PROTOCOL_VIOLATION, "login timed out")).await;
+            None
+        }
+    }
+}
+
+type Refusal = (&'static str, String);
+
+async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn>, Refusal> {
+    let Some(startup) = read_startup(shared, wire).await? else { return Ok(None) };
+    let user = startup.user().ok_or((sqlstate::INVALID_AUTHORIZATION, "no user name in the startup message".into()))?;
+    let database = startup.database().unwrap_or_default();
+    if database != shared.cfg.database {
+        return Err((sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
+    }
+    negotiate(wire, &startup).await?;
+    authenticate(shared, wire, user).await?;
+    let key = shared.cancels.register();
+    let params = greeting_params(shared, &startup).await;
+    wire.send(&reply::login_complete(&params, key.pid, key.secret)).await.map_err(refusal)?;
+    Ok(Some(LoggedIn { startup, key }))
+}
+
+fn refusal(e: PgError) -> Refusal {
+    (sqlstate::PROTOCOL_VIOLATION, e.to_string())
+}
+
+/// Reads startup packets until a StartupMessage; answers SSL/GSS requests with `N`.
+async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup>, Refusal> {
+    loop {
+        let packet = loop {
+            let parsed = StartupPacket::parse(wire.buffered(), &Limits::default())
+                .map_err(|e| (sqlstate::PROTOCOL_VIOLATION, e.to_string()))?;
+            if let Some((p, n)) = parsed {
+                let _ = wire.buffered().split_to(n);
+                break p;
+            }
+            if wire.fill().await.is_err() {
+                return Ok(None); // Gone before a whole packet: nobody to answer.
+            }
+        };
+        match packet {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                wire.send(reply::REFUSE_ENCRYPTION).await.map_err(refusal)?
+            }
+            StartupPacket::Cancel(c) => {
+                if let Some(key) = shared.cancels.lookup(c.pid, &c.secret) {
+                    let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
+                    if let Err(e) = server::cancel(&key, timeout).await {
+                        tracing::debug!(error = %e, "cancel request not delivered");
+                    }
+                }
+                return Ok(None);
+            }
+            StartupPacket::Startup(s) => return Ok(Some(s)),
+        }
+    }
+}
+
+/// Protocol 3.x with x > 0, or `_pq_.` options: say we speak 3.0 without them.
+async fn negotiate(wire: &mut Wire, startup: &Startup) -> Result<(), Refusal> {
+    let options: Vec<String> =
+        startup.params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.clone()).collect();
+    if startup.protocol == PROTOCOL_3_0 && options.is_empty() {
+        return Ok(());
+    }
+    let msg = BackendMessage::NegotiateProtocolVersion { minor: 0, options };
+    wire.send(&msg.to_bytes()).await.map_err(refusal)
+}
+
+async fn authenticate(shared: &Shared, wire: &mut Wire, user: &str) -> Result<(), Refusal> {
+    let entry = shared.cfg.user(user);
+    let method = entry.map_or(AuthMethod::ScramSha256, |e| e.method);
+    let (mut auth, mut step) = ServerAuth::start(user, method, entry.map(|e| &e.credential));
+    loop {
+        match step {
+            ServerStep::Authenticated(bytes) => {
+                return wire.send(&bytes).await.map_err(refusal);
+            }
+            ServerStep::Continue(bytes) => {
+                wire.send(&bytes).await.map_err(refusal)?;
+                let (tag, frame) = wire.recv().await.map_err(refusal)?;
+                let msg = FrontendMessage::decode(tag, &frame[5..]).map_err(|e| refusal(e.into()))?;
+                step = auth.step(&msg).map_err(|e| match e {
+                    refract_pg::Error::AuthFailed { .. } => (sqlstate::INVALID_PASSWORD, e.to_string()),
+                    e => (sqlstate::PROTOCOL_VIOLATION, e.to_string()),
+                })?;
+            }
+        }
+    }
+}
+
+/// The ParameterStatus set: the servers' (learnt once), with the client's own values on top.
+async fn greeting_params(shared: &Shared, startup: &Startup) -> Vec<(String, String)> {
+    let known = shared.server_params.read().map(|p| p.clone()).unwrap_or_default();
+    let mut params = if known.is_empty() { learn_server_params(shared).await } else { known };
+    for (k, v) in &startup.params {
+        if let Some(slot) = params.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(k)) {
+            if TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str()) {
+                slot.1 = v.clone();
+            }
+        }
+    }
+    params
+}
+
+async fn learn_server_params(shared: &Shared) -> Vec<(String, String)> {
+    for s in shared.servers.list.iter() {
+        let login = s.pool.login();
+        if let Ok(conn) = ServerConn::connect(s.pool.addr(), login).await {
+            let params: Vec<(String, String)> =
+                conn.params.into_iter().filter(|(k, _)| k != "application_name").collect();
+            if let Ok(mut p) = shared.server_params.write() {
+                p.clone_from(&params);
+            }
+            return params;
+        }
+    }
+    // No server answers: enough for libpq and psql to proceed; queries will get errors.
+    [
+        ("server_version", "15.0"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+        ("TimeZone", "UTC"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// The startup parameters to track as session SETs, as SET statements.
+pub fn startup_sets(startup: &Startup) -> Vec<(String, String)> {
+    startup
+        .params
+        .iter()
+        .filter(|(k, _)| TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str()))
+        .map(|(k, v)| (k.to_ascii_lowercase(), format!("SET {k} = '{}'", v.replace('\'', "''"))))
+        .collect()
+}
+
+/// A malformed message after login: say so and close.
+pub fn protocol_error(message: &str) -> Bytes {
+    let mut out = BytesMut::new();
+    out.extend_from_slice(&reply::fatal(sqlstate::PROTOCOL_VIOLATION, message));
+    out.freeze()
+}

@@ -1,0 +1,116 @@
+//! [`Pool`]: one server's idle connections, at most `pool_size` in use; [`Guard`] is a checkout.
+
+use super::error::PgError;
+use super::server::{Login, ServerConn};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A server's connection pool.
+#[derive(Debug)]
+pub struct Pool {
+    addr: SocketAddr,
+    login: Arc<Login>,
+    idle: Mutex<Vec<ServerConn>>,
+    slots: Arc<Semaphore>,
+    size: usize,
+    checkout_timeout: Duration,
+}
+
+/// A server connection checked out of its pool; [`Guard::release`] returns it, dropping
+/// discards it (a connection left mid-transaction must not be reused).
+#[derive(Debug)]
+pub struct Guard {
+    conn: Option<ServerConn>,
+    pool: Arc<Pool>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Pool {
+    /// An empty pool.
+    pub fn new(addr: SocketAddr, login: Arc<Login>, size: usize, checkout_timeout: Duration) -> Arc<Pool> {
+        let slots = Arc::new(Semaphore::new(size));
+        Arc::new(Pool { addr, login, idle: Mutex::new(vec![]), slots, size, checkout_timeout })
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<ServerConn>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An idle connection, or a new one; waits for a free slot at most `checkout_timeout`.
+    pub async fn get(self: &Arc<Self>) -> Result<Guard, PgError> {
+        let slot = tokio::time::timeout(self.checkout_timeout, self.slots.clone().acquire_owned())
+            .await
+            .map_err(|_| PgError::Timeout("waiting for a free server connection"))?
+            .map_err(|_| PgError::Unavailable("pool closed".into()))?;
+        let conn = self.idle().pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => ServerConn::connect(self.addr, &self.login).await?,
+        };
+        Ok(Guard { conn: Some(conn), pool: self.clone(), _slot: slot })
+    }
+
+    /// Opens connections until `n` are idle (or one fails).
+    pub async fn fill_to(self: &Arc<Self>, n: usize) -> Result<(), PgError> {
+        while self.idle().len() < n && self.in_use() + self.idle().len() < self.size {
+            let conn = ServerConn::connect(self.addr, &self.login).await?;
+            self.idle().push(conn);
+        }
+        Ok(())
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How connections log in.
+    pub fn login(&self) -> &Login {
+        &self.login
+    }
+
+    /// Drops every idle connection (the server went down; they are dead).
+    pub fn clear(&self) {
+        self.idle().clear();
+    }
+
+    /// Connections checked out.
+    pub fn in_use(&self) -> usize {
+        self.size - self.slots.available_permits()
+    }
+}
+
+impl Guard {
+    /// Returns a healthy connection to the pool.
+    pub fn release(mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            if !conn.broken && conn.wire_is_clean() {
+                self.pool.idle().push(conn);
+            }
+        }
+    }
+}
+
+impl ServerConn {
+    /// Nothing unread is buffered (a reused connection must start a fresh conversation).
+    fn wire_is_clean(&mut self) -> bool {
+        self.wire.buffered().is_empty()
+    }
+}
+
+impl std::ops::Deref for Guard {
+    type Target = ServerConn;
+
+    fn deref(&self) -> &ServerConn {
+        // Invariant: `conn` is only taken by `release`, which consumes the guard.
+        self.conn.as_ref().unwrap_or_else(|| unreachable!("guard without connection"))
+    }
+}
+
+impl std::ops::DerefMut for Guard {
+    fn deref_mut(&mut self) -> &mut ServerConn {
+        self.conn.as_mut().unwrap_or_else(|| unreachable!("guard without connection"))
+    }
+}

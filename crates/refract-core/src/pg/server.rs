@@ -1,0 +1,182 @@
+//! [`ServerConn`]: one logged-in connection to a PostgreSQL server, with what refract has put
+//! on it (prepared statements, the SET state of the last client).
+
+use super::error::PgError;
+use super::wire::Wire;
+use bytes::{Bytes, BytesMut};
+use refract_pg::auth::{ClientAuth, ClientStep};
+use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
+use refract_pg::{BackendMessage, FrontendMessage, Side, Startup, StartupPacket};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// How refract logs into servers.
+#[derive(Debug, Clone)]
+pub struct Login {
+    /// User name.
+    pub user: String,
+    /// Password, if the server asks for one.
+    pub password: Option<String>,
+    /// Database.
+    pub database: String,
+    /// Connect plus login time limit.
+    pub timeout: Duration,
+}
+
+/// What a CancelRequest for this connection must carry, and where it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerKey {
+    /// The server's address.
+    pub addr: SocketAddr,
+    /// Its process id.
+    pub pid: i32,
+    /// Its secret.
+    pub secret: Bytes,
+}
+
+/// A logged-in server connection.
+#[derive(Debug)]
+pub struct ServerConn {
+    /// The socket.
+    pub wire: Wire,
+    /// The cancel key.
+    pub key: ServerKey,
+    /// ParameterStatus values sent at login.
+    pub params: Vec<(String, String)>,
+    /// Protocol-level statements prepared here (refract's global names).
+    pub prepared: HashSet<String>,
+    /// SQL-level statements prepared here: name → PREPARE text.
+    pub sql_prepared: std::collections::HashMap<String, String>,
+    /// Whose SET state this connection carries: (client id, parameter generation); `None` =
+    /// the server's defaults.
+    pub state_of: Option<(u64, u64)>,
+    /// Something went wrong mid-conversation: never reuse.
+    pub broken: bool,
+}
+
+impl ServerConn {
+    /// Connects and logs in.
+    pub async fn connect(addr: SocketAddr, login: &Login) -> Result<ServerConn, PgError> {
+        match tokio::time::timeout(login.timeout, Self::connect_inner(addr, login)).await {
+            Ok(r) => r,
+            Err(_) => Err(PgError::Timeout("server connect and login")),
+        }
+    }
+
+    async fn connect_inner(addr: SocketAddr, login: &Login) -> Result<ServerConn, PgError> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| PgError::io(Side::Backend, e))?;
+        let _ = stream.set_nodelay(true);
+        let mut wire = Wire::new(stream, Side::Backend);
+        let params = vec![
+            ("user".to_owned(), login.user.clone()),
+            ("database".to_owned(), login.database.clone()),
+            ("application_name".to_owned(), "refract".to_owned()),
+        ];
+        let mut out = BytesMut::new();
+        StartupPacket::Startup(Startup { protocol: PROTOCOL_3_0, params }).encode(&mut out);
+        wire.send(&out).await?;
+        let mut conn = ServerConn {
+            wire,
+            key: ServerKey { addr, pid: 0, secret: Bytes::new() },
+            params: vec![],
+            prepared: HashSet::new(),
+            sql_prepared: Default::default(),
+            state_of: None,
+            broken: false,
+        };
+        conn.login(login).await?;
+        Ok(conn)
+    }
+
+    async fn login(&mut self, login: &Login) -> Result<(), PgError> {
+        let mut auth = ClientAuth::new(&login.user, login.password.as_deref());
+        loop {
+            match self.recv_msg().await? {
+                BackendMessage::Authentication(a) => {
+                    if let ClientStep::Send(bytes) = auth.step(&a)? {
+                        self.wire.send(&bytes).await?;
+                    }
+                }
+                BackendMessage::ParameterStatus { name, value } => self.params.push((name, value)),
+                BackendMessage::BackendKeyData { pid, secret } => {
+                    self.key.pid = pid;
+                    self.key.secret = secret;
+                }
+                BackendMessage::ReadyForQuery(_) => return Ok(()),
+                BackendMessage::ErrorResponse(e) => return Err(PgError::Server(e)),
+                _ => {}
+            }
+        }
+    }
+
+    /// The next message, decoded.
+    pub async fn recv_msg(&mut self) -> Result<BackendMessage, PgError> {
+        let (tag, frame) = self.wire.recv().await?;
+        Ok(BackendMessage::decode(tag, &frame[5..])?)
+    }
+
+    /// Runs refract's own simple query and returns the rows (text columns); a server error is
+    /// `PgError::Server` once the server is ready again.
+    pub async fn query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, PgError> {
+        let mut out = BytesMut::new();
+        FrontendMessage::Query(sql.to_owned()).encode(&mut out);
+        self.wire.send(&out).await?;
+        let mut rows = vec![];
+        let mut error = None;
+        loop {
+            match self.recv_msg().await? {
+                BackendMessage::DataRow(cols) => {
+                    rows.push(cols.into_iter().map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
+                }
+                BackendMessage::ErrorResponse(e) => error = Some(e),
+                BackendMessage::ReadyForQuery(_) => break,
+                _ => {}
+            }
+        }
+        match error {
+            Some(e) => Err(PgError::Server(e)),
+            None => Ok(rows),
+        }
+    }
+
+    /// Runs `sql` and returns the first column of the first row.
+    pub async fn query_one(&mut self, sql: &str) -> Result<Option<String>, PgError> {
+        let rows = self.query(sql).await?;
+        Ok(rows.into_iter().next().and_then(|r| r.into_iter().next()).flatten())
+    }
+}
+
+/// Sends a CancelRequest for `key` on a fresh connection (PostgreSQL answers nothing).
+pub async fn cancel(key: &ServerKey, timeout: Duration) -> Result<(), PgError> {
+    let send = async {
+        let stream = TcpStream::connect(key.addr).await.map_err(|e| PgError::io(Side::Backend, e))?;
+        let mut wire = Wire::new(stream, Side::Backend);
+        let mut out = BytesMut::new();
+        StartupPacket::Cancel(CancelRequest { pid: key.pid, secret: key.secret.clone() }).encode(&mut out);
+        wire.send(&out).await?;
+        // Wait for the server to close, so the cancel has been read before we return.
+        let _ = wire.fill().await;
+        Ok(())
+    };
+    tokio::time::timeout(timeout, send).await.map_err(|_| PgError::Timeout("cancel request"))?
+}
+
+/// Parses an LSN (`16/B374D848`) into a byte position.
+pub fn parse_lsn(s: &str) -> Option<u64> {
+    let (hi, lo) = s.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn() {
+        assert_eq!(parse_lsn("0/3000060"), Some(0x3000060));
+        assert_eq!(parse_lsn("16/B374D848"), Some((0x16 << 32) | 0xB374D848));
+        assert_eq!(parse_lsn("nope"), None);
+    }
+}

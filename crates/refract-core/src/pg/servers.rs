@@ -1,0 +1,189 @@
+//! [`Servers`]: the primary and the replicas with their pools, health and replication lag,
+//! and the choice of a server per statement; [`run_health`] probes them.
+
+use super::config::{PgConfig, PgRole};
+use super::pool::Pool;
+use super::server::{parse_lsn, Login, ServerConn};
+use crate::metrics::Metrics;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// One server at run time.
+#[derive(Debug)]
+pub struct Server {
+    /// Its name.
+    pub name: String,
+    /// Primary or replica.
+    pub role: PgRole,
+    /// Its connections.
+    pub pool: Arc<Pool>,
+    up: AtomicBool,
+    /// Primary: current WAL position; replica: last replayed position (0 = unknown).
+    lsn: AtomicU64,
+    /// Replica: bytes behind the primary at the last poll.
+    lag: AtomicU64,
+    login: Arc<Login>,
+    addr: std::net::SocketAddr,
+}
+
+impl Server {
+    /// Whether it passed its last check.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Marks it down (a connection to it failed); the health loop brings it back.
+    pub fn mark_down(&self) {
+        if self.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!(server = %self.name, "postgres server marked down");
+            self.pool.clear();
+        }
+    }
+
+    /// Replication lag in WAL bytes (replicas; 0 for the primary).
+    pub fn lag_bytes(&self) -> u64 {
+        self.lag.load(Ordering::Relaxed)
+    }
+
+    /// The WAL position from the last poll.
+    pub fn lsn(&self) -> u64 {
+        self.lsn.load(Ordering::Relaxed)
+    }
+}
+
+/// All servers.
+#[derive(Debug)]
+pub struct Servers {
+    /// In configuration order.
+    pub list: Vec<Arc<Server>>,
+    primary: Arc<Server>,
+    next: AtomicUsize,
+    max_lag: u64,
+}
+
+impl Servers {
+    /// Pools for every configured server; all start up (the first probe corrects that).
+    pub fn new(cfg: &PgConfig) -> Servers {
+        let login = Arc::new(Login {
+            user: cfg.server_user.clone(),
+            password: cfg.server_password.clone(),
+            database: cfg.database.clone(),
+            timeout: Duration::from_millis(cfg.connect_timeout_ms),
+        });
+        let checkout = Duration::from_millis(cfg.checkout_timeout_ms);
+        let list: Vec<Arc<Server>> = cfg
+            .servers
+            .iter()
+            .map(|s| {
+                Arc::new(Server {
+                    name: s.name.clone(),
+                    role: s.role,
+                    pool: Pool::new(s.addr, login.clone(), cfg.pool_size, checkout),
+                    up: AtomicBool::new(true),
+                    lsn: AtomicU64::new(0),
+                    lag: AtomicU64::new(0),
+                    login: login.clone(),
+                    addr: s.addr,
+                })
+            })
+            .collect();
+        // Validation guarantees exactly one primary.
+        let primary = list.iter().find(|s| s.role == PgRole::Primary).cloned().unwrap_or_else(|| list[0].clone());
+        Servers { list, primary, next: AtomicUsize::new(0), max_lag: cfg.max_lag_bytes }
+    }
+
+    /// The primary, if it is up.
+    pub fn primary(&self) -> Option<Arc<Server>> {
+        self.primary.is_up().then(|| self.primary.clone())
+    }
+
+    /// Replicas that may serve a read, round robin from the next one: up, within the lag bound,
+    /// and (read-your-writes) past `min_lsn`.
+    pub fn replicas_for_read(&self, min_lsn: Option<u64>) -> Vec<Arc<Server>> {
+        let replicas: Vec<&Arc<Server>> = self.list.iter().filter(|s| s.role == PgRole::Replica).collect();
+        if replicas.is_empty() {
+            return vec![];
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..replicas.len())
+            .map(|i| replicas[(start + i) % replicas.len()])
+            .filter(|s| s.is_up() && (self.max_lag == 0 || s.lag_bytes() <= self.max_lag))
+            .filter(|s| match min_lsn {
+                None => true,
+                Some(want) => s.lsn() >= want,
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// Probes every server each interval until `stop`: up/down, WAL positions, lag; keeps
+/// `min_idle` connections open on healthy servers and publishes gauges.
+pub async fn run_health(
+    servers: Arc<Servers>,
+    interval: Duration,
+    min_idle: usize,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let mut probes: Vec<Option<ServerConn>> = servers.list.iter().map(|_| None).collect();
+    loop {
+        let primary_lsn = probe_all(&servers, &mut probes).await;
+        for s in &servers.list {
+            if s.role == PgRole::Replica {
+                let lag = match (primary_lsn, s.lsn()) {
+                    (Some(p), r) if r > 0 => p.saturating_sub(r),
+                    _ => s.lag.load(Ordering::Relaxed),
+                };
+                s.lag.store(lag, Ordering::Relaxed);
+                metrics.set_pg_lag(&format!("pg:{}", s.name), lag);
+            }
+            if s.is_up() {
+                let _ = s.pool.fill_to(min_idle).await;
+            }
+            metrics.set_backend(&format!("pg:{}", s.name), s.is_up(), s.pool.in_use());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Probes each server; returns the primary's WAL position if it answered.
+async fn probe_all(servers: &Servers, probes: &mut [Option<ServerConn>]) -> Option<u64> {
+    let mut primary_lsn = None;
+    for (s, probe) in servers.list.iter().zip(probes.iter_mut()) {
+        match probe_one(s, probe).await {
+            Some(lsn) => {
+                s.lsn.store(lsn, Ordering::Relaxed);
+                if !s.up.swap(true, Ordering::Relaxed) {
+                    tracing::info!(server = %s.name, "postgres server up");
+                }
+                if s.role == PgRole::Primary {
+                    primary_lsn = Some(lsn);
+                }
+            }
+            None => {
+                *probe = None;
+                s.mark_down();
+            }
+        }
+    }
+    primary_lsn
+}
+
+async fn probe_one(s: &Server, probe: &mut Option<ServerConn>) -> Option<u64> {
+    if probe.is_none() {
+        *probe = ServerConn::connect(s.addr, &s.login).await.ok();
+    }
+    let conn = probe.as_mut()?;
+    let sql = match s.role {
+        PgRole::Primary => "SELECT pg_current_wal_lsn()::text",
+        PgRole::Replica => "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text",
+    };
+    let got = tokio::time::timeout(s.login.timeout, conn.query_one(sql)).await.ok()?.ok()??;
+    parse_lsn(&got)
+}

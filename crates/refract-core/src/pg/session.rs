@@ -1,0 +1,456 @@
+//! One client session: reads its messages, routes each statement (or extended batch) to a
+//! server connection bound for the statement or transaction, relays the answers verbatim,
+//! and tracks the session state that has to follow the client from server to server.
+
+use super::cancel::CancelKey;
+use super::config::{PgRole, PoolMode};
+use super::error::PgError;
+use super::login::{self, startup_sets};
+use super::pool::Guard;
+use super::server::parse_lsn;
+use super::servers::Server;
+use super::wire::{Frame, Wire};
+use super::Shared;
+use bytes::BytesMut;
+use refract_http::RouteClass;
+use refract_pg::classify::{Classification, Route, Statement};
+use refract_pg::notice::sqlstate;
+use refract_pg::session::{Origin, SessionState, TxTracker};
+use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+
+/// Flush relayed bytes to the client once this much is pending.
+pub(super) const FLUSH_AT: usize = 64 * 1024;
+
+/// A server connection bound to the session.
+#[derive(Debug)]
+pub(super) struct Bound {
+    pub guard: Guard,
+    pub server: Arc<Server>,
+    /// A write ran on the primary during this binding (read-your-writes needs its LSN).
+    pub wrote: bool,
+}
+
+/// A client session.
+pub(super) struct Session {
+    pub shared: Arc<Shared>,
+    pub wire: Wire,
+    /// Bytes to the client not yet written.
+    pub out: BytesMut,
+    pub state: SessionState,
+    pub id: u64,
+    key: CancelKey,
+    pub bound: Option<Bound>,
+    /// Read-your-writes: reads need a replica past this WAL position.
+    min_lsn: Option<u64>,
+    /// Extended-protocol messages waiting for Sync or Flush.
+    pub batch: Vec<FrontendMessage>,
+    /// The server failed a message of an unsynced batch: it ignores everything until Sync.
+    pub skip_until_sync: bool,
+    /// refract refused an unsynced batch: drop the client's messages until Sync.
+    discard_until_sync: bool,
+}
+
+/// Serves one client connection to its end.
+pub async fn run(shared: Arc<Shared>, stream: TcpStream) {
+    let mut wire = Wire::new(stream, Side::Client);
+    let Some(logged) = login::login(&shared, &mut wire).await else {
+        wire.close().await;
+        return;
+    };
+    let mut state = SessionState::new();
+    for (name, text) in startup_sets(&logged.startup) {
+        state.statement_done(&Statement::Set { name, local: false, text });
+    }
+    let id = shared.next_client.fetch_add(1, Ordering::Relaxed);
+    let mut s = Session {
+        shared,
+        wire,
+        out: BytesMut::new(),
+        state,
+        id,
+        key: logged.key,
+        bound: None,
+        min_lsn: None,
+        batch: vec![],
+        skip_until_sync: false,
+        discard_until_sync: false,
+    };
+    match s.serve().await {
+        Ok(()) | Err(PgError::Closed(Side::Client)) => {}
+        Err(e) => {
+            tracing::debug!(error = %e, "postgres session ended");
+            if e.side() == Side::Client {
+                let _ = s.wire.send(&login::protocol_error(&e.to_string())).await;
+            }
+        }
+    }
+    s.wire.close().await;
+}
+
+impl Session {
+    async fn serve(&mut self) -> Result<(), PgError> {
+        loop {
+            let (tag, frame) = self.wire.recv().await?;
+            let msg = FrontendMessage::decode(tag, &frame[5..])?;
+            if self.discard_until_sync {
+                if tag == b'S' {
+                    self.discard_until_sync = false;
+                    self.wire.send(&reply::ready_for_query(self.state.tx.status())).await?;
+                }
+                continue;
+            }
+            match msg {
+                FrontendMessage::Query(sql) => self.simple(&sql, frame).await?,
+                FrontendMessage::Sync | FrontendMessage::Flush => {
+                    self.batch.push(msg);
+                    self.run_batch().await?;
+                }
+                FrontendMessage::Parse { .. }
+                | FrontendMessage::Bind(_)
+                | FrontendMessage::Describe(..)
+                | FrontendMessage::Execute { .. }
+                | FrontendMessage::Close(..) => self.batch.push(msg),
+                FrontendMessage::Terminate => return Ok(()),
+                // Outside COPY, PostgreSQL ignores these too.
+                FrontendMessage::CopyData(_) | FrontendMessage::CopyDone | FrontendMessage::CopyFail(_) => {}
+                _ => {
+                    let code = sqlstate::FEATURE_NOT_SUPPORTED;
+                    let text = format!("refract does not relay message type '{}'", char::from(tag));
+                    self.wire.send(&reply::error(code, &text)).await?;
+                    self.wire.send(&reply::ready_for_query(self.state.tx.status())).await?;
+                }
+            }
+        }
+    }
+
+    /// A simple Query: classify, maybe answer locally, else bind, prepare the server, relay.
+    async fn simple(&mut self, sql: &str, frame: bytes::Bytes) -> Result<(), PgError> {
+        let c = self.shared.classifier.classify(sql);
+        if self.answer_locally(&c).await? {
+            return Ok(());
+        }
+        let route = self.route(&c);
+        if let Err(e) = self.bind(route).await {
+            return self.refuse(e, true).await;
+        }
+        let result = self.run_simple(&c, frame, route).await;
+        self.settle(result).await
+    }
+
+    async fn run_simple(&mut self, c: &Classification, frame: bytes::Bytes, route: Route) -> Result<(), PgError> {
+        self.sync_params().await?;
+        self.prepare_sql(c).await?;
+        self.conn()?.wire.send(&frame).await?;
+        let failed = self.relay_until_ready().await?;
+        if !failed {
+            for st in &c.statements {
+                self.state.statement_done(st);
+            }
+            self.note_effects(c)?;
+        }
+        let wrote = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
+        self.after_ready(route == Route::Write && wrote).await
+    }
+
+    /// Ends a server conversation: a server failure costs the client its statement (and
+    /// transaction), not its session; a client failure ends the session.
+    pub(super) async fn settle(&mut self, result: Result<(), PgError>) -> Result<(), PgError> {
+        let Err(e) = result else { return Ok(()) };
+        if e.side() == Side::Client {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "postgres server conversation failed");
+        self.shared.metrics.error("pg_server");
+        if let Some(b) = self.bound.take() {
+            if matches!(e, PgError::Io { .. } | PgError::Closed(_)) {
+                b.server.mark_down();
+            }
+            drop(b.guard); // not released: its state is unknown
+        }
+        self.key.set(None);
+        self.state.tx = TxTracker::new();
+        self.state.params.end_transaction(false);
+        self.skip_until_sync = false;
+        self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.flush().await
+    }
+
+    /// `SET refract.route` and a lone `DEALLOCATE` are answered without a server.
+    async fn answer_locally(&mut self, c: &Classification) -> Result<bool, PgError> {
+        let tag = match c.statements.as_slice() {
+            [Statement::RouteSetting(_)] => "SET",
+            [Statement::Deallocate { name: Some(_) }] if self.bound.is_none() => "DEALLOCATE",
+            [Statement::Deallocate { name: None }] if self.bound.is_none() => "DEALLOCATE ALL",
+            _ => return Ok(false),
+        };
+        self.state.statement_done(&c.statements[0]);
+        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+        self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
+        self.flush().await?;
+        Ok(true)
+    }
+
+    /// Where a classified query goes: `EXECUTE` of a prepared write makes it a write.
+    fn route(&self, c: &Classification) -> Route {
+        let mut route = c.target(self.state.route);
+        for name in c.executes() {
+            if !self.state.prepared.get(name).is_some_and(|p| p.read) && c.hint.is_none() {
+                route = Route::Write;
+            }
+        }
+        route
+    }
+
+    /// Binds a server connection for `route` unless one is bound already.
+    pub(super) async fn bind(&mut self, route: Route) -> Result<(), PgError> {
+        if self.bound.is_some() {
+            return Ok(());
+        }
+        let servers = self.shared.servers.clone();
+        let session_mode = self.shared.cfg.pool_mode == PoolMode::Session;
+        let candidates: Vec<Arc<Server>> = if session_mode || route == Route::Write {
+            servers.primary().into_iter().collect()
+        } else {
+            let min = if self.shared.cfg.read_your_writes { self.min_lsn } else { None };
+            let mut v = servers.replicas_for_read(min);
+            v.extend(servers.primary());
+            v
+        };
+        if candidates.is_empty() {
+            let what = if route == Route::Write || session_mode {
+                "no primary server is available: writes are refused (reads go on on replicas)"
+            } else {
+                "no server is available"
+            };
+            return Err(PgError::Unavailable(format!("refract: {what}")));
+        }
+        let mut last = None;
+        for server in candidates {
+            match server.pool.get().await {
+                Ok(guard) => {
+                    self.key.set(Some(guard.key.clone()));
+                    let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
+                    self.shared.metrics.backend(&format!("pg:{}", server.name)).request(class);
+                    self.bound = Some(Bound { guard, server, wrote: false });
+                    return Ok(());
+                }
+                Err(e) => {
+                    if matches!(e, PgError::Io { .. } | PgError::Closed(_) | PgError::Server(_)) {
+                        server.mark_down();
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| PgError::Unavailable("refract: no server is available".into())))
+    }
+
+    /// Tells the client refract could not run its statement (ErrorResponse, then
+    /// ReadyForQuery if it synced).
+    pub(super) async fn refuse(&mut self, e: PgError, synced: bool) -> Result<(), PgError> {
+        let code = match e {
+            PgError::Timeout(_) => sqlstate::TOO_MANY_CONNECTIONS,
+            _ => sqlstate::CONNECTION_FAILURE,
+        };
+        self.shared.metrics.error("pg_unavailable");
+        self.out.extend_from_slice(&reply::error(code, &e.to_string()));
+        if synced {
+            self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
+        } else {
+            self.discard_until_sync = true;
+        }
+        self.flush().await
+    }
+
+    /// The bound server connection.
+    pub(super) fn conn(&mut self) -> Result<&mut Guard, PgError> {
+        match self.bound.as_mut() {
+            Some(b) => Ok(&mut b.guard),
+            None => Err(PgError::Unavailable("internal: no server bound".into())),
+        }
+    }
+
+    /// Puts this session's SET state on the bound connection if it carries another's.
+    pub(super) async fn sync_params(&mut self) -> Result<(), PgError> {
+        let want = (self.id, self.state.params.generation());
+        let replay = self.state.params.replay_sql();
+        let conn = self.conn()?;
+        if conn.state_of == Some(want) || (conn.state_of.is_none() && replay.is_none()) {
+            return Ok(());
+        }
+        let mut sql = String::new();
+        if conn.state_of.is_some() {
+            sql.push_str("RESET ALL");
+        }
+        if let Some(r) = replay {
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
+            sql.push_str(&r);
+        }
+        if let Err(e) = conn.query(&sql).await {
+            tracing::debug!(error = %e, "replaying SET state failed");
+        }
+        conn.state_of = Some(want);
+        Ok(())
+    }
+
+    /// SQL `EXECUTE name` needs `name` prepared on this connection; `PREPARE name` needs it free.
+    async fn prepare_sql(&mut self, c: &Classification) -> Result<(), PgError> {
+        for st in &c.statements {
+            let (name, text) = match st {
+                Statement::Prepare { name, .. } => (name, None),
+                Statement::Execute { name } => match self.state.prepared.get(name).map(|p| p.origin.clone()) {
+                    Some(Origin::Sql { text }) => (name, Some(text)),
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            let conn = self.conn()?;
+            let have = conn.sql_prepared.get(name);
+            if text.is_some() && have == text.as_ref() {
+                continue;
+            }
+            if have.is_some() {
+                let _ = conn.query(&format!("DEALLOCATE \"{}\"", name.replace('"', "\"\""))).await;
+                conn.sql_prepared.remove(name);
+            }
+            if let Some(text) = text {
+                if conn.query(&text).await.is_ok() {
+                    conn.sql_prepared.insert(name.clone(), text);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a statement succeeded: what it did to the server connection.
+    fn note_effects(&mut self, c: &Classification) -> Result<(), PgError> {
+        let want = (self.id, self.state.params.generation());
+        let has_params = self.state.params.replay_sql().is_some();
+        let conn = self.conn()?;
+        let mut touched = has_params;
+        for st in &c.statements {
+            match st {
+                Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { all: false } => touched = true,
+                Statement::Discard { all: true } | Statement::Deallocate { name: None } => {
+                    touched = true;
+                    conn.prepared.clear();
+                    conn.sql_prepared.clear();
+                }
+                Statement::Deallocate { name: Some(n) } => drop(conn.sql_prepared.remove(n)),
+                Statement::Prepare { name, text, .. } => drop(conn.sql_prepared.insert(name.clone(), text.clone())),
+                _ => {}
+            }
+        }
+        if touched {
+            conn.state_of = Some(want);
+        }
+        Ok(())
+    }
+
+    /// Relays the server's answers until ReadyForQuery; returns whether an error came.
+    async fn relay_until_ready(&mut self) -> Result<bool, PgError> {
+        let mut failed = false;
+        loop {
+            let (tag, frame) = self.server_frame().await?;
+            match tag {
+                b'E' => failed = true,
+                b'C' | b'Z' => self.observe(tag, &frame)?,
+                b'G' => {
+                    self.out.extend_from_slice(&frame);
+                    self.flush().await?;
+                    self.copy_in().await?;
+                    continue;
+                }
+                _ => {}
+            }
+            self.out.extend_from_slice(&frame);
+            if tag == b'Z' {
+                self.flush().await?;
+                return Ok(failed);
+            }
+            if self.out.len() >= FLUSH_AT {
+                self.flush().await?;
+            }
+        }
+    }
+
+    /// Feeds CommandComplete / ReadyForQuery to the session state.
+    pub(super) fn observe(&mut self, tag: u8, frame: &[u8]) -> Result<(), PgError> {
+        let msg = BackendMessage::decode(tag, &frame[5..])?;
+        self.state.server_message(&msg);
+        Ok(())
+    }
+
+    /// The next message from the bound server; flushes to the client before waiting.
+    pub(super) async fn server_frame(&mut self) -> Result<Frame, PgError> {
+        loop {
+            if let Some(f) = self.conn()?.wire.next_frame()? {
+                return Ok(f);
+            }
+            self.flush().await?;
+            self.conn()?.wire.fill().await?;
+        }
+    }
+
+    /// COPY FROM STDIN: the client's CopyData go to the server until CopyDone or CopyFail.
+    pub(super) async fn copy_in(&mut self) -> Result<(), PgError> {
+        let mut buf = BytesMut::new();
+        loop {
+            let Some((tag, frame)) = self.wire.next_frame()? else {
+                if !buf.is_empty() {
+                    self.conn()?.wire.send(&buf).await?;
+                    buf.clear();
+                }
+                self.wire.fill().await?;
+                continue;
+            };
+            buf.extend_from_slice(&frame);
+            if tag == b'c' || tag == b'f' {
+                return self.conn()?.wire.send(&buf).await;
+            }
+            if buf.len() >= FLUSH_AT {
+                self.conn()?.wire.send(&buf).await?;
+                buf.clear();
+            }
+        }
+    }
+
+    /// Writes pending bytes to the client.
+    pub(super) async fn flush(&mut self) -> Result<(), PgError> {
+        if !self.out.is_empty() {
+            self.wire.send(&self.out).await?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// After ReadyForQuery: note a write, and in transaction mode release the connection when
+    /// no transaction is open.
+    pub(super) async fn after_ready(&mut self, wrote: bool) -> Result<(), PgError> {
+        if let Some(b) = self.bound.as_mut() {
+            b.wrote |= wrote && b.server.role == PgRole::Primary;
+        }
+        if self.state.tx.status() == TxStatus::Idle && self.shared.cfg.pool_mode == PoolMode::Transaction {
+            self.release().await;
+        }
+        Ok(())
+    }
+
+    async fn release(&mut self) {
+        let Some(mut b) = self.bound.take() else { return };
+        self.key.set(None);
+        if b.wrote && self.shared.cfg.read_your_writes {
+            match b.guard.query_one("SELECT pg_current_wal_lsn()::text").await {
+                Ok(Some(lsn)) => self.min_lsn = parse_lsn(&lsn).or(self.min_lsn),
+                _ => b.guard.broken = true,
+            }
+        }
+        b.guard.release();
+    }
+}

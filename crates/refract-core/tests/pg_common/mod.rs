@@ -1,0 +1,305 @@
+//! Shared by the `pg_*` tests: a real primary + replica (refract-pg's test kit), refract in
+//! front of them on its own runtime thread, psql/pgbench runners and a tiny raw client.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use bytes::BytesMut;
+use refract_core::{Config, Dispatcher};
+use refract_pg::auth::{ClientAuth, ClientStep};
+use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
+use refract_pg::testkit::{self, PgCluster, DATABASE, PASSWORD, USER};
+use refract_pg::{BackendMessage, ErrorFields, FrontendMessage, Limits, Startup, StartupPacket, TxStatus};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// A cluster with refract in front.
+pub struct Fixture {
+    /// refract's PostgreSQL port.
+    pub port: u16,
+    /// refract's admin port.
+    pub admin: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Declared last: stopped after refract.
+    pub cluster: PgCluster,
+}
+
+static SHARED: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
+
+/// The fixture shared by the tests of one binary that run at the same time (started once
+/// while any test holds it; stopped when the last lets go).
+pub fn shared() -> Arc<Fixture> {
+    let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(f) = slot.upgrade() {
+        return f;
+    }
+    let f = Arc::new(Fixture::start(""));
+    *slot = Arc::downgrade(&f);
+    f
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
+}
+
+impl Fixture {
+    /// Starts a cluster and refract with `extra` lines in `[postgres]`.
+    pub fn start(extra: &str) -> Fixture {
+        let cluster = PgCluster::start().expect("PostgreSQL test cluster");
+        let (port, admin) = (free_port(), free_port());
+        let text = format!(
+            r#"
+[listen]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:{admin}"
+
+[postgres]
+listen = "127.0.0.1:{port}"
+server_user = "{USER}"
+server_password = "{PASSWORD}"
+health_interval_ms = 200
+{extra}
+
+[[postgres.user]]
+name = "{USER}"
+password = "{PASSWORD}"
+
+[[postgres.user]]
+name = "md5user"
+password = "md5pass"
+auth = "md5"
+
+[[postgres.user]]
+name = "trusted"
+auth = "trust"
+
+[[postgres.server]]
+name = "primary"
+addr = "{}"
+role = "primary"
+
+[[postgres.server]]
+name = "replica"
+addr = "{}"
+role = "replica"
+"#,
+            cluster.primary.addr(),
+            cluster.replica().addr()
+        );
+        let cfg = Config::parse(&text).unwrap();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            rt.block_on(async move {
+                let d = Dispatcher::start(cfg).await.unwrap();
+                ready_tx.send(()).unwrap();
+                let _ = stop_rx.await;
+                d.shutdown().await;
+            });
+        });
+        ready_rx.recv_timeout(Duration::from_secs(30)).expect("refract started");
+        Fixture { port, admin, stop: Some(stop_tx), thread: Some(thread), cluster }
+    }
+
+    /// refract's address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// psql through refract as `refract`, one `-c` per statement, in one session.
+    pub fn psql(&self, statements: &[&str]) -> Result<String, String> {
+        self.psql_as(USER, PASSWORD, statements, None)
+    }
+
+    /// psql through refract as `user`, with `stdin`.
+    pub fn psql_as(
+        &self,
+        user: &str,
+        password: &str,
+        statements: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<String, String> {
+        let mut cmd = Command::new(testkit::tool("psql").unwrap());
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", user, "-d", DATABASE]);
+        cmd.args(["-XAtq", "-v", "ON_ERROR_STOP=1"]);
+        for s in statements {
+            cmd.args(["-c", s]);
+        }
+        run(cmd.env("PGPASSWORD", password).env("PGCONNECT_TIMEOUT", "10"), stdin)
+    }
+
+    /// pgbench through refract.
+    pub fn pgbench(&self, args: &[&str]) -> Result<String, String> {
+        let mut cmd = Command::new(testkit::tool("pgbench").unwrap());
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER]);
+        cmd.args(args).arg(DATABASE);
+        run(cmd.env("PGPASSWORD", PASSWORD), None)
+    }
+
+    /// `GET /metrics` from the admin listener.
+    pub fn metrics(&self) -> String {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, self.admin)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// Waits until the replica has replayed everything written so far.
+    pub fn replicated(&self) {
+        self.cluster.wait_replicated(Duration::from_secs(20)).unwrap();
+    }
+}
+
+fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String, String> {
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    drop(input);
+    let out: Output = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("{}{}", text, String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A blocking client made of refract-pg's codec.
+pub struct Client {
+    pub stream: TcpStream,
+    buf: BytesMut,
+    /// refract's BackendKeyData.
+    pub key: (i32, bytes::Bytes),
+}
+
+/// What a query returned.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// Rows, text columns.
+    pub rows: Vec<Vec<Option<String>>>,
+    /// The error, if one came.
+    pub error: Option<ErrorFields>,
+    /// Every message type byte, in order.
+    pub tags: String,
+    /// The final transaction status.
+    pub status: Option<TxStatus>,
+}
+
+impl Answer {
+    /// The first column of the first row.
+    pub fn value(&self) -> &str {
+        self.rows.first().and_then(|r| r.first()).and_then(|c| c.as_deref()).unwrap_or("<none>")
+    }
+
+    /// The SQLSTATE of the error.
+    pub fn code(&self) -> Option<&str> {
+        self.error.as_ref().and_then(|e| e.code())
+    }
+}
+
+impl Client {
+    /// Opens a socket to `addr` without a startup message.
+    pub fn raw(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Client { stream, buf: BytesMut::new(), key: (0, bytes::Bytes::new()) }
+    }
+
+    /// Logs in; an ErrorResponse during login is returned as `Err`.
+    pub fn connect(addr: SocketAddr, user: &str, password: &str) -> Result<Client, ErrorFields> {
+        let mut c = Client::raw(addr);
+        let params = vec![("user".into(), user.into()), ("database".into(), DATABASE.into())];
+        let mut out = BytesMut::new();
+        StartupPacket::Startup(Startup { protocol: PROTOCOL_3_0, params }).encode(&mut out);
+        c.stream.write_all(&out).unwrap();
+        let mut auth = ClientAuth::new(user, Some(password));
+        loop {
+            match c.recv().expect("message during login") {
+                BackendMessage::Authentication(a) => {
+                    if let ClientStep::Send(b) = auth.step(&a).unwrap() {
+                        c.stream.write_all(&b).unwrap();
+                    }
+                }
+                BackendMessage::BackendKeyData { pid, secret } => c.key = (pid, secret),
+                BackendMessage::ErrorResponse(e) => return Err(e),
+                BackendMessage::ReadyForQuery(_) => return Ok(c),
+                _ => {}
+            }
+        }
+    }
+
+    /// The next message; `None` when the server closed.
+    pub fn recv(&mut self) -> Option<BackendMessage> {
+        loop {
+            if let Some((msg, n)) = BackendMessage::parse(&self.buf, &Limits::default()).unwrap() {
+                let _ = self.buf.split_to(n);
+                return Some(msg);
+            }
+            let mut chunk = [0u8; 16384];
+            let n = self.stream.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Sends messages.
+    pub fn send(&mut self, msgs: &[FrontendMessage]) {
+        let mut out = BytesMut::new();
+        msgs.iter().for_each(|m| m.encode(&mut out));
+        self.stream.write_all(&out).unwrap();
+    }
+
+    /// Everything up to ReadyForQuery.
+    pub fn until_ready(&mut self) -> Answer {
+        let mut a = Answer::default();
+        while let Some(m) = self.recv() {
+            a.tags.push(char::from(m.tag()));
+            match m {
+                BackendMessage::DataRow(cols) => {
+                    a.rows.push(cols.into_iter().map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
+                }
+                BackendMessage::ErrorResponse(e) => a.error = Some(e),
+                BackendMessage::ReadyForQuery(s) => {
+                    a.status = Some(s);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        a
+    }
+
+    /// A simple query.
+    pub fn query(&mut self, sql: &str) -> Answer {
+        self.send(&[FrontendMessage::Query(sql.into())]);
+        self.until_ready()
+    }
+
+    /// Sends a CancelRequest for this client's key on a new connection.
+    pub fn cancel(&self, addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut out = BytesMut::new();
+        StartupPacket::Cancel(CancelRequest { pid: self.key.0, secret: self.key.1.clone() }).encode(&mut out);
+        s.write_all(&out).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+}

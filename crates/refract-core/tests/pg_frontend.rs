@@ -1,0 +1,240 @@
+//! The PostgreSQL front end against a real primary + streaming replica: routing, pinning,
+//! SET replay, prepared statements in transaction mode, COPY, cancel, errors, bad input.
+#![allow(clippy::unwrap_used)]
+
+mod pg_common;
+
+use bytes::BytesMut;
+use pg_common::{shared, Client};
+use refract_pg::frontend::{Bind, Target};
+use refract_pg::testkit::{PASSWORD, USER};
+use refract_pg::FrontendMessage;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+#[test]
+fn reads_go_to_the_replica_and_writes_to_the_primary() {
+    let f = shared();
+    let (primary, replica) = (f.cluster.primary.port, f.cluster.replica().port);
+    let got = f.psql(&["SELECT pg_is_in_recovery(), inet_server_port()"]).unwrap();
+    assert_eq!(got, format!("t|{replica}"));
+    f.psql(&["CREATE TABLE t_route (port int)"]).unwrap();
+    let got = f.psql(&["INSERT INTO t_route SELECT inet_server_port() RETURNING port"]).unwrap();
+    assert_eq!(got, primary.to_string());
+    f.replicated();
+    let got = f.psql(&["SELECT port, pg_is_in_recovery() FROM t_route"]).unwrap();
+    assert_eq!(got, format!("{primary}|t"), "the row written on the primary, read on the replica");
+    let hinted = f.psql(&["/* refract: route=primary */ SELECT pg_is_in_recovery()"]).unwrap();
+    assert_eq!(hinted, "f");
+    let set = f.psql(&["SET refract.route = 'primary'", "SELECT pg_is_in_recovery()"]).unwrap();
+    assert_eq!(set, "f");
+}
+
+#[test]
+fn transactions_are_pinned_and_read_only_ones_may_use_the_replica() {
+    let f = shared();
+    let primary = f.cluster.primary.port.to_string();
+    let got = f.psql(&["BEGIN", "SELECT pg_is_in_recovery()", "SELECT inet_server_port()", "COMMIT"]).unwrap();
+    assert_eq!(got, format!("f\n{primary}"));
+    let got = f.psql(&["BEGIN READ ONLY", "SELECT pg_is_in_recovery()", "COMMIT"]).unwrap();
+    assert_eq!(got, "t");
+    let got = f.psql(&["SELECT pg_is_in_recovery()", "BEGIN", "SELECT pg_is_in_recovery()", "ROLLBACK"]).unwrap();
+    assert_eq!(got, "t\nf", "same session: a read outside, then the pinned transaction");
+}
+
+#[test]
+fn nextval_runs_on_the_primary() {
+    let f = shared();
+    f.psql(&["CREATE SEQUENCE s_next"]).unwrap();
+    f.replicated();
+    assert_eq!(f.psql(&["SELECT nextval('s_next'), pg_is_in_recovery()"]).unwrap(), "1|f");
+    assert_eq!(f.psql(&["SELECT nextval('s_next')"]).unwrap(), "2");
+}
+
+#[test]
+fn set_follows_the_session_across_server_connections() {
+    let f = shared();
+    let got = f
+        .psql(&[
+            "SET application_name = 'refract_test'",
+            "SHOW application_name",
+            "BEGIN",
+            "SELECT current_setting('application_name'), pg_is_in_recovery()",
+            "COMMIT",
+            "SET statement_timeout = '4321ms'",
+            "SHOW statement_timeout",
+        ])
+        .unwrap();
+    assert_eq!(got, "refract_test\nrefract_test|f\n4321ms");
+    // Another session does not inherit them from the pooled connections.
+    assert_eq!(f.psql(&["SHOW statement_timeout", "BEGIN", "SHOW statement_timeout", "COMMIT"]).unwrap(), "0\n0");
+}
+
+#[test]
+fn copy_in_and_out() {
+    let f = shared();
+    f.psql(&["CREATE TABLE t_copy (a int, b text)"]).unwrap();
+    let rows: String = (1..=20_000).map(|i| format!("{i}\trow {i}\n")).collect();
+    f.psql_as(USER, PASSWORD, &["COPY t_copy FROM STDIN"], Some(&rows)).unwrap();
+    let out = f.psql(&["COPY t_copy TO STDOUT"]).unwrap();
+    assert_eq!(out.lines().count(), 20_000);
+    assert_eq!(out.lines().last(), Some("20000\trow 20000"));
+    f.replicated();
+    assert_eq!(f.psql(&["SELECT count(*), sum(a) FROM t_copy"]).unwrap(), "20000|200010000");
+    // A COPY that fails on the server relays the error and leaves the session usable.
+    let bad = f.psql_as(USER, PASSWORD, &["COPY t_copy FROM STDIN"], Some("x\ty\n"));
+    assert!(bad.unwrap_err().contains("invalid input syntax"));
+}
+
+#[test]
+fn prepared_statements_move_between_servers() {
+    let f = shared();
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    let parse =
+        FrontendMessage::Parse { name: "s1".into(), query: "SELECT pg_is_in_recovery()".into(), param_types: vec![] };
+    c.send(&[parse, FrontendMessage::Describe(Target::Statement, "s1".into()), FrontendMessage::Sync]);
+    assert_eq!(c.until_ready().tags, "1tTZ");
+    let bind = || FrontendMessage::Bind(Bind { statement: "s1".into(), ..bind_default() });
+    let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+    for _ in 0..3 {
+        c.send(&[bind(), exec.clone(), FrontendMessage::Sync]);
+        let a = c.until_ready();
+        assert_eq!((a.tags.as_str(), a.value()), ("2DCZ", "t"), "{a:?}");
+    }
+    assert_eq!(c.query("BEGIN").code(), None);
+    c.send(&[bind(), exec.clone(), FrontendMessage::Sync]);
+    let a = c.until_ready();
+    assert_eq!((a.tags.as_str(), a.value()), ("2DCZ", "f"), "prepared again on the primary: {a:?}");
+    assert_eq!(c.query("COMMIT").code(), None);
+    c.send(&[FrontendMessage::Close(Target::Statement, "s1".into()), FrontendMessage::Sync]);
+    assert_eq!(c.until_ready().tags, "3Z");
+    c.send(&[bind(), exec, FrontendMessage::Sync]);
+    assert_eq!(c.until_ready().code(), Some("26000"), "closed: the server says it does not exist");
+    // SQL-level PREPARE / EXECUTE too (a new session: the failed Bind above counted as a
+    // write, so read-your-writes would keep this one on the primary for a moment).
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert_eq!(c.query("PREPARE q(int) AS SELECT $1 + 1, pg_is_in_recovery()").code(), None);
+    let a = c.query("EXECUTE q(41)");
+    assert_eq!((a.value(), a.rows[0][1].as_deref()), ("42", Some("t")), "{a:?}");
+}
+
+fn bind_default() -> Bind {
+    Bind {
+        portal: String::new(),
+        statement: String::new(),
+        param_formats: vec![],
+        params: vec![],
+        result_formats: vec![],
+    }
+}
+
+#[test]
+fn pgbench_prepared_in_transaction_mode() {
+    let f = shared();
+    f.pgbench(&["-i", "-s", "1", "-q"]).unwrap();
+    f.replicated();
+    for args in [
+        &["-M", "prepared", "-c", "4", "-j", "2", "-t", "50"][..],
+        &["-M", "prepared", "-S", "-c", "4", "-j", "2", "-t", "200"],
+    ] {
+        let out = f.pgbench(args).unwrap();
+        assert!(out.contains("number of failed transactions: 0"), "{out}");
+    }
+    let out = f.pgbench(&["-M", "extended", "-c", "2", "-t", "50"]).unwrap();
+    assert!(out.contains("number of failed transactions: 0"), "{out}");
+}
+
+#[test]
+fn a_long_query_is_cancelled() {
+    let f = shared();
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    c.send(&[FrontendMessage::Query("SELECT pg_sleep(30)".into())]);
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    c.cancel(f.addr());
+    let a = c.until_ready();
+    assert_eq!(a.code(), Some("57014"), "{a:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(c.query("SELECT 1").value(), "1", "the session goes on");
+}
+
+#[test]
+fn server_errors_are_relayed_with_their_sqlstate() {
+    let f = shared();
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert_eq!(c.query("SELECT 1/0").code(), Some("22012"));
+    assert_eq!(c.query("SELECT * FROM no_such_table").code(), Some("42P01"));
+    assert_eq!(c.query("INSERT INTO no_such_table VALUES (1)").code(), Some("42P01"));
+    assert_eq!(c.query("SELEC 1").code(), Some("42601"));
+    let a = c.query("BEGIN; SELECT 1/0");
+    assert_eq!((a.code(), a.status), (Some("22012"), Some(refract_pg::TxStatus::Failed)));
+    assert_eq!(c.query("SELECT 1").code(), Some("25P02"), "still pinned to the failed transaction");
+    assert_eq!(c.query("ROLLBACK").code(), None);
+    let a = c.query("DO $$ BEGIN RAISE NOTICE 'hello'; END $$");
+    assert!(a.tags.starts_with('N'), "notice relayed: {a:?}");
+    assert_eq!(c.query("SELECT 41 + 1").value(), "42");
+    let psql = f.psql(&["SELECT 1/0"]).unwrap_err();
+    assert!(psql.contains("division by zero"), "{psql}");
+}
+
+#[test]
+fn logins_with_each_method_and_bad_credentials() {
+    let f = shared();
+    assert_eq!(f.psql_as("md5user", "md5pass", &["SELECT 1"], None).unwrap(), "1");
+    assert_eq!(f.psql_as("trusted", "", &["SELECT 2"], None).unwrap(), "2");
+    let wrong = Client::connect(f.addr(), USER, "wrong").err().unwrap();
+    assert_eq!(wrong.code(), Some("28P01"));
+    let unknown = Client::connect(f.addr(), "nobody_here", "x").err().unwrap();
+    assert_eq!(unknown.code(), Some("28P01"));
+    let md5_wrong = f.psql_as("md5user", "nope", &["SELECT 1"], None).unwrap_err();
+    assert!(md5_wrong.contains("password authentication failed"), "{md5_wrong}");
+}
+
+/// Sends raw bytes on a fresh connection; returns what came back until close.
+fn raw_exchange(f: &pg_common::Fixture, bytes: &[u8]) -> Vec<u8> {
+    let mut c = Client::raw(f.addr());
+    c.stream.write_all(bytes).unwrap();
+    let _ = c.stream.shutdown(std::net::Shutdown::Write);
+    let mut got = vec![];
+    let _ = c.stream.read_to_end(&mut got);
+    got
+}
+
+fn error_code(bytes: &[u8]) -> Option<String> {
+    let (msg, _) = refract_pg::BackendMessage::parse(bytes, &Default::default()).ok()??;
+    match msg {
+        refract_pg::BackendMessage::ErrorResponse(e) => e.code().map(str::to_owned),
+        _ => None,
+    }
+}
+
+#[test]
+fn bad_input_gets_an_error_and_never_a_panic() {
+    let f = shared();
+    // Negative length, absurd length, unknown protocol, truncated packet.
+    assert_eq!(error_code(&raw_exchange(&f, &[0xff, 0xff, 0xff, 0xf0, 0, 3, 0, 0])).as_deref(), Some("08P01"));
+    assert_eq!(error_code(&raw_exchange(&f, &[0x7f, 0, 0, 0, 0, 3, 0, 0])).as_deref(), Some("08P01"));
+    assert_eq!(error_code(&raw_exchange(&f, &[0, 0, 0, 8, 0, 9, 0, 0])).as_deref(), Some("08P01"));
+    assert!(raw_exchange(&f, &[0, 0, 0, 40, 0, 3, 0, 0, b'u']).is_empty(), "truncated: closed quietly");
+    // SSLRequest is refused with 'N', then a bad startup.
+    let got = raw_exchange(&f, &[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f, 0, 0, 0, 9, 0, 3, 0, 0, 0]);
+    assert_eq!(got.first(), Some(&b'N'));
+    assert_eq!(error_code(&got[1..]).as_deref(), Some("28000"), "no user name");
+    // A wrong database.
+    let mut out = BytesMut::new();
+    let params = vec![("user".into(), USER.into()), ("database".into(), "nope".into())];
+    refract_pg::StartupPacket::Startup(refract_pg::Startup { protocol: 196_608, params }).encode(&mut out);
+    assert_eq!(error_code(&raw_exchange(&f, &out)).as_deref(), Some("3D000"));
+    // After login: a message with a broken length, and a Query without its terminator.
+    for bad in [&b"Q\0\0\0\x02"[..], &b"Q\0\0\0\x07abc"[..]] {
+        let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+        c.stream.write_all(bad).unwrap();
+        let msg = c.recv();
+        assert!(
+            matches!(&msg, Some(refract_pg::BackendMessage::ErrorResponse(e)) if e.code() == Some("08P01")),
+            "{msg:?}"
+        );
+        assert!(c.recv().is_none(), "closed after a protocol violation");
+    }
+    assert_eq!(f.psql(&["SELECT 'still serving'"]).unwrap(), "still serving");
+}

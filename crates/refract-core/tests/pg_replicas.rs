@@ -1,0 +1,73 @@
+//! Replica lag, read-your-writes and primary failure, against a real primary + replica. One
+//! test, in steps, because each step changes the cluster (replay paused, primary killed).
+#![allow(clippy::unwrap_used)]
+
+mod pg_common;
+
+use pg_common::{Client, Fixture};
+use refract_pg::testkit::{PASSWORD, USER};
+use std::time::{Duration, Instant};
+
+/// Polls `sql` in fresh sessions until it gives `want`.
+fn eventually(f: &Fixture, sql: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let got = f.psql(&[sql]);
+        if got.as_deref() == Ok(want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "`{sql}` still gives {got:?}, not {want:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn lag_bound_read_your_writes_and_primary_failure() {
+    let mut f = Fixture::start("max_lag_bytes = 65536\nread_your_writes = true");
+    f.psql(&["CREATE TABLE t_ryw (x int)"]).unwrap();
+    f.replicated();
+    eventually(&f, "SELECT pg_is_in_recovery()", "t");
+
+    // Read-your-writes: with replay paused the replica cannot have the write.
+    f.cluster.psql(f.cluster.replica(), "SELECT pg_wal_replay_pause()").unwrap();
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert_eq!(c.query("INSERT INTO t_ryw VALUES (1)").code(), None);
+    let a = c.query("SELECT count(*), pg_is_in_recovery() FROM t_ryw");
+    assert_eq!((a.value(), a.rows[0][1].as_deref()), ("1", Some("f")), "own write read on the primary");
+    assert_eq!(f.psql(&["SELECT pg_is_in_recovery()"]).unwrap(), "t", "other sessions still read the replica");
+
+    // Lag bound: write well past 64 KiB of WAL; the replica is skipped once a poll sees it.
+    f.psql(&["CREATE TABLE t_big AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 20000) g"]).unwrap();
+    eventually(&f, "SELECT pg_is_in_recovery()", "f");
+    f.cluster.psql(f.cluster.replica(), "SELECT pg_wal_replay_resume()").unwrap();
+    f.replicated();
+    eventually(&f, "SELECT pg_is_in_recovery()", "t");
+    let a = c.query("SELECT count(*), pg_is_in_recovery() FROM t_ryw");
+    let caught_up = Instant::now() + Duration::from_secs(10);
+    let mut a = a;
+    while a.rows[0][1].as_deref() != Some("t") && Instant::now() < caught_up {
+        std::thread::sleep(Duration::from_millis(100));
+        a = c.query("SELECT count(*), pg_is_in_recovery() FROM t_ryw");
+    }
+    assert_eq!((a.value(), a.rows[0][1].as_deref()), ("1", Some("t")), "replica caught up: reads go back");
+
+    let metrics = f.metrics();
+    for want in [r#"refract_pg_replica_lag_bytes{backend="pg:replica"}"#, r#"backend="pg:replica""#, "backend_up"] {
+        assert!(metrics.contains(want), "{want} missing from {metrics}");
+    }
+
+    // Primary down: writes get a clear error (never the replica), reads go on.
+    f.cluster.kill_primary().unwrap();
+    for _ in 0..2 {
+        let a = c.query("INSERT INTO t_ryw VALUES (2)");
+        assert!(a.error.is_some(), "{a:?}");
+        assert_eq!(a.status, Some(refract_pg::TxStatus::Idle));
+    }
+    let a = c.query("INSERT INTO t_ryw VALUES (3)");
+    let message = a.error.as_ref().and_then(|e| e.message()).unwrap_or_default().to_owned();
+    assert!(message.contains("no primary server is available"), "{message}");
+    let got = f.psql(&["SELECT count(*), pg_is_in_recovery() FROM t_ryw"]).unwrap();
+    assert_eq!(got, "1|t");
+    let psql = f.psql(&["CREATE TABLE t_never (x int)"]).unwrap_err();
+    assert!(psql.contains("writes are refused"), "{psql}");
+}

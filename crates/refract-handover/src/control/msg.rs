@@ -1,0 +1,319 @@
+//! `Msg`: the control messages dispatcher ↔ agent and their pure length-prefixed codec.
+//!
+//! A frame is `len: u32` (big-endian, the bytes that follow, at most [`MAX_FRAME`]), a kind
+//! byte, then the kind's fields: integers big-endian, byte strings as `u32` length + bytes,
+//! reasons as `u16` length + UTF-8. A frame must be consumed exactly: trailing bytes are an error.
+
+use bytes::{BufMut, BytesMut};
+
+use super::wire::{self, Reader};
+use crate::bpf::FlowKey;
+use crate::error::{Error, Result};
+use crate::tcp_state::TcpState;
+
+/// The largest frame (after the length prefix) either side accepts: room for a full send and
+/// receive queue plus buffered requests. A longer length prefix is refused before buffering.
+pub const MAX_FRAME: usize = 32 << 20;
+
+/// Length of a handshake nonce and of an HMAC-SHA256 proof.
+pub const NONCE_LEN: usize = 32;
+
+/// The control protocol version carried in [`Msg::Hello`].
+pub const VERSION: u16 = 1;
+
+/// One connection moving between hosts: sent with [`Msg::HandOff`] and [`Msg::HandBack`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    /// The dispatcher's id of the client connection.
+    pub conn: u64,
+    /// The client's flow (client → VIP) as the steering map keys it.
+    pub flow: FlowKey,
+    /// The epoch of this transfer (each transfer of a flow increments it).
+    pub epoch: u64,
+    /// The TCP state to restore.
+    pub tcp_state: TcpState,
+    /// Bytes read from the socket but not yet consumed (e.g. pipelined requests).
+    pub pending_bytes: Vec<u8>,
+    /// Opaque protocol state (the protocol module's session state).
+    pub app_state: Vec<u8>,
+}
+
+/// A control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// Handshake 1, connector → acceptor: protocol version and the connector's nonce.
+    Hello {
+        /// [`VERSION`].
+        version: u16,
+        /// Fresh random bytes.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Handshake 2, acceptor → connector: its nonce and its proof over both nonces.
+    Challenge {
+        /// Fresh random bytes.
+        nonce: [u8; NONCE_LEN],
+        /// HMAC-SHA256 proving the acceptor holds the key.
+        proof: [u8; NONCE_LEN],
+    },
+    /// Handshake 3, connector → acceptor: the connector's proof over both nonces.
+    Proof {
+        /// HMAC-SHA256 proving the connector holds the key.
+        proof: [u8; NONCE_LEN],
+    },
+    /// Keeps an idle channel alive; never returned by [`super::ControlChannel::recv`].
+    Heartbeat,
+    /// Agent → dispatcher: the result of `request` on `conn` is large; hand the client over.
+    WantConnection {
+        /// The client connection.
+        conn: u64,
+        /// The request whose result is large.
+        request: u64,
+    },
+    /// Dispatcher → agent: adopt this connection.
+    HandOff(Box<Transfer>),
+    /// Agent → dispatcher: restored; the agent owns the flow at `epoch`.
+    HandOffOk {
+        /// The client connection.
+        conn: u64,
+        /// The epoch of the hand-off.
+        epoch: u64,
+    },
+    /// Agent → dispatcher: could not restore; the dispatcher restores its own snapshot.
+    HandOffErr {
+        /// The client connection.
+        conn: u64,
+        /// The epoch of the hand-off.
+        epoch: u64,
+        /// Why (for logs and metrics).
+        reason: String,
+    },
+    /// Agent → dispatcher: take the connection back.
+    HandBack(Box<Transfer>),
+    /// Dispatcher → agent: restored; the agent may drop its tombstone after the grace period.
+    HandBackOk {
+        /// The client connection.
+        conn: u64,
+        /// The epoch of the hand-back.
+        epoch: u64,
+    },
+    /// Agent → dispatcher: the client closed the connection while the agent owned it.
+    Closed {
+        /// The client connection.
+        conn: u64,
+        /// The epoch the agent owned it at.
+        epoch: u64,
+    },
+    /// Dispatcher → agent: no hand-over for this request; send the result over the backend link.
+    RelayInstead {
+        /// The client connection.
+        conn: u64,
+        /// The request.
+        request: u64,
+        /// Why (for logs and metrics).
+        reason: String,
+    },
+}
+
+mod kind {
+    pub const HELLO: u8 = 1;
+    pub const CHALLENGE: u8 = 2;
+    pub const PROOF: u8 = 3;
+    pub const HEARTBEAT: u8 = 10;
+    pub const WANT_CONNECTION: u8 = 11;
+    pub const HAND_OFF: u8 = 12;
+    pub const HAND_OFF_OK: u8 = 13;
+    pub const HAND_OFF_ERR: u8 = 14;
+    pub const HAND_BACK: u8 = 15;
+    pub const HAND_BACK_OK: u8 = 16;
+    pub const CLOSED: u8 = 17;
+    pub const RELAY_INSTEAD: u8 = 18;
+}
+
+impl Msg {
+    /// Whether this message belongs to the authentication handshake.
+    pub fn is_handshake(&self) -> bool {
+        matches!(self, Msg::Hello { .. } | Msg::Challenge { .. } | Msg::Proof { .. })
+    }
+
+    /// A short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Hello { .. } => "Hello",
+            Msg::Challenge { .. } => "Challenge",
+            Msg::Proof { .. } => "Proof",
+            Msg::Heartbeat => "Heartbeat",
+            Msg::WantConnection { .. } => "WantConnection",
+            Msg::HandOff(_) => "HandOff",
+            Msg::HandOffOk { .. } => "HandOffOk",
+            Msg::HandOffErr { .. } => "HandOffErr",
+            Msg::HandBack(_) => "HandBack",
+            Msg::HandBackOk { .. } => "HandBackOk",
+            Msg::Closed { .. } => "Closed",
+            Msg::RelayInstead { .. } => "RelayInstead",
+        }
+    }
+}
+
+/// Appends `msg` as one frame. A message longer than [`MAX_FRAME`] is encoded anyway; the peer
+/// refuses it, so callers keep transfers under the limit (relay instead).
+pub fn encode(msg: &Msg, out: &mut BytesMut) {
+    let start = out.len();
+    out.put_u32(0); // patched below
+    encode_body(msg, out);
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn encode_body(msg: &Msg, out: &mut BytesMut) {
+    match msg {
+        Msg::Hello { version, nonce } => {
+            out.put_u8(kind::HELLO);
+            out.put_u16(*version);
+            out.put_slice(nonce);
+        }
+        Msg::Challenge { nonce, proof } => {
+            out.put_u8(kind::CHALLENGE);
+            out.put_slice(nonce);
+            out.put_slice(proof);
+        }
+        Msg::Proof { proof } => {
+            out.put_u8(kind::PROOF);
+            out.put_slice(proof);
+        }
+        Msg::Heartbeat => out.put_u8(kind::HEARTBEAT),
+        Msg::WantConnection { conn, request } => put_ids(out, kind::WANT_CONNECTION, *conn, *request),
+        Msg::HandOff(t) => put_transfer(out, kind::HAND_OFF, t),
+        Msg::HandOffOk { conn, epoch } => put_ids(out, kind::HAND_OFF_OK, *conn, *epoch),
+        Msg::HandOffErr { conn, epoch, reason } => {
+            put_ids(out, kind::HAND_OFF_ERR, *conn, *epoch);
+            wire::put_string(out, reason);
+        }
+        Msg::HandBack(t) => put_transfer(out, kind::HAND_BACK, t),
+        Msg::HandBackOk { conn, epoch } => put_ids(out, kind::HAND_BACK_OK, *conn, *epoch),
+        Msg::Closed { conn, epoch } => put_ids(out, kind::CLOSED, *conn, *epoch),
+        Msg::RelayInstead { conn, request, reason } => {
+            put_ids(out, kind::RELAY_INSTEAD, *conn, *request);
+            wire::put_string(out, reason);
+        }
+    }
+}
+
+fn put_ids(out: &mut BytesMut, kind: u8, a: u64, b: u64) {
+    out.put_u8(kind);
+    out.put_u64(a);
+    out.put_u64(b);
+}
+
+fn put_transfer(out: &mut BytesMut, kind: u8, t: &Transfer) {
+    out.put_u8(kind);
+    out.put_u64(t.conn);
+    wire::put_flow(out, &t.flow);
+    out.put_u64(t.epoch);
+    wire::put_tcp_state(out, &t.tcp_state);
+    wire::put_blob(out, &t.pending_bytes);
+    wire::put_blob(out, &t.app_state);
+}
+
+/// Parses one frame from the start of `buf`: `Ok(None)` when more bytes are needed, else the
+/// message and how many bytes it used. Never panics; a length prefix above [`MAX_FRAME`] is an
+/// error as soon as the prefix is complete.
+pub fn parse(buf: &[u8]) -> Result<Option<(Msg, usize)>> {
+    let Some(prefix) = buf.get(..4) else { return Ok(None) };
+    let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+    if len == 0 {
+        return Err(Error::Codec("empty frame"));
+    }
+    if len > MAX_FRAME {
+        return Err(Error::Codec("frame longer than MAX_FRAME"));
+    }
+    let Some(body) = buf.get(4..4 + len) else { return Ok(None) };
+    let mut r = Reader::new(body);
+    let msg = parse_body(&mut r)?;
+    if !r.is_empty() {
+        return Err(Error::Codec("trailing bytes in frame"));
+    }
+    Ok(Some((msg, 4 + len)))
+}
+
+fn parse_body(r: &mut Reader<'_>) -> Result<Msg> {
+    Ok(match r.u8()? {
+        kind::HELLO => Msg::Hello { version: r.u16()?, nonce: r.array()? },
+        kind::CHALLENGE => Msg::Challenge { nonce: r.array()?, proof: r.array()? },
+        kind::PROOF => Msg::Proof { proof: r.array()? },
+        kind::HEARTBEAT => Msg::Heartbeat,
+        kind::WANT_CONNECTION => Msg::WantConnection { conn: r.u64()?, request: r.u64()? },
+        kind::HAND_OFF => Msg::HandOff(Box::new(transfer(r)?)),
+        kind::HAND_OFF_OK => Msg::HandOffOk { conn: r.u64()?, epoch: r.u64()? },
+        kind::HAND_OFF_ERR => Msg::HandOffErr { conn: r.u64()?, epoch: r.u64()?, reason: r.string()? },
+        kind::HAND_BACK => Msg::HandBack(Box::new(transfer(r)?)),
+        kind::HAND_BACK_OK => Msg::HandBackOk { conn: r.u64()?, epoch: r.u64()? },
+        kind::CLOSED => Msg::Closed { conn: r.u64()?, epoch: r.u64()? },
+        kind::RELAY_INSTEAD => Msg::RelayInstead { conn: r.u64()?, request: r.u64()?, reason: r.string()? },
+        _ => return Err(Error::Codec("unknown message kind")),
+    })
+}
+
+fn transfer(r: &mut Reader<'_>) -> Result<Transfer> {
+    Ok(Transfer {
+        conn: r.u64()?,
+        flow: r.flow()?,
+        epoch: r.u64()?,
+        tcp_state: r.tcp_state()?,
+        pending_bytes: r.blob()?,
+        app_state: r.blob()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn frame(msg: &Msg) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        encode(msg, &mut b);
+        b.to_vec()
+    }
+
+    #[test]
+    fn byte_literals() {
+        assert_eq!(frame(&Msg::Heartbeat), [0, 0, 0, 1, 10]);
+        assert_eq!(
+            frame(&Msg::WantConnection { conn: 1, request: 0x0203 }),
+            [0, 0, 0, 17, 11, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 2, 3]
+        );
+        assert_eq!(
+            frame(&Msg::HandOffErr { conn: 0, epoch: 7, reason: "no".into() }),
+            [0, 0, 0, 21, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 2, b'n', b'o']
+        );
+    }
+
+    #[test]
+    fn partial_frames_need_more_bytes() {
+        let f = frame(&Msg::Closed { conn: 9, epoch: 3 });
+        for cut in 0..f.len() {
+            assert!(parse(&f[..cut]).unwrap().is_none(), "cut at {cut}");
+        }
+        let (m, n) = parse(&f).unwrap().unwrap();
+        assert_eq!((m, n), (Msg::Closed { conn: 9, epoch: 3 }, f.len()));
+    }
+
+    #[test]
+    fn bad_frames_are_errors() {
+        assert!(parse(&[0, 0, 0, 0]).is_err(), "empty");
+        assert!(parse(&[0xff, 0xff, 0xff, 0xff]).is_err(), "too long, refused from the prefix alone");
+        assert!(parse(&[0, 0, 0, 1, 99]).is_err(), "unknown kind");
+        assert!(parse(&[0, 0, 0, 2, 10, 0]).is_err(), "trailing byte");
+        assert!(parse(&[0, 0, 0, 2, 11, 0]).is_err(), "truncated field");
+    }
+
+    #[test]
+    fn long_reasons_are_cut_at_a_char_boundary() {
+        let reason = "é".repeat(MAX_REASON_CHARS);
+        let (m, _) = parse(&frame(&Msg::HandOffErr { conn: 1, epoch: 1, reason })).unwrap().unwrap();
+        let Msg::HandOffErr { reason, .. } = m else { panic!() };
+        assert_eq!(reason.len(), super::wire::MAX_REASON);
+    }
+
+    const MAX_REASON_CHARS: usize = 2000;
+}

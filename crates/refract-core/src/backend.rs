@@ -118,7 +118,7 @@ impl Backend {
             max_idle,
             counters,
             admission: Admission::new(adm),
-            latency: PeakEwma::new(Duration::from_millis(1), Duration::from_secs(10)),
+            latency: PeakEwma::new(Duration::ZERO, Duration::from_secs(10)),
             consecutive_failures: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
         }

@@ -130,12 +130,12 @@ pub struct Listen {
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     /// In turn.
-    #[default]
     RoundRobin,
     /// Power of two random choices, the one with fewer requests in flight.
     LeastOutstanding,
     /// Power of two random choices weighted by peak-EWMA latency × (in flight + 1): a slow
-    /// or struggling replica gets a shrinking share.
+    /// or struggling replica gets a shrinking share. The default.
+    #[default]
     PeakEwma,
 }
 
@@ -153,7 +153,7 @@ pub struct Balance {
 
 impl Default for Balance {
     fn default() -> Self {
-        Balance { policy: Policy::RoundRobin, read_from_primary: false, read_fallback_to_primary: true }
+        Balance { policy: Policy::PeakEwma, read_from_primary: false, read_fallback_to_primary: true }
     }
 }
 
@@ -351,7 +351,7 @@ mod tests {
     fn defaults_apply() {
         let c = Config::parse(MIN).unwrap();
         assert_eq!(c.timeouts.connect_ms, 1000);
-        assert_eq!(c.balance.policy, Policy::RoundRobin);
+        assert_eq!(c.balance.policy, Policy::PeakEwma);
         assert!(c.backends.is_empty());
     }
 

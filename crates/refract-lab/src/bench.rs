@@ -75,6 +75,7 @@ fn write_outputs(
         name: &opts.section,
         shaping: &shaping,
         duration_s: opts.plan.duration.as_secs_f64().round().max(1.0),
+        repeat: opts.plan.repeat.max(1),
         command: &opts.command,
         env,
         sizes: &opts.plan.sizes,

@@ -79,6 +79,9 @@ pub struct SweepArgs {
     /// wrk duration per measurement.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     duration: std::time::Duration,
+    /// Interleaved runs per cell (targets take turns); the median run is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
     /// Link rate (`1gbit`, …) or `none`.
     #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
     rate: Rate,
@@ -108,10 +111,17 @@ impl SweepArgs {
     fn into_options(self) -> SweepOptions {
         let sizes = self.sizes;
         let command =
-            bench::rerun_command(&sizes, &self.targets, self.duration, self.rate, &self.out, self.section.as_deref());
+            bench::rerun_command(&sizes, &self.targets, self.duration, self.rate, &self.out, self.section.as_deref())
+                + &format!(" --repeat {}", self.repeat);
         SweepOptions {
             section: self.section.unwrap_or_else(|| self.rate.label()),
-            plan: Plan { sizes, targets: self.targets, duration: self.duration, latency: !self.no_latency },
+            plan: Plan {
+                sizes,
+                targets: self.targets,
+                duration: self.duration,
+                latency: !self.no_latency,
+                repeat: self.repeat,
+            },
             rate: self.rate,
             out: self.out,
             command,

@@ -176,7 +176,13 @@ fn short_sweep(layout: &Layout, quick: bool) -> Result<()> {
     if layout.haproxy.is_some() {
         targets.push("haproxy".into());
     }
-    let plan = Plan { sizes: ByteSize::parse_list(sizes)?, targets, duration: Duration::from_secs(1), latency: !quick };
+    let plan = Plan {
+        sizes: ByteSize::parse_list(sizes)?,
+        targets,
+        duration: Duration::from_secs(1),
+        latency: !quick,
+        repeat: 1,
+    };
     println!(
         "== short sweep: {} clients × wrk -t1 -c1, 1 s per measurement (full sweep: `refract bench sweep`)\n",
         layout.clients.len()
@@ -187,6 +193,7 @@ fn short_sweep(layout: &Layout, quick: bool) -> Result<()> {
         name: "demo",
         shaping: "",
         duration_s: 1.0,
+        repeat: 1,
         command: "",
         env: &env,
         sizes: &plan.sizes,

@@ -14,6 +14,8 @@ pub struct Section<'a> {
     pub shaping: &'a str,
     /// Seconds per measurement.
     pub duration_s: f64,
+    /// Interleaved runs per cell; the median is shown.
+    pub repeat: usize,
     /// The command that reruns this section.
     pub command: &'a str,
     /// Where and with what it ran.
@@ -90,8 +92,10 @@ fn environment(out: &mut String, s: &Section) {
         out,
         "- **Date:** {}\n- **Machine:** {} cores ({}), Linux {}\n- **Links:** {}\n\
          - **Load:** 2 clients (rf-c1, rf-c2) at once, each `wrk -t1 -c1 -d{}s --timeout 30s \
-         --latency`, one run per cell\n- **Tools:** {}; {}; refract {}\n- **Rerun:** `{}`\n\n",
-        e.date, e.cores, e.cpu, e.kernel, s.shaping, s.duration_s, e.wrk, e.haproxy, e.refract, s.command
+         --latency`; each cell is the median of {} interleaved runs (the targets take turns, so \
+         drift in the machine's load hits all of them alike)\n- **Tools:** {}; {}; refract {}\n\
+         - **Rerun:** `{}`\n\n",
+        e.date, e.cores, e.cpu, e.kernel, s.shaping, s.duration_s, s.repeat, e.wrk, e.haproxy, e.refract, s.command
     );
     out.push_str(
         "Targets: `direct` = c1 → b1 and c2 → b2 (no dispatcher); `refract` = both clients → \

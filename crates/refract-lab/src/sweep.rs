@@ -23,6 +23,8 @@ pub struct Plan {
     pub duration: Duration,
     /// Whether to measure Table 2 (1-byte latency on one connection).
     pub latency: bool,
+    /// Interleaved runs per cell (targets take turns); the median run is reported.
+    pub repeat: usize,
 }
 
 /// One cell of Table 1: all clients' reports for one size and target.
@@ -111,26 +113,76 @@ pub fn check_targets(layout: &Layout, targets: &[String]) -> Result<()> {
 /// Run the plan.
 pub fn run(layout: &Layout, plan: &Plan) -> Result<Results> {
     check_targets(layout, &plan.targets)?;
-    let total = plan.sizes.len() * plan.targets.len() + if plan.latency { plan.targets.len() } else { 0 };
+    let reps = plan.repeat.max(1);
+    let total = (plan.sizes.len() * plan.targets.len() + if plan.latency { plan.targets.len() } else { 0 }) * reps;
     let mut progress = Progress::new(total, plan.duration);
     let mut results = Results::default();
     for &size in &plan.sizes {
-        for target in &plan.targets {
-            let m = measure(layout, target, size, plan.duration)?;
-            let note = format!("{} ({} req/s)", format_throughput(m.throughput()), format_rate(m.effective_rps()));
-            progress.done(&format!("{target:<8} {size:>5}"), &note, m.errors());
-            results.throughput.push(m);
+        let mut runs: Vec<Vec<Measurement>> = vec![Vec::new(); plan.targets.len()];
+        for _ in 0..reps {
+            for (i, target) in plan.targets.iter().enumerate() {
+                let m = measure(layout, target, size, plan.duration)?;
+                let note = format!("{} ({} req/s)", format_throughput(m.throughput()), format_rate(m.effective_rps()));
+                progress.done(&format!("{target:<8} {size:>5}"), &note, m.errors());
+                runs[i].push(m);
+            }
         }
+        results.throughput.extend(runs.into_iter().map(|r| median_by(r, Measurement::throughput)));
     }
     if plan.latency {
-        for target in &plan.targets {
-            let row = measure_latency(layout, target, plan.duration)?;
-            let note = format!("mean {:.1} µs", row.report.latency_avg_us);
-            progress.done(&format!("{target:<8} 1-conn latency"), &note, row.report.non_2xx + row.report.socket_errors);
-            results.latency.push(row);
+        let mut runs: Vec<Vec<LatencyRow>> = vec![Vec::new(); plan.targets.len()];
+        for _ in 0..reps {
+            for (i, target) in plan.targets.iter().enumerate() {
+                let row = measure_latency(layout, target, plan.duration)?;
+                let note = format!("mean {:.1} µs", row.report.latency_avg_us);
+                progress.done(
+                    &format!("{target:<8} 1-conn latency"),
+                    &note,
+                    row.report.non_2xx + row.report.socket_errors,
+                );
+                runs[i].push(row);
+            }
         }
+        results.latency.extend(runs.into_iter().map(|r| median_by(r, |l| l.report.latency_avg_us)));
     }
     Ok(results)
+}
+
+/// The run with the median `key` (the lower middle one for an even count). Errors of any
+/// run are kept: a cell is flagged if any of its runs had errors.
+fn median_by<T: Clone + Errors>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let errors: u64 = runs.iter().map(Errors::errors).sum();
+    let mut mid = runs[(runs.len() - 1) / 2].clone();
+    mid.set_errors(errors);
+    mid
+}
+
+/// Error counts of a run, so a median keeps every run's errors.
+trait Errors {
+    fn errors(&self) -> u64;
+    fn set_errors(&mut self, n: u64);
+}
+
+impl Errors for Measurement {
+    fn errors(&self) -> u64 {
+        Measurement::errors(self)
+    }
+    fn set_errors(&mut self, n: u64) {
+        let others: u64 = self.reports.iter().skip(1).map(|r| r.non_2xx + r.socket_errors).sum();
+        if let Some(first) = self.reports.first_mut() {
+            first.socket_errors = n.saturating_sub(others + first.non_2xx);
+        }
+    }
+}
+
+impl Errors for LatencyRow {
+    fn errors(&self) -> u64 {
+        self.report.non_2xx + self.report.socket_errors
+    }
+    fn set_errors(&mut self, n: u64) {
+        self.report.socket_errors = n.saturating_sub(self.report.non_2xx);
+    }
 }
 
 /// Table 1 cell: every client at once, each to its own address for the target.

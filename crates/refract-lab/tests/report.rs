@@ -48,6 +48,7 @@ fn section<'a>(
         name: "1gbit",
         shaping: "tbf rate 1gbit",
         duration_s: 5.0,
+        repeat: 1,
         command: "sudo refract bench sweep --rate 1gbit",
         env,
         sizes,

@@ -22,9 +22,17 @@ fn killed_replica_reads_continue_on_the_other() {
         let r = c.read_response(false).unwrap();
         assert_eq!((r.status, r.header("x-served-by").as_deref()), (200, Some("b3")), "read {i} after the kill");
     }
-    let view = get(d.admin, "/backends").json();
-    let b2_view = view.as_array().unwrap().iter().find(|b| b["name"] == "b2").unwrap().clone();
-    assert_eq!(b2_view["state"], "down");
+    // Marked down by a failed request or, at the latest, by the next health check.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let view = get(d.admin, "/backends").json();
+        let b2_view = view.as_array().unwrap().iter().find(|b| b["name"] == "b2").unwrap().clone();
+        if b2_view["state"] == "down" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "b2 still {}", b2_view["state"]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(b3);
 }
 

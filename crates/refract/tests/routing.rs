@@ -8,8 +8,22 @@ use refract_blob::pattern;
 
 fn cluster() -> (Proc, Proc, Proc, Dispatcher) {
     let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")], "");
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
+    // Round robin, as in examples/loopback.toml (the default, peak-EWMA, spreads by latency).
+    let d = dispatcher(&backends, "[balance]\npolicy = \"round-robin\"\n");
     (b1, b2, b3, d)
+}
+
+#[test]
+fn default_peak_ewma_policy_uses_both_replicas() {
+    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
+    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")], "");
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..60 {
+        seen.insert(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").unwrap());
+    }
+    assert!(!seen.contains("b1"), "the primary took reads: {seen:?}");
+    assert!(seen.contains("b2") && seen.contains("b3"), "{seen:?}");
 }
 
 #[test]

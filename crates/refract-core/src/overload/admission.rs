@@ -231,6 +231,12 @@ impl Admission {
             }
         }
         self.manage(&mut s, now);
+        // In overload, a request that would wait longer than waiters are allowed to (twice
+        // the target) is refused now rather than shed later: refusals stay fast.
+        if s.overloaded && self.expected_wait(&s) > 2 * self.cfg.target {
+            s.shed += 1;
+            return Err(Refusal::Shed);
+        }
         if s.queued() >= self.cfg.max_queue && !shed_lower(&mut s, prio) {
             return Err(Refusal::QueueFull);
         }
@@ -426,6 +432,26 @@ mod tests {
         assert!(a.view().shed >= 3);
         p.finish(Outcome::Success);
         assert_eq!(a.view().inflight, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_overload_a_long_expected_wait_is_refused_at_once() {
+        let a = fixed(1.0, 100);
+        // Requests take 20 ms: one waiter ahead already means a wait beyond 2 × 5 ms.
+        for _ in 0..5 {
+            let p = a.acquire(Priority::Normal, None).await.unwrap();
+            tokio::time::advance(Duration::from_millis(20)).await;
+            p.finish(Outcome::Success);
+        }
+        let _holder = a.acquire(Priority::Normal, None).await.unwrap();
+        let a1 = a.clone();
+        let _w = tokio::spawn(async move { a1.acquire(Priority::Normal, None).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_millis(150)).await;
+        let started = Instant::now();
+        assert_eq!(a.acquire(Priority::Normal, None).await.unwrap_err(), Refusal::Shed);
+        assert_eq!(Instant::now(), started, "refused without waiting");
+        assert!(a.view().overloaded);
     }
 
     #[tokio::test(start_paused = true)]

@@ -33,9 +33,11 @@ impl PeakEwma {
         s.1 = now;
     }
 
-    /// The current estimate, in seconds.
+    /// The current estimate, in seconds. It fades with time since the last sample, so a
+    /// backend that once looked slow is tried again instead of being starved forever.
     pub fn get(&self) -> f64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).0
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 * (-(Instant::now() - s.1).as_secs_f64() / self.decay).exp()
     }
 }
 
@@ -55,5 +57,14 @@ mod tests {
         tokio::time::advance(Duration::from_secs(5)).await;
         e.observe(Duration::from_millis(1));
         assert!(e.get() < 0.003, "long after, fast samples dominate: {}", e.get());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unsampled_estimate_fades() {
+        let e = PeakEwma::new(Duration::ZERO, Duration::from_secs(1));
+        assert_eq!(e.get(), 0.0, "a new backend costs nothing: it is tried first");
+        e.observe(Duration::from_millis(100));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(e.get() < 0.006, "without samples the cost fades: {}", e.get());
     }
 }

@@ -29,7 +29,8 @@ pub struct Backend {
     inflight: AtomicUsize,
     served: AtomicU64,
     errors: AtomicU64,
-    idle: Mutex<Vec<BackendConn>>,
+    /// Idle connections, one pool per shard (a socket belongs to one shard's event loop).
+    idle: Vec<Mutex<Vec<BackendConn>>>,
     max_idle: usize,
     /// Request counters by class.
     pub counters: BackendCounters,
@@ -114,7 +115,7 @@ impl Backend {
             inflight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             errors: AtomicU64::new(0),
-            idle: Mutex::new(Vec::new()),
+            idle: (0..crate::shard::count()).map(|_| Mutex::new(Vec::new())).collect(),
             max_idle,
             counters,
             admission: Admission::new(adm),
@@ -165,7 +166,7 @@ impl Backend {
     pub fn set_up(&self, up: bool) -> bool {
         let was = self.up.swap(up, Relaxed);
         if !up {
-            self.lock_idle().clear();
+            self.clear_idle();
         }
         was != up
     }
@@ -173,7 +174,7 @@ impl Backend {
     /// Marks it removed from membership: no new requests, no pooling.
     pub fn retire(&self) {
         self.removed.store(true, Relaxed);
-        self.lock_idle().clear();
+        self.clear_idle();
     }
 
     /// Requests in flight.
@@ -197,7 +198,14 @@ impl Backend {
     }
 
     fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<BackendConn>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+        let pool = &self.idle[crate::shard::current() % self.idle.len()];
+        pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn clear_idle(&self) {
+        for pool in &self.idle {
+            pool.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
     }
 
     /// An idle pooled connection that still looks alive, or a new one.
@@ -255,7 +263,7 @@ impl Backend {
             in_flight: self.inflight(),
             served: self.served.load(Relaxed),
             errors: self.errors.load(Relaxed),
-            idle_connections: self.lock_idle().len(),
+            idle_connections: self.idle.iter().map(|p| p.lock().unwrap_or_else(|e| e.into_inner()).len()).sum(),
         }
     }
 }

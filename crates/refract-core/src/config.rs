@@ -70,6 +70,21 @@ pub struct Overload {
     pub eject_ms: u64,
     /// At most this fraction of the replicas is ejected at once.
     pub eject_max_fraction: f64,
+    /// Per-user token buckets (`x-refract-user`); users not listed are not limited.
+    #[serde(rename = "user")]
+    pub users: Vec<UserLimit>,
+}
+
+/// `[[overload.user]]`: one tenant's request rate.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserLimit {
+    /// The value of `x-refract-user`.
+    pub name: String,
+    /// Requests per second.
+    pub rate: f64,
+    /// Largest burst.
+    pub burst: f64,
 }
 
 impl Overload {
@@ -107,6 +122,7 @@ impl Default for Overload {
             eject_after_failures: 5,
             eject_ms: 10_000,
             eject_max_fraction: 0.5,
+            users: Vec::new(),
         }
     }
 }
@@ -123,6 +139,21 @@ pub struct Listen {
     /// Runtime worker threads; 0 = one per core.
     #[serde(default)]
     pub workers: usize,
+    /// `per-core` (default): one event loop per worker, each with its own listener and
+    /// backend connections; `work-stealing`: one tokio multi-thread runtime.
+    #[serde(default)]
+    pub runtime: RuntimeKind,
+}
+
+/// How the dispatcher uses its threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeKind {
+    /// Shared-nothing event loops, one per worker (like HAProxy's threads).
+    #[default]
+    PerCore,
+    /// One work-stealing runtime for all connections.
+    WorkStealing,
 }
 
 /// How a read picks among replicas.
@@ -295,6 +326,12 @@ impl Config {
             return Err(format!(
                 "line {}: [overload] fractions must be in 0..=1 and budgets ≥ 0",
                 find_key_line(text, "overload")
+            ));
+        }
+        if o.users.iter().any(|u| u.rate <= 0.0 || u.burst < 1.0) {
+            return Err(format!(
+                "line {}: [[overload.user]] needs rate > 0 and burst ≥ 1",
+                find_key_line(text, "[[overload.user]]")
             ));
         }
         if self.limits.max_head_bytes < 1024 {

@@ -75,6 +75,9 @@ pub enum Error {
         /// Why it was refused.
         reason: &'static str,
     },
+    /// The user's token bucket is empty.
+    #[error("user {0} is over its request rate")]
+    RateLimited(String),
     /// A backend of a fan-out answered with an error status.
     #[error("backend {backend}: answered {status}")]
     BackendStatus {
@@ -91,6 +94,7 @@ impl Error {
         match self {
             Error::Request(_) | Error::BodyTooLarge(_) | Error::ClientIo(_) | Error::ClientGone => Side::Client,
             Error::NoBackend(_) | Error::Overloaded { .. } => Side::Internal,
+            Error::RateLimited(_) => Side::Client,
             _ => Side::Backend,
         }
     }
@@ -132,6 +136,7 @@ impl Error {
             Error::BodyTooLarge(_) => 413,
             Error::ClientIo(_) | Error::ClientGone => 400,
             Error::NoBackend(_) | Error::Overloaded { .. } => 503,
+            Error::RateLimited(_) => 429,
             Error::ConnectTimeout { .. } | Error::ResponseTimeout { .. } => 504,
             _ => 502,
         }
@@ -146,6 +151,7 @@ impl Error {
             Error::ClientIo(_) => "client_io",
             Error::ClientGone => "client_gone",
             Error::Overloaded { .. } => "overloaded",
+            Error::RateLimited(_) => "rate_limited",
             Error::NoBackend(_) => "no_backend",
             Error::Connect { .. } => "connect",
             Error::ConnectTimeout { .. } => "connect_timeout",

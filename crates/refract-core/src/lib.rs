@@ -16,6 +16,7 @@
 //! - [`metrics`]: Prometheus metrics.
 //! - [`pg`]: the PostgreSQL front end.
 //! - [`overload`]: admission limits, queues, deadlines, retry budget (being wired in).
+//! - [`shard`]: which per-core event loop the current thread is.
 //! - [`conn`]: a client connection and its buffer.
 //! - [`error`]: the error type.
 
@@ -34,6 +35,7 @@ pub mod overload;
 pub mod pg;
 mod relay;
 mod session;
+pub mod shard;
 
 pub use config::Config;
 pub use dispatcher::Dispatcher;
@@ -44,14 +46,27 @@ use std::path::Path;
 /// Loads the configuration, runs the dispatcher until SIGINT/SIGTERM, then drains.
 pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<()> {
     let cfg = Config::load(path)?;
-    // One worker: a current-thread runtime, with no cross-thread wake-ups at all.
-    let mut rt = match cfg.listen.workers {
-        1 => tokio::runtime::Builder::new_current_thread(),
-        _ => tokio::runtime::Builder::new_multi_thread(),
+    let workers = match cfg.listen.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
     };
-    if cfg.listen.workers > 1 {
-        rt.worker_threads(cfg.listen.workers);
+    if cfg.listen.runtime == config::RuntimeKind::PerCore {
+        shard::set_count(workers);
+        let ctx = dispatcher::Ctx::new(cfg);
+        let stopper = ctx.clone();
+        std::thread::Builder::new().name("refract-signals".into()).spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            if let Ok(rt) = rt {
+                if rt.block_on(wait_for_signal()).is_ok() {
+                    tracing::info!("signal received: draining");
+                }
+            }
+            stopper.stop.cancel();
+        })?;
+        return Ok(dispatcher::run_sharded(ctx, workers)?);
     }
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.worker_threads(workers);
     rt.enable_all().build()?.block_on(async move {
         let dispatcher = Dispatcher::start(cfg).await?;
         wait_for_signal().await?;

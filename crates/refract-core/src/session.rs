@@ -76,6 +76,10 @@ async fn serve(ctx: &Ctx, conn: &mut ClientConn, head: RequestHead) -> Next {
         Ok(p) => p,
         Err(e) => return reply_error(ctx, conn, &e, false).await,
     };
+    if let Some(user) = head.user.as_deref().filter(|u| !ctx.users.admit(u)) {
+        let keep = head.keep_alive && matches!(body, ReqBody::Buffered(_));
+        return reply_error(ctx, conn, &Error::RateLimited(user.to_string()), keep).await;
+    }
     let timeout_ms = head.timeout_ms.or(Some(ctx.cfg.overload.default_timeout_ms).filter(|&ms| ms > 0));
     let deadline = timeout_ms.map(|ms| started + Duration::from_millis(ms));
     let result = match &body {

@@ -38,6 +38,8 @@ pub struct RequestHead {
     pub timeout_ms: Option<u64>,
     /// `x-refract-priority`: `high`, `normal` or `low`.
     pub priority: Option<String>,
+    /// `x-refract-user`: whose token bucket the request draws from.
+    pub user: Option<String>,
     /// Length of the head in bytes, including the final CRLF CRLF.
     pub len: usize,
 }
@@ -65,6 +67,7 @@ struct Framing {
     route_hint: Option<String>,
     timeout_ms: Option<u64>,
     priority: Option<String>,
+    user: Option<String>,
 }
 
 fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
@@ -94,6 +97,12 @@ fn scan_refract_header(h: &httparse::Header<'_>, f: &mut Framing) -> Result<(), 
     let (name, slot) = match h.name[10..].to_ascii_lowercase().as_str() {
         "route" => ("x-refract-route", &mut f.route_hint),
         "priority" => ("x-refract-priority", &mut f.priority),
+        "user" => {
+            let v = std::str::from_utf8(h.value)
+                .map_err(|_| Error::BadHeader { name: "x-refract-user", reason: "not UTF-8".into() })?;
+            f.user = Some(v.trim().to_string());
+            return Ok(());
+        }
         "timeout-ms" => {
             let v = parse_length(h.value).map_err(|_| Error::BadHeader {
                 name: "x-refract-timeout-ms",
@@ -186,6 +195,7 @@ impl RequestHead {
             route_hint: f.route_hint,
             timeout_ms: f.timeout_ms,
             priority: f.priority,
+            user: f.user,
             len,
         }))
     }

@@ -13,6 +13,7 @@ pub fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         409 => "Conflict",
         413 => "Content Too Large",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         502 => "Bad Gateway",
@@ -26,7 +27,7 @@ pub fn reason(status: u16) -> &'static str {
 pub fn response(status: u16, content_type: &str, body: &[u8], close: bool) -> Bytes {
     let conn = if close { "connection: close\r\n" } else { "" };
     // A 503 is always temporary: say when to come back (and not sooner).
-    let retry = if status == 503 { "retry-after: 1\r\n" } else { "" };
+    let retry = if status == 503 || status == 429 { "retry-after: 1\r\n" } else { "" };
     let mut out = format!(
         "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{retry}{conn}\r\n",
         reason(status),

@@ -80,3 +80,20 @@ fn control_off_never_queues_or_refuses() {
         assert_eq!(h.join().unwrap(), 200);
     }
 }
+
+#[test]
+fn a_user_over_its_rate_gets_429_and_others_are_unaffected() {
+    let b1 = blob("b1");
+    let limits = "[[overload.user]]\nname = \"noisy\"\nrate = 1.0\nburst = 3.0\n";
+    let d = dispatcher(&[("b1", b1.addr, "primary")], limits);
+    let statuses: Vec<u16> = (0..6)
+        .map(|_| request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-user", "noisy")], b"").status)
+        .collect();
+    assert_eq!(&statuses[..3], &[200, 200, 200], "{statuses:?}");
+    assert!(statuses[3..].iter().all(|&s| s == 429), "{statuses:?}");
+    let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-user", "noisy")], b"");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    for _ in 0..6 {
+        assert_eq!(request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-user", "quiet")], b"").status, 200);
+    }
+}

@@ -1,12 +1,15 @@
 //! Overload control: adaptive per-backend concurrency limits, CoDel-managed wait queues with
-//! priorities, deadlines, a retry budget and peak-EWMA latency for balancing.
+//! priorities, deadlines, a retry budget, peak-EWMA latency for balancing and per-user token
+//! buckets.
 
 pub mod admission;
+pub mod bucket;
 pub mod budget;
 pub mod ewma;
 pub mod limit;
 
 pub use admission::{Admission, AdmissionConfig, Outcome, Permit, Priority, Refusal};
+pub use bucket::UserLimits;
 pub use budget::RetryBudget;
 pub use ewma::PeakEwma;
 pub use limit::{AdaptiveLimit, LimitConfig};

@@ -88,6 +88,8 @@ struct State {
     next_id: u64,
     /// Last time the queue was empty or its oldest waiter was under target.
     last_good: Instant,
+    /// Last time its oldest waiter was over target.
+    last_bad: Instant,
     overloaded: bool,
     shed: u64,
 }
@@ -167,6 +169,7 @@ impl Admission {
             queues: Default::default(),
             next_id: 0,
             last_good: Instant::now(),
+            last_bad: Instant::now(),
             overloaded: false,
             shed: 0,
         };
@@ -278,15 +281,21 @@ impl Admission {
 
     /// CoDel bookkeeping, and shedding of stale waiters while overloaded.
     fn manage(&self, s: &mut State, now: Instant) {
+        // Enter overload after a whole interval above target; leave it only after a whole
+        // interval without (hysteresis: otherwise the queue would refill for an interval
+        // after every exit, and those waiters would be shed late).
         match s.oldest() {
             Some(t) if now - t > self.cfg.target => {
+                s.last_bad = now;
                 if now - s.last_good > self.cfg.interval {
                     s.overloaded = true;
                 }
             }
             _ => {
                 s.last_good = now;
-                s.overloaded = false;
+                if now - s.last_bad > self.cfg.interval {
+                    s.overloaded = false;
+                }
             }
         }
         if s.overloaded {
@@ -452,6 +461,27 @@ mod tests {
         assert_eq!(a.acquire(Priority::Normal, None).await.unwrap_err(), Refusal::Shed);
         assert_eq!(Instant::now(), started, "refused without waiting");
         assert!(a.view().overloaded);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overload_mode_lasts_an_interval_after_the_queue_drains() {
+        let a = fixed(1.0, 100);
+        let holder = a.acquire(Priority::Normal, None).await.unwrap();
+        let a1 = a.clone();
+        let w =
+            tokio::spawn(async move { a1.acquire(Priority::Normal, None).await.map(|p| p.finish(Outcome::Ignore)) });
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_millis(150)).await;
+        let _ = a.acquire(Priority::Normal, Some(Instant::now() + Duration::from_millis(1))).await;
+        assert!(a.view().overloaded);
+        holder.finish(Outcome::Ignore);
+        let _ = w.await;
+        tokio::time::advance(Duration::from_millis(50)).await;
+        let p = a.acquire(Priority::Normal, None).await.unwrap();
+        assert!(a.view().overloaded, "still overloaded within an interval of the last bad moment");
+        tokio::time::advance(Duration::from_millis(120)).await;
+        p.finish(Outcome::Ignore);
+        assert!(!a.view().overloaded, "back to normal after a good interval");
     }
 
     #[tokio::test(start_paused = true)]

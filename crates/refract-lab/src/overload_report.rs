@@ -79,17 +79,9 @@ fn draw(out: &Path, section: &str, what: &str, f: impl FnOnce(&Path) -> Result<(
     }
 }
 
-/// Put `body` into `doc` between `<!-- overload:NAME -->` markers (as [`crate::report::replace_section`] does).
+/// Put `body` into `doc` between `<!-- overload:NAME -->` markers.
 pub fn replace_section(doc: &str, name: &str, body: &str) -> String {
-    let (start, end) = (format!("<!-- overload:{name} -->"), format!("<!-- /overload:{name} -->"));
-    let block = format!("{start}\n{}\n{end}", body.trim_end());
-    if let (Some(s), Some(e)) = (doc.find(&start), doc.find(&end)) {
-        if s < e {
-            return format!("{}{block}{}", &doc[..s], &doc[e + end.len()..]);
-        }
-    }
-    let base = if doc.trim().is_empty() { PAGE_HEADER } else { doc };
-    format!("{}\n\n{block}\n", base.trim_end())
+    crate::report::replace_marked(doc, "overload", name, body, PAGE_HEADER)
 }
 
 /// The whole section.

@@ -41,25 +41,23 @@ section is one sweep and is replaced whole when that sweep is rerun: `1gbit` has
 link shaped like a 1 Gbit/s NIC (the paper's setting), `none` leaves the veth links unshaped. \
 Raw figures are in `benchmarks.csv`.\n";
 
-fn start_marker(name: &str) -> String {
-    format!("<!-- sweep:{name} -->")
-}
-
-fn end_marker(name: &str) -> String {
-    format!("<!-- /sweep:{name} -->")
-}
-
 /// Put `body` (without markers) into `doc` as section `name`: replace the section if present,
 /// append it otherwise; start a page if `doc` is empty.
 pub fn replace_section(doc: &str, name: &str, body: &str) -> String {
-    let (start, end) = (start_marker(name), end_marker(name));
+    replace_marked(doc, "sweep", name, body, PAGE_HEADER)
+}
+
+/// Replaces (or appends) the block between `<!-- KIND:NAME -->` and `<!-- /KIND:NAME -->`,
+/// leaving everything else in `doc` as it is; an empty `doc` starts with `header`.
+pub fn replace_marked(doc: &str, kind: &str, name: &str, body: &str, header: &str) -> String {
+    let (start, end) = (format!("<!-- {kind}:{name} -->"), format!("<!-- /{kind}:{name} -->"));
     let block = format!("{start}\n{}\n{end}", body.trim_end());
     if let (Some(s), Some(e)) = (doc.find(&start), doc.find(&end)) {
         if s < e {
             return format!("{}{block}{}", &doc[..s], &doc[e + end.len()..]);
         }
     }
-    let base = if doc.trim().is_empty() { PAGE_HEADER } else { doc };
+    let base = if doc.trim().is_empty() { header } else { doc };
     format!("{}\n\n{block}\n", base.trim_end())
 }
 

@@ -58,6 +58,9 @@ pub struct Overload {
     pub queue_target_ms: u64,
     /// CoDel interval: how long the wait may stay above target before overload mode.
     pub queue_interval_ms: u64,
+    /// Outside overload mode, a request expected to wait longer than this is refused at once
+    /// (bursts up to this much queueing are absorbed; a standing queue is not).
+    pub max_queue_wait_ms: u64,
     /// Deadline for requests that carry none (`x-refract-timeout-ms`); 0 = none.
     pub default_timeout_ms: u64,
     /// Retries allowed as a fraction of requests.
@@ -102,6 +105,7 @@ impl Overload {
             max_queue: self.max_queue,
             target: ms(self.queue_target_ms),
             interval: ms(self.queue_interval_ms),
+            max_wait: ms(self.max_queue_wait_ms),
         }
     }
 }
@@ -116,6 +120,7 @@ impl Default for Overload {
             max_queue: 1024,
             queue_target_ms: 5,
             queue_interval_ms: 100,
+            max_queue_wait_ms: 50,
             default_timeout_ms: 0,
             retry_budget_ratio: 0.2,
             retry_budget_floor: 10.0,

@@ -48,6 +48,13 @@ pub enum Error {
         /// The backend's name.
         backend: String,
     },
+    /// The request's own deadline (`x-refract-timeout-ms`) passed while the backend worked on
+    /// it. Not the backend's fault: it says nothing about its health or capacity.
+    #[error("backend {backend}: the request's deadline passed before the response")]
+    DeadlineExceeded {
+        /// The backend's name.
+        backend: String,
+    },
     /// The backend's connection failed or closed before the response was complete.
     #[error("backend {backend}: {source}")]
     BackendIo {
@@ -94,7 +101,7 @@ impl Error {
         match self {
             Error::Request(_) | Error::BodyTooLarge(_) | Error::ClientIo(_) | Error::ClientGone => Side::Client,
             Error::NoBackend(_) | Error::Overloaded { .. } => Side::Internal,
-            Error::RateLimited(_) => Side::Client,
+            Error::RateLimited(_) | Error::DeadlineExceeded { .. } => Side::Client,
             _ => Side::Backend,
         }
     }
@@ -121,6 +128,7 @@ impl Error {
             Error::Connect { backend, .. }
             | Error::ConnectTimeout { backend }
             | Error::ResponseTimeout { backend }
+            | Error::DeadlineExceeded { backend }
             | Error::BackendIo { backend, .. }
             | Error::BackendProtocol { backend, .. }
             | Error::Overloaded { backend, .. }
@@ -137,7 +145,7 @@ impl Error {
             Error::ClientIo(_) | Error::ClientGone => 400,
             Error::NoBackend(_) | Error::Overloaded { .. } => 503,
             Error::RateLimited(_) => 429,
-            Error::ConnectTimeout { .. } | Error::ResponseTimeout { .. } => 504,
+            Error::ConnectTimeout { .. } | Error::ResponseTimeout { .. } | Error::DeadlineExceeded { .. } => 504,
             _ => 502,
         }
     }
@@ -156,6 +164,7 @@ impl Error {
             Error::Connect { .. } => "connect",
             Error::ConnectTimeout { .. } => "connect_timeout",
             Error::ResponseTimeout { .. } => "response_timeout",
+            Error::DeadlineExceeded { .. } => "deadline_exceeded",
             Error::BackendIo { .. } => "backend_io",
             Error::BackendProtocol { .. } => "backend_protocol",
             Error::BackendStatus { .. } => "backend_status",
@@ -176,5 +185,7 @@ mod tests {
         assert_eq!(Error::NoBackend("read").status(), 503);
         assert_eq!(Error::Request(refract_http::Error::HeadTooLarge(1)).status(), 431);
         assert_eq!(t.backend(), Some("b1"));
+        let d = Error::DeadlineExceeded { backend: "b1".into() };
+        assert_eq!((d.status(), d.side(), d.is_retryable(), d.marks_down()), (504, Side::Client, false, false));
     }
 }

@@ -77,7 +77,8 @@ fn refused(b: &Backend, r: Refusal) -> Failure {
     let reason = match r {
         Refusal::QueueFull => "queue full",
         Refusal::Shed => "shed by queue management",
-        Refusal::Deadline => "cannot start before the request's deadline",
+        Refusal::Deadline => "cannot finish before the request's deadline",
+        Refusal::WaitTooLong => "expected queue wait too long",
     };
     Failure::untouched(Error::Overloaded { backend: b.name.clone(), reason })
 }
@@ -86,6 +87,7 @@ fn refused(b: &Backend, r: Refusal) -> Failure {
 fn outcome_of(err: &Error) -> Outcome {
     match err {
         Error::ResponseTimeout { .. } | Error::ConnectTimeout { .. } => Outcome::Overloaded,
+        // Includes `DeadlineExceeded`: the client's budget ran out, not the backend's capacity.
         _ => Outcome::Ignore,
     }
 }
@@ -125,13 +127,36 @@ async fn exchange(ctx: &Ctx, conn: &mut ClientConn, b: &Arc<Backend>, req: &Requ
     let mut timeout = Duration::from_millis(t.request_ms);
     let mut connect = Duration::from_millis(t.connect_ms);
     let mut head_bytes = req.head_bytes.clone();
+    let mut by_deadline = false;
     if let Some(d) = req.deadline {
         let left = d.saturating_duration_since(Instant::now());
+        by_deadline = left < timeout || left < connect;
         (timeout, connect) = (timeout.min(left), connect.min(left));
         head_bytes = with_deadline_header(req.head_bytes, left);
     }
+    // A timeout cut short by the request's own deadline is not the backend's failure.
+    let blame = |err: Error| match err {
+        Error::ResponseTimeout { backend } | Error::ConnectTimeout { backend } if by_deadline => {
+            Error::DeadlineExceeded { backend }
+        }
+        e => e,
+    };
+    exchange_within(ctx, conn, b, req, &head_bytes, timeout, connect)
+        .await
+        .map_err(|f| Failure { err: blame(f.err), touched: f.touched })
+}
+
+async fn exchange_within(
+    ctx: &Ctx,
+    conn: &mut ClientConn,
+    b: &Arc<Backend>,
+    req: &Request<'_>,
+    head_bytes: &Bytes,
+    timeout: Duration,
+    connect: Duration,
+) -> Result<Done, Failure> {
     let mut bc = b.checkout(connect).await.map_err(Failure::untouched)?;
-    let sent = send_request(conn, &mut bc, &b.name, &head_bytes, req.body).await.map_err(Failure::untouched)?;
+    let sent = send_request(conn, &mut bc, &b.name, head_bytes, req.body).await.map_err(Failure::untouched)?;
     ctx.metrics.bytes_to_backend.inc_by(sent);
     let mut written = 0u64;
     let rh = loop {

@@ -97,3 +97,23 @@ fn a_user_over_its_rate_gets_429_and_others_are_unaffected() {
         assert_eq!(request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-user", "quiet")], b"").status, 200);
     }
 }
+
+#[test]
+fn a_deadline_that_runs_out_at_the_backend_is_not_blamed_on_the_backend() {
+    // Two slow replicas; a replica is ejected after 2 consecutive failures.
+    let b1 = blob("b1");
+    let (b2, b3) = (blob_at("b2", 0, &["--delay-ms", "300"]), blob_at("b3", 0, &["--delay-ms", "300"]));
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
+    let d = dispatcher(&backends, "[overload]\neject_after_failures = 2\n");
+    for _ in 0..6 {
+        let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-timeout-ms", "100")], b"");
+        assert_eq!(r.status, 504, "{r:?}");
+        assert!(r.json()["error"].as_str().unwrap().contains("deadline"), "{r:?}");
+    }
+    let list = get(d.admin, "/backends").json();
+    for b in list.as_array().unwrap() {
+        assert_eq!(b["state"], "up", "short client deadlines must not eject a backend: {b}");
+    }
+    let m = String::from_utf8(get(d.admin, "/metrics").body).unwrap();
+    assert!(m.contains("deadline_exceeded"), "counted as deadline_exceeded");
+}

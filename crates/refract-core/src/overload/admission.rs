@@ -4,6 +4,14 @@
 //! `interval`, it is served first-in first-out; once waiting has stayed above `target` for a
 //! whole `interval`, the backend is overloaded and the queue turns last-in first-out (fresh
 //! requests still meet their deadlines) and waiters older than twice the target are shed.
+//!
+//! Refusals are decided when a request arrives wherever possible, so that they are fast: a
+//! request whose expected wait (queue ahead ÷ limit × recent latency) exceeds `max_wait`
+//! (normal mode) or `target` (overload mode), or that could not finish before its deadline,
+//! is refused at once. In overload mode a newcomer instead displaces the oldest waiter of no
+//! higher priority, lowest first (newest first); with a short queue and many arrivals, that waiter has not
+//! waited long either. A waiter whose deadline leaves less than one recent latency when its
+//! turn comes is refused rather than started (its work would be thrown away).
 
 use super::limit::{AdaptiveLimit, LimitConfig};
 use std::collections::VecDeque;
@@ -31,8 +39,10 @@ pub enum Refusal {
     /// Shed by queue management (waited too long under overload, or pushed out by a
     /// more important request).
     Shed,
-    /// The request could not start before its deadline.
+    /// The request could not start (or finish) before its deadline.
     Deadline,
+    /// Its expected wait in the queue is longer than waiting is allowed to take.
+    WaitTooLong,
 }
 
 /// How a request that held a permit ended, for the limit to learn from.
@@ -59,6 +69,8 @@ pub struct AdmissionConfig {
     pub target: Duration,
     /// CoDel interval.
     pub interval: Duration,
+    /// Outside overload, a request expected to wait longer than this is refused at once.
+    pub max_wait: Duration,
 }
 
 impl Default for AdmissionConfig {
@@ -69,15 +81,20 @@ impl Default for AdmissionConfig {
             max_queue: 1024,
             target: Duration::from_millis(5),
             interval: Duration::from_millis(100),
+            max_wait: Duration::from_millis(50),
         }
     }
 }
+
+/// Where a waiter learns whether it got a slot.
+type Grant = oneshot::Receiver<Result<(), Refusal>>;
 
 #[derive(Debug)]
 struct Waiter {
     id: u64,
     since: Instant,
-    tx: oneshot::Sender<()>,
+    deadline: Option<Instant>,
+    tx: oneshot::Sender<Result<(), Refusal>>,
 }
 
 #[derive(Debug)]
@@ -210,35 +227,37 @@ impl Admission {
             None => Some((&mut rx).await),
         };
         match granted {
-            Some(Ok(())) => Ok(self.permit()),
+            Some(Ok(Ok(()))) => Ok(self.permit()),
+            Some(Ok(Err(r))) => Err(r),
             Some(Err(_)) => Err(Refusal::Shed),
             None => self.give_up(id, rx),
         }
     }
 
     /// Either a slot now (`None`), or a place in the queue.
-    fn enqueue(
-        &self,
-        prio: Priority,
-        deadline: Option<Instant>,
-    ) -> Result<Option<(u64, oneshot::Receiver<()>)>, Refusal> {
+    fn enqueue(&self, prio: Priority, deadline: Option<Instant>) -> Result<Option<(u64, Grant)>, Refusal> {
         let mut s = self.lock();
         let now = Instant::now();
         if !self.cfg.enabled || (s.inflight < s.limiter.limit() && s.queued() == 0) {
             s.inflight += 1;
             return Ok(None);
         }
+        self.manage(&mut s, now);
+        let wait = self.expected_wait(&s);
         if let Some(d) = deadline {
-            if d <= now || now + self.expected_wait(&s) > d {
+            if d <= now || now + wait + latency(&s) > d {
                 return Err(Refusal::Deadline);
             }
         }
-        self.manage(&mut s, now);
-        // In overload, a request that would wait longer than waiters are allowed to (twice
-        // the target) is refused now rather than shed later: refusals stay fast.
-        if s.overloaded && self.expected_wait(&s) > 2 * self.cfg.target {
+        // Refuse now rather than shed later, so refusals stay fast. In overload, prefer the
+        // newcomer: it displaces the oldest waiter of no higher priority.
+        if s.overloaded && wait > self.cfg.target {
             s.shed += 1;
-            return Err(Refusal::Shed);
+            if !displace_oldest(&mut s, prio) {
+                return Err(Refusal::Shed);
+            }
+        } else if !s.overloaded && wait > self.cfg.max_wait {
+            return Err(Refusal::WaitTooLong);
         }
         if s.queued() >= self.cfg.max_queue && !shed_lower(&mut s, prio) {
             return Err(Refusal::QueueFull);
@@ -246,14 +265,14 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let id = s.next_id;
         s.next_id += 1;
-        s.queues[prio as usize].push_back(Waiter { id, since: now, tx });
+        s.queues[prio as usize].push_back(Waiter { id, since: now, deadline, tx });
         Ok(Some((id, rx)))
     }
 
     /// The deadline passed while queued: leave the queue, or hand back a slot granted meanwhile.
-    fn give_up(&self, id: u64, mut rx: oneshot::Receiver<()>) -> Result<Permit, Refusal> {
+    fn give_up(&self, id: u64, mut rx: Grant) -> Result<Permit, Refusal> {
         let mut s = self.lock();
-        if !s.remove(id) && rx.try_recv().is_ok() {
+        if !s.remove(id) && matches!(rx.try_recv(), Ok(Ok(()))) {
             s.inflight -= 1;
             self.dispatch(&mut s);
         }
@@ -312,7 +331,8 @@ impl Admission {
 
     /// Grants free slots to waiters: highest priority first; FIFO normally, LIFO in overload.
     fn dispatch(&self, s: &mut State) {
-        self.manage(s, Instant::now());
+        let now = Instant::now();
+        self.manage(s, now);
         while s.inflight < s.limiter.limit() || (!self.cfg.enabled && s.queued() > 0) {
             let lifo = s.overloaded;
             let Some(w) =
@@ -323,12 +343,28 @@ impl Admission {
             else {
                 break;
             };
+            if w.deadline.is_some_and(|d| d.saturating_duration_since(now) < latency(s)) {
+                // It could not finish in time: refuse it instead of starting work for nothing.
+                let _ = w.tx.send(Err(Refusal::Deadline));
+                continue;
+            }
             s.inflight += 1;
-            if w.tx.send(()).is_err() {
+            if w.tx.send(Ok(())).is_err() {
                 s.inflight -= 1;
             }
         }
     }
+}
+
+/// The recent latency of a request once admitted.
+fn latency(s: &State) -> Duration {
+    Duration::from_secs_f64(s.limiter.recent_latency().min(3600.0))
+}
+
+/// Makes room for a newcomer of `prio` under overload by shedding the oldest waiter of the
+/// lowest priority present, if that is no higher than `prio`; false if none is.
+fn displace_oldest(s: &mut State, prio: Priority) -> bool {
+    s.queues[prio as usize..].iter_mut().rev().find(|q| !q.is_empty()).and_then(VecDeque::pop_front).is_some()
 }
 
 /// Makes room for a waiter of `prio` by shedding the oldest waiter of a lower priority.
@@ -443,24 +479,118 @@ mod tests {
         assert_eq!(a.view().inflight, 0);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn in_overload_a_long_expected_wait_is_refused_at_once() {
+    /// A limit of one whose requests are known to take `ms`.
+    async fn taught(ms: u64) -> Arc<Admission> {
         let a = fixed(1.0, 100);
-        // Requests take 20 ms: one waiter ahead already means a wait beyond 2 × 5 ms.
         for _ in 0..5 {
             let p = a.acquire(Priority::Normal, None).await.unwrap();
-            tokio::time::advance(Duration::from_millis(20)).await;
+            tokio::time::advance(Duration::from_millis(ms)).await;
             p.finish(Outcome::Success);
         }
-        let _holder = a.acquire(Priority::Normal, None).await.unwrap();
+        a
+    }
+
+    /// Limit 4, requests known to take 4 ms (each waiter ahead adds ~1 ms of expected wait),
+    /// all four slots held, and overload mode entered (a waiter stood in the queue for longer
+    /// than an interval and was shed). Returns the slots' permits.
+    async fn overloaded_four() -> (Arc<Admission>, Vec<Permit>) {
+        let a = fixed(4.0, 100);
+        for _ in 0..5 {
+            let p = a.acquire(Priority::Normal, None).await.unwrap();
+            tokio::time::advance(Duration::from_millis(4)).await;
+            p.finish(Outcome::Success);
+        }
+        let held = futures_lite(&a, 4).await;
         let a1 = a.clone();
-        let _w = tokio::spawn(async move { a1.acquire(Priority::Normal, None).await.map(|_| ()) });
+        let stale = tokio::spawn(async move { a1.acquire(Priority::Normal, None).await.map(|_| ()) });
         tokio::task::yield_now().await;
         tokio::time::advance(Duration::from_millis(150)).await;
+        let _ = a.acquire(Priority::Normal, Some(Instant::now())).await;
+        assert!(a.view().overloaded);
+        assert_eq!(stale.await.unwrap(), Err(Refusal::Shed));
+        (a, held)
+    }
+
+    fn spawn_waiter(a: &Arc<Admission>, prio: Priority) -> tokio::task::JoinHandle<Result<(), Refusal>> {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(prio, None).await.map(|_| ()) })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_overload_a_newcomer_displaces_the_oldest_waiter_at_once() {
+        let (a, _held) = overloaded_four().await;
+        let mut waiters = Vec::new();
+        // Expected wait = (waiters ahead + 1) ms: five fit under the 5 ms target.
+        for _ in 0..5 {
+            waiters.push(spawn_waiter(&a, Priority::Normal));
+            tokio::task::yield_now().await;
+            tokio::time::advance(Duration::from_micros(100)).await;
+        }
+        assert_eq!(a.view().queued, 5);
+        let newest = spawn_waiter(&a, Priority::Normal);
+        tokio::task::yield_now().await;
+        assert_eq!(waiters.remove(0).await.unwrap(), Err(Refusal::Shed), "the oldest waiter made room");
+        assert_eq!(a.view().queued, 5, "the newcomer waits in its place");
+        newest.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_overload_a_newcomer_behind_more_important_waiters_is_refused_at_once() {
+        let (a, _held) = overloaded_four().await;
+        for _ in 0..5 {
+            drop(spawn_waiter(&a, Priority::High));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.view().queued, 5);
         let started = Instant::now();
         assert_eq!(a.acquire(Priority::Normal, None).await.unwrap_err(), Refusal::Shed);
         assert_eq!(Instant::now(), started, "refused without waiting");
-        assert!(a.view().overloaded);
+        assert_eq!(a.view().queued, 5, "the high-priority waiters stay");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn outside_overload_a_wait_beyond_max_wait_is_refused_at_once() {
+        // 20 ms per request, limit 1: the third waiter would wait 60 ms > 50 ms.
+        let a = taught(20).await;
+        let _holder = a.acquire(Priority::Normal, None).await.unwrap();
+        let mut waiting = Vec::new();
+        for _ in 0..2 {
+            let ai = a.clone();
+            waiting.push(tokio::spawn(async move { ai.acquire(Priority::Normal, None).await.map(|_| ()) }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.view().queued, 2);
+        let started = Instant::now();
+        assert_eq!(a.acquire(Priority::Normal, None).await.unwrap_err(), Refusal::WaitTooLong);
+        assert_eq!(Instant::now(), started, "refused without waiting");
+        assert!(!a.view().overloaded);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_could_not_finish_in_time_is_refused_on_arrival() {
+        // Requests take 20 ms; the queue is empty but the limit is reached, so the expected
+        // wait is 20 ms: with 30 ms left, starting in 20 ms leaves 10 ms for a 20 ms request.
+        let a = taught(20).await;
+        let _holder = a.acquire(Priority::Normal, None).await.unwrap();
+        let r = a.acquire(Priority::Normal, Some(Instant::now() + Duration::from_millis(30))).await;
+        assert_eq!(r.unwrap_err(), Refusal::Deadline);
+        assert_eq!(a.view().queued, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_whose_deadline_is_too_close_when_its_turn_comes_is_refused_not_started() {
+        let a = taught(20).await;
+        let holder = a.acquire(Priority::Normal, None).await.unwrap();
+        let a1 = a.clone();
+        let d = Instant::now() + Duration::from_millis(45);
+        let w = tokio::spawn(async move { a1.acquire(Priority::Normal, Some(d)).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        assert_eq!(a.view().queued, 1, "45 ms is enough on arrival (20 ms wait + 20 ms work)");
+        // The holder runs long: when its slot frees, 10 ms are left for 20 ms of work.
+        tokio::time::advance(Duration::from_millis(35)).await;
+        holder.finish(Outcome::Ignore);
+        assert_eq!(w.await.unwrap(), Err(Refusal::Deadline));
+        assert_eq!(a.view().inflight, 0, "the slot was not given to a request doomed to time out");
     }
 
     #[tokio::test(start_paused = true)]

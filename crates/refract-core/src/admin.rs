@@ -1,5 +1,6 @@
 //! The admin listener: `GET /backends`, `POST /backends`, `DELETE /backends/NAME`,
-//! `GET /metrics` (Prometheus text) and `GET /health`. It runs on its own address so that
+//! `GET /metrics` (Prometheus text), `GET /health`, and with `[postgres]` `GET /pg/pools`,
+//! `GET /pg/clients`, `GET /pg/servers` (JSON). It runs on its own address so that
 //! operators reach it even when the client listener is saturated.
 
 use crate::config::BackendConfig;
@@ -89,9 +90,23 @@ fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
             for b in ctx.members.snapshot().iter() {
                 ctx.metrics.set_backend(&b.name, b.is_up(), b.inflight());
             }
+            if let Some(pg) = ctx.pg.get() {
+                crate::pg::publish_metrics(pg);
+            }
             reply::response(200, "text/plain; version=0.0.4", ctx.metrics.render().as_bytes(), close)
         }
         ("GET", "/health") => reply::response(200, "text/plain", b"ok\n", close),
+        ("GET", path @ ("/pg/pools" | "/pg/clients" | "/pg/servers")) => match ctx.pg.get() {
+            None => reply::error(404, "the PostgreSQL front end is not configured", &[("path", path)], close),
+            Some(pg) => json(
+                200,
+                match path {
+                    "/pg/pools" => crate::pg::pools_view(pg),
+                    "/pg/clients" => crate::pg::clients_view(pg),
+                    _ => crate::pg::servers_view(pg),
+                },
+            ),
+        },
         _ => reply::error(404, "unknown admin path", &[("path", head.path())], close),
     }
 }

@@ -30,6 +30,8 @@ pub struct Ctx {
     pub budget: RetryBudget,
     /// Per-user token buckets.
     pub users: UserLimits,
+    /// The PostgreSQL front end's shared state, once it runs (for the admin `/pg/*` views).
+    pub(crate) pg: std::sync::OnceLock<Arc<crate::pg::Shared>>,
 }
 
 /// A running dispatcher.
@@ -55,7 +57,8 @@ impl Ctx {
         let budget = RetryBudget::new(o.retry_budget_ratio, o.retry_budget_floor, 100.0);
         let users = UserLimits::new(o.users.iter().map(|u| (u.name.as_str(), u.rate, u.burst)));
         let classifier = Classifier::new(cfg.routes.clone());
-        Arc::new(Ctx { cfg, members, metrics, classifier, stop: CancellationToken::new(), budget, users })
+        let (stop, pg) = (CancellationToken::new(), std::sync::OnceLock::new());
+        Arc::new(Ctx { cfg, members, metrics, classifier, stop, budget, users, pg })
     }
 
     /// Starts the side services on the current runtime: health checks, the PostgreSQL front

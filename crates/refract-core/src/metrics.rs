@@ -9,6 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use refract_http::RouteClass;
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,6 +38,11 @@ struct BackendLabel {
     backend: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
 /// The dispatcher's metrics.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -52,6 +58,11 @@ pub struct Metrics {
     backend_up: Family<BackendLabel, Gauge>,
     backend_inflight: Family<BackendLabel, Gauge>,
     pg_replica_lag: Family<BackendLabel, Gauge>,
+    pg_replica_lag_seconds: Family<BackendLabel, Gauge<f64, AtomicU64>>,
+    pg_pool_idle: Family<BackendLabel, Gauge>,
+    pg_pool_busy: Family<BackendLabel, Gauge>,
+    pg_pool_waiting: Family<BackendLabel, Gauge>,
+    pg_clients: Family<StateLabel, Gauge>,
 }
 
 /// Per-backend handles, one request counter per route class.
@@ -106,6 +117,20 @@ impl Metrics {
             "PostgreSQL replica WAL replay lag behind the primary",
             pg_replica_lag.clone(),
         );
+        let pg_replica_lag_seconds = Family::<BackendLabel, Gauge<f64, AtomicU64>>::default();
+        reg.register(
+            "pg_replica_lag_seconds",
+            "PostgreSQL replica replay delay (0 when it has replayed all it received)",
+            pg_replica_lag_seconds.clone(),
+        );
+        let pg_pool_idle = Family::<BackendLabel, Gauge>::default();
+        reg.register("pg_pool_idle", "Idle PostgreSQL server connections per server", pg_pool_idle.clone());
+        let pg_pool_busy = Family::<BackendLabel, Gauge>::default();
+        reg.register("pg_pool_busy", "PostgreSQL server connections checked out per server", pg_pool_busy.clone());
+        let pg_pool_waiting = Family::<BackendLabel, Gauge>::default();
+        reg.register("pg_pool_waiting", "Statements waiting for a server connection", pg_pool_waiting.clone());
+        let pg_clients = Family::<StateLabel, Gauge>::default();
+        reg.register("pg_clients", "Logged-in PostgreSQL clients by state", pg_clients.clone());
         Metrics {
             registry: Mutex::new(reg),
             requests,
@@ -117,6 +142,11 @@ impl Metrics {
             backend_up,
             backend_inflight,
             pg_replica_lag,
+            pg_replica_lag_seconds,
+            pg_pool_idle,
+            pg_pool_busy,
+            pg_pool_waiting,
+            pg_clients,
         }
     }
 
@@ -148,6 +178,24 @@ impl Metrics {
     /// Sets a PostgreSQL replica's lag gauge (WAL bytes behind the primary).
     pub fn set_pg_lag(&self, name: &str, bytes: u64) {
         self.pg_replica_lag.get_or_create(&BackendLabel { backend: name.into() }).set(bytes as i64);
+    }
+
+    /// Sets a PostgreSQL replica's replay delay gauge.
+    pub fn set_pg_lag_seconds(&self, name: &str, seconds: f64) {
+        self.pg_replica_lag_seconds.get_or_create(&BackendLabel { backend: name.into() }).set(seconds);
+    }
+
+    /// Sets a PostgreSQL server's pool gauges.
+    pub fn set_pg_pool(&self, name: &str, idle: usize, busy: usize, waiting: usize) {
+        let l = BackendLabel { backend: name.into() };
+        self.pg_pool_idle.get_or_create(&l).set(idle as i64);
+        self.pg_pool_busy.get_or_create(&l).set(busy as i64);
+        self.pg_pool_waiting.get_or_create(&l).set(waiting as i64);
+    }
+
+    /// Sets how many PostgreSQL clients are in `state`.
+    pub fn set_pg_clients(&self, state: &str, n: usize) {
+        self.pg_clients.get_or_create(&StateLabel { state: state.into() }).set(n as i64);
     }
 
     /// Forgets a removed backend's gauges.

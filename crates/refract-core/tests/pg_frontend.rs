@@ -238,3 +238,145 @@ fn bad_input_gets_an_error_and_never_a_panic() {
     }
     assert_eq!(f.psql(&["SELECT 'still serving'"]).unwrap(), "still serving");
 }
+
+/// Whether `python3 -c "import psycopg2"` works; says why not otherwise.
+fn psycopg2_available() -> bool {
+    match std::process::Command::new("python3").args(["-c", "import psycopg2"]).output() {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            eprintln!("skipped: psycopg2 is not importable: {}", String::from_utf8_lossy(&o.stderr).trim());
+            false
+        }
+        Err(e) => {
+            eprintln!("skipped: python3 cannot be run: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn psycopg2_routes_parameters_transactions_and_errors() {
+    if !psycopg2_available() {
+        return;
+    }
+    let f = shared();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pg_common/psycopg_check.py");
+    let ports = [f.port, f.cluster.primary.port, f.cluster.replica().port].map(|p| p.to_string());
+    let out = std::process::Command::new("python3").arg(script).args(&ports).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "psycopg2 script failed:\n{stdout}\n{stderr}");
+    assert!(stdout.trim_end().ends_with("done"), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 9, "{stdout}");
+}
+
+#[test]
+fn session_mode_keeps_session_state_and_resets_it_after() {
+    let f = shared();
+    let primary = f.cluster.primary.port.to_string();
+    let default_work_mem = f.psql(&["SHOW work_mem"]).unwrap();
+    let mut c = Client::connect(f.addr(), "sessionuser", "sessionpass").unwrap();
+    for sql in [
+        "CREATE TEMP TABLE tt_session AS SELECT 7 AS x",
+        "SET work_mem = '7MB'",
+        "BEGIN",
+        "DECLARE held CURSOR WITH HOLD FOR SELECT g FROM generate_series(1, 3) g",
+        "COMMIT",
+        "SELECT pg_advisory_lock(4242)",
+    ] {
+        assert_eq!(c.query(sql).code(), None, "{sql}");
+    }
+    // Later statements, outside any transaction, still see the session's state.
+    assert_eq!(c.query("SELECT x FROM tt_session").value(), "7");
+    assert_eq!(c.query("SHOW work_mem").value(), "7MB");
+    assert_eq!(c.query("FETCH 2 FROM held").rows.len(), 2);
+    let a = c.query("SELECT pg_is_in_recovery(), inet_server_port()");
+    assert_eq!((a.value(), a.rows[0][1].as_deref()), ("f", Some(primary.as_str())), "reads stay on the primary");
+    // The advisory lock is the session's: another session cannot take it meanwhile.
+    assert_eq!(f.psql(&["SELECT pg_try_advisory_lock(4242)"]).unwrap(), "f");
+    // A transaction-mode user goes on routing per statement.
+    assert_eq!(f.psql(&["SELECT pg_is_in_recovery()"]).unwrap(), "t");
+    let pid = c.query("SELECT pg_backend_pid()").value().to_owned();
+    assert_eq!(c.query("SELECT pg_backend_pid()").value(), pid, "one server connection throughout");
+    c.send(&[FrontendMessage::Terminate]);
+    assert!(c.recv().is_none());
+    // After the session: DISCARD ALL released the lock and dropped its temp table and SETs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let take_and_give = "SELECT CASE WHEN pg_try_advisory_lock(4242) THEN pg_advisory_unlock(4242) ELSE false END";
+    while f.psql(&[take_and_give]).unwrap() != "t" {
+        assert!(Instant::now() < deadline, "the advisory lock was never released");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut c = Client::connect(f.addr(), "sessionuser", "sessionpass").unwrap();
+    assert_eq!(c.query("SELECT x FROM tt_session").code(), Some("42P01"));
+    assert_eq!(c.query("SHOW work_mem").value(), default_work_mem);
+    let got = f.psql_as("sessionuser", "sessionpass", &["SELECT pg_is_in_recovery()"], None).unwrap();
+    assert_eq!(got, "f");
+}
+
+#[test]
+fn admin_views_show_pools_clients_and_servers() {
+    let f = shared();
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert_eq!(c.query("BEGIN").code(), None);
+    assert_eq!(c.query("SELECT 1").value(), "1");
+    let port = c.stream.local_addr().unwrap().to_string();
+    let clients = f.admin_json("/pg/clients");
+    let me = clients.as_array().unwrap().iter().find(|x| x["remote"] == port.as_str()).unwrap().clone();
+    assert_eq!(me["user"], USER);
+    assert_eq!(me["database"], "postgres");
+    assert_eq!(me["pool_mode"], "transaction");
+    assert_eq!(me["state"], "in-transaction");
+    assert_eq!(me["server"], "primary");
+    assert_eq!(me["tls"], false);
+    assert!(me["id"].as_u64().is_some(), "{me}");
+
+    let pools = f.admin_json("/pg/pools");
+    let primary = pools.as_array().unwrap().iter().find(|p| p["name"] == "primary").unwrap().clone();
+    assert_eq!(primary["address"], f.cluster.primary.addr().to_string());
+    assert_eq!((primary["role"].as_str(), primary["healthy"].as_bool()), (Some("primary"), Some(true)));
+    assert!(primary["busy"].as_u64().unwrap() >= 1, "{primary}");
+    for key in ["idle", "waiting"] {
+        assert!(primary[key].as_u64().is_some(), "{key}: {primary}");
+    }
+    assert_eq!(primary["pool_size"], 20);
+
+    // The first probe may still be under way when this test starts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let replica = loop {
+        let servers = f.admin_json("/pg/servers");
+        let replica = servers.as_array().unwrap().iter().find(|s| s["role"] == "replica").unwrap().clone();
+        if replica["last_check_unix_ms"].as_u64().unwrap() > 1_600_000_000_000 {
+            break replica;
+        }
+        assert!(Instant::now() < deadline, "never probed: {replica}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(replica["address"], f.cluster.replica().addr().to_string());
+    assert_eq!(replica["healthy"], true);
+    assert!(replica["lag_bytes"].as_u64().is_some() && replica["lag_seconds"].as_f64().is_some(), "{replica}");
+
+    assert_eq!(c.query("COMMIT").code(), None);
+    // The session releases its connection just after relaying ReadyForQuery: allow a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let clients = f.admin_json("/pg/clients");
+        let me = clients.as_array().unwrap().iter().find(|x| x["remote"] == port.as_str()).unwrap().clone();
+        if (me["state"].as_str(), me["server"].is_null()) == (Some("idle"), true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still bound after COMMIT: {me}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let metrics = f.metrics();
+    for want in [
+        r#"refract_pg_pool_idle{backend="pg:primary"}"#,
+        r#"refract_pg_pool_busy{backend="pg:replica"}"#,
+        r#"refract_pg_pool_waiting{backend="pg:primary"}"#,
+        r#"refract_pg_clients{state="idle"}"#,
+        r#"refract_pg_replica_lag_seconds{backend="pg:replica"}"#,
+        r#"refract_pg_replica_lag_bytes{backend="pg:replica"}"#,
+    ] {
+        assert!(metrics.contains(want), "{want} missing from {metrics}");
+    }
+}

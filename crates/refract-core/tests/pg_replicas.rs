@@ -71,3 +71,31 @@ fn lag_bound_read_your_writes_and_primary_failure() {
     let psql = f.psql(&["CREATE TABLE t_never (x int)"]).unwrap_err();
     assert!(psql.contains("writes are refused"), "{psql}");
 }
+
+#[test]
+fn a_replica_behind_by_time_is_skipped_and_an_idle_one_is_not() {
+    let f = Fixture::start("max_lag_bytes = 0\nmax_lag_ms = 1000\nread_your_writes = false");
+    f.psql(&["CREATE TABLE t_lag_ms (x int)"]).unwrap();
+    f.replicated();
+    // Idle for longer than the bound: the last replayed commit is old, but nothing is pending.
+    std::thread::sleep(Duration::from_millis(1500));
+    eventually(&f, "SELECT pg_is_in_recovery()", "t");
+    let replica = |f: &Fixture| {
+        let servers = f.admin_json("/pg/servers");
+        servers.as_array().unwrap().iter().find(|s| s["role"] == "replica").unwrap().clone()
+    };
+    assert_eq!(replica(&f)["lag_seconds"], 0.0, "an idle replica is not lagging");
+
+    // Replay paused, then a commit: received but not replayed, and older than 1 s soon.
+    f.cluster.psql(f.cluster.replica(), "SELECT pg_wal_replay_pause()").unwrap();
+    f.psql(&["INSERT INTO t_lag_ms VALUES (1)"]).unwrap();
+    eventually(&f, "SELECT pg_is_in_recovery()", "f");
+    let r = replica(&f);
+    assert!(r["lag_seconds"].as_f64().unwrap() > 1.0, "{r}");
+    assert!(f.metrics().contains(r#"refract_pg_replica_lag_seconds{backend="pg:replica"}"#));
+
+    f.cluster.psql(f.cluster.replica(), "SELECT pg_wal_replay_resume()").unwrap();
+    f.replicated();
+    eventually(&f, "SELECT count(*), pg_is_in_recovery() FROM t_lag_ms", "1|t");
+    assert_eq!(replica(&f)["lag_seconds"], 0.0);
+}

@@ -103,6 +103,7 @@ impl Session {
         if let Err(e) = self.bind(route).await {
             return self.refuse(e, synced).await;
         }
+        self.unsynced = !synced;
         let result = self.run_bound_batch(msgs, synced, route).await;
         self.settle(result).await
     }

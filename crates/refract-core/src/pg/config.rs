@@ -1,9 +1,12 @@
-//! `[postgres]`: the listener, client users, servers, pooling, lag and health settings.
+//! `[postgres]`: the listener, TLS, client users, servers, pooling, lag and health settings.
 
 use refract_pg::auth::{AuthMethod, Credential};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// `[postgres]`, validated; the settings are reachable through `Deref`.
@@ -13,6 +16,9 @@ pub struct PgConfig {
     settings: PgSettings,
     /// Client users with their prepared credentials (SCRAM verifiers are derived once here).
     users: Arc<HashMap<String, UserEntry>>,
+    /// The TLS server configuration, when `tls_cert` and `tls_key` are set (loaded once here,
+    /// so a bad file is a configuration error at start).
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// What a client user may log in with.
@@ -22,6 +28,8 @@ pub struct UserEntry {
     pub method: AuthMethod,
     /// The stored password or verifier.
     pub credential: Credential,
+    /// How long this user's clients keep a server connection.
+    pub pool_mode: PoolMode,
 }
 
 /// `[postgres]` as written.
@@ -54,6 +62,10 @@ pub struct PgSettings {
     /// A replica further behind the primary than this many WAL bytes is skipped; 0 = no bound.
     #[serde(default = "default_max_lag_bytes")]
     pub max_lag_bytes: u64,
+    /// A replica whose replay is behind by more than this (time since the last replayed
+    /// commit, counted only while it has received WAL it has not replayed) is skipped; 0 = no bound.
+    #[serde(default)]
+    pub max_lag_ms: u64,
     /// After a session's write, its reads go to the primary until a replica has replayed it.
     #[serde(default = "default_true")]
     pub read_your_writes: bool,
@@ -65,6 +77,15 @@ pub struct PgSettings {
     /// Functions that make a SELECT a write; absent = refract-pg's default list.
     #[serde(default)]
     pub write_functions: Option<Vec<String>>,
+    /// PEM certificate chain for TLS towards clients (with `tls_key`); absent = no TLS.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Refuse clients that do not ask for TLS (`28000`).
+    #[serde(default)]
+    pub tls_required: bool,
     /// `[[postgres.user]]`: who may connect.
     #[serde(default, rename = "user")]
     pub users: Vec<PgUser>,
@@ -85,6 +106,9 @@ pub struct PgUser {
     /// `scram-sha-256` (default), `md5` or `trust`.
     #[serde(default)]
     pub auth: AuthKind,
+    /// This user's pool mode; absent = `[postgres] pool_mode`.
+    #[serde(default)]
+    pub pool_mode: Option<PoolMode>,
 }
 
 /// A client authentication method.
@@ -134,6 +158,16 @@ pub enum PoolMode {
     Session,
 }
 
+impl PoolMode {
+    /// The name used in the configuration and the admin views.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Transaction => "transaction",
+            PoolMode::Session => "session",
+        }
+    }
+}
+
 fn default_database() -> String {
     "postgres".into()
 }
@@ -166,13 +200,43 @@ impl TryFrom<PgSettings> for PgConfig {
         s.check()?;
         let mut users = HashMap::new();
         for u in &s.users {
-            users.insert(u.name.clone(), user_entry(u)?);
+            users.insert(u.name.clone(), user_entry(u, s.pool_mode)?);
         }
-        Ok(PgConfig { settings: s, users: Arc::new(users) })
+        let tls = match (&s.tls_cert, &s.tls_key) {
+            (Some(cert), Some(key)) => Some(Arc::new(tls_config(cert, key)?)),
+            (None, None) if s.tls_required => {
+                return Err("[postgres] tls_required = true needs tls_cert and tls_key".into())
+            }
+            (None, None) => None,
+            _ => return Err("[postgres] tls_cert and tls_key go together".into()),
+        };
+        Ok(PgConfig { settings: s, users: Arc::new(users), tls })
     }
 }
 
-fn user_entry(u: &PgUser) -> Result<UserEntry, String> {
+/// Loads a PEM certificate chain and its key into a rustls server configuration (ring provider).
+fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .map_err(|e| format!("[postgres] tls_cert {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("[postgres] tls_cert {}: no certificate in the file", cert.display()));
+    }
+    let key_der =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| format!("[postgres] tls_key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("[postgres] TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|e| format!("[postgres] tls_cert {} / tls_key {}: {e}", cert.display(), key.display()))?;
+    // PostgreSQL 17 clients offer ALPN "postgresql"; older ones offer none, which is fine too.
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(config)
+}
+
+fn user_entry(u: &PgUser, default_mode: PoolMode) -> Result<UserEntry, String> {
     let method = match u.auth {
         AuthKind::ScramSha256 => AuthMethod::ScramSha256,
         AuthKind::Md5 => AuthMethod::Md5,
@@ -194,7 +258,7 @@ fn user_entry(u: &PgUser) -> Result<UserEntry, String> {
     if !usable {
         return Err(format!("[[postgres.user]] {}: the stored password cannot verify {:?}", u.name, u.auth));
     }
-    Ok(UserEntry { method, credential })
+    Ok(UserEntry { method, credential, pool_mode: u.pool_mode.unwrap_or(default_mode) })
 }
 
 impl PgSettings {
@@ -238,6 +302,11 @@ impl PgConfig {
     /// The client user called `name`.
     pub fn user(&self, name: &str) -> Option<&UserEntry> {
         self.users.get(name)
+    }
+
+    /// The TLS configuration, if `tls_cert` and `tls_key` are set.
+    pub fn tls(&self) -> Option<&Arc<rustls::ServerConfig>> {
+        self.tls.as_ref()
     }
 }
 
@@ -284,5 +353,29 @@ mod tests {
         assert!(parse("[[user]]\nname = \"a\"\npassword = \"p\"\nauth = \"scram-sha-256\"\n").is_ok());
         let md5 = parse("[[user]]\nname = \"a\"\npassword = \"md5aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"\n");
         assert!(md5.is_err(), "an md5 hash cannot verify SCRAM");
+    }
+
+    #[test]
+    fn per_user_pool_mode_overrides_the_default() {
+        let c = parse("pool_mode = \"transaction\"\n[[user]]\nname = \"s\"\nauth = \"trust\"\npool_mode = \"session\"\n[[user]]\nname = \"t\"\nauth = \"trust\"\n").unwrap();
+        assert_eq!(c.user("s").map(|u| u.pool_mode), Some(PoolMode::Session));
+        assert_eq!(c.user("t").map(|u| u.pool_mode), Some(PoolMode::Transaction));
+        assert!(parse("[[user]]\nname = \"s\"\nauth = \"trust\"\npool_mode = \"statement\"\n").is_err());
+    }
+
+    #[test]
+    fn tls_files_are_checked_at_start() {
+        let missing = parse("tls_cert = \"/nonexistent/cert.pem\"\ntls_key = \"/nonexistent/key.pem\"").unwrap_err();
+        assert!(missing.contains("/nonexistent/cert.pem"), "{missing}");
+        let dir = std::env::temp_dir().join(format!("refract-tls-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_pem = dir.join("empty.pem");
+        std::fs::write(&not_pem, "not a certificate\n").unwrap();
+        let empty = parse(&format!("tls_cert = {:?}\ntls_key = {:?}", not_pem, not_pem)).unwrap_err();
+        assert!(empty.contains("empty.pem"), "{empty}");
+        assert!(parse("tls_cert = \"/x.pem\"").unwrap_err().contains("go together"));
+        assert!(parse("tls_required = true").unwrap_err().contains("tls_required"));
+        assert!(parse("max_lag_ms = 500").is_ok_and(|c| c.max_lag_ms == 500));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,5 +1,6 @@
-//! The startup phase of a client connection: SSLRequest (refused with `N`), CancelRequest
-//! (forwarded), StartupMessage, authentication against `[[postgres.user]]`, and the greeting.
+//! The startup phase of a client connection: SSLRequest (TLS with rustls when a certificate is
+//! configured, else `N`), CancelRequest (forwarded), StartupMessage, authentication against
+//! `[[postgres.user]]`, and the greeting.
 
 use super::cancel::CancelKey;
 use super::error::PgError;
@@ -49,6 +50,10 @@ type Refusal = (&'static str, String);
 async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn>, Refusal> {
     let Some(startup) = read_startup(shared, wire).await? else { return Ok(None) };
     let user = startup.user().ok_or((sqlstate::INVALID_AUTHORIZATION, "no user name in the startup message".into()))?;
+    if shared.cfg.tls_required && !wire.is_tls() {
+        let message = "refract: TLS is required for every connection (connect with sslmode=require)";
+        return Err((sqlstate::INVALID_AUTHORIZATION, message.into()));
+    }
     let database = startup.database().unwrap_or_default();
     if database != shared.cfg.database {
         return Err((sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
@@ -65,7 +70,8 @@ fn refusal(e: PgError) -> Refusal {
     (sqlstate::PROTOCOL_VIOLATION, e.to_string())
 }
 
-/// Reads startup packets until a StartupMessage; answers SSL/GSS requests with `N`.
+/// Reads startup packets until a StartupMessage; answers an SSLRequest with `S` and a TLS
+/// handshake when TLS is configured (else `N`), and GSSENCRequest with `N`.
 async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup>, Refusal> {
     loop {
         let packet = loop {
@@ -80,6 +86,15 @@ async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup
             }
         };
         match packet {
+            StartupPacket::SslRequest if wire.is_tls() => {
+                return Err((sqlstate::PROTOCOL_VIOLATION, "SSLRequest on an encrypted connection".into()));
+            }
+            StartupPacket::SslRequest if shared.tls.is_some() => {
+                wire.send(b"S").await.map_err(refusal)?;
+                if let Some(acceptor) = &shared.tls {
+                    wire.accept_tls(acceptor).await.map_err(refusal)?;
+                }
+            }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
                 wire.send(reply::REFUSE_ENCRYPTION).await.map_err(refusal)?
             }

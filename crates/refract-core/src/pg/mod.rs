@@ -3,22 +3,27 @@
 //!
 //! # Layout
 //! - `config`: `[postgres]` ([`PgConfig`]).
-//! - `login`: startup, SSLRequest, CancelRequest and client authentication.
+//! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
-//! - `server`: one server connection; `wire`: framed sockets; `cancel`: cancel keys.
+//! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
+//! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
+//! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
 mod batch;
 mod cancel;
+mod clients;
 mod config;
 mod error;
 mod login;
 mod pool;
+mod reset;
 mod server;
 mod servers;
 mod session;
+mod status;
 mod wire;
 
 pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
@@ -31,7 +36,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+
+pub(crate) use status::{clients_view, pools_view, publish_metrics, servers_view};
 
 /// What every PostgreSQL session shares.
 pub(crate) struct Shared {
@@ -44,6 +52,10 @@ pub(crate) struct Shared {
     metrics: Arc<Metrics>,
     next_client: AtomicU64,
     stop: CancellationToken,
+    /// Present when `tls_cert`/`tls_key` are configured: SSLRequest is answered `S`.
+    tls: Option<TlsAcceptor>,
+    /// The logged-in clients (admin views).
+    clients: Arc<clients::Clients>,
 }
 
 /// Binds the PostgreSQL listener and starts serving (and probing the servers) in the background.
@@ -62,8 +74,12 @@ pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
         metrics: ctx.metrics.clone(),
         next_client: AtomicU64::new(1),
         stop: ctx.stop.clone(),
+        tls: cfg.tls().cloned().map(TlsAcceptor::from),
+        clients: Arc::default(),
         cfg,
     });
+    // The admin listener reads the pools, clients and servers through the context.
+    let _ = ctx.pg.set(shared.clone());
     let interval = Duration::from_millis(shared.cfg.health_interval_ms);
     tokio::spawn(servers::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
     tracing::info!(addr = %listener.local_addr()?, "postgres listening");
@@ -78,10 +94,10 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             _ = shared.stop.cancelled() => return,
         };
         match accepted {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 shared.metrics.connections.inc();
-                tokio::spawn(session::run(shared.clone(), stream));
+                tokio::spawn(session::run(shared.clone(), stream, peer));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "postgres accept failed");

@@ -3,6 +3,7 @@
 use super::error::PgError;
 use super::server::{Login, ServerConn};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -16,6 +17,8 @@ pub struct Pool {
     slots: Arc<Semaphore>,
     size: usize,
     checkout_timeout: Duration,
+    /// Checkouts waiting for a free slot right now.
+    waiting: AtomicUsize,
 }
 
 /// A server connection checked out of its pool; [`Guard::release`] returns it, dropping
@@ -31,7 +34,8 @@ impl Pool {
     /// An empty pool.
     pub fn new(addr: SocketAddr, login: Arc<Login>, size: usize, checkout_timeout: Duration) -> Arc<Pool> {
         let slots = Arc::new(Semaphore::new(size));
-        Arc::new(Pool { addr, login, idle: Mutex::new(vec![]), slots, size, checkout_timeout })
+        let waiting = AtomicUsize::new(0);
+        Arc::new(Pool { addr, login, idle: Mutex::new(vec![]), slots, size, checkout_timeout, waiting })
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<ServerConn>> {
@@ -40,16 +44,26 @@ impl Pool {
 
     /// An idle connection, or a new one; waits for a free slot at most `checkout_timeout`.
     pub async fn get(self: &Arc<Self>) -> Result<Guard, PgError> {
-        let slot = tokio::time::timeout(self.checkout_timeout, self.slots.clone().acquire_owned())
-            .await
-            .map_err(|_| PgError::Timeout("waiting for a free server connection"))?
-            .map_err(|_| PgError::Unavailable("pool closed".into()))?;
+        let slot = match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => self.wait_for_slot().await?,
+        };
         let conn = self.idle().pop();
         let conn = match conn {
             Some(c) => c,
             None => ServerConn::connect(self.addr, &self.login).await?,
         };
         Ok(Guard { conn: Some(conn), pool: self.clone(), _slot: slot })
+    }
+
+    /// Waits (counted in `waiting`) at most `checkout_timeout` for a slot.
+    async fn wait_for_slot(&self) -> Result<OwnedSemaphorePermit, PgError> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.waiting); // decrements even if the checkout is cancelled
+        tokio::time::timeout(self.checkout_timeout, self.slots.clone().acquire_owned())
+            .await
+            .map_err(|_| PgError::Timeout("waiting for a free server connection"))?
+            .map_err(|_| PgError::Unavailable("pool closed".into()))
     }
 
     /// Opens connections until `n` are idle (or one fails).
@@ -79,6 +93,30 @@ impl Pool {
     /// Connections checked out.
     pub fn in_use(&self) -> usize {
         self.size - self.slots.available_permits()
+    }
+
+    /// Idle connections.
+    pub fn idle_count(&self) -> usize {
+        self.idle().len()
+    }
+
+    /// Checkouts waiting for a free connection.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Most connections (`pool_size`).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+/// Counts one waiting checkout while alive.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

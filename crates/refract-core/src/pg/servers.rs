@@ -7,7 +7,7 @@ use super::server::{parse_lsn, Login, ServerConn};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
 /// One server at run time.
@@ -19,11 +19,17 @@ pub struct Server {
     pub role: PgRole,
     /// Its connections.
     pub pool: Arc<Pool>,
+    /// Its position in [`Servers::list`].
+    pub index: usize,
     up: AtomicBool,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
     lsn: AtomicU64,
     /// Replica: bytes behind the primary at the last poll.
     lag: AtomicU64,
+    /// Replica: replay delay in milliseconds at the last poll (see [`REPLICA_PROBE`]).
+    lag_ms: AtomicU64,
+    /// When the last probe finished (Unix milliseconds; 0 = never).
+    last_check: AtomicU64,
     login: Arc<Login>,
     addr: std::net::SocketAddr,
 }
@@ -51,6 +57,22 @@ impl Server {
     pub fn lsn(&self) -> u64 {
         self.lsn.load(Ordering::Relaxed)
     }
+
+    /// Replay delay in milliseconds (replicas; 0 for the primary and for a replica that has
+    /// replayed everything it received).
+    pub fn lag_ms(&self) -> u64 {
+        self.lag_ms.load(Ordering::Relaxed)
+    }
+
+    /// When the last probe finished, in Unix milliseconds (0 = not yet).
+    pub fn last_check_unix_ms(&self) -> u64 {
+        self.last_check.load(Ordering::Relaxed)
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
 }
 
 /// All servers.
@@ -61,6 +83,7 @@ pub struct Servers {
     primary: Arc<Server>,
     next: AtomicUsize,
     max_lag: u64,
+    max_lag_ms: u64,
 }
 
 impl Servers {
@@ -76,14 +99,18 @@ impl Servers {
         let list: Vec<Arc<Server>> = cfg
             .servers
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(index, s)| {
                 Arc::new(Server {
                     name: s.name.clone(),
                     role: s.role,
                     pool: Pool::new(s.addr, login.clone(), cfg.pool_size, checkout),
+                    index,
                     up: AtomicBool::new(true),
                     lsn: AtomicU64::new(0),
                     lag: AtomicU64::new(0),
+                    lag_ms: AtomicU64::new(0),
+                    last_check: AtomicU64::new(0),
                     login: login.clone(),
                     addr: s.addr,
                 })
@@ -91,7 +118,7 @@ impl Servers {
             .collect();
         // Validation guarantees exactly one primary.
         let primary = list.iter().find(|s| s.role == PgRole::Primary).cloned().unwrap_or_else(|| list[0].clone());
-        Servers { list, primary, next: AtomicUsize::new(0), max_lag: cfg.max_lag_bytes }
+        Servers { list, primary, next: AtomicUsize::new(0), max_lag: cfg.max_lag_bytes, max_lag_ms: cfg.max_lag_ms }
     }
 
     /// The primary, if it is up.
@@ -99,8 +126,8 @@ impl Servers {
         self.primary.is_up().then(|| self.primary.clone())
     }
 
-    /// Replicas that may serve a read, round robin from the next one: up, within the lag bound,
-    /// and (read-your-writes) past `min_lsn`.
+    /// Replicas that may serve a read, round robin from the next one: up, within the lag bounds
+    /// (bytes and time), and (read-your-writes) past `min_lsn`.
     pub fn replicas_for_read(&self, min_lsn: Option<u64>) -> Vec<Arc<Server>> {
         let replicas: Vec<&Arc<Server>> = self.list.iter().filter(|s| s.role == PgRole::Replica).collect();
         if replicas.is_empty() {
@@ -110,6 +137,7 @@ impl Servers {
         (0..replicas.len())
             .map(|i| replicas[(start + i) % replicas.len()])
             .filter(|s| s.is_up() && (self.max_lag == 0 || s.lag_bytes() <= self.max_lag))
+            .filter(|s| self.max_lag_ms == 0 || s.lag_ms() <= self.max_lag_ms)
             .filter(|s| match min_lsn {
                 None => true,
                 Some(want) => s.lsn() >= want,
@@ -138,12 +166,11 @@ pub async fn run_health(
                     _ => s.lag.load(Ordering::Relaxed),
                 };
                 s.lag.store(lag, Ordering::Relaxed);
-                metrics.set_pg_lag(&format!("pg:{}", s.name), lag);
             }
             if s.is_up() {
                 let _ = s.pool.fill_to(min_idle).await;
             }
-            metrics.set_backend(&format!("pg:{}", s.name), s.is_up(), s.pool.in_use());
+            super::status::publish_server(&metrics, s);
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
@@ -156,9 +183,12 @@ pub async fn run_health(
 async fn probe_all(servers: &Servers, probes: &mut [Option<ServerConn>]) -> Option<u64> {
     let mut primary_lsn = None;
     for (s, probe) in servers.list.iter().zip(probes.iter_mut()) {
-        match probe_one(s, probe).await {
-            Some(lsn) => {
+        let result = probe_one(s, probe).await;
+        s.last_check.store(unix_ms(), Ordering::Relaxed);
+        match result {
+            Some((lsn, lag_ms)) => {
                 s.lsn.store(lsn, Ordering::Relaxed);
+                s.lag_ms.store(lag_ms, Ordering::Relaxed);
                 if !s.up.swap(true, Ordering::Relaxed) {
                     tracing::info!(server = %s.name, "postgres server up");
                 }
@@ -175,15 +205,36 @@ async fn probe_all(servers: &Servers, probes: &mut [Option<ServerConn>]) -> Opti
     primary_lsn
 }
 
-async fn probe_one(s: &Server, probe: &mut Option<ServerConn>) -> Option<u64> {
+/// The primary's probe: its WAL position.
+const PRIMARY_PROBE: &str = "SELECT pg_current_wal_lsn()::text, 0";
+
+/// A replica's probe: its replay position, and its replay delay in milliseconds, measured on
+/// the replica as `now() - pg_last_xact_replay_timestamp()` but only while it has received WAL
+/// it has not replayed yet (`pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()`). An idle
+/// replica that has replayed everything is not lagging however old its last replayed commit
+/// is; one that has replayed no commit since it started counts 0.
+pub(super) const REPLICA_PROBE: &str = "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text, \
+     CASE WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
+     THEN greatest(0, coalesce((extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint, 0)) \
+     ELSE 0 END";
+
+/// (WAL position, replay delay in ms) if the server answered.
+async fn probe_one(s: &Server, probe: &mut Option<ServerConn>) -> Option<(u64, u64)> {
     if probe.is_none() {
         *probe = ServerConn::connect(s.addr, &s.login).await.ok();
     }
     let conn = probe.as_mut()?;
     let sql = match s.role {
-        PgRole::Primary => "SELECT pg_current_wal_lsn()::text",
-        PgRole::Replica => "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text",
+        PgRole::Primary => PRIMARY_PROBE,
+        PgRole::Replica => REPLICA_PROBE,
     };
-    let got = tokio::time::timeout(s.login.timeout, conn.query_one(sql)).await.ok()?.ok()??;
-    parse_lsn(&got)
+    let rows = tokio::time::timeout(s.login.timeout, conn.query(sql)).await.ok()?.ok()?;
+    let row = rows.into_iter().next()?;
+    let lsn = parse_lsn(row.first()?.as_deref()?)?;
+    let lag_ms = row.get(1).and_then(|v| v.as_deref()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Some((lsn, lag_ms))
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

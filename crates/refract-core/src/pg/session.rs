@@ -3,11 +3,11 @@
 //! and tracks the session state that has to follow the client from server to server.
 
 use super::cancel::CancelKey;
+use super::clients::{ClientInfo, ClientState, Registration};
 use super::config::{PgRole, PoolMode};
 use super::error::PgError;
 use super::login::{self, startup_sets};
 use super::pool::Guard;
-use super::server::parse_lsn;
 use super::servers::Server;
 use super::wire::{Frame, Wire};
 use super::Shared;
@@ -17,6 +17,7 @@ use refract_pg::classify::{Classification, Route, Statement};
 use refract_pg::notice::sqlstate;
 use refract_pg::session::{Origin, SessionState, TxTracker};
 use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::net::TcpStream;
@@ -41,20 +42,26 @@ pub(super) struct Session {
     pub out: BytesMut,
     pub state: SessionState,
     pub id: u64,
-    key: CancelKey,
+    pub(super) key: CancelKey,
     pub bound: Option<Bound>,
     /// Read-your-writes: reads need a replica past this WAL position.
-    min_lsn: Option<u64>,
+    pub(super) min_lsn: Option<u64>,
     /// Extended-protocol messages waiting for Sync or Flush.
     pub batch: Vec<FrontendMessage>,
     /// The server failed a message of an unsynced batch: it ignores everything until Sync.
     pub skip_until_sync: bool,
     /// refract refused an unsynced batch: drop the client's messages until Sync.
     discard_until_sync: bool,
+    /// A batch ended with Flush: the server may hold an unsynced implicit transaction.
+    pub unsynced: bool,
+    /// This client's pool mode (its user's, else `[postgres] pool_mode`).
+    pub(super) pool_mode: PoolMode,
+    /// Its entry in the admin views.
+    pub(super) client: Registration,
 }
 
 /// Serves one client connection to its end.
-pub async fn run(shared: Arc<Shared>, stream: TcpStream) {
+pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let mut wire = Wire::new(stream, Side::Client);
     let Some(logged) = login::login(&shared, &mut wire).await else {
         wire.close().await;
@@ -65,6 +72,11 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream) {
         state.statement_done(&Statement::Set { name, local: false, text });
     }
     let id = shared.next_client.fetch_add(1, Ordering::Relaxed);
+    let user = logged.startup.user().unwrap_or_default();
+    let pool_mode = shared.cfg.user(user).map_or(shared.cfg.pool_mode, |u| u.pool_mode);
+    let database = logged.startup.database().unwrap_or_default();
+    let info = ClientInfo::new(id, user, database, Some(peer), pool_mode, wire.is_tls());
+    let client = shared.clients.register(info);
     let mut s = Session {
         shared,
         wire,
@@ -77,9 +89,13 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream) {
         batch: vec![],
         skip_until_sync: false,
         discard_until_sync: false,
+        unsynced: false,
+        pool_mode,
+        client,
     };
     match s.serve().await {
-        Ok(()) | Err(PgError::Closed(Side::Client)) => {}
+        Ok(()) => s.give_back().await,
+        Err(PgError::Closed(Side::Client)) => {}
         Err(e) => {
             tracing::debug!(error = %e, "postgres session ended");
             if e.side() == Side::Client {
@@ -91,9 +107,19 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream) {
 }
 
 impl Session {
+    /// The message loop; `Ok` when the client left between messages (Terminate or close), so
+    /// that a session-mode connection is in a known state and may go back to the pool.
     async fn serve(&mut self) -> Result<(), PgError> {
         loop {
-            let (tag, frame) = self.wire.recv().await?;
+            self.client.info.set_state(self.ready_state());
+            let (tag, frame) = match self.wire.recv().await {
+                Ok(f) => f,
+                Err(PgError::Closed(Side::Client)) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if matches!(tag, b'Q' | b'S' | b'H') {
+                self.client.info.set_state(ClientState::Active);
+            }
             let msg = FrontendMessage::decode(tag, &frame[5..])?;
             if self.discard_until_sync {
                 if tag == b'S' {
@@ -123,6 +149,15 @@ impl Session {
                     self.wire.send(&reply::ready_for_query(self.state.tx.status())).await?;
                 }
             }
+        }
+    }
+
+    /// What the admin views call this session between statements.
+    fn ready_state(&self) -> ClientState {
+        match self.state.tx.status() {
+            TxStatus::Idle => ClientState::Idle,
+            TxStatus::InTransaction => ClientState::InTransaction,
+            TxStatus::Failed => ClientState::FailedTransaction,
         }
     }
 
@@ -170,7 +205,16 @@ impl Session {
             }
             drop(b.guard); // not released: its state is unknown
         }
+        self.client.info.set_bound(None);
         self.key.set(None);
+        if self.pool_mode == PoolMode::Session {
+            // The session's server-side state (temp tables, locks, cursors) is gone with the
+            // connection: end the client session too, as PostgreSQL would, not silently go on.
+            let message = format!("refract: the server connection of this session failed: {e}");
+            let _ = self.flush().await;
+            let _ = self.wire.send(&reply::fatal(sqlstate::CONNECTION_FAILURE, &message)).await;
+            return Err(PgError::Closed(Side::Backend));
+        }
         self.state.tx = TxTracker::new();
         self.state.params.end_transaction(false);
         self.skip_until_sync = false;
@@ -211,7 +255,7 @@ impl Session {
             return Ok(());
         }
         let servers = self.shared.servers.clone();
-        let session_mode = self.shared.cfg.pool_mode == PoolMode::Session;
+        let session_mode = self.pool_mode == PoolMode::Session;
         let candidates: Vec<Arc<Server>> = if session_mode || route == Route::Write {
             servers.primary().into_iter().collect()
         } else {
@@ -235,6 +279,7 @@ impl Session {
                     self.key.set(Some(guard.key.clone()));
                     let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
                     self.shared.metrics.backend(&format!("pg:{}", server.name)).request(class);
+                    self.client.info.set_bound(Some(server.index));
                     self.bound = Some(Bound { guard, server, wrote: false });
                     return Ok(());
                 }
@@ -384,6 +429,9 @@ impl Session {
     pub(super) fn observe(&mut self, tag: u8, frame: &[u8]) -> Result<(), PgError> {
         let msg = BackendMessage::decode(tag, &frame[5..])?;
         self.state.server_message(&msg);
+        if tag == b'Z' {
+            self.client.info.set_state(self.ready_state());
+        }
         Ok(())
     }
 
@@ -436,21 +484,9 @@ impl Session {
         if let Some(b) = self.bound.as_mut() {
             b.wrote |= wrote && b.server.role == PgRole::Primary;
         }
-        if self.state.tx.status() == TxStatus::Idle && self.shared.cfg.pool_mode == PoolMode::Transaction {
+        if self.state.tx.status() == TxStatus::Idle && self.pool_mode == PoolMode::Transaction {
             self.release().await;
         }
         Ok(())
-    }
-
-    async fn release(&mut self) {
-        let Some(mut b) = self.bound.take() else { return };
-        self.key.set(None);
-        if b.wrote && self.shared.cfg.read_your_writes {
-            match b.guard.query_one("SELECT pg_current_wal_lsn()::text").await {
-                Ok(Some(lsn)) => self.min_lsn = parse_lsn(&lsn).or(self.min_lsn),
-                _ => b.guard.broken = true,
-            }
-        }
-        b.guard.release();
     }
 }

@@ -1,18 +1,34 @@
-//! [`Wire`]: one PostgreSQL socket and its read buffer, framed with refract-pg's `peek`.
+//! [`Wire`]: one PostgreSQL socket (plain TCP or TLS) and its read buffer, framed with
+//! refract-pg's `peek`.
 
 use super::error::PgError;
 use bytes::{Bytes, BytesMut};
 use refract_pg::{frame, Limits, Side};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 
 /// A socket that yields whole messages (tag, length and body, as received).
 #[derive(Debug)]
 pub struct Wire {
-    stream: TcpStream,
+    stream: Stream,
     buf: BytesMut,
     /// Who is at the other end (for error attribution).
     peer: Side,
+}
+
+/// The transport under a [`Wire`]. An enum rather than a generic: the plain-TCP path costs one
+/// predictable branch, and the session code stays free of type parameters.
+#[derive(Debug)]
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+    /// Only while a TLS handshake owns the socket (or after it failed).
+    Detached,
 }
 
 /// A raw message: its type byte and its bytes (tag included).
@@ -21,7 +37,7 @@ pub type Frame = (u8, Bytes);
 impl Wire {
     /// Wraps a connected socket.
     pub fn new(stream: TcpStream, peer: Side) -> Self {
-        Wire { stream, buf: BytesMut::with_capacity(8 * 1024), peer }
+        Wire { stream: Stream::Plain(stream), buf: BytesMut::with_capacity(8 * 1024), peer }
     }
 
     /// The next buffered message, if a whole one is there.
@@ -55,9 +71,17 @@ impl Wire {
         }
     }
 
-    /// Writes all of `bytes`.
+    /// Writes all of `bytes` (and, over TLS, flushes the records out).
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), PgError> {
-        self.stream.write_all(bytes).await.map_err(|e| PgError::io(self.peer, e))
+        let peer = self.peer;
+        match &mut self.stream {
+            Stream::Plain(s) => s.write_all(bytes).await.map_err(|e| PgError::io(peer, e)),
+            Stream::Tls(s) => {
+                s.write_all(bytes).await.map_err(|e| PgError::io(peer, e))?;
+                s.flush().await.map_err(|e| PgError::io(peer, e))
+            }
+            Stream::Detached => Err(PgError::io(peer, detached())),
+        }
     }
 
     /// The bytes read but not consumed yet.
@@ -65,8 +89,68 @@ impl Wire {
         &mut self.buf
     }
 
-    /// Shuts the write side down (best effort).
+    /// Whether the connection is encrypted.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.stream, Stream::Tls(_))
+    }
+
+    /// Runs a server-side TLS handshake on the plain socket (after refract answered `S`).
+    /// Bytes the client sent after its SSLRequest but before the handshake would be plaintext
+    /// injected into the encrypted session, so they are refused (as PostgreSQL does).
+    pub async fn accept_tls(&mut self, acceptor: &TlsAcceptor) -> Result<(), PgError> {
+        if !self.buf.is_empty() {
+            return Err(PgError::Unavailable("refract: unencrypted data after SSL request".into()));
+        }
+        let Stream::Plain(tcp) = std::mem::replace(&mut self.stream, Stream::Detached) else {
+            return Err(PgError::Unavailable("refract: TLS requested twice".into()));
+        };
+        let tls = acceptor.accept(tcp).await.map_err(|e| PgError::io(self.peer, e))?;
+        self.stream = Stream::Tls(Box::new(tls));
+        Ok(())
+    }
+
+    /// Shuts the write side down (best effort; over TLS, sends close_notify first).
     pub async fn close(&mut self) {
         let _ = self.stream.shutdown().await;
+    }
+}
+
+fn detached() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "socket detached by a failed TLS handshake")
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Detached => Poll::Ready(Err(detached())),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Detached => Poll::Ready(Err(detached())),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Detached => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Detached => Poll::Ready(Ok(())),
+        }
     }
 }

@@ -75,6 +75,11 @@ auth = "md5"
 name = "trusted"
 auth = "trust"
 
+[[postgres.user]]
+name = "sessionuser"
+password = "sessionpass"
+pool_mode = "session"
+
 [[postgres.server]]
 name = "primary"
 addr = "{}"
@@ -129,6 +134,28 @@ role = "replica"
             cmd.args(["-c", s]);
         }
         run(cmd.env("PGPASSWORD", password).env("PGCONNECT_TIMEOUT", "10"), stdin)
+    }
+
+    /// psql through refract with `conninfo` added to the connection string (e.g. `sslmode=require`).
+    pub fn psql_conninfo(&self, conninfo: &str, statements: &[&str]) -> Result<String, String> {
+        let base = format!("host=127.0.0.1 port={} user={USER} dbname={DATABASE} {conninfo}", self.port);
+        let mut cmd = Command::new(testkit::tool("psql").unwrap());
+        cmd.arg(base).args(["-XAtq", "-v", "ON_ERROR_STOP=1"]);
+        for s in statements {
+            cmd.args(["-c", s]);
+        }
+        run(cmd.env("PGPASSWORD", PASSWORD).env("PGCONNECT_TIMEOUT", "10"), None)
+    }
+
+    /// `GET path` from the admin listener, as JSON.
+    pub fn admin_json(&self, path: &str) -> serde_json::Value {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, self.admin)).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {out}");
+        serde_json::from_str(body).unwrap()
     }
 
     /// pgbench through refract.

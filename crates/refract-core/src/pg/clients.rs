@@ -1,0 +1,142 @@
+//! [`Clients`]: the connected PostgreSQL clients and what each is doing (`GET /pg/clients`).
+
+use super::config::PoolMode;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Every logged-in client.
+#[derive(Debug, Default)]
+pub struct Clients {
+    map: Mutex<BTreeMap<u64, Arc<ClientInfo>>>,
+}
+
+/// What a client is doing, as the admin views show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ClientState {
+    /// Waiting for the client's next message, no transaction open.
+    Idle = 0,
+    /// A statement or batch is running.
+    Active = 1,
+    /// Between statements of an open transaction.
+    InTransaction = 2,
+    /// Between statements of a failed transaction (awaiting ROLLBACK).
+    FailedTransaction = 3,
+}
+
+impl ClientState {
+    /// The name in `/pg/clients` and the `refract_pg_clients{state}` gauge.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientState::Idle => "idle",
+            ClientState::Active => "active",
+            ClientState::InTransaction => "in-transaction",
+            ClientState::FailedTransaction => "in-failed-transaction",
+        }
+    }
+
+    /// Every state, in gauge order.
+    pub const ALL: [ClientState; 4] =
+        [ClientState::Idle, ClientState::Active, ClientState::InTransaction, ClientState::FailedTransaction];
+
+    fn from_u8(v: u8) -> ClientState {
+        ClientState::ALL.get(usize::from(v)).copied().unwrap_or(ClientState::Idle)
+    }
+}
+
+/// One client: fixed facts from its login, and two atomics the session updates.
+#[derive(Debug)]
+pub struct ClientInfo {
+    /// refract's id for the session.
+    pub id: u64,
+    /// The user it logged in as.
+    pub user: String,
+    /// The database it asked for.
+    pub database: String,
+    /// Its address.
+    pub remote: Option<SocketAddr>,
+    /// Its pool mode.
+    pub pool_mode: PoolMode,
+    /// Whether it connected over TLS.
+    pub tls: bool,
+    state: AtomicU8,
+    /// Index + 1 in `Servers::list` of the server connection it holds; 0 = none.
+    bound: AtomicUsize,
+}
+
+impl ClientInfo {
+    /// A client that has just logged in (idle, no server).
+    pub fn new(
+        id: u64,
+        user: &str,
+        database: &str,
+        remote: Option<SocketAddr>,
+        pool_mode: PoolMode,
+        tls: bool,
+    ) -> Self {
+        ClientInfo {
+            id,
+            user: user.to_owned(),
+            database: database.to_owned(),
+            remote,
+            pool_mode,
+            tls,
+            state: AtomicU8::new(ClientState::Idle as u8),
+            bound: AtomicUsize::new(0),
+        }
+    }
+
+    /// Records what the session is doing.
+    pub fn set_state(&self, state: ClientState) {
+        self.state.store(state as u8, Ordering::Relaxed);
+    }
+
+    /// What the session is doing.
+    pub fn state(&self) -> ClientState {
+        ClientState::from_u8(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Records the server (its index in `Servers::list`) whose connection the session holds.
+    pub fn set_bound(&self, server: Option<usize>) {
+        self.bound.store(server.map_or(0, |i| i + 1), Ordering::Relaxed);
+    }
+
+    /// The index of the server whose connection the session holds.
+    pub fn bound(&self) -> Option<usize> {
+        self.bound.load(Ordering::Relaxed).checked_sub(1)
+    }
+}
+
+/// A client's entry in [`Clients`]; removed on drop.
+#[derive(Debug)]
+pub struct Registration {
+    /// The entry.
+    pub info: Arc<ClientInfo>,
+    owner: Arc<Clients>,
+}
+
+impl Clients {
+    /// Adds a client until the returned registration is dropped.
+    pub fn register(self: &Arc<Self>, info: ClientInfo) -> Registration {
+        let info = Arc::new(info);
+        self.lock().insert(info.id, info.clone());
+        Registration { info, owner: self.clone() }
+    }
+
+    /// Every client, by id.
+    pub fn snapshot(&self) -> Vec<Arc<ClientInfo>> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ClientInfo>>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.owner.lock().remove(&self.info.id);
+    }
+}

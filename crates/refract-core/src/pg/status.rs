@@ -1,0 +1,107 @@
+//! The PostgreSQL front end as the admin listener shows it: `GET /pg/pools`, `/pg/clients`,
+//! `/pg/servers` (JSON), and the pool, client and lag gauges of `/metrics`.
+
+use super::clients::ClientState;
+use super::config::PgRole;
+use super::servers::Server;
+use super::Shared;
+use crate::metrics::Metrics;
+use serde_json::{json, Value};
+
+fn role(s: &Server) -> &'static str {
+    match s.role {
+        PgRole::Primary => "primary",
+        PgRole::Replica => "replica",
+    }
+}
+
+/// `GET /pg/pools`: per server, its connections and who waits for one.
+pub(crate) fn pools_view(shared: &Shared) -> Value {
+    let pools: Vec<Value> = shared
+        .servers
+        .list
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "address": s.addr().to_string(),
+                "role": role(s),
+                "healthy": s.is_up(),
+                "idle": s.pool.idle_count(),
+                "busy": s.pool.in_use(),
+                "waiting": s.pool.waiting(),
+                "pool_size": s.pool.size(),
+            })
+        })
+        .collect();
+    json!(pools)
+}
+
+/// `GET /pg/clients`: every logged-in client and the server connection it holds.
+pub(crate) fn clients_view(shared: &Shared) -> Value {
+    let clients: Vec<Value> = shared
+        .clients
+        .snapshot()
+        .iter()
+        .map(|c| {
+            let bound = c.bound().and_then(|i| shared.servers.list.get(i)).map(|s| s.name.clone());
+            json!({
+                "id": c.id,
+                "user": c.user,
+                "database": c.database,
+                "remote": c.remote.map(|a| a.to_string()),
+                "pool_mode": c.pool_mode.as_str(),
+                "state": c.state().as_str(),
+                "server": bound,
+                "tls": c.tls,
+            })
+        })
+        .collect();
+    json!(clients)
+}
+
+/// `GET /pg/servers`: health and replication lag from the last probe.
+pub(crate) fn servers_view(shared: &Shared) -> Value {
+    let servers: Vec<Value> = shared
+        .servers
+        .list
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "address": s.addr().to_string(),
+                "role": role(s),
+                "healthy": s.is_up(),
+                "lag_bytes": s.lag_bytes(),
+                "lag_seconds": s.lag_ms() as f64 / 1000.0,
+                "last_check_unix_ms": s.last_check_unix_ms(),
+            })
+        })
+        .collect();
+    json!(servers)
+}
+
+/// Publishes one server's gauges (health loop and scrape time).
+pub(super) fn publish_server(metrics: &Metrics, s: &Server) {
+    let name = format!("pg:{}", s.name);
+    metrics.set_backend(&name, s.is_up(), s.pool.in_use());
+    metrics.set_pg_pool(&name, s.pool.idle_count(), s.pool.in_use(), s.pool.waiting());
+    if s.role == PgRole::Replica {
+        metrics.set_pg_lag(&name, s.lag_bytes());
+        metrics.set_pg_lag_seconds(&name, s.lag_ms() as f64 / 1000.0);
+    }
+}
+
+/// Refreshes every PostgreSQL gauge (called when `/metrics` is scraped).
+pub(crate) fn publish_metrics(shared: &Shared) {
+    for s in &shared.servers.list {
+        publish_server(&shared.metrics, s);
+    }
+    let mut counts = [0usize; ClientState::ALL.len()];
+    for c in shared.clients.snapshot() {
+        counts[c.state() as usize] += 1;
+    }
+    for (state, n) in ClientState::ALL.iter().zip(counts) {
+        shared.metrics.set_pg_clients(state.as_str(), n);
+    }
+}

@@ -59,7 +59,8 @@ pub struct Overload {
     /// CoDel interval: how long the wait may stay above target before overload mode.
     pub queue_interval_ms: u64,
     /// Outside overload mode, a request expected to wait longer than this is refused at once
-    /// (bursts up to this much queueing are absorbed; a standing queue is not).
+    /// (bursts up to this much queueing are absorbed; a standing queue is not). Default 10 ms,
+    /// twice the target: the most a waiter may wait once overload is recognised.
     pub max_queue_wait_ms: u64,
     /// Deadline for requests that carry none (`x-refract-timeout-ms`); 0 = none.
     pub default_timeout_ms: u64,
@@ -120,7 +121,7 @@ impl Default for Overload {
             max_queue: 1024,
             queue_target_ms: 5,
             queue_interval_ms: 100,
-            max_queue_wait_ms: 50,
+            max_queue_wait_ms: 10,
             default_timeout_ms: 0,
             retry_budget_ratio: 0.2,
             retry_budget_floor: 10.0,

@@ -7,7 +7,9 @@
 //!
 //! Refusals are decided when a request arrives wherever possible, so that they are fast: a
 //! request whose expected wait (queue ahead ÷ limit × recent latency) exceeds `max_wait`
-//! (normal mode) or `target` (overload mode), or that could not finish before its deadline,
+//! (normal mode) or half the `target` (overload mode: LIFO needs only a waiter or two ready
+//! for the next free slot, and a short queue keeps displaced waiters young), or that could
+//! not finish before its deadline,
 //! is refused at once. In overload mode a newcomer instead displaces the oldest waiter of no
 //! higher priority, lowest first (newest first); with a short queue and many arrivals, that waiter has not
 //! waited long either. A waiter whose deadline leaves less than one recent latency when its
@@ -81,7 +83,7 @@ impl Default for AdmissionConfig {
             max_queue: 1024,
             target: Duration::from_millis(5),
             interval: Duration::from_millis(100),
-            max_wait: Duration::from_millis(50),
+            max_wait: Duration::from_millis(10),
         }
     }
 }
@@ -251,7 +253,11 @@ impl Admission {
         }
         // Refuse now rather than shed later, so refusals stay fast. In overload, prefer the
         // newcomer: it displaces the oldest waiter of no higher priority.
-        if s.overloaded && wait > self.cfg.target {
+        if s.overloaded && wait > self.cfg.target / 2 {
+            // Demand beyond what the queue may hold is itself the sign of overload: with
+            // newcomers displacing the oldest, no waiter grows old enough to say so, and
+            // overload mode would end (and the queue refill) while the overload lasts.
+            s.last_bad = now;
             s.shed += 1;
             if !displace_oldest(&mut s, prio) {
                 return Err(Refusal::Shed);
@@ -520,38 +526,56 @@ mod tests {
     async fn in_overload_a_newcomer_displaces_the_oldest_waiter_at_once() {
         let (a, _held) = overloaded_four().await;
         let mut waiters = Vec::new();
-        // Expected wait = (waiters ahead + 1) ms: five fit under the 5 ms target.
-        for _ in 0..5 {
+        // Expected wait = (waiters ahead + 1) ms: two fit under half the 5 ms target.
+        for _ in 0..2 {
             waiters.push(spawn_waiter(&a, Priority::Normal));
             tokio::task::yield_now().await;
             tokio::time::advance(Duration::from_micros(100)).await;
         }
-        assert_eq!(a.view().queued, 5);
+        assert_eq!(a.view().queued, 2);
         let newest = spawn_waiter(&a, Priority::Normal);
         tokio::task::yield_now().await;
         assert_eq!(waiters.remove(0).await.unwrap(), Err(Refusal::Shed), "the oldest waiter made room");
-        assert_eq!(a.view().queued, 5, "the newcomer waits in its place");
+        assert_eq!(a.view().queued, 2, "the newcomer waits in its place");
         newest.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overload_mode_lasts_while_newcomers_displace_waiters() {
+        let (a, _held) = overloaded_four().await;
+        let mut waiters = Vec::new();
+        // 300 ms of arrivals every 0.5 ms and no slot freed: every waiter is displaced young
+        // (never older than the target), yet the overload is plain, and the mode must stay.
+        for _ in 0..600 {
+            waiters.push(spawn_waiter(&a, Priority::Normal));
+            tokio::task::yield_now().await;
+            tokio::time::advance(Duration::from_micros(500)).await;
+        }
+        assert!(a.view().overloaded, "overload mode ended while the overload went on");
+        assert!(a.view().queued <= 2, "the queue stays within half the target's worth");
+        for w in waiters {
+            w.abort();
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn in_overload_a_newcomer_behind_more_important_waiters_is_refused_at_once() {
         let (a, _held) = overloaded_four().await;
-        for _ in 0..5 {
+        for _ in 0..2 {
             drop(spawn_waiter(&a, Priority::High));
             tokio::task::yield_now().await;
         }
-        assert_eq!(a.view().queued, 5);
+        assert_eq!(a.view().queued, 2);
         let started = Instant::now();
         assert_eq!(a.acquire(Priority::Normal, None).await.unwrap_err(), Refusal::Shed);
         assert_eq!(Instant::now(), started, "refused without waiting");
-        assert_eq!(a.view().queued, 5, "the high-priority waiters stay");
+        assert_eq!(a.view().queued, 2, "the high-priority waiters stay");
     }
 
     #[tokio::test(start_paused = true)]
     async fn outside_overload_a_wait_beyond_max_wait_is_refused_at_once() {
-        // 20 ms per request, limit 1: the third waiter would wait 60 ms > 50 ms.
-        let a = taught(20).await;
+        // 4 ms per request, limit 1: the third waiter would wait 12 ms > 10 ms.
+        let a = taught(4).await;
         let _holder = a.acquire(Priority::Normal, None).await.unwrap();
         let mut waiting = Vec::new();
         for _ in 0..2 {
@@ -579,15 +603,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_waiter_whose_deadline_is_too_close_when_its_turn_comes_is_refused_not_started() {
-        let a = taught(20).await;
+        let a = taught(4).await;
         let holder = a.acquire(Priority::Normal, None).await.unwrap();
         let a1 = a.clone();
-        let d = Instant::now() + Duration::from_millis(45);
+        let d = Instant::now() + Duration::from_millis(9);
         let w = tokio::spawn(async move { a1.acquire(Priority::Normal, Some(d)).await.map(|_| ()) });
         tokio::task::yield_now().await;
-        assert_eq!(a.view().queued, 1, "45 ms is enough on arrival (20 ms wait + 20 ms work)");
-        // The holder runs long: when its slot frees, 10 ms are left for 20 ms of work.
-        tokio::time::advance(Duration::from_millis(35)).await;
+        assert_eq!(a.view().queued, 1, "9 ms is enough on arrival (4 ms wait + 4 ms work)");
+        // The holder runs long: when its slot frees, 2 ms are left for 4 ms of work.
+        tokio::time::advance(Duration::from_millis(7)).await;
         holder.finish(Outcome::Ignore);
         assert_eq!(w.await.unwrap(), Err(Refusal::Deadline));
         assert_eq!(a.view().inflight, 0, "the slot was not given to a request doomed to time out");

@@ -14,9 +14,12 @@ pub struct LimitConfig {
     pub min: f64,
     /// Never above this (the hard cap from the configuration).
     pub max: f64,
-    /// Grow while fewer than `alpha × log10(limit)` requests wait inside the backend.
+    /// Grow while at most `alpha × max(1, log10(limit))` requests wait inside the backend. Small
+    /// (1 and 2.5 by default, where Netflix's Vegas uses 3 and 6): every request kept waiting
+    /// inside the backend adds a whole service time of latency to everyone behind it, and
+    /// refract's own queue absorbs bursts instead.
     pub alpha: f64,
-    /// Shrink while more than `beta × log10(limit)` wait.
+    /// Shrink while at least `beta × max(1, log10(limit))` wait.
     pub beta: f64,
     /// Every this many samples, re-learn the no-load latency from the lightly loaded samples
     /// of the last window (if any): the backend may have become slower or faster.
@@ -25,7 +28,7 @@ pub struct LimitConfig {
 
 impl Default for LimitConfig {
     fn default() -> Self {
-        LimitConfig { initial: 20.0, min: 1.0, max: 200.0, alpha: 3.0, beta: 6.0, probe_every: 1000 }
+        LimitConfig { initial: 20.0, min: 1.0, max: 200.0, alpha: 1.0, beta: 2.5, probe_every: 1000 }
     }
 }
 

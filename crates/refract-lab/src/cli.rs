@@ -62,6 +62,10 @@ pub enum BenchCmd {
     /// Overload: goodput and latency from 0.25× to 3× capacity, a slow replica, retrying
     /// clients; refract with and without overload control, and HAProxy; writes docs/overload.md.
     Overload(OverloadArgs),
+    /// PostgreSQL: pgbench -S (simple and prepared) and a read/write mix through refract,
+    /// PgBouncer and pgpool-II vs direct, on a local primary and replica; writes its section of
+    /// docs/benchmarks.md and docs/pgbench.csv.
+    Pgbench(crate::pgbench::PgbenchArgs),
     /// The open-loop load generator `bench overload` runs in a client namespace (JSON on stdout).
     #[command(hide = true)]
     Loadgen(crate::loadgen::Spec),
@@ -102,6 +106,7 @@ impl BenchCmd {
         match self {
             BenchCmd::Sweep(a) => bench::sweep(&a.into_options()),
             BenchCmd::Overload(a) => crate::overload::run(&a.into_options()),
+            BenchCmd::Pgbench(a) => crate::pgbench::run(&a.into_options()?).map(drop),
             BenchCmd::Loadgen(spec) => crate::loadgen::main(&spec),
         }
     }

@@ -19,6 +19,9 @@
 //! - [`overload`] (`bench overload`), [`overload_args`]: the overload benchmark; [`rig`]: its
 //!   processes; [`loadgen`], [`pool`], [`schedule`], [`summary`]: the open-loop load generator
 //!   and its statistics; [`overload_results`], [`overload_report`], [`overload_plot`]: the outputs.
+//! - [`pgbench`] (`bench pgbench`): pgbench through refract, PgBouncer and pgpool-II on a
+//!   PostgreSQL primary and replica; [`pgbench_targets`]: the poolers' processes and configs;
+//!   [`pgbench_run`]: running pgbench and reading it; [`pgbench_report`]: the outputs.
 //! - [`sh`], [`state`], [`units`], [`interrupt`]: helpers.
 
 pub mod bench;
@@ -40,6 +43,10 @@ pub mod overload_args;
 pub mod overload_plot;
 pub mod overload_report;
 pub mod overload_results;
+pub mod pgbench;
+pub mod pgbench_report;
+pub mod pgbench_run;
+pub mod pgbench_targets;
 pub mod plot;
 pub mod pool;
 pub mod report;

@@ -2,11 +2,14 @@
 //! a replica may serve, and which statements change session state the pooler must track.
 //!
 //! Results are cached by query text, because parsing costs tens of microseconds and the same
-//! texts come back (prepared statements, ORMs, pgbench).
+//! texts come back (prepared statements, ORMs, pgbench). Texts that differ only in their
+//! literals (`... WHERE id = 42`, `... WHERE id = 43`) share a second cache keyed by their
+//! *shape* (see `shape`) when they are plain reads or writes.
 
 mod analyze;
 mod cache;
 mod hint;
+mod shape;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -196,12 +199,19 @@ impl Default for ClassifierConfig {
     }
 }
 
-/// Classifies query texts; shared by all sessions (the cache is behind a mutex).
+/// Classifies query texts; shared by all sessions (the caches are behind a mutex).
 #[derive(Debug)]
 pub struct Classifier {
     write_functions: Vec<String>,
     max_cached_len: usize,
-    cache: Mutex<Cache>,
+    cache: Mutex<Caches>,
+}
+
+/// By exact text, and by shape (literals replaced) for plain reads and writes.
+#[derive(Debug)]
+struct Caches {
+    exact: Cache,
+    shapes: Cache,
 }
 
 impl Classifier {
@@ -211,18 +221,31 @@ impl Classifier {
         Classifier {
             write_functions,
             max_cached_len: config.max_cached_len,
-            cache: Mutex::new(Cache::new(config.cache_capacity)),
+            cache: Mutex::new(Caches {
+                exact: Cache::new(config.cache_capacity),
+                shapes: Cache::new(config.cache_capacity),
+            }),
         }
     }
 
-    /// Classifies `sql` (one or more statements), from the cache when it was seen before.
+    /// Classifies `sql` (one or more statements), from a cache when it (or a text of the same
+    /// shape) was seen before.
     pub fn classify(&self, sql: &str) -> Arc<Classification> {
-        if let Some(hit) = self.lock().get(sql) {
+        if sql.len() > self.max_cached_len {
+            return Arc::new(self.classify_uncached(sql));
+        }
+        if let Some(hit) = self.lock().exact.get(sql) {
+            return hit;
+        }
+        let shape = shape::of(sql);
+        if let Some(hit) = shape.as_deref().and_then(|s| self.lock().shapes.get(s)) {
             return hit;
         }
         let c = Arc::new(self.classify_uncached(sql));
-        if sql.len() <= self.max_cached_len {
-            self.lock().insert(sql, c.clone());
+        let mut caches = self.lock();
+        match shape {
+            Some(s) if shareable(&c) => caches.shapes.insert(&s, c.clone()),
+            _ => caches.exact.insert(sql, c.clone()),
         }
         c
     }
@@ -252,15 +275,25 @@ impl Classifier {
         }
     }
 
-    /// How many texts are cached.
+    /// How many texts and shapes are cached.
     pub fn cached(&self) -> usize {
-        self.lock().len()
+        let caches = self.lock();
+        caches.exact.len() + caches.shapes.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Caches> {
         // A panic while holding the lock cannot leave the cache inconsistent enough to matter.
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Whether a classification holds for every text of its shape: only plain reads and writes
+/// parsed without error and without a hint (other statements carry their text or constants).
+fn shareable(c: &Classification) -> bool {
+    c.parse_error.is_none()
+        && c.hint.is_none()
+        && !c.statements.is_empty()
+        && c.statements.iter().all(|s| matches!(s, Statement::Read | Statement::Write))
 }
 
 impl Default for Classifier {

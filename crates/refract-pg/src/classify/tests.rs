@@ -224,7 +224,7 @@ fn cache_is_bounded() {
     let first = c.classify("SELECT 1");
     assert!(Arc::ptr_eq(&first, &c.classify("SELECT 1")), "cached");
     for i in 0..10 {
-        c.classify(&format!("SELECT {i}"));
+        c.classify(&format!("SELECT {i} AS c{i}"));
     }
     assert_eq!(c.cached(), 3);
     c.classify("SELECT 'this text is longer than twenty bytes'");
@@ -232,4 +232,93 @@ fn cache_is_bounded() {
     let zero = Classifier::new(ClassifierConfig { cache_capacity: 0, ..Default::default() });
     zero.classify("SELECT 1");
     assert_eq!(zero.cached(), 0);
+}
+
+#[test]
+fn texts_differing_in_literals_share_a_shape() {
+    let c = Classifier::default();
+    let a = c.classify("SELECT abalance FROM pgbench_accounts WHERE aid = 42;");
+    let b = c.classify("SELECT abalance FROM pgbench_accounts WHERE aid = 77;");
+    assert!(Arc::ptr_eq(&a, &b), "one parse for both");
+    assert_eq!(b.route, Route::Read);
+    assert_eq!(c.cached(), 1);
+    let w1 = c.classify("UPDATE pgbench_accounts SET abalance = abalance + 5 WHERE aid = 1");
+    let w2 = c.classify("UPDATE pgbench_accounts SET abalance = abalance + 3 WHERE aid = 2");
+    assert!(Arc::ptr_eq(&w1, &w2));
+    assert_eq!(w2.route, Route::Write);
+}
+
+#[test]
+fn shapes_keep_writes_writes() {
+    let c = Classifier::default();
+    // A read shape first, then texts that differ in more than literals.
+    assert_eq!(c.classify("SELECT * FROM t WHERE a = 1").route, Route::Read);
+    for sql in [
+        "SELECT * FROM t WHERE a = 2 FOR UPDATE",
+        "SELECT * FROM t WHERE a = 3 FOR SHARE",
+        "SELECT nextval('s'), 4",
+        "SELECT setval('s', 5)",
+        "SELECT pg_advisory_lock(6)",
+        "SELECT * INTO u FROM t WHERE a = 7",
+        "WITH d AS (DELETE FROM t WHERE a = 8 RETURNING *) SELECT * FROM d",
+        "SELECT * FROM t WHERE a = 9; DELETE FROM t WHERE a = 9",
+    ] {
+        assert_eq!(c.classify(sql).route, Route::Write, "{sql}");
+        // The same text with other literals: still a write, now from the shape cache.
+        let other = sql.replace(|ch: char| ch.is_ascii_digit(), "1").replace("'s'", "'other'");
+        assert_eq!(c.classify(&other).route, Route::Write, "{other}");
+    }
+    assert_eq!(c.classify("SELECT * FROM t WHERE a = 10").route, Route::Read);
+}
+
+#[test]
+fn session_statements_are_not_shared_by_shape() {
+    let c = Classifier::default();
+    let set = |sql: &str| match c.classify(sql).statements.first() {
+        Some(Statement::Set { text, .. }) => text.clone(),
+        other => panic!("{sql}: {other:?}"),
+    };
+    assert_eq!(set("SET statement_timeout = 1000"), "SET statement_timeout = 1000");
+    assert_eq!(set("SET statement_timeout = 2000"), "SET statement_timeout = 2000");
+    assert_eq!(set("SET application_name = 'a'"), "SET application_name = 'a'");
+    assert_eq!(set("SET application_name = 'b'"), "SET application_name = 'b'");
+    assert_eq!(
+        c.classify("SET refract.route = 'primary'").statements,
+        vec![Statement::RouteSetting(RouteHint::Primary)]
+    );
+    assert_eq!(
+        c.classify("SET refract.route = 'replica'").statements,
+        vec![Statement::RouteSetting(RouteHint::Replica)]
+    );
+    let p1 = c.classify("PREPARE q AS SELECT * FROM t WHERE a = 1");
+    let p2 = c.classify("PREPARE q AS SELECT * FROM t WHERE a = 2");
+    assert_ne!(p1.statements, p2.statements, "PREPARE keeps its own text");
+    // Hints: a literal that looks like a hint still counts, text by text.
+    assert_eq!(c.classify("SELECT '/* refract: route=primary */', 1").target(RouteHint::Auto), Route::Write);
+    assert_eq!(c.classify("SELECT 'plain', 1").target(RouteHint::Auto), Route::Read);
+}
+
+#[test]
+fn shape_cache_agrees_with_the_parser() {
+    let samples = [
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 17",
+        "SELECT x FROM t WHERE id IN (SELECT id FROM u WHERE z > lower('A')) LIMIT 5",
+        "VALUES (1, 'a'), (2, 'b')",
+        "INSERT INTO t VALUES (1, 'x''y')",
+        "SELECT 'nextval(1)', 2",
+        "SELECT * FROM t WHERE a = 1.5e3 AND b = 'c' FOR NO KEY UPDATE",
+        "EXPLAIN SELECT * FROM t WHERE a = 3",
+        "SELECT * FROM t WHERE a = 'unterminated",
+        "SELECT 1 +",
+        "BEGIN; SELECT 1; COMMIT",
+        "SELECT /* 5 */ 5 -- 6\n",
+    ];
+    let shared = Classifier::default();
+    for round in 0..3 {
+        for sql in samples {
+            let varied = sql.replace('1', &(round + 1).to_string());
+            let want = shared.classify_uncached(&varied);
+            assert_eq!(*shared.classify(&varied), want, "{varied}");
+        }
+    }
 }

@@ -15,12 +15,22 @@ use crate::error::{Error, Result};
 pub struct AgentConfig {
     /// The local backend this agent fronts (the blob server now, a database later).
     pub backend: SocketAddr,
-    /// Where the agent listens for dispatcher control connections.
-    pub control: SocketAddr,
+    /// Where the agent listens for dispatcher control connections (cross-host hand-over).
+    #[serde(default)]
+    pub control: Option<SocketAddr>,
     /// The service address (VIP) the dispatcher owns; on this host it sits on `lo`.
-    pub vip: Ipv4Addr,
+    #[serde(default)]
+    pub vip: Option<Ipv4Addr>,
     /// The NIC that faces the dispatcher: the guard goes on its ingress.
-    pub interface: String,
+    #[serde(default)]
+    pub interface: Option<String>,
+    /// Unix socket for a dispatcher on this same host (hand-over by SCM_RIGHTS, no TCP_REPAIR).
+    #[serde(default)]
+    pub local: Option<PathBuf>,
+    /// Bound on each backend read while serving an adopted connection (connecting: at most 1 s),
+    /// in milliseconds.
+    #[serde(default = "default_backend_timeout_ms")]
+    pub backend_timeout_ms: u64,
     /// The shared control key (at least 16 bytes), the same in the dispatcher's config.
     #[serde(default)]
     pub key: Option<String>,
@@ -40,6 +50,10 @@ pub struct AgentConfig {
 
 fn default_map_capacity() -> u32 {
     4096
+}
+
+fn default_backend_timeout_ms() -> u64 {
+    30_000
 }
 
 fn default_heartbeat_ms() -> u64 {
@@ -75,8 +89,18 @@ impl AgentConfig {
         if self.heartbeat_ms == 0 || self.dead_after_ms <= self.heartbeat_ms {
             return bad("`dead_after_ms` must be longer than `heartbeat_ms` (> 0)");
         }
-        if self.interface.is_empty() {
+        let remote = [self.control.is_some(), self.vip.is_some(), self.interface.is_some()];
+        if remote.iter().any(|&x| x) && !remote.iter().all(|&x| x) {
+            return bad("set all of `control`, `vip` and `interface` (cross-host hand-over) or none");
+        }
+        if !remote[0] && self.local.is_none() {
+            return bad("set `local` (same host) or `control`, `vip` and `interface` (cross host)");
+        }
+        if self.interface.as_deref() == Some("") {
             return bad("`interface` must name the NIC that faces the dispatcher");
+        }
+        if self.backend_timeout_ms == 0 {
+            return bad("`backend_timeout_ms` must be > 0");
         }
         if let Some(k) = &self.key {
             ControlKey::try_new(k.as_bytes()).map_err(|e| Error::config(origin, e))?;
@@ -95,6 +119,11 @@ impl AgentConfig {
             (None, None) => return Err(Error::config(Path::new("key"), "no control key configured")),
         };
         ControlKey::try_new(bytes).map_err(|e| Error::config(Path::new("key"), e))
+    }
+
+    /// Bound on connecting to the backend and on each of its reads.
+    pub fn backend_timeout(&self) -> Duration {
+        Duration::from_millis(self.backend_timeout_ms)
     }
 
     /// Heartbeat and dead-peer timing for the control channel.
@@ -143,5 +172,16 @@ mod tests {
         let e = parse(&format!("{OK}\nheartbeat_ms = 5000")).unwrap_err().to_string();
         assert!(e.contains("dead_after_ms"), "{e}");
         assert!(parse(&format!("{OK}\nmap_capacity = 0")).is_err());
+        let e = parse(&OK.replace("vip = \"198.18.2.100\"", "")).unwrap_err().to_string();
+        assert!(e.contains("all of"), "{e}");
+    }
+
+    #[test]
+    fn same_host_only() {
+        let text = "backend = \"127.0.0.1:9000\"\nlocal = \"/run/refract-agent.sock\"\nkey = \"0123456789abcdef\"\n";
+        let c = parse(text).unwrap();
+        assert!(c.control.is_none() && c.local.is_some());
+        let e = parse("backend = \"127.0.0.1:9000\"\nkey = \"0123456789abcdef\"\n").unwrap_err().to_string();
+        assert!(e.contains("`local`"), "{e}");
     }
 }

@@ -4,19 +4,29 @@
 //! checks the host for direct server return — the VIP on `lo`, ARP suppressed, the guard
 //! attached to the NIC that faces the dispatcher — and refuses to start, naming each problem
 //! and its fix, when something is wrong. Then it listens for dispatcher control connections,
-//! authenticates them with the shared key and answers them (heartbeats; hand-offs are refused
-//! for now: see `docs/handover.md`).
+//! authenticates them with the shared key and answers them (heartbeats; cross-host hand-offs
+//! are refused for now: see `docs/handover.md`). With `local` set it also (or only) adopts
+//! client connections from a dispatcher on the same host (SCM_RIGHTS), serves their requests
+//! from its backend and hands them back at the next request boundary.
 //!
 //! # Layout
 //! - [`AgentArgs`], [`run`] (this file): the command line and the start-up sequence.
 //! - [`AgentConfig`] (`config.rs`): the TOML configuration.
 //! - [`check_host`] (`checks.rs`): the host checks; returns the attached guard.
 //! - [`serve`] (`server.rs`): the control listener.
+//! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back).
+//! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
+//! - `exchange.rs`: serving adopted requests from the backend straight to the client.
+//! - `hybrid.rs`: forwarded requests; a large result asks for the client's connection.
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry.
 
 mod checks;
 mod config;
 mod error;
+mod exchange;
+mod hybrid;
+mod local;
+mod remote;
 mod server;
 
 use std::path::PathBuf;
@@ -24,7 +34,8 @@ use std::path::PathBuf;
 pub use checks::{check_host, HostSpec};
 pub use config::AgentConfig;
 pub use error::{Error, Problem, Result, Side};
-pub use server::{serve, NOT_YET};
+pub use local::{serve_local, LocalOptions};
+pub use server::{serve, serve_with, NOT_YET};
 
 /// `refract agent --config FILE`.
 #[derive(Debug, clap::Args)]
@@ -34,20 +45,25 @@ pub struct AgentArgs {
     pub config: PathBuf,
 }
 
-/// Runs the agent: config, host checks, then the control listener (until it fails or Ctrl-C).
+/// Runs the agent: config, host checks (cross host only), then the listeners (until one fails
+/// or Ctrl-C).
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     let cfg = AgentConfig::from_file(&args.config)?;
     let key = cfg.control_key()?;
-    let spec = HostSpec { vip: cfg.vip, interface: cfg.interface.clone(), map_capacity: cfg.map_capacity };
-    let guard = check_host(&spec)?;
-    tracing::info!(vip = %cfg.vip, interface = %cfg.interface, backend = %cfg.backend, "host ready, guard attached");
+    let guard = match (cfg.vip, &cfg.interface) {
+        (Some(vip), Some(interface)) => {
+            let spec = HostSpec { vip, interface: interface.clone(), map_capacity: cfg.map_capacity };
+            let guard = check_host(&spec)?;
+            tracing::info!(%vip, %interface, backend = %cfg.backend, "host ready, guard attached");
+            Some(std::sync::Arc::new(std::sync::Mutex::new(guard)))
+        }
+        _ => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
-        let listener =
-            tokio::net::TcpListener::bind(cfg.control).await.map_err(|e| Error::Io(bind_err(cfg.control, e)))?;
-        tracing::info!(control = %cfg.control, "control listener up");
         tokio::select! {
-            r = serve(listener, key, cfg.channel_options()) => r.map_err(Error::Io)?,
+            r = remote(&cfg, key, guard.clone()) => r?,
+            r = same_host(&cfg) => r?,
             r = tokio::signal::ctrl_c() => r.map_err(Error::Io)?,
         }
         Ok::<_, Error>(())
@@ -55,6 +71,34 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     drop(guard); // detaches the guard from the interface
     Ok(())
 }
+
+/// The control listener for dispatchers on other hosts (pending forever when not configured).
+async fn remote(
+    cfg: &AgentConfig,
+    key: refract_handover::control::ControlKey,
+    guard: Option<SharedGuard>,
+) -> Result<()> {
+    let Some(addr) = cfg.control else { return std::future::pending().await };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Io(bind_err(addr, e)))?;
+    tracing::info!(control = %addr, "control listener up");
+    let backend = LocalOptions { backend: cfg.backend, backend_timeout: cfg.backend_timeout(), guard };
+    serve_with(listener, key, cfg.channel_options(), Some(backend)).await.map_err(Error::Io)
+}
+
+/// The same-host listener (pending forever when not configured). A stale socket file left by
+/// an earlier run is replaced.
+async fn same_host(cfg: &AgentConfig) -> Result<()> {
+    let Some(path) = &cfg.local else { return std::future::pending().await };
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display()))))?;
+    tracing::info!(local = %path.display(), backend = %cfg.backend, "same-host listener up");
+    let opts = LocalOptions { backend: cfg.backend, backend_timeout: cfg.backend_timeout(), guard: None };
+    serve_local(listener, opts).await.map_err(Error::Io)
+}
+
+/// The guard, shared by the tasks that tombstone flows they hand back.
+type SharedGuard = std::sync::Arc<std::sync::Mutex<refract_handover::Guard>>;
 
 fn bind_err(addr: std::net::SocketAddr, e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("cannot listen for control connections on {addr}: {e}"))

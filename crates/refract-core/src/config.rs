@@ -37,6 +37,102 @@ pub struct Config {
     /// The PostgreSQL front end; absent = off.
     #[serde(default)]
     pub postgres: Option<crate::pg::PgConfig>,
+    /// Connection hand-over to agents on the backends' hosts; absent = off.
+    #[serde(default)]
+    pub handover: Option<HandoverConfig>,
+}
+
+/// `[handover]`: hand a client connection to the agent in front of a backend, which answers
+/// the client directly and hands the connection back (docs/handover.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandoverConfig {
+    /// `off`, `hybrid` (hand over when a result is at least `threshold` bytes) or `always`.
+    #[serde(default)]
+    pub mode: HandoverMode,
+    /// Smallest result, in bytes, that hybrid mode hands over.
+    #[serde(default = "default_threshold")]
+    pub threshold: u64,
+    /// The agent in front of each backend, by backend name: `"unix:/path"` (same host, the
+    /// socket moves by SCM_RIGHTS) or `"IP:port"` (its control listener, cross host).
+    #[serde(default)]
+    pub agents: std::collections::BTreeMap<String, AgentAddr>,
+    /// File holding the control key shared with the agents (needed for `IP:port` agents).
+    #[serde(default)]
+    pub key_file: Option<std::path::PathBuf>,
+    /// The client-facing interface whose ingress FREEZEs and STEERs handed-over flows
+    /// (`IP:port` agents on other hosts); absent = no steering (agents in this kernel only).
+    #[serde(default)]
+    pub interface: Option<String>,
+    /// Flows the steering map holds (a full map means: relay instead).
+    #[serde(default = "default_map_capacity")]
+    pub map_capacity: u32,
+}
+
+fn default_map_capacity() -> u32 {
+    65_536
+}
+
+fn default_threshold() -> u64 {
+    1 << 20
+}
+
+/// When the dispatcher hands a connection over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandoverMode {
+    /// Never: every result is relayed.
+    #[default]
+    Off,
+    /// When the agent finds the result large (at least `threshold` bytes).
+    Hybrid,
+    /// Every read whose backend has an agent.
+    Always,
+}
+
+/// Where an agent listens.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum AgentAddr {
+    /// Same host: a Unix socket path.
+    Unix(std::path::PathBuf),
+    /// Another host: its control listener.
+    Tcp(SocketAddr),
+}
+
+impl TryFrom<String> for AgentAddr {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.strip_prefix("unix:") {
+            Some("") => Err("agent address \"unix:\" needs a path".into()),
+            Some(path) => Ok(AgentAddr::Unix(path.into())),
+            None => s
+                .parse()
+                .map(AgentAddr::Tcp)
+                .map_err(|_| format!("agent address {s:?}: want \"unix:/path\" or \"IP:port\"")),
+        }
+    }
+}
+
+impl HandoverConfig {
+    fn validate(&self, backends: &[Spanned<BackendConfig>], text: &str) -> Result<(), String> {
+        let at = find_key_line(text, "handover");
+        if self.threshold == 0 || self.map_capacity == 0 {
+            return Err(format!("line {at}: [handover] threshold and map_capacity must be > 0"));
+        }
+        if self.mode != HandoverMode::Off && self.agents.is_empty() {
+            return Err(format!("line {at}: [handover] mode {:?} needs at least one agent", self.mode));
+        }
+        if let Some(name) = self.agents.keys().find(|n| !backends.iter().any(|b| &b.get_ref().name == *n)) {
+            return Err(format!("line {at}: [handover.agents] {name:?} is not a backend"));
+        }
+        let tcp = self.agents.values().any(|a| matches!(a, AgentAddr::Tcp(_)));
+        if tcp && self.key_file.is_none() {
+            return Err(format!("line {at}: [handover] agents at IP:port need key_file"));
+        }
+        Ok(())
+    }
 }
 
 /// `[overload]`: admission control, deadlines, retries, ejection. On by default, so an
@@ -340,6 +436,9 @@ impl Config {
                 find_key_line(text, "[[overload.user]]")
             ));
         }
+        if let Some(h) = &self.handover {
+            h.validate(&self.backends, text)?;
+        }
         if self.limits.max_head_bytes < 1024 {
             return Err(format!(
                 "line {}: [limits] max_head_bytes must be ≥ 1024",
@@ -429,6 +528,29 @@ mod tests {
              [[backend]]\nname = \"b\"\naddr = \"127.0.0.1:2\"\nrole = \"primary\"\n"
         );
         assert!(Config::parse(&text).unwrap_err().contains("second primary"));
+    }
+
+    #[test]
+    fn handover_section() {
+        let b = "[[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\n";
+        assert!(Config::parse(MIN).unwrap().handover.is_none());
+        let c = Config::parse(&format!(
+            "{MIN}{b}[handover]\nmode = \"always\"\nagents = {{ b1 = \"unix:/tmp/a.sock\" }}\n"
+        ))
+        .unwrap();
+        let h = c.handover.unwrap();
+        assert_eq!((h.mode, h.threshold), (HandoverMode::Always, 1 << 20));
+        assert_eq!(h.agents["b1"], AgentAddr::Unix("/tmp/a.sock".into()));
+        let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"hybrid\"\n")).unwrap_err();
+        assert!(e.contains("at least one agent"), "{e}");
+        let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b9 = \"unix:/a\" }}\n")).unwrap_err();
+        assert!(e.contains("not a backend"), "{e}");
+        let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"198.18.0.21:7000\" }}\n")).unwrap_err();
+        assert!(e.contains("key_file"), "{e}");
+        let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"nowhere\" }}\n")).unwrap_err();
+        assert!(e.contains("unix:/path"), "{e}");
+        let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"sometimes\"\n")).unwrap_err();
+        assert!(e.starts_with("line 8:"), "{e}");
     }
 
     #[test]

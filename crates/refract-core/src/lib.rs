@@ -11,6 +11,7 @@
 //! - `fanout`: class `all`, sent to every backend.
 //! - [`membership`]: backends at runtime and the choice of one per request.
 //! - [`backend`]: one backend, its health and its connection pool.
+//! - `handover`: handing a client connection to a backend's agent and taking it back.
 //! - `health`: active health checks.
 //! - `admin`: `/backends`, `/metrics`.
 //! - [`metrics`]: Prometheus metrics.
@@ -28,6 +29,7 @@ pub mod dispatcher;
 pub mod error;
 mod fanout;
 mod forward;
+mod handover;
 mod health;
 pub mod membership;
 pub mod metrics;

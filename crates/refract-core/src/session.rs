@@ -47,6 +47,7 @@ impl Failure {
 /// Serves one client connection until it closes, idles out, fails, or the dispatcher drains.
 pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
     let mut conn = ClientConn::new(stream);
+    let mut handover = crate::handover::Session::new();
     let limits = &ctx.cfg.limits;
     let idle = Duration::from_millis(ctx.cfg.timeouts.client_idle_ms);
     loop {
@@ -58,14 +59,14 @@ pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
                 break;
             }
         };
-        if serve(&ctx, &mut conn, head).await == Next::Close || ctx.stop.is_cancelled() {
+        if serve(&ctx, &mut conn, &mut handover, head).await == Next::Close || ctx.stop.is_cancelled() {
             break;
         }
     }
     conn.close_gracefully().await;
 }
 
-async fn serve(ctx: &Ctx, conn: &mut ClientConn, head: RequestHead) -> Next {
+async fn serve(ctx: &Ctx, conn: &mut ClientConn, ho: &mut crate::handover::Session, head: RequestHead) -> Next {
     let head_bytes = conn.buf.split_to(head.len).freeze();
     let started = Instant::now();
     let (class, body) = match prepare(ctx, conn, &head).await {
@@ -79,6 +80,10 @@ async fn serve(ctx: &Ctx, conn: &mut ClientConn, head: RequestHead) -> Next {
     if let Some(user) = head.user.as_deref().filter(|u| !ctx.users.admit(u)) {
         let keep = head.keep_alive && matches!(body, ReqBody::Buffered(_));
         return reply_error(ctx, conn, &Error::RateLimited(user.to_string()), keep).await;
+    }
+    let offered = crate::handover::Offered { class, head_bytes: &head_bytes, body: &body };
+    if let Some(go_on) = crate::handover::offer(ctx, conn, ho, &offered).await {
+        return if go_on { Next::Continue } else { Next::Close };
     }
     let timeout_ms = head.timeout_ms.or(Some(ctx.cfg.overload.default_timeout_ms).filter(|&ms| ms > 0));
     let deadline = timeout_ms.map(|ms| started + Duration::from_millis(ms));

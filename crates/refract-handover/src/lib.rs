@@ -13,6 +13,7 @@
 //! - [`Steering`] (`steering.rs`): the dispatcher's ingress program, FREEZE / STEER per flow.
 //! - [`Guard`] (`guard.rs`): the agent host's no-RST guard and its tombstones.
 //! - [`send_fd`] / [`recv_fd`] (`fd_pass.rs`): same-host hand-over by SCM_RIGHTS.
+//! - [`local`]: same-host hand-over links ([`local::LocalMsg`], [`local::LocalLink`]).
 //! - [`control`]: control messages dispatcher ↔ agent ([`control::Msg`] codec, epochs,
 //!   HMAC-SHA256 authentication, [`control::ControlChannel`] with heartbeats).
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
@@ -24,6 +25,7 @@ pub mod control;
 mod error;
 mod fd_pass;
 mod guard;
+pub mod local;
 mod restore;
 mod snapshot;
 mod steering;
@@ -37,7 +39,7 @@ pub use guard::{Guard, GuardStats};
 pub use restore::restore;
 #[doc(hidden)]
 pub use restore::restore_with;
-pub use snapshot::{conn_info, discard, resume, snapshot, unacked, unsent, ConnInfo, Repair};
+pub use snapshot::{conn_info, discard, discard_in_place, resume, snapshot, unacked, unsent, ConnInfo, Repair};
 pub use steering::{FlowAction, FlowEntry, SteerTarget, Steering, SteeringStats};
 pub use tcp_state::{RepairWindow, SockOpts, TcpOptions, TcpState};
 

@@ -41,6 +41,12 @@ pub fn discard(fd: std::os::fd::OwnedFd) -> Result<()> {
     sys::disconnect(fd.as_fd())
 }
 
+/// Like [`discard`] for a socket the caller cannot give up yet (e.g. one an event loop owns):
+/// it is unhashed now, silently, and its later `close` sends nothing either.
+pub fn discard_in_place(fd: impl AsFd) -> Result<()> {
+    sys::disconnect(fd.as_fd())
+}
+
 /// Takes a socket out of repair mode after a successful snapshot, to keep serving locally.
 pub fn resume(fd: impl AsFd) -> Result<()> {
     repair_off(fd.as_fd(), true)

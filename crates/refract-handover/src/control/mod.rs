@@ -11,7 +11,7 @@ mod auth;
 mod channel;
 mod epoch;
 mod msg;
-mod wire;
+pub(crate) mod wire;
 
 pub use auth::{ControlKey, NonceCache};
 pub use channel::{ChannelOptions, ControlChannel};

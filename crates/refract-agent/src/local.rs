@@ -1,0 +1,155 @@
+//! The same-host listener: a dispatcher on this host hands client sockets over a Unix socket
+//! (SCM_RIGHTS); the agent serves the pending requests from its backend and hands the socket
+//! back at the next request boundary. Every transfer carries an epoch; stale ones are refused.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use refract_handover::control::EpochTracker;
+use refract_handover::local::{LocalLink, LocalMsg};
+use tokio::net::{TcpStream, UnixListener};
+
+use crate::exchange::{Adopted, Held, Served};
+
+/// What the same-host listener needs.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// The backend this agent fronts.
+    pub backend: SocketAddr,
+    /// Bound on connecting to the backend and on each of its reads.
+    pub backend_timeout: Duration,
+    /// The guard on this host's NIC (cross host): a flow being handed back is tombstoned in it.
+    pub guard: Option<Arc<Mutex<refract_handover::Guard>>>,
+}
+
+/// Serves same-host dispatcher links on `listener` until it fails; one task per link.
+pub async fn serve_local(listener: UnixListener, opts: LocalOptions) -> std::io::Result<()> {
+    let epochs = Arc::new(Mutex::new(EpochTracker::new()));
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (opts, epochs) = (opts.clone(), epochs.clone());
+        tokio::spawn(async move {
+            match link(LocalLink::new(stream), &opts, &epochs).await {
+                Err(refract_handover::Error::Closed) | Ok(()) => {}
+                Err(e) => tracing::warn!("same-host link ended: {e}"),
+            }
+        });
+    }
+}
+
+/// One link: any number of hand-offs and forwarded requests in turn, each finished on it.
+async fn link(mut link: LocalLink, opts: &LocalOptions, epochs: &Mutex<EpochTracker>) -> refract_handover::Result<()> {
+    // The backend connection of forwarded requests (hybrid), kept across them.
+    let mut backend: Option<TcpStream> = None;
+    loop {
+        match link.recv().await? {
+            (LocalMsg::Adopt { conn, epoch, backend: b, pending }, Some(fd)) => {
+                let offer = Offer { conn, epoch, backend: b, pending };
+                adopt(&mut link, opts, epochs, offer, fd, None).await?;
+            }
+            (LocalMsg::Forward { conn, request, threshold, bytes }, None) => {
+                let fw = Forwarded { conn, request, threshold, bytes };
+                crate::hybrid::forward(&mut link, opts, epochs, &mut backend, fw).await?;
+            }
+            (other, _) => {
+                tracing::warn!("unexpected {} from the dispatcher on a same-host link, ignored", other.name())
+            }
+        }
+    }
+}
+
+/// A request forwarded by the dispatcher (hybrid).
+pub(crate) struct Forwarded {
+    pub conn: u64,
+    pub request: u64,
+    pub threshold: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// A hand-off as received.
+pub(crate) struct Offer {
+    pub conn: u64,
+    pub epoch: u64,
+    pub backend: SocketAddr,
+    pub pending: Vec<u8>,
+}
+
+/// Adopts the client socket `fd` (refusing a stale epoch or a foreign backend), finishes the
+/// `held` response if any, serves the pending requests, then hands the socket back or ends.
+/// With `held`, `link_backend` is the backend connection that response comes from.
+pub(crate) async fn adopt(
+    link: &mut LocalLink,
+    opts: &LocalOptions,
+    epochs: &Mutex<EpochTracker>,
+    offer: Offer,
+    fd: OwnedFd,
+    held: Option<(Held, &mut TcpStream)>,
+) -> refract_handover::Result<()> {
+    let Offer { conn, epoch, .. } = offer;
+    let (mut client, mut own) = match accept(opts, epochs, &offer, fd, held.is_none()).await {
+        Ok(x) => x,
+        Err(reason) => {
+            tracing::debug!(conn, epoch, "hand-off refused: {reason}");
+            return link.send(&LocalMsg::AdoptErr { conn, epoch, reason }, None).await;
+        }
+    };
+    link.send(&LocalMsg::AdoptOk { conn, epoch }, None).await?;
+    let pending = BytesMut::from(&offer.pending[..]);
+    let (held, backend) = match (held, own.as_mut()) {
+        (Some((h, b)), _) => (Some(h), b),
+        (None, Some(b)) => (None, b),
+        (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
+    };
+    let adopted = Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, epoch };
+    match adopted.run(held).await {
+        Served::Boundary(pending) => {
+            let back = lock(epochs).advance(conn);
+            let msg = LocalMsg::HandBack { conn, epoch: back, pending };
+            link.send(&msg, Some(client.as_fd())).await
+        }
+        Served::Close(reason) => {
+            lock(epochs).remove(conn);
+            link.send(&LocalMsg::Closed { conn, epoch, reason }, None).await
+        }
+    }
+}
+
+/// Checks the offer (epoch, backend) and gets the sockets ready; `Err` is the refusal reason.
+async fn accept(
+    opts: &LocalOptions,
+    epochs: &Mutex<EpochTracker>,
+    offer: &Offer,
+    fd: OwnedFd,
+    connect: bool,
+) -> Result<(TcpStream, Option<TcpStream>), String> {
+    lock(epochs).observe(offer.conn, offer.epoch).map_err(|e| e.to_string())?;
+    if offer.backend != opts.backend {
+        return Err(format!("this agent fronts {}, not {}", opts.backend, offer.backend));
+    }
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true).map_err(|e| format!("client socket: {e}"))?;
+    let client = TcpStream::from_std(std).map_err(|e| format!("client socket: {e}"))?;
+    if !connect {
+        return Ok((client, None));
+    }
+    Ok((client, Some(connect_backend(opts).await?)))
+}
+
+/// A new connection to the backend; `Err` says why not.
+pub(crate) async fn connect_backend(opts: &LocalOptions) -> Result<TcpStream, String> {
+    let bound = opts.backend_timeout.min(Duration::from_secs(1));
+    let backend = match tokio::time::timeout(bound, TcpStream::connect(opts.backend)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(format!("backend {}: {e}", opts.backend)),
+        Err(_) => return Err(format!("backend {}: connect timed out", opts.backend)),
+    };
+    let _ = backend.set_nodelay(true);
+    Ok(backend)
+}
+
+pub(crate) fn lock(epochs: &Mutex<EpochTracker>) -> std::sync::MutexGuard<'_, EpochTracker> {
+    epochs.lock().unwrap_or_else(|p| p.into_inner())
+}

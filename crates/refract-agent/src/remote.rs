@@ -1,0 +1,110 @@
+//! Cross-host adoption over the control channel: restore the client's TCP socket from the
+//! `HandOff` state (TCP_REPAIR), serve the pending requests from the backend straight to the
+//! client, then quiesce, snapshot and send `HandBack` at the next request boundary.
+//!
+//! This is the agent's half of HANDOVER.md "Hand-off D → A" / "Hand-back A → D": the dispatcher
+//! steers the flow here; the guard (when the agent attached one) tombstones it while it goes back.
+
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use refract_handover::control::{ControlChannel, EpochTracker, Msg, Transfer};
+use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Result};
+use tokio::net::TcpStream;
+
+use crate::exchange::{Adopted, Served};
+use crate::local::{connect_backend, LocalOptions};
+
+/// Bound on waiting for the client to acknowledge everything before a hand-back (I3).
+const QUIESCE: Duration = Duration::from_secs(2);
+/// How long a handed-back flow stays tombstoned here.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// Adopts the connection in `t` (its epoch already accepted), serves it, and hands it back.
+pub(crate) async fn adopt(
+    ch: &mut ControlChannel,
+    epochs: &mut EpochTracker,
+    t: Transfer,
+    opts: &LocalOptions,
+) -> Result<()> {
+    let (conn, epoch) = (t.conn, t.epoch);
+    // The backend first: refusing after the restore would need the socket discarded unseen.
+    let mut backend = match connect_backend(opts).await {
+        Ok(b) => b,
+        Err(reason) => return ch.send(&Msg::HandOffErr { conn, epoch, reason }).await,
+    };
+    let mut client = match restore(&t.tcp_state).and_then(|fd| Ok(to_tokio(fd)?)) {
+        Ok(c) => c,
+        Err(e) => return ch.send(&Msg::HandOffErr { conn, epoch, reason: format!("restore: {e}") }).await,
+    };
+    ch.send(&Msg::HandOffOk { conn, epoch }).await?;
+    let pending = BytesMut::from(&t.pending_bytes[..]);
+    let adopted = Adopted { client: &mut client, backend: &mut backend, pending, timeout: opts.backend_timeout, epoch };
+    match adopted.run(None).await {
+        Served::Boundary(pending) => match hand_back_state(client, t.flow, opts).await {
+            Ok(tcp_state) => {
+                let back = epochs.advance(conn);
+                let t =
+                    Transfer { conn, flow: t.flow, epoch: back, tcp_state, pending_bytes: pending, app_state: vec![] };
+                ch.send(&Msg::HandBack(Box::new(t))).await
+            }
+            Err(e) => {
+                tracing::warn!(conn, "hand-back impossible ({e}); closing the connection");
+                epochs.remove(conn);
+                ch.send(&Msg::Closed { conn, epoch }).await
+            }
+        },
+        Served::Close(reason) => {
+            tracing::debug!(conn, "connection ends at the agent: {reason}");
+            epochs.remove(conn);
+            ch.send(&Msg::Closed { conn, epoch }).await
+        }
+    }
+}
+
+fn to_tokio(fd: OwnedFd) -> std::io::Result<TcpStream> {
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true)?;
+    TcpStream::from_std(std)
+}
+
+/// Waits until everything sent is acknowledged (bounded), tombstones the flow in the guard (the
+/// client's segments are dropped, not ACKed by the repaired socket nor reset once it is gone;
+/// removed after a grace period), snapshots, and discards the socket silently. On error the
+/// socket is closed normally by the caller's drop (FIN).
+async fn hand_back_state(client: TcpStream, flow: FlowKey, opts: &LocalOptions) -> Result<refract_handover::TcpState> {
+    let deadline = tokio::time::Instant::now() + QUIESCE;
+    loop {
+        let left = unacked(&client)?;
+        if left == 0 {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(refract_handover::Error::NotQuiescent(left));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    if let Some(guard) = &opts.guard {
+        tombstone(guard.clone(), flow);
+    }
+    let fd = OwnedFd::from(client.into_std()?);
+    let state = snapshot(&fd)?;
+    discard(fd)?;
+    Ok(state)
+}
+
+/// Tombstones `flow` now and removes it after [`GRACE`] (HANDOVER.md hand-back steps 1 and 4).
+/// A full map is logged: the guard's socket lookup still drops the flow once its socket is gone.
+fn tombstone(guard: Arc<Mutex<Guard>>, flow: FlowKey) {
+    let lock = |g: &Mutex<Guard>| g.lock().unwrap_or_else(|p| p.into_inner()).tombstone(flow);
+    if let Err(e) = lock(&guard) {
+        tracing::warn!("no tombstone for a hand-back: {e}");
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(GRACE).await;
+        let _ = guard.lock().unwrap_or_else(|p| p.into_inner()).remove(&flow);
+    });
+}

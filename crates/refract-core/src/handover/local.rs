@@ -1,0 +1,93 @@
+//! The same-host move: the client socket goes to the agent's Unix socket with the pending
+//! bytes (SCM_RIGHTS), the agent answers, and the socket comes back at a request boundary.
+//!
+//! The dispatcher keeps its own descriptor of the socket all along (SCM_RIGHTS duplicates it)
+//! and does not touch the socket while the agent owns it, so an agent that dies never takes
+//! the client's connection with it. Its ordering — `AdoptOk` before any byte to the client —
+//! is what makes "no answer yet" safe to relay.
+
+use super::Session;
+use crate::conn::ClientConn;
+use refract_handover::local::{LocalLink, LocalMsg};
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::Duration;
+use tokio::time::timeout;
+
+/// Bound on reaching the agent's socket.
+const CONNECT: Duration = Duration::from_millis(200);
+/// Bound on the agent's answer to a hand-off (it only checks and connects to its backend).
+const ANSWER: Duration = Duration::from_secs(5);
+
+/// Moves the connection to the agent at `path` for the requests in `pending` and waits until it
+/// comes back. `Err(reason)`: the agent did not adopt it and wrote nothing (relay instead).
+/// `Ok(go_on)`: the agent served; `go_on` is false when the connection must close.
+pub(super) async fn hand_over(
+    conn: &mut ClientConn,
+    s: &mut Session,
+    path: &Path,
+    backend: SocketAddr,
+    pending: Vec<u8>,
+) -> Result<bool, String> {
+    let mut link = connect(path).await?;
+    adopt(&mut link, conn, s, backend, pending).await
+}
+
+/// Connects to the agent's socket at `path`.
+pub(super) async fn connect(path: &Path) -> Result<LocalLink, String> {
+    match timeout(CONNECT, LocalLink::connect(path)).await {
+        Ok(Ok(l)) => Ok(l),
+        Ok(Err(e)) => Err(format!("agent {}: {e}", path.display())),
+        Err(_) => Err(format!("agent {}: connect timed out", path.display())),
+    }
+}
+
+/// Moves the connection over `link` and waits until it comes back (see [`hand_over`]).
+pub(super) async fn adopt(
+    link: &mut LocalLink,
+    conn: &mut ClientConn,
+    s: &mut Session,
+    backend: SocketAddr,
+    pending: Vec<u8>,
+) -> Result<bool, String> {
+    let epoch = s.epochs.advance(s.id);
+    let adopt = LocalMsg::Adopt { conn: s.id, epoch, backend, pending };
+    link.send(&adopt, Some(conn.stream.as_fd())).await.map_err(|e| e.to_string())?;
+    match timeout(ANSWER, link.recv()).await {
+        Ok(Ok((LocalMsg::AdoptOk { conn: c, epoch: e }, _))) if c == s.id && s.epochs.check(c, e).is_ok() => {}
+        Ok(Ok((LocalMsg::AdoptErr { reason, .. }, _))) => return Err(reason),
+        // Gone before adopting: by the agent's ordering, nothing reached the client.
+        Ok(Err(e)) => return Err(format!("agent: {e}")),
+        Ok(Ok((other, _))) => return Ok(lost(&format!("unexpected {}", other.name()))),
+        Err(_) => return Ok(lost("no answer to the hand-off")),
+    }
+    conn.buf.clear(); // those bytes now travel with the agent
+    Ok(take_back(link, conn, s).await)
+}
+
+/// Waits for the connection to come back; returns whether the session goes on.
+async fn take_back(link: &mut LocalLink, conn: &mut ClientConn, s: &mut Session) -> bool {
+    match link.recv().await {
+        Ok((LocalMsg::HandBack { conn: c, epoch, pending }, Some(_theirs))) if c == s.id => {
+            if let Err(e) = s.epochs.observe(c, epoch) {
+                return lost(&format!("hand-back: {e}"));
+            }
+            // Our own descriptor is the same socket; theirs is closed here.
+            conn.buf.extend_from_slice(&pending);
+            true
+        }
+        Ok((LocalMsg::Closed { reason, .. }, _)) => {
+            tracing::debug!(conn = s.id, "agent closed the connection: {reason}");
+            false
+        }
+        Ok((other, _)) => lost(&format!("unexpected {}", other.name())),
+        Err(e) => lost(&format!("agent lost while it owned the connection: {e}")),
+    }
+}
+
+/// The agent may have written part of a response: the connection cannot go on.
+fn lost(why: &str) -> bool {
+    tracing::warn!("hand-over failed after the agent adopted the connection ({why}); closing it");
+    false
+}

@@ -1,0 +1,240 @@
+//! The cross-host hand-over in a four-namespace lab (root only): client `c`, dispatcher `d`
+//! (owns the VIP, steers from its eth0 ingress), agent host `a` (VIP on lo, guard, blob server
+//! b2) on one bridge `sw`. Reads are handed to the agent with TCP_REPAIR (`mode = "always"`),
+//! answered by direct server return and handed back; a write in between is relayed by `d`.
+//! Every body is checked against the blob pattern; no steering entry may be left (`d`'s map
+//! is inspected through the dispatcher having released every flow: the client's next requests
+//! reach `d` again). Namespaces are named `rf-*<pid>` and removed even when the test fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{Client, Proc, Response};
+use refract_blob::pattern;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const VIP: &str = "198.18.6.100";
+const KEY: &str = "lab hand-over test key, 16+ bytes";
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+fn sh(cmd: &str) {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The lab's namespaces; removed on drop (processes in them are killed first by their `Proc`).
+struct Lab {
+    tag: String,
+}
+
+impl Lab {
+    fn ns(&self, host: &str) -> String {
+        format!("rf-{host}{}", self.tag)
+    }
+
+    fn up(variant: &str) -> Lab {
+        let lab = Lab { tag: format!("{variant}{}", std::process::id()) };
+        let (sw, t) = (lab.ns("sw"), &lab.tag);
+        sh(&format!("ip netns add {sw} && ip -n {sw} link add br0 type bridge && ip -n {sw} link set br0 up"));
+        for (host, ip) in [("c", "198.18.6.1"), ("d", "198.18.6.10"), ("a", "198.18.6.21")] {
+            let ns = lab.ns(host);
+            sh(&format!(
+                "ip netns add {ns} && ip link add eth0 netns {ns} type veth peer name {host}{t} netns {sw} && \
+                 ip -n {sw} link set {host}{t} master br0 up && ip -n {ns} link set lo up && \
+                 ip -n {ns} addr add {ip}/24 dev eth0 && ip -n {ns} link set eth0 up"
+            ));
+        }
+        let (d, a) = (lab.ns("d"), lab.ns("a"));
+        sh(&format!("ip -n {d} addr add {VIP}/24 dev eth0"));
+        sh(&format!("ip -n {a} addr add {VIP}/32 dev lo"));
+        for iface in ["all", "eth0"] {
+            sh(&format!("ip netns exec {a} sysctl -qw net.ipv4.conf.{iface}.arp_ignore=1"));
+            sh(&format!("ip netns exec {a} sysctl -qw net.ipv4.conf.{iface}.arp_announce=2"));
+        }
+        lab
+    }
+
+    /// Starts the refract binary in `host`'s namespace and waits until `port` listens there.
+    fn start(&self, host: &str, args: &[&str], port: u16) -> Proc {
+        let ns = self.ns(host);
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns, common::bin()])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = Command::new("ip").args(["netns", "exec", &ns, "ss", "-ltnH"]).output().unwrap();
+            if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{args:?} never listened on {port} in {ns}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Proc { child, addr: ([127, 0, 0, 1], port).into() }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for host in ["c", "d", "a", "sw"] {
+            let _ = Command::new("ip").args(["netns", "del", &self.ns(host)]).status();
+        }
+    }
+}
+
+fn get(bytes: u64, seed: u64) -> String {
+    format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
+}
+
+fn check(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.body.len() as u64, bytes);
+    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None, "body differs");
+    assert_eq!(r.header("x-refract-handover").as_deref(), via, "{}", r.head);
+}
+
+/// The client's side, run by this test binary inside `c`'s namespace.
+fn client() {
+    let mut c = Client::connect(format!("{VIP}:8080").parse().unwrap());
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.send(get(3 << 20, 5).as_bytes());
+    check(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
+    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+    c.send(get(1000, 2).as_bytes());
+    check(&c.read_response(false).unwrap(), 1000, 2, Some("3"));
+    let sizes = [(70_000u64, 1u64), (0, 0), (1 << 20, 250)];
+    c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
+    for (n, s) in sizes {
+        check(&c.read_response(false).unwrap(), n, s, Some("5"));
+    }
+}
+
+/// Negative control, run inside `c`: without STEER the client's ACKs reach the dispatcher's
+/// stack, which has no socket for the flow any more and resets it.
+fn client_without_steering() {
+    let mut c = Client::connect(format!("{VIP}:8080").parse().unwrap());
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.send(get(3 << 20, 5).as_bytes());
+    let r = c.read_response(false);
+    assert!(r.is_err(), "without steering the hand-over cannot work: {:?}", r.map(|r| r.head));
+}
+
+/// Run inside `c`: the agent (pid in `RF_AGENT_PID`) is killed while it streams to us; we see
+/// the connection end (reset by the dispatcher's stack once it un-steers) within the bound, and
+/// a new connection is served by relay.
+fn client_agent_dies() {
+    use std::io::Read;
+    let mut c = Client::connect(format!("{VIP}:8080").parse().unwrap());
+    c.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.send(get(1 << 30, 5).as_bytes());
+    let mut chunk = vec![0u8; 1 << 16];
+    let n = c.stream.read(&mut chunk).unwrap();
+    assert!(n > 0 && chunk.starts_with(b"HTTP/1.1 200"), "the agent is streaming");
+    let pid = std::env::var("RF_AGENT_PID").unwrap();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    let killed = Instant::now();
+    let mut got = n as u64;
+    let end = loop {
+        match c.stream.read(&mut chunk) {
+            Ok(0) => break "eof",
+            Ok(k) => got += k as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+            Err(e) => panic!("after {:?}: {e}", killed.elapsed()),
+        }
+    };
+    let took = killed.elapsed();
+    eprintln!("agent killed: the client saw {end} after {took:?} ({got} bytes)");
+    assert!(got < (1 << 30), "the response was cut short ({got} bytes, {end})");
+    assert!(took < Duration::from_millis(1500), "the client saw the end ({end}) after {took:?}");
+    let mut other = Client::connect(format!("{VIP}:8080").parse().unwrap());
+    other.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    other.send(get(1 << 20, 2).as_bytes());
+    check(&other.read_response(false).unwrap(), 1 << 20, 2, None);
+}
+
+#[test]
+fn lab_agent_killed_mid_stream_resets_only_that_client() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client_agent_dies();
+    }
+    run_lab("lab_agent_killed_mid_stream_resets_only_that_client", true);
+}
+
+#[test]
+fn lab_hand_over_with_steering_and_direct_return() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client();
+    }
+    run_lab("lab_hand_over_with_steering_and_direct_return", true);
+}
+
+#[test]
+fn lab_negative_control_without_steering_the_client_is_reset() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client_without_steering();
+    }
+    run_lab("lab_negative_control_without_steering_the_client_is_reset", false);
+}
+
+fn run_lab(test: &str, steer: bool) {
+    if !is_root() {
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root");
+        return;
+    }
+    let lab = Lab::up(&test[4..5]);
+    let dir = tempfile::tempdir().unwrap();
+    let _b1 = lab.start("d", &["blob-server", "--listen", "127.0.0.1:9001", "--name", "b1"], 9001);
+    let _b2 = lab.start("a", &["blob-server", "--listen", "198.18.6.21:9002", "--name", "b2"], 9002);
+    let agent_cfg = dir.path().join("agent.toml");
+    let text = format!(
+        "backend = \"198.18.6.21:9002\"\ncontrol = \"198.18.6.21:9100\"\nvip = \"{VIP}\"\ninterface = \"eth0\"\nkey = \"{KEY}\"\n"
+    );
+    std::fs::write(&agent_cfg, text).unwrap();
+    let agent = lab.start("a", &["agent", "--config", agent_cfg.to_str().unwrap()], 9100);
+    let key_file = dir.path().join("control.key");
+    std::fs::write(&key_file, KEY).unwrap();
+    let cfg = dir.path().join("refract.toml");
+    let text = format!(
+        "[listen]\nhttp = \"{VIP}:8080\"\nworkers = 1\n\
+         [[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:9001\"\nrole = \"primary\"\n\
+         [[backend]]\nname = \"b2\"\naddr = \"198.18.6.21:9002\"\nrole = \"replica\"\n\
+         [handover]\nmode = \"always\"\n{}key_file = \"{}\"\nagents = {{ b2 = \"198.18.6.21:9100\" }}\n",
+        if steer { "interface = \"eth0\"\n" } else { "" },
+        key_file.display()
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let _d = lab.start("d", &["dispatch", "--config", cfg.to_str().unwrap()], 8080);
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.ns("c")])
+        .arg(me)
+        .args(["--exact", test, "--nocapture"])
+        .env("RF_LAB_CLIENT", "1")
+        .env("RF_AGENT_PID", agent.child.id().to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "client in rf-c:\n{text}");
+    for line in text.lines().filter(|l| l.starts_with("agent killed")) {
+        eprintln!("{line}");
+    }
+    let filters = Command::new("ip")
+        .args(["netns", "exec", &lab.ns("d"), "tc", "filter", "show", "dev", "eth0", "ingress"])
+        .output()
+        .unwrap();
+    let attached = String::from_utf8_lossy(&filters.stdout).contains("refract");
+    assert_eq!(attached, steer, "steering attached on d only when configured");
+}

@@ -1,0 +1,236 @@
+//! Same-host hand-over end to end: the real binary runs two blob servers, an agent in front of
+//! the replica (Unix socket, SCM_RIGHTS) and the dispatcher with `[handover] mode = "always"`.
+//! One keep-alive client connection alternates reads (served by the agent, tagged
+//! `x-refract-handover: EPOCH`) and writes (relayed by the dispatcher), then pipelines reads;
+//! every body is checked byte for byte against the blob pattern.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{blob, dispatcher, Client, Proc, Response};
+use refract_blob::pattern;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Starts `refract agent` with a same-host socket in `dir`, in front of `backend`.
+fn agent(dir: &Path, backend: std::net::SocketAddr) -> (Proc, PathBuf) {
+    let sock = dir.join("agent.sock");
+    let cfg = dir.join("agent.toml");
+    let text =
+        format!("backend = \"{backend}\"\nlocal = \"{}\"\nkey = \"test key of sixteen+ bytes\"\n", sock.display());
+    std::fs::write(&cfg, text).unwrap();
+    let child = Command::new(common::bin())
+        .args(["agent", "--config", cfg.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "agent never listened on {}", sock.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (Proc { child, addr: backend }, sock)
+}
+
+fn get(bytes: u64, seed: u64) -> String {
+    format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
+}
+
+fn check(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.body.len() as u64, bytes);
+    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None, "body differs");
+    assert_eq!(r.header("x-refract-handover").as_deref(), via, "{}", r.head);
+}
+
+/// A write, relayed by the dispatcher: once it is answered, the agent has handed the
+/// connection back (an agent killed between its last response and its `HandBack` takes the
+/// connection with it, by design: the dispatcher cannot tell whether that response was whole).
+fn relayed_write(c: &mut Client) {
+    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+}
+
+fn handover_extra(sock: &Path) -> String {
+    format!("[handover]\nmode = \"always\"\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
+}
+
+fn hybrid_extra(sock: &Path) -> String {
+    format!("[handover]\nmode = \"hybrid\"\nthreshold = 1048576\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
+}
+
+#[test]
+fn hybrid_hands_over_only_large_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (_agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &hybrid_extra(&sock));
+    let mut c = Client::connect(d.proc.addr);
+    // Small: relayed through the agent and the dispatcher. At the threshold: handed over.
+    c.send(get(100, 1).as_bytes());
+    check(&c.read_response(false).unwrap(), 100, 1, None);
+    c.send(get((1 << 20) - 1, 2).as_bytes());
+    check(&c.read_response(false).unwrap(), (1 << 20) - 1, 2, None);
+    c.send(get(1 << 20, 3).as_bytes());
+    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("1"));
+    c.send(get(0, 0).as_bytes());
+    check(&c.read_response(false).unwrap(), 0, 0, None);
+    // Pipelined small, large, small: the large one's hand-over carries the third request,
+    // which the agent then serves itself before handing back.
+    let sizes = [(10u64, 4u64), (5 << 20, 5), (20, 6)];
+    c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
+    let via = [None, Some("3"), Some("3")];
+    for ((n, s), v) in sizes.into_iter().zip(via) {
+        check(&c.read_response(false).unwrap(), n, s, v);
+    }
+    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    c.send(get(2 << 20, 7).as_bytes());
+    check(&c.read_response(false).unwrap(), 2 << 20, 7, Some("5"));
+}
+
+#[test]
+fn hybrid_without_its_agent_relays() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &hybrid_extra(&sock));
+    let mut c = Client::connect(d.proc.addr);
+    c.send(get(2 << 20, 1).as_bytes());
+    check(&c.read_response(false).unwrap(), 2 << 20, 1, Some("1"));
+    relayed_write(&mut c);
+    drop(agent);
+    for (n, s) in [(2u64 << 20, 2u64), (5, 3)] {
+        c.send(get(n, s).as_bytes());
+        check(&c.read_response(false).unwrap(), n, s, None);
+    }
+}
+
+#[test]
+fn reads_go_through_the_agent_and_the_connection_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (_agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &handover_extra(&sock));
+    let mut c = Client::connect(d.proc.addr);
+
+    c.send(get(3 << 20, 5).as_bytes());
+    check(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
+    // A write is relayed by the dispatcher on the same connection: it has the socket back.
+    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+    c.send(get(1000, 2).as_bytes());
+    check(&c.read_response(false).unwrap(), 1000, 2, Some("3"));
+    // Pipelined reads travel with the first: the agent serves all three in one hand-over.
+    let sizes = [(70_000u64, 1u64), (0, 0), (1 << 20, 250)];
+    c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
+    for (n, s) in sizes {
+        check(&c.read_response(false).unwrap(), n, s, Some("5"));
+    }
+    // A request split across writes: the agent hands back the partial one, the dispatcher
+    // completes it and hands over again.
+    let req = get(4096, 9);
+    c.send(&req.as_bytes()[..10]);
+    std::thread::sleep(Duration::from_millis(50));
+    c.send(&req.as_bytes()[10..]);
+    check(&c.read_response(false).unwrap(), 4096, 9, Some("7"));
+}
+
+#[test]
+fn an_unreachable_agent_means_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &handover_extra(&dir.path().join("nobody.sock")));
+    let mut c = Client::connect(d.proc.addr);
+    for (n, s) in [(2u64 << 20, 3u64), (10, 4)] {
+        c.send(get(n, s).as_bytes());
+        check(&c.read_response(false).unwrap(), n, s, None);
+    }
+}
+
+#[test]
+fn an_agent_killed_between_hand_overs_means_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &handover_extra(&sock));
+    let mut c = Client::connect(d.proc.addr);
+    c.send(get(100, 1).as_bytes());
+    check(&c.read_response(false).unwrap(), 100, 1, Some("1"));
+    relayed_write(&mut c); // the connection is back at the dispatcher: the agent may go
+    drop(agent);
+    for (n, s) in [(1u64 << 20, 2u64), (5, 3)] {
+        c.send(get(n, s).as_bytes());
+        check(&c.read_response(false).unwrap(), n, s, None);
+    }
+}
+
+/// Reads a response head and then whatever body arrives until the connection ends.
+fn read_until_cut(c: &mut Client, first: &[u8]) -> (u16, usize) {
+    use std::io::Read;
+    let mut raw = first.to_vec();
+    let mut chunk = vec![0u8; 1 << 16];
+    while let Ok(n) = c.stream.read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    let head = refract_http::ResponseHead::parse(&raw, 1 << 16, false).unwrap().unwrap();
+    (head.status, raw.len() - head.len)
+}
+
+#[test]
+fn an_agent_killed_mid_stream_cuts_only_that_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &handover_extra(&sock));
+    let mut c = Client::connect(d.proc.addr);
+    c.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let big = 256u64 << 20;
+    c.send(get(big, 1).as_bytes());
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut c.stream, &mut first).unwrap(); // the agent is streaming
+    agent.signal("KILL");
+    let started = Instant::now();
+    let (status, got) = read_until_cut(&mut c, &first);
+    assert_eq!(status, 200);
+    assert!((got as u64) < big, "the cut response is short ({got} bytes)");
+    assert!(started.elapsed() < Duration::from_secs(2), "the cut is seen within the bound");
+    // Other clients are served (by relay now).
+    let mut other = Client::connect(d.proc.addr);
+    other.send(get(1 << 20, 2).as_bytes());
+    check(&other.read_response(false).unwrap(), 1 << 20, 2, None);
+}
+
+#[test]
+fn a_client_gone_mid_stream_leaves_the_agent_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (_agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &handover_extra(&sock));
+    let mut c = Client::connect(d.proc.addr);
+    c.send(get(256 << 20, 1).as_bytes());
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut c.stream, &mut first).unwrap();
+    drop(c);
+    let mut other = Client::connect(d.proc.addr);
+    for (n, s) in [(3u64 << 20, 2u64), (7, 3)] {
+        other.send(get(n, s).as_bytes());
+        let r = other.read_response(false).unwrap();
+        assert!(r.header("x-refract-handover").is_some(), "{}", r.head);
+        assert_eq!(pattern::first_mismatch(&r.body, 0, s), None);
+    }
+}

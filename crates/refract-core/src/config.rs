@@ -245,6 +245,24 @@ pub struct Listen {
     /// backend connections; `work-stealing`: one tokio multi-thread runtime.
     #[serde(default)]
     pub runtime: RuntimeKind,
+    /// With the per-core runtime, how new client connections are spread over the event loops:
+    /// `reuseport` (default: one `SO_REUSEPORT` listener per loop, the kernel hashes each
+    /// connection to one) or `balanced` (one listener; each connection goes to the loop with
+    /// the fewest open client connections, so a few long-lived connections never share a loop
+    /// while another idles).
+    #[serde(default)]
+    pub accept: AcceptMode,
+}
+
+/// How client connections are spread over the per-core event loops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AcceptMode {
+    /// The kernel spreads them by hash over one `SO_REUSEPORT` listener per loop.
+    #[default]
+    Reuseport,
+    /// One listener; the loop with the fewest open client connections takes the next one.
+    Balanced,
 }
 
 /// How the dispatcher uses its threads.

@@ -1,16 +1,18 @@
 //! The dispatcher: binds the listeners, runs the accept loop, health checks and admin, and
 //! drains in-flight requests on shutdown.
 
-use crate::config::Config;
+use crate::config::{AcceptMode, Config};
 use crate::membership::Membership;
 use crate::metrics::Metrics;
 use crate::overload::{RetryBudget, UserLimits};
 use crate::{admin, health, session};
 use refract_http::Classifier;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -146,11 +148,23 @@ async fn accept_loop(ctx: Arc<Ctx>, listener: TcpListener, sessions: TaskTracker
 pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut threads = Vec::new();
+    let (mut spread, mut inboxes) = match ctx.cfg.listen.accept {
+        AcceptMode::Reuseport => (None, Vec::new()),
+        AcceptMode::Balanced => {
+            let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
+            let load = (0..shards).map(|_| AtomicUsize::new(0)).collect();
+            (Some(Arc::new(Spread { inboxes: txs, load })), rxs.into_iter().map(Some).collect())
+        }
+    };
     for i in 0..shards {
         let (ctx, ready) = (ctx.clone(), ready_tx.clone());
-        let t = std::thread::Builder::new().name(format!("refract-{i}")).spawn(move || shard_main(ctx, i, ready))?;
+        let feed = spread.as_ref().map(|s| Feed { spread: s.clone(), inbox: inboxes[i].take() });
+        let t =
+            std::thread::Builder::new().name(format!("refract-{i}")).spawn(move || shard_main(ctx, i, feed, ready))?;
         threads.push(t);
     }
+    spread.take();
+    inboxes.clear();
     drop(ready_tx);
     let mut first_error = None;
     for r in ready_rx.iter().take(shards) {
@@ -168,7 +182,85 @@ pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
-fn shard_main(ctx: Arc<Ctx>, i: usize, ready: std::sync::mpsc::Sender<std::io::Result<()>>) {
+/// Balanced accept: each shard's inbox of accepted connections, and its open client
+/// connections.
+struct Spread {
+    inboxes: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    load: Vec<AtomicUsize>,
+}
+
+/// One shard's part in balanced accept.
+struct Feed {
+    spread: Arc<Spread>,
+    inbox: Option<mpsc::UnboundedReceiver<std::net::TcpStream>>,
+}
+
+impl Spread {
+    /// Hands an accepted connection to the shard with the fewest open client connections.
+    fn place(&self, stream: TcpStream) {
+        let Ok(std) = stream.into_std() else { return };
+        let j = least_loaded(&self.load);
+        self.load[j].fetch_add(1, Ordering::Relaxed);
+        if self.inboxes[j].send(std).is_err() {
+            self.load[j].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The shard with the fewest open client connections (the lowest index on a tie).
+fn least_loaded(load: &[AtomicUsize]) -> usize {
+    (0..load.len()).min_by_key(|&j| load[j].load(Ordering::Relaxed)).unwrap_or(0)
+}
+
+/// Balanced accept, shard `i`'s side: serves the connections placed in its inbox (shard 0
+/// also accepts on the one listener and places them).
+async fn serve_inbox(ctx: Arc<Ctx>, i: usize, feed: Feed, listener: Option<TcpListener>, sessions: TaskTracker) {
+    let Feed { spread, inbox } = feed;
+    let Some(mut inbox) = inbox else { return };
+    if let Some(listener) = listener {
+        let (ctx, spread) = (ctx.clone(), spread.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = ctx.stop.cancelled() => return,
+                };
+                match accepted {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        ctx.metrics.connections.inc();
+                        spread.place(stream);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        });
+    }
+    loop {
+        let std = tokio::select! {
+            s = inbox.recv() => match s { Some(s) => s, None => return },
+            _ = ctx.stop.cancelled() => return,
+        };
+        match TcpStream::from_std(std) {
+            Ok(stream) => {
+                let (ctx, spread) = (ctx.clone(), spread.clone());
+                sessions.spawn(async move {
+                    session::run(ctx, stream).await;
+                    spread.load[i].fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+            Err(e) => {
+                spread.load[i].fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "could not register a client connection");
+            }
+        }
+    }
+}
+
+fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mpsc::Sender<std::io::Result<()>>) {
     crate::shard::enter(i);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -179,7 +271,11 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, ready: std::sync::mpsc::Sender<std::io::R
     };
     rt.block_on(async move {
         let started = async {
-            let listener = reuseport_listener(ctx.cfg.listen.http)?;
+            let listener = match &feed {
+                None => Some(reuseport_listener(ctx.cfg.listen.http)?),
+                Some(_) if i == 0 => Some(TcpListener::bind(ctx.cfg.listen.http).await?),
+                Some(_) => None,
+            };
             if i == 0 {
                 ctx.start_services().await?;
             }
@@ -194,7 +290,11 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, ready: std::sync::mpsc::Sender<std::io::R
         };
         let _ = ready.send(Ok(()));
         let sessions = TaskTracker::new();
-        accept_loop(ctx.clone(), listener, sessions.clone()).await;
+        match (feed, listener) {
+            (Some(feed), listener) => serve_inbox(ctx.clone(), i, feed, listener, sessions.clone()).await,
+            (None, Some(listener)) => accept_loop(ctx.clone(), listener, sessions.clone()).await,
+            (None, None) => {}
+        }
         sessions.close();
         let drain = Duration::from_millis(ctx.cfg.timeouts.drain_ms);
         if tokio::time::timeout(drain, sessions.wait()).await.is_err() {
@@ -210,4 +310,21 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseport(true)?;
     socket.bind(addr)?;
     socket.listen(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balanced_accept_picks_the_least_loaded_shard() {
+        let load: Vec<AtomicUsize> = [3, 1, 2].into_iter().map(AtomicUsize::new).collect();
+        assert_eq!(least_loaded(&load), 1);
+        load[1].fetch_add(5, Ordering::Relaxed);
+        assert_eq!(least_loaded(&load), 2);
+        let even: Vec<AtomicUsize> = (0..2).map(|_| AtomicUsize::new(0)).collect();
+        assert_eq!(least_loaded(&even), 0, "ties go to the lowest shard");
+        even[0].fetch_add(1, Ordering::Relaxed);
+        assert_eq!(least_loaded(&even), 1, "two connections land on two shards");
+    }
 }

@@ -147,3 +147,32 @@ fn the_loopback_example_works_as_documented() {
     let names: Vec<_> = backends.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap().to_string()).collect();
     assert_eq!(names, ["b1", "b2", "b3"]);
 }
+
+#[test]
+fn balanced_accept_serves_concurrent_keep_alive_connections() {
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (http, admin) = (([127, 0, 0, 1], free_port()).into(), ([127, 0, 0, 1], free_port()).into());
+    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "")
+        .replace("workers = 2\n", "workers = 2\naccept = \"balanced\"\n");
+    assert!(text.contains("accept = \"balanced\""));
+    let d = dispatcher_with(&text, http, admin);
+    let clients: Vec<_> = (0..8u64)
+        .map(|seed| {
+            let addr = d.proc.addr;
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                for i in 0..5u64 {
+                    c.send(&raw_request("GET", &format!("/blob?bytes={}&seed={seed}", 1000 + i), &[], b""));
+                    let r = c.read_response(false).unwrap();
+                    assert_eq!(r.status, 200);
+                    assert_eq!(r.body.len() as u64, 1000 + i);
+                    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(stats(b2.addr)["reads"], 40, "every read served (by the replica)");
+}

@@ -158,7 +158,8 @@ pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
     };
     for i in 0..shards {
         let (ctx, ready) = (ctx.clone(), ready_tx.clone());
-        let feed = spread.as_ref().map(|s| Feed { spread: s.clone(), inbox: inboxes[i].take() });
+        let feed =
+            spread.as_ref().map(|s| Feed { spread: s.clone(), inbox: inboxes.get_mut(i).and_then(Option::take) });
         let t =
             std::thread::Builder::new().name(format!("refract-{i}")).spawn(move || shard_main(ctx, i, feed, ready))?;
         threads.push(t);

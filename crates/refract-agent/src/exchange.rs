@@ -47,6 +47,8 @@ pub struct Adopted<'a> {
     pub timeout: Duration,
     /// The hand-over epoch, put in `x-refract-handover` on each response.
     pub epoch: u64,
+    /// Bytes written to the client so far (reported to the dispatcher with the hand-back).
+    pub sent: u64,
 }
 
 /// The length of the whole request at the start of `buf` (head and body), if it is all there.
@@ -64,8 +66,14 @@ pub fn whole_request(buf: &[u8]) -> Option<(usize, RequestHead)> {
 
 impl Adopted<'_> {
     /// Finishes the held response (if any), then serves every whole request buffered, in
-    /// order; stops at the first boundary without one.
-    pub async fn run(mut self, held: Option<Held>) -> Served {
+    /// order; stops at the first boundary without one. Also returns the bytes written to the
+    /// client (those of completed writes).
+    pub async fn run(mut self, held: Option<Held>) -> (Served, u64) {
+        let served = self.serve(held).await;
+        (served, self.sent)
+    }
+
+    async fn serve(&mut self, held: Option<Held>) -> Served {
         if let Some(h) = held {
             let keep = h.keep_alive && h.head.keep_alive && h.head.body != BodyKind::UntilClose;
             if let Err(e) = self.finish(h).await {
@@ -105,13 +113,20 @@ impl Adopted<'_> {
 
     /// Writes a response whose head was read (tagged) and streams the rest of its body.
     async fn finish(&mut self, mut h: Held) -> std::io::Result<()> {
-        self.client.write_all(&h.buf[..h.head_at]).await?;
-        self.client.write_all(&tag(&h.buf[h.head_at..h.head_at + h.head.len], self.epoch)).await?;
+        self.write(&h.buf[..h.head_at]).await?;
+        self.write(&tag(&h.buf[h.head_at..h.head_at + h.head.len], self.epoch)).await?;
         h.buf.advance(h.head_at + h.head.len);
         let mut body = BodyReader::new(h.head.body);
         while let Some(piece) = body.next(self.backend, &mut h.buf, self.timeout).await? {
-            self.client.write_all(&piece).await?;
+            self.write(&piece).await?;
         }
+        Ok(())
+    }
+
+    /// Writes to the client, counting what was written.
+    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.client.write_all(bytes).await?;
+        self.sent += bytes.len() as u64;
         Ok(())
     }
 }

@@ -103,16 +103,16 @@ pub(crate) async fn adopt(
         (None, Some(b)) => (None, b),
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
-    let adopted = Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, epoch };
+    let adopted = Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, epoch, sent: 0 };
     match adopted.run(held).await {
-        Served::Boundary(pending) => {
+        (Served::Boundary(pending), sent) => {
             let back = lock(epochs).advance(conn);
-            let msg = LocalMsg::HandBack { conn, epoch: back, pending };
+            let msg = LocalMsg::HandBack { conn, epoch: back, sent, pending };
             link.send(&msg, Some(client.as_fd())).await
         }
-        Served::Close(reason) => {
+        (Served::Close(reason), sent) => {
             lock(epochs).remove(conn);
-            link.send(&LocalMsg::Closed { conn, epoch, reason }, None).await
+            link.send(&LocalMsg::Closed { conn, epoch, sent, reason }, None).await
         }
     }
 }

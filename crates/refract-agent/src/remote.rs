@@ -41,25 +41,26 @@ pub(crate) async fn adopt(
     };
     ch.send(&Msg::HandOffOk { conn, epoch }).await?;
     let pending = BytesMut::from(&t.pending_bytes[..]);
-    let adopted = Adopted { client: &mut client, backend: &mut backend, pending, timeout: opts.backend_timeout, epoch };
+    let adopted =
+        Adopted { client: &mut client, backend: &mut backend, pending, timeout: opts.backend_timeout, epoch, sent: 0 };
     match adopted.run(None).await {
-        Served::Boundary(pending) => match hand_back_state(client, t.flow, opts).await {
+        (Served::Boundary(pending), sent) => match hand_back_state(client, t.flow, opts).await {
             Ok(tcp_state) => {
                 let back = epochs.advance(conn);
-                let t =
-                    Transfer { conn, flow: t.flow, epoch: back, tcp_state, pending_bytes: pending, app_state: vec![] };
+                let (flow, pending_bytes) = (t.flow, pending);
+                let t = Transfer { conn, flow, epoch: back, tcp_state, pending_bytes, app_state: vec![], sent };
                 ch.send(&Msg::HandBack(Box::new(t))).await
             }
             Err(e) => {
                 tracing::warn!(conn, "hand-back impossible ({e}); closing the connection");
                 epochs.remove(conn);
-                ch.send(&Msg::Closed { conn, epoch }).await
+                ch.send(&Msg::Closed { conn, epoch, sent }).await
             }
         },
-        Served::Close(reason) => {
+        (Served::Close(reason), sent) => {
             tracing::debug!(conn, "connection ends at the agent: {reason}");
             epochs.remove(conn);
-            ch.send(&Msg::Closed { conn, epoch }).await
+            ch.send(&Msg::Closed { conn, epoch, sent }).await
         }
     }
 }

@@ -85,7 +85,10 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
         assert_eq!(pattern::first_mismatch(&body, 0, seed), None);
     }
     let (back, fd) = link.recv().await.unwrap();
-    assert_eq!(back, LocalMsg::HandBack { conn: 9, epoch: 2, pending: partial });
+    let LocalMsg::HandBack { conn: 9, epoch: 2, sent, pending } = back else { panic!("{back:?}") };
+    assert_eq!(pending, partial);
+    let bodies = (3u64 << 20) + 1000;
+    assert!(sent > bodies && sent < bodies + 1000, "the agent reports what it wrote (heads and bodies): {sent}");
     drop(fd);
     // The dispatcher's own copy still works: it answers the rest itself.
     let mut server = server;

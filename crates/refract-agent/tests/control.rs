@@ -51,7 +51,7 @@ fn hand_off(conn: u64, epoch: u64) -> Msg {
         sockopts: SockOpts::default(),
     };
     let flow = FlowKey::new(client, vip);
-    Msg::HandOff(Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: vec![], app_state: vec![] }))
+    Msg::HandOff(Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: vec![], app_state: vec![], sent: 0 }))
 }
 
 #[tokio::test]

@@ -124,7 +124,7 @@ async fn scenario() {
     let tcp_state = snapshot(&fd).unwrap();
     discard(fd).unwrap();
     let flow = FlowKey::new(v4(peer), v4(vip_addr));
-    let t = Transfer { conn: 1, flow, epoch: 1, tcp_state, pending_bytes: pending, app_state: vec![] };
+    let t = Transfer { conn: 1, flow, epoch: 1, tcp_state, pending_bytes: pending, app_state: vec![], sent: 0 };
     ch.send(&Msg::HandOff(Box::new(t))).await.unwrap();
     assert_eq!(ch.recv().await.unwrap(), Msg::HandOffOk { conn: 1, epoch: 1 });
     let Msg::HandBack(back) = ch.recv().await.unwrap() else { panic!("expected HandBack") };

@@ -62,12 +62,22 @@ async fn connection(ctx: &Ctx, mut conn: ClientConn) {
     conn.close_gracefully().await;
 }
 
+/// A backend's admin view; with `[handover]` and an agent for it, plus its hand-over totals.
+fn backend_view(ctx: &Ctx, b: &crate::backend::Backend) -> serde_json::Value {
+    let mut v = serde_json::json!(b.view());
+    let agent = ctx.cfg.handover.as_ref().is_some_and(|h| h.agents.contains_key(&b.name));
+    if let (true, Some(obj)) = (agent, v.as_object_mut()) {
+        obj.insert("handover".into(), ctx.metrics.handover_view(&b.name));
+    }
+    v
+}
+
 fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
     let json =
         |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
     match (head.method.as_str(), head.path()) {
         ("GET", "/backends") => {
-            let views: Vec<_> = ctx.members.snapshot().iter().map(|b| b.view()).collect();
+            let views: Vec<_> = ctx.members.snapshot().iter().map(|b| backend_view(ctx, b)).collect();
             json(200, serde_json::json!(views))
         }
         ("POST", "/backends") => match serde_json::from_slice::<BackendConfig>(body) {
@@ -93,6 +103,7 @@ fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
             if let Some(pg) = ctx.pg.get() {
                 crate::pg::publish_metrics(pg);
             }
+            crate::handover::publish_metrics(&ctx.metrics);
             reply::response(200, "text/plain; version=0.0.4", ctx.metrics.render().as_bytes(), close)
         }
         ("GET", "/health") => reply::response(200, "text/plain", b"ok\n", close),

@@ -39,6 +39,18 @@ struct BackendLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandoverLabels {
+    backend: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndLabels {
+    backend: String,
+    end: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: String,
 }
@@ -63,6 +75,15 @@ pub struct Metrics {
     pg_pool_busy: Family<BackendLabel, Gauge>,
     pg_pool_waiting: Family<BackendLabel, Gauge>,
     pg_clients: Family<StateLabel, Gauge>,
+    handover: Family<HandoverLabels, Counter>,
+    handback: Family<BackendLabel, Counter>,
+    handover_ended: Family<EndLabels, Counter>,
+    handover_seconds: Histogram,
+    handover_frozen_seconds: Histogram,
+    bytes_direct: Family<BackendLabel, Counter>,
+    steering_entries: Gauge,
+    steering_capacity: Gauge,
+    steering_packets: Family<KindLabel, Counter>,
 }
 
 /// Per-backend handles, one request counter per route class.
@@ -131,6 +152,52 @@ impl Metrics {
         reg.register("pg_pool_waiting", "Statements waiting for a server connection", pg_pool_waiting.clone());
         let pg_clients = Family::<StateLabel, Gauge>::default();
         reg.register("pg_clients", "Logged-in PostgreSQL clients by state", pg_clients.clone());
+        let handover = Family::<HandoverLabels, Counter>::default();
+        reg.register(
+            "handover",
+            "Hand-over attempts by backend and result (ok, or why the request was relayed or the connection lost)",
+            handover.clone(),
+        );
+        let handback = Family::<BackendLabel, Counter>::default();
+        reg.register("handback", "Connections handed back by the agent", handback.clone());
+        let handover_ended = Family::<EndLabels, Counter>::default();
+        reg.register(
+            "handover_ended",
+            "Handed-over connections that ended at the agent (closed) or with the agent (lost), not handed back",
+            handover_ended.clone(),
+        );
+        let handover_seconds = Histogram::new(exponential_buckets(0.00001, 2.0, 20));
+        reg.register(
+            "handover_seconds",
+            "Hand-over latency in the dispatcher: from sending the socket (same host) or FREEZE (cross host) to the agent's acceptance",
+            handover_seconds.clone(),
+        );
+        let handover_frozen_seconds = Histogram::new(exponential_buckets(0.000002, 2.0, 20));
+        reg.register(
+            "handover_frozen_seconds",
+            "Cross host: from FREEZE to STEER of a flow in the ingress map",
+            handover_frozen_seconds.clone(),
+        );
+        let bytes_direct = Family::<BackendLabel, Counter>::default();
+        reg.register(
+            "bytes_direct",
+            "Bytes agents sent straight to clients (compare refract_bytes_total{direction=\"to_client\"}, relayed)",
+            bytes_direct.clone(),
+        );
+        let steering_entries = Gauge::default();
+        reg.register(
+            "steering_entries",
+            "Flows with an entry in the ingress (FREEZE/STEER) map",
+            steering_entries.clone(),
+        );
+        let steering_capacity = Gauge::default();
+        reg.register("steering_capacity", "Flows the ingress map can hold", steering_capacity.clone());
+        let steering_packets = Family::<KindLabel, Counter>::default();
+        reg.register(
+            "steering_packets",
+            "Packets the ingress program handled since attach: frozen_dropped, steered, redirect_error",
+            steering_packets.clone(),
+        );
         Metrics {
             registry: Mutex::new(reg),
             requests,
@@ -147,6 +214,15 @@ impl Metrics {
             pg_pool_busy,
             pg_pool_waiting,
             pg_clients,
+            handover,
+            handback,
+            handover_ended,
+            handover_seconds,
+            handover_frozen_seconds,
+            bytes_direct,
+            steering_entries,
+            steering_capacity,
+            steering_packets,
         }
     }
 
@@ -198,6 +274,61 @@ impl Metrics {
         self.pg_clients.get_or_create(&StateLabel { state: state.into() }).set(n as i64);
     }
 
+    /// Counts a hand-over attempt for `backend`: `result` is `ok` or the reason it failed.
+    pub fn handover(&self, backend: &str, result: &str) {
+        self.handover.get_or_create(&HandoverLabels { backend: backend.into(), result: result.into() }).inc();
+    }
+
+    /// Records how long a hand-over took until the agent accepted it.
+    pub fn handover_latency(&self, seconds: f64) {
+        self.handover_seconds.observe(seconds);
+    }
+
+    /// Records how long a flow stayed frozen before it was steered.
+    pub fn handover_frozen(&self, seconds: f64) {
+        self.handover_frozen_seconds.observe(seconds);
+    }
+
+    /// Counts a hand-back from `backend`'s agent.
+    pub fn handback(&self, backend: &str) {
+        self.handback.get_or_create(&BackendLabel { backend: backend.into() }).inc();
+    }
+
+    /// Counts a handed-over connection that ended without a hand-back (`closed` or `lost`).
+    pub fn handover_ended(&self, backend: &str, end: &str) {
+        self.handover_ended.get_or_create(&EndLabels { backend: backend.into(), end: end.into() }).inc();
+    }
+
+    /// Adds bytes `backend`'s agent sent straight to a client.
+    pub fn bytes_direct(&self, backend: &str, n: u64) {
+        self.bytes_direct.get_or_create(&BackendLabel { backend: backend.into() }).inc_by(n);
+    }
+
+    /// Sets the ingress map's gauges and brings its packet counters up to the program's totals
+    /// (called at scrape time).
+    pub fn set_steering(&self, entries: usize, capacity: u32, packets: [(&str, u64); 3]) {
+        self.steering_entries.set(entries as i64);
+        self.steering_capacity.set(i64::from(capacity));
+        for (kind, total) in packets {
+            let c = self.steering_packets.get_or_create(&KindLabel { kind: kind.into() });
+            let seen = c.get();
+            if total > seen {
+                c.inc_by(total - seen);
+            }
+        }
+    }
+
+    /// A backend's hand-over totals for the admin view: hand-overs, hand-backs, direct bytes.
+    pub fn handover_view(&self, backend: &str) -> serde_json::Value {
+        let b = BackendLabel { backend: backend.into() };
+        let ok = HandoverLabels { backend: backend.into(), result: "ok".into() };
+        serde_json::json!({
+            "handovers": self.handover.get_or_create(&ok).get(),
+            "handbacks": self.handback.get_or_create(&b).get(),
+            "bytes_direct": self.bytes_direct.get_or_create(&b).get(),
+        })
+    }
+
     /// Forgets a removed backend's gauges.
     pub fn remove_backend(&self, name: &str) {
         let l = BackendLabel { backend: name.into() };
@@ -232,5 +363,35 @@ mod tests {
         assert!(text.contains(r#"refract_errors_total{kind="connect"} 1"#), "{text}");
         assert!(text.contains(r#"refract_backend_in_flight{backend="b1"} 2"#), "{text}");
         assert!(text.contains("refract_request_duration_seconds_count{class=\"read\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn renders_hand_over_metrics() {
+        let m = Metrics::new();
+        m.handover("b2", "ok");
+        m.handover("b2", "unreachable");
+        m.handover_latency(0.0002);
+        m.handback("b2");
+        m.bytes_direct("b2", 1000);
+        m.handover_ended("b2", "lost");
+        m.set_steering(3, 4096, [("frozen_dropped", 5), ("steered", 7), ("redirect_error", 0)]);
+        m.set_steering(2, 4096, [("frozen_dropped", 6), ("steered", 7), ("redirect_error", 0)]);
+        let text = m.render();
+        for line in [
+            r#"refract_handover_total{backend="b2",result="ok"} 1"#,
+            r#"refract_handover_total{backend="b2",result="unreachable"} 1"#,
+            r#"refract_handback_total{backend="b2"} 1"#,
+            r#"refract_bytes_direct_total{backend="b2"} 1000"#,
+            r#"refract_handover_ended_total{backend="b2",end="lost"} 1"#,
+            "refract_handover_seconds_count 1",
+            "refract_steering_entries 2",
+            "refract_steering_capacity 4096",
+            r#"refract_steering_packets_total{kind="frozen_dropped"} 6"#,
+            r#"refract_steering_packets_total{kind="steered"} 7"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        let v = m.handover_view("b2");
+        assert_eq!(v, serde_json::json!({"handovers": 1, "handbacks": 1, "bytes_direct": 1000}));
     }
 }

@@ -66,9 +66,11 @@ fn transfer() -> impl Strategy<Value = Box<Transfer>> {
     let flow = (any::<[u8; 4]>(), any::<u16>(), any::<[u8; 4]>(), any::<u16>())
         .prop_map(|(a, p, b, q)| FlowKey::new(SocketAddrV4::new(a.into(), p), SocketAddrV4::new(b.into(), q)));
     let blob = || proptest::collection::vec(any::<u8>(), 0..200);
-    (any::<u64>(), flow, any::<u64>(), tcp_state(), blob(), blob()).prop_map(|(conn, flow, epoch, tcp_state, p, a)| {
-        Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: p, app_state: a })
-    })
+    (any::<u64>(), flow, any::<u64>(), tcp_state(), blob(), blob(), any::<u64>()).prop_map(
+        |(conn, flow, epoch, tcp_state, p, a, sent)| {
+            Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: p, app_state: a, sent })
+        },
+    )
 }
 
 fn msg() -> impl Strategy<Value = Msg> {
@@ -84,7 +86,7 @@ fn msg() -> impl Strategy<Value = Msg> {
         (any::<(u64, u64)>(), reason).prop_map(|((conn, epoch), reason)| Msg::HandOffErr { conn, epoch, reason }),
         transfer().prop_map(Msg::HandBack),
         any::<(u64, u64)>().prop_map(|(conn, epoch)| Msg::HandBackOk { conn, epoch }),
-        any::<(u64, u64)>().prop_map(|(conn, epoch)| Msg::Closed { conn, epoch }),
+        any::<(u64, u64, u64)>().prop_map(|(conn, epoch, sent)| Msg::Closed { conn, epoch, sent }),
         (any::<(u64, u64)>(), reason).prop_map(|((conn, request), reason)| Msg::RelayInstead { conn, request, reason }),
     ]
 }
@@ -191,9 +193,9 @@ async fn an_authenticated_exchange_with_heartbeats() {
     });
     let idle = tokio::time::timeout(Duration::from_millis(1200), a.recv()).await;
     assert!(idle.is_err(), "nothing but heartbeats arrived, and the peer is alive: {idle:?}");
-    a.send(&Msg::Closed { conn: 7, epoch: 2 }).await.unwrap();
+    a.send(&Msg::Closed { conn: 7, epoch: 2, sent: 9 }).await.unwrap();
     let (_d, m) = d_task.await.unwrap();
-    assert_eq!(m.unwrap(), Msg::Closed { conn: 7, epoch: 2 });
+    assert_eq!(m.unwrap(), Msg::Closed { conn: 7, epoch: 2, sent: 9 });
 }
 
 #[tokio::test]

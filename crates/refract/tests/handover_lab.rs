@@ -2,9 +2,9 @@
 //! (owns the VIP, steers from its eth0 ingress), agent host `a` (VIP on lo, guard, blob server
 //! b2) on one bridge `sw`. Reads are handed to the agent with TCP_REPAIR (`mode = "always"`),
 //! answered by direct server return and handed back; a write in between is relayed by `d`.
-//! Every body is checked against the blob pattern; no steering entry may be left (`d`'s map
-//! is inspected through the dispatcher having released every flow: the client's next requests
-//! reach `d` again). Namespaces are named `rf-*<pid>` and removed even when the test fails.
+//! Every body is checked against the blob pattern; no steering entry may be left (the
+//! dispatcher's `refract_steering_entries` gauge, read from its admin /metrics at the end, is 0).
+//! Namespaces are named `rf-*<pid>` and removed even when the test fails.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 const VIP: &str = "198.18.6.100";
 const KEY: &str = "lab hand-over test key, 16+ bytes";
+/// The dispatcher's admin port (on `d`'s loopback).
+const ADMIN: u16 = 9090;
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -82,6 +84,19 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(20));
         }
         Proc { child, addr: ([127, 0, 0, 1], port).into() }
+    }
+}
+
+impl Lab {
+    /// `GET /metrics` from the dispatcher's admin listener in `host`'s namespace.
+    fn metrics(&self, host: &str) -> String {
+        let req = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{ADMIN} && \
+             printf 'GET /metrics HTTP/1.1\\r\\nhost: d\\r\\nconnection: close\\r\\n\\r\\n' >&3 && cat <&3"
+        );
+        let out = Command::new("ip").args(["netns", "exec", &self.ns(host), "bash", "-c", &req]).output().unwrap();
+        assert!(out.status.success(), "metrics: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
@@ -208,7 +223,7 @@ fn run_lab(test: &str, steer: bool) {
     std::fs::write(&key_file, KEY).unwrap();
     let cfg = dir.path().join("refract.toml");
     let text = format!(
-        "[listen]\nhttp = \"{VIP}:8080\"\nworkers = 1\n\
+        "[listen]\nhttp = \"{VIP}:8080\"\nadmin = \"127.0.0.1:{ADMIN}\"\nworkers = 1\n\
          [[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:9001\"\nrole = \"primary\"\n\
          [[backend]]\nname = \"b2\"\naddr = \"198.18.6.21:9002\"\nrole = \"replica\"\n\
          [handover]\nmode = \"always\"\n{}key_file = \"{}\"\nagents = {{ b2 = \"198.18.6.21:9100\" }}\n",
@@ -237,4 +252,44 @@ fn run_lab(test: &str, steer: bool) {
         .unwrap();
     let attached = String::from_utf8_lossy(&filters.stdout).contains("refract");
     assert_eq!(attached, steer, "steering attached on d only when configured");
+    // The acceptance check "no map entries left", through the dispatcher's own gauge (a flow
+    // the agent closed stays steered for 1 s, for its retransmitted FINs).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = lab.metrics("d");
+        let entries = value(&text, "refract_steering_entries");
+        if !steer || entries == Some(0) || Instant::now() >= deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if steer {
+        // The capacity gauge is set by the same scrape-time read as the entries: it ran.
+        assert!(value(&text, "refract_steering_capacity") > Some(0), "{text}");
+        assert_eq!(value(&text, "refract_steering_entries"), Some(0), "steering entries left:\n{text}");
+        assert!(value(&text, r#"refract_handover_total{backend="b2",result="ok"}"#) >= Some(1), "{text}");
+        assert!(value(&text, "refract_handover_frozen_seconds_count") >= Some(1), "{text}");
+        if test.contains("killed") {
+            let lost = value(&text, r#"refract_handover_ended_total{backend="b2",end="lost"}"#);
+            assert_eq!(lost, Some(1), "{text}");
+        } else {
+            // 3 hand-overs, each acknowledged by the client through the steering; each came
+            // back (the last may end as `closed` instead when the client leaves first).
+            let back = value(&text, r#"refract_handback_total{backend="b2"}"#).unwrap_or(0);
+            let closed = value(&text, r#"refract_handover_ended_total{backend="b2",end="closed"}"#).unwrap_or(0);
+            assert_eq!(back + closed, 3, "{text}");
+            assert!(value(&text, r#"refract_steering_packets_total{kind="steered"}"#) >= Some(1), "{text}");
+            let direct = value(&text, r#"refract_bytes_direct_total{backend="b2"}"#).unwrap_or(0);
+            assert!(direct > (3 << 20) + 1000 + 70_000 + (1 << 20), "{text}");
+        }
+    } else {
+        let capacity = value(&text, "refract_steering_capacity");
+        assert_eq!(capacity, Some(0), "no steering program attached:\n{text}");
+    }
+}
+
+/// The value of `series` (name and labels exactly as rendered) in a metrics text.
+fn value(text: &str, series: &str) -> Option<u64> {
+    let v = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))?;
+    Some(v.trim().parse::<f64>().unwrap() as u64)
 }

@@ -54,6 +54,37 @@ fn relayed_write(c: &mut Client) {
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
 }
 
+/// The value of `series` (name and labels, exactly as rendered) in the dispatcher's /metrics;
+/// 0 when absent.
+fn metric(admin: std::net::SocketAddr, series: &str) -> u64 {
+    let text = String::from_utf8(common::get(admin, "/metrics").body).unwrap();
+    let value = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '));
+    value.map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// Waits (bounded) until `series` reaches `want`: the agent's last hand-back may still be on its
+/// way to the dispatcher when the client has read the last response.
+fn wait_metric(admin: std::net::SocketAddr, series: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = metric(admin, series);
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series} is {got}, expected {want}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the client received from the agent itself (tagged responses: head and body).
+fn direct(r: &Response) -> u64 {
+    if r.header("x-refract-handover").is_some() {
+        (r.head.len() + r.body.len()) as u64
+    } else {
+        0
+    }
+}
+
 fn handover_extra(sock: &Path) -> String {
     format!("[handover]\nmode = \"always\"\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
 }
@@ -70,13 +101,16 @@ fn hybrid_hands_over_only_large_results() {
     let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
     let d = dispatcher(&backends, &hybrid_extra(&sock));
     let mut c = Client::connect(d.proc.addr);
+    let mut sent_direct = 0;
     // Small: relayed through the agent and the dispatcher. At the threshold: handed over.
     c.send(get(100, 1).as_bytes());
     check(&c.read_response(false).unwrap(), 100, 1, None);
     c.send(get((1 << 20) - 1, 2).as_bytes());
     check(&c.read_response(false).unwrap(), (1 << 20) - 1, 2, None);
     c.send(get(1 << 20, 3).as_bytes());
-    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("1"));
+    let r = c.read_response(false).unwrap();
+    check(&r, 1 << 20, 3, Some("1"));
+    sent_direct += direct(&r);
     c.send(get(0, 0).as_bytes());
     check(&c.read_response(false).unwrap(), 0, 0, None);
     // Pipelined small, large, small: the large one's hand-over carries the third request,
@@ -85,12 +119,22 @@ fn hybrid_hands_over_only_large_results() {
     c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
     let via = [None, Some("3"), Some("3")];
     for ((n, s), v) in sizes.into_iter().zip(via) {
-        check(&c.read_response(false).unwrap(), n, s, v);
+        let r = c.read_response(false).unwrap();
+        check(&r, n, s, v);
+        sent_direct += direct(&r);
     }
     c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
     assert_eq!(c.read_response(false).unwrap().status, 200);
     c.send(get(2 << 20, 7).as_bytes());
-    check(&c.read_response(false).unwrap(), 2 << 20, 7, Some("5"));
+    let r = c.read_response(false).unwrap();
+    check(&r, 2 << 20, 7, Some("5"));
+    sent_direct += direct(&r);
+    // Three hand-overs (the small results are relayed, not counted), three hand-backs, and
+    // every byte the agent wrote to the client.
+    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 3);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 3);
+    assert_eq!(metric(d.admin, r#"refract_bytes_direct_total{backend="b2"}"#), sent_direct);
+    assert_eq!(metric(d.admin, "refract_handover_seconds_count"), 3);
 }
 
 #[test]
@@ -119,20 +163,27 @@ fn reads_go_through_the_agent_and_the_connection_comes_back() {
     let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
     let d = dispatcher(&backends, &handover_extra(&sock));
     let mut c = Client::connect(d.proc.addr);
+    let mut sent_direct = 0;
 
     c.send(get(3 << 20, 5).as_bytes());
-    check(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
+    let r = c.read_response(false).unwrap();
+    check(&r, 3 << 20, 5, Some("1"));
+    sent_direct += direct(&r);
     // A write is relayed by the dispatcher on the same connection: it has the socket back.
     c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
     c.send(get(1000, 2).as_bytes());
-    check(&c.read_response(false).unwrap(), 1000, 2, Some("3"));
+    let r = c.read_response(false).unwrap();
+    check(&r, 1000, 2, Some("3"));
+    sent_direct += direct(&r);
     // Pipelined reads travel with the first: the agent serves all three in one hand-over.
     let sizes = [(70_000u64, 1u64), (0, 0), (1 << 20, 250)];
     c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
     for (n, s) in sizes {
-        check(&c.read_response(false).unwrap(), n, s, Some("5"));
+        let r = c.read_response(false).unwrap();
+        check(&r, n, s, Some("5"));
+        sent_direct += direct(&r);
     }
     // A request split across writes: the agent hands back the partial one, the dispatcher
     // completes it and hands over again.
@@ -140,7 +191,19 @@ fn reads_go_through_the_agent_and_the_connection_comes_back() {
     c.send(&req.as_bytes()[..10]);
     std::thread::sleep(Duration::from_millis(50));
     c.send(&req.as_bytes()[10..]);
-    check(&c.read_response(false).unwrap(), 4096, 9, Some("7"));
+    let r = c.read_response(false).unwrap();
+    check(&r, 4096, 9, Some("7"));
+    sent_direct += direct(&r);
+    // Four hand-overs, four hand-backs, and every byte the agent wrote to the client counted.
+    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 4);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 4);
+    assert_eq!(metric(d.admin, r#"refract_bytes_direct_total{backend="b2"}"#), sent_direct);
+    assert_eq!(metric(d.admin, "refract_handover_seconds_count"), 4);
+    assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
+    let backends = common::get(d.admin, "/backends").json();
+    let b2 = backends.as_array().unwrap().iter().find(|b| b["name"] == "b2").unwrap();
+    let want = serde_json::json!({"handovers": 4, "handbacks": 4, "bytes_direct": sent_direct});
+    assert_eq!(b2["handover"], want, "{backends}");
 }
 
 #[test]
@@ -154,6 +217,8 @@ fn an_unreachable_agent_means_relay() {
         c.send(get(n, s).as_bytes());
         check(&c.read_response(false).unwrap(), n, s, None);
     }
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="unreachable"}"#), 2);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 0);
 }
 
 #[test]
@@ -208,6 +273,7 @@ fn an_agent_killed_mid_stream_cuts_only_that_client() {
     assert_eq!(status, 200);
     assert!((got as u64) < big, "the cut response is short ({got} bytes)");
     assert!(started.elapsed() < Duration::from_secs(2), "the cut is seen within the bound");
+    wait_metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#, 1);
     // Other clients are served (by relay now).
     let mut other = Client::connect(d.proc.addr);
     other.send(get(1 << 20, 2).as_bytes());

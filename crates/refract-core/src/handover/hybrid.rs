@@ -4,22 +4,23 @@
 //! and holds the result, and the dispatcher moves the connection there (with any pipelined
 //! bytes) at once — the request boundary is already quiescent, nothing else was written.
 
-use super::{local, Session};
+use super::{local, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::local::LocalMsg;
 use std::net::SocketAddr;
 use std::path::Path;
 
-/// Forwards `request` (head and body) through the agent at `path`. `Err(reason)`: nothing
-/// reached the client (relay as usual); `Ok(go_on)`: answered, by relay or by hand-over.
+/// Forwards `request` (head and body) through the agent at `path`. `Err`: nothing reached the
+/// client (relay as usual); `Ok(go_on)`: answered, by relay or by hand-over.
 pub(super) async fn exchange(
+    rec: Rec<'_>,
     conn: &mut ClientConn,
     s: &mut Session,
     path: &Path,
     backend: SocketAddr,
     threshold: u64,
     request: Vec<u8>,
-) -> Result<bool, String> {
+) -> Result<bool, Declined> {
     let mut link = match s.link.take() {
         Some((p, l)) if p == path => l,
         _ => local::connect(path).await?,
@@ -27,13 +28,15 @@ pub(super) async fn exchange(
     s.requests += 1;
     let n = s.requests;
     let fw = LocalMsg::Forward { conn: s.id, request: n, threshold, bytes: request };
-    link.send(&fw, None).await.map_err(|e| format!("agent: {e}"))?;
+    link.send(&fw, None).await.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
     let mut touched = false;
     loop {
         let msg = match link.recv().await {
             Ok((m, None)) => m,
-            Ok((m, Some(_))) => return fail(touched, format!("unexpected descriptor with {}", m.name())),
-            Err(e) => return fail(touched, format!("agent: {e}")),
+            Ok((m, Some(_))) => {
+                return fail(touched, Why::Protocol, format!("unexpected descriptor with {}", m.name()))
+            }
+            Err(e) => return fail(touched, Why::AgentLost, format!("agent: {e}")),
         };
         match msg {
             LocalMsg::Response { conn: c, request: r, last, keep, bytes } if c == s.id && r == n => {
@@ -41,6 +44,7 @@ pub(super) async fn exchange(
                 if conn.reply(&bytes).await.is_err() {
                     return Ok(false); // the client is gone; the link is dropped mid-response
                 }
+                rec.relayed(bytes.len());
                 if last {
                     s.link = Some((path.to_path_buf(), link));
                     return Ok(keep);
@@ -48,20 +52,20 @@ pub(super) async fn exchange(
             }
             LocalMsg::Want { conn: c, request: r } if c == s.id && r == n && !touched => {
                 let pending = conn.buf.to_vec();
-                let r = local::adopt(&mut link, conn, s, backend, pending).await;
+                let r = local::adopt(rec, &mut link, conn, s, backend, pending).await;
                 s.link = Some((path.to_path_buf(), link));
                 return r;
             }
-            other => return fail(touched, format!("unexpected {}", other.name())),
+            other => return fail(touched, Why::Protocol, format!("unexpected {}", other.name())),
         }
     }
 }
 
 /// Ends an exchange that went wrong: relay if nothing reached the client, else close.
-fn fail(touched: bool, why: String) -> Result<bool, String> {
+fn fail(touched: bool, why: Why, detail: String) -> Result<bool, Declined> {
     if touched {
-        tracing::warn!("agent exchange failed mid-response ({why}); closing the client connection");
+        tracing::warn!("agent exchange failed mid-response ({detail}); closing the client connection");
         return Ok(false);
     }
-    Err(why)
+    Err(Declined::new(why, detail))
 }

@@ -6,13 +6,13 @@
 //! the client's connection with it. Its ordering — `AdoptOk` before any byte to the client —
 //! is what makes "no answer yet" safe to relay.
 
-use super::Session;
+use super::{Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::local::{LocalLink, LocalMsg};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::time::timeout;
 
 /// Bound on reaching the agent's socket.
@@ -21,68 +21,93 @@ const CONNECT: Duration = Duration::from_millis(200);
 const ANSWER: Duration = Duration::from_secs(5);
 
 /// Moves the connection to the agent at `path` for the requests in `pending` and waits until it
-/// comes back. `Err(reason)`: the agent did not adopt it and wrote nothing (relay instead).
+/// comes back. `Err`: the agent did not adopt it and wrote nothing (relay instead).
 /// `Ok(go_on)`: the agent served; `go_on` is false when the connection must close.
 pub(super) async fn hand_over(
+    rec: Rec<'_>,
     conn: &mut ClientConn,
     s: &mut Session,
     path: &Path,
     backend: SocketAddr,
     pending: Vec<u8>,
-) -> Result<bool, String> {
+) -> Result<bool, Declined> {
     let mut link = connect(path).await?;
-    adopt(&mut link, conn, s, backend, pending).await
+    adopt(rec, &mut link, conn, s, backend, pending).await
 }
 
 /// Connects to the agent's socket at `path`.
-pub(super) async fn connect(path: &Path) -> Result<LocalLink, String> {
+pub(super) async fn connect(path: &Path) -> Result<LocalLink, Declined> {
     match timeout(CONNECT, LocalLink::connect(path)).await {
         Ok(Ok(l)) => Ok(l),
-        Ok(Err(e)) => Err(format!("agent {}: {e}", path.display())),
-        Err(_) => Err(format!("agent {}: connect timed out", path.display())),
+        Ok(Err(e)) => Err(Declined::new(Why::Unreachable, format!("agent {}: {e}", path.display()))),
+        Err(_) => Err(Declined::new(Why::Unreachable, format!("agent {}: connect timed out", path.display()))),
     }
 }
 
 /// Moves the connection over `link` and waits until it comes back (see [`hand_over`]).
 pub(super) async fn adopt(
+    rec: Rec<'_>,
     link: &mut LocalLink,
     conn: &mut ClientConn,
     s: &mut Session,
     backend: SocketAddr,
     pending: Vec<u8>,
-) -> Result<bool, String> {
+) -> Result<bool, Declined> {
+    let started = Instant::now();
     let epoch = s.epochs.advance(s.id);
     let adopt = LocalMsg::Adopt { conn: s.id, epoch, backend, pending };
-    link.send(&adopt, Some(conn.stream.as_fd())).await.map_err(|e| e.to_string())?;
+    let sent = link.send(&adopt, Some(conn.stream.as_fd())).await;
+    sent.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
     match timeout(ANSWER, link.recv()).await {
-        Ok(Ok((LocalMsg::AdoptOk { conn: c, epoch: e }, _))) if c == s.id && s.epochs.check(c, e).is_ok() => {}
-        Ok(Ok((LocalMsg::AdoptErr { reason, .. }, _))) => return Err(reason),
+        Ok(Ok((LocalMsg::AdoptOk { conn: c, epoch: e }, _))) if c == s.id => {
+            if let Err(e) = s.epochs.check(c, e) {
+                rec.failed(Why::StaleEpoch);
+                return Ok(lost(&format!("AdoptOk: {e}")));
+            }
+        }
+        Ok(Ok((LocalMsg::AdoptErr { reason, .. }, _))) => return Err(Declined::new(Why::of_refusal(&reason), reason)),
         // Gone before adopting: by the agent's ordering, nothing reached the client.
-        Ok(Err(e)) => return Err(format!("agent: {e}")),
-        Ok(Ok((other, _))) => return Ok(lost(&format!("unexpected {}", other.name()))),
-        Err(_) => return Ok(lost("no answer to the hand-off")),
+        Ok(Err(e)) => return Err(Declined::new(Why::AgentLost, format!("agent: {e}"))),
+        Ok(Ok((other, _))) => {
+            rec.failed(Why::Protocol);
+            return Ok(lost(&format!("unexpected {}", other.name())));
+        }
+        Err(_) => {
+            rec.failed(Why::Timeout);
+            return Ok(lost("no answer to the hand-off"));
+        }
     }
+    rec.accepted(started);
     conn.buf.clear(); // those bytes now travel with the agent
-    Ok(take_back(link, conn, s).await)
+    Ok(take_back(rec, link, conn, s).await)
 }
 
 /// Waits for the connection to come back; returns whether the session goes on.
-async fn take_back(link: &mut LocalLink, conn: &mut ClientConn, s: &mut Session) -> bool {
+async fn take_back(rec: Rec<'_>, link: &mut LocalLink, conn: &mut ClientConn, s: &mut Session) -> bool {
     match link.recv().await {
-        Ok((LocalMsg::HandBack { conn: c, epoch, pending }, Some(_theirs))) if c == s.id => {
+        Ok((LocalMsg::HandBack { conn: c, epoch, sent, pending }, Some(_theirs))) if c == s.id => {
             if let Err(e) = s.epochs.observe(c, epoch) {
+                rec.ended(Some(sent));
                 return lost(&format!("hand-back: {e}"));
             }
+            rec.handed_back(sent);
             // Our own descriptor is the same socket; theirs is closed here.
             conn.buf.extend_from_slice(&pending);
             true
         }
-        Ok((LocalMsg::Closed { reason, .. }, _)) => {
+        Ok((LocalMsg::Closed { sent, reason, .. }, _)) => {
+            rec.ended(Some(sent));
             tracing::debug!(conn = s.id, "agent closed the connection: {reason}");
             false
         }
-        Ok((other, _)) => lost(&format!("unexpected {}", other.name())),
-        Err(e) => lost(&format!("agent lost while it owned the connection: {e}")),
+        Ok((other, _)) => {
+            rec.ended(None);
+            lost(&format!("unexpected {}", other.name()))
+        }
+        Err(e) => {
+            rec.ended(None);
+            lost(&format!("agent lost while it owned the connection: {e}"))
+        }
     }
 }
 

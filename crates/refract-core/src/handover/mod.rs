@@ -9,6 +9,10 @@
 //! - `steer.rs`: the ingress map (FREEZE, STEER) on `[handover] interface`.
 //! - `hybrid.rs`: reads go through the agent, which asks for the connection when a result is
 //!   large.
+//!
+//! Every attempt is counted in `refract_handover_total{backend, result}` ([`Why`] names the
+//! failures), hand-backs, direct bytes and latency through [`Rec`] (docs/handover.md,
+//! "Observability").
 
 mod hybrid;
 mod local;
@@ -18,6 +22,7 @@ mod steer;
 use crate::config::{AgentAddr, HandoverMode};
 use crate::conn::ClientConn;
 use crate::dispatcher::Ctx;
+use crate::metrics::Metrics;
 use crate::session::ReqBody;
 use bytes::Bytes;
 use refract_handover::control::EpochTracker;
@@ -25,6 +30,129 @@ use refract_handover::local::LocalLink;
 use refract_http::RouteClass;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+/// Why a hand-over failed: the `result` label of `refract_handover_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// The agent's socket or control port could not be reached (or authenticated) in time.
+    Unreachable,
+    /// The agent answered `AdoptErr` / `HandOffErr` (foreign backend, its backend down, restore failed).
+    Refused,
+    /// An epoch did not match (the agent's refusal, or its acceptance of another epoch).
+    StaleEpoch,
+    /// The link or channel to the agent ended before it answered.
+    AgentLost,
+    /// The client had not acknowledged everything within the bound (cross host).
+    NotQuiescent,
+    /// The ingress map had no room for the flow.
+    MapFull,
+    /// The ingress program could not be attached or set, or the agent's MAC is unknown.
+    Steering,
+    /// Snapshot, silent unhash or restore of the client socket failed here.
+    Snapshot,
+    /// No answer to the hand-off within the bound.
+    Timeout,
+    /// The agent said something out of order.
+    Protocol,
+    /// Not possible for this connection or configuration (IPv6 flow, key file).
+    Unsupported,
+}
+
+impl Why {
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Why::Unreachable => "unreachable",
+            Why::Refused => "refused",
+            Why::StaleEpoch => "stale_epoch",
+            Why::AgentLost => "agent_lost",
+            Why::NotQuiescent => "not_quiescent",
+            Why::MapFull => "map_full",
+            Why::Steering => "steering",
+            Why::Snapshot => "snapshot",
+            Why::Timeout => "timeout",
+            Why::Protocol => "protocol",
+            Why::Unsupported => "unsupported",
+        }
+    }
+
+    /// How an agent's refusal reads: a stale epoch or anything else.
+    fn of_refusal(reason: &str) -> Why {
+        if reason.starts_with("stale epoch") {
+            Why::StaleEpoch
+        } else {
+            Why::Refused
+        }
+    }
+}
+
+/// A hand-over that did not happen (nothing reached the client: relay instead).
+#[derive(Debug)]
+pub(crate) struct Declined {
+    pub why: Why,
+    pub detail: String,
+}
+
+impl Declined {
+    pub(crate) fn new(why: Why, detail: impl Into<String>) -> Self {
+        Declined { why, detail: detail.into() }
+    }
+}
+
+impl std::fmt::Display for Declined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.detail, self.why.as_str())
+    }
+}
+
+/// Where one hand-over's events are counted: `backend`'s series of the dispatcher's metrics.
+#[derive(Clone, Copy)]
+pub(crate) struct Rec<'a> {
+    pub metrics: &'a Metrics,
+    pub backend: &'a str,
+}
+
+impl Rec<'_> {
+    /// The agent accepted the connection; the hand-over started at `since`.
+    fn accepted(&self, since: Instant) {
+        self.metrics.handover(self.backend, "ok");
+        self.metrics.handover_latency(since.elapsed().as_secs_f64());
+    }
+
+    /// The hand-over failed for `why`.
+    fn failed(&self, why: Why) {
+        self.metrics.handover(self.backend, why.as_str());
+    }
+
+    /// The connection came back; the agent wrote `sent` bytes to the client.
+    fn handed_back(&self, sent: u64) {
+        self.metrics.handback(self.backend);
+        self.metrics.bytes_direct(self.backend, sent);
+    }
+
+    /// The connection ended at the agent (`sent`: what it wrote, if it said) or with it.
+    fn ended(&self, sent: Option<u64>) {
+        match sent {
+            Some(n) => {
+                self.metrics.handover_ended(self.backend, "closed");
+                self.metrics.bytes_direct(self.backend, n);
+            }
+            None => self.metrics.handover_ended(self.backend, "lost"),
+        }
+    }
+
+    /// Bytes the dispatcher relayed to the client for the agent (hybrid, small results).
+    fn relayed(&self, n: usize) {
+        self.metrics.bytes_to_client.inc_by(n as u64);
+    }
+}
+
+/// Publishes the ingress map's entry count and packet counters (at scrape time; nothing when
+/// no steering program is attached).
+pub(crate) fn publish_metrics(metrics: &Metrics) {
+    steer::publish(metrics);
+}
 
 /// Ids of client connections, as the agents see them.
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -70,16 +198,17 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
     request.extend_from_slice(req.head_bytes);
     request.extend_from_slice(body);
     let _inflight = b.begin();
+    let rec = Rec { metrics: &ctx.metrics, backend: &b.name };
     let result = match (agent, cfg.mode, &cfg.key_file) {
         (AgentAddr::Unix(path), HandoverMode::Always, _) => {
             request.extend_from_slice(&conn.buf);
-            local::hand_over(conn, s, path, b.addr, request).await
+            local::hand_over(rec, conn, s, path, b.addr, request).await
         }
-        (AgentAddr::Unix(path), _, _) => hybrid::exchange(conn, s, path, b.addr, cfg.threshold, request).await,
+        (AgentAddr::Unix(path), _, _) => hybrid::exchange(rec, conn, s, path, b.addr, cfg.threshold, request).await,
         (AgentAddr::Tcp(addr), HandoverMode::Always, Some(key)) => {
             request.extend_from_slice(&conn.buf);
             let steer = cfg.interface.as_deref().map(|i| (i, cfg.map_capacity));
-            remote::hand_over(conn, s, *addr, key, steer, request).await
+            remote::hand_over(rec, conn, s, *addr, key, steer, request).await
         }
         // Cross-host hybrid (a backend link to the agent): not yet.
         (AgentAddr::Tcp(_), _, _) => return None,
@@ -89,8 +218,9 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
             b.record(true);
             Some(go_on)
         }
-        Err(reason) => {
-            tracing::debug!(backend = %b.name, "hand-over declined, relaying: {reason}");
+        Err(declined) => {
+            tracing::debug!(backend = %b.name, "hand-over declined, relaying: {declined}");
+            rec.failed(declined.why);
             ctx.metrics.error("handover_declined");
             None
         }

@@ -7,7 +7,7 @@
 //! it this is correct only where the agent's socket lives in the same kernel and a guard drops
 //! the client's segments during the two gaps (the tests).
 
-use super::{steer, Session};
+use super::{steer, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
 use refract_handover::{discard_in_place, restore, snapshot, unacked, FlowKey, TcpState};
@@ -31,64 +31,85 @@ const LINGER: Duration = Duration::from_secs(1);
 /// Moves the connection to the agent at `agent`; see [`super::local::hand_over`] for the
 /// meaning of the result. Until `HandOffOk`, any failure restores the socket here.
 pub(super) async fn hand_over(
+    rec: Rec<'_>,
     conn: &mut ClientConn,
     s: &mut Session,
     agent: SocketAddr,
     key_file: &Path,
     steer: Option<(&str, u32)>,
     pending: Vec<u8>,
-) -> Result<bool, String> {
+) -> Result<bool, Declined> {
     let flow = flow_of(&conn.stream)?;
     let key = read_key(key_file)?;
     let opts = ChannelOptions { handshake_timeout: HANDSHAKE, ..ChannelOptions::default() };
-    let mut ch = ControlChannel::connect(agent, &key, opts).await.map_err(|e| e.to_string())?;
+    let connected = ControlChannel::connect(agent, &key, opts).await;
+    let mut ch = connected.map_err(|e| Declined::new(Why::Unreachable, format!("agent {agent}: {e}")))?;
     let target = match (steer, agent) {
         (Some((iface, _)), SocketAddr::V4(a)) => Some(steer::target(iface, *a.ip())?),
-        (Some(_), SocketAddr::V6(_)) => return Err("steering needs an IPv4 agent".into()),
+        (Some(_), SocketAddr::V6(_)) => return Err(Declined::new(Why::Unsupported, "steering needs an IPv4 agent")),
         (None, _) => None,
     };
     let fl = Flow { key: flow, steer };
     quiesce(&conn.stream).await?;
+    let started = std::time::Instant::now();
     fl.set(|m| m.freeze(flow))?;
     let tcp_state = match snapshot(&conn.stream) {
         Ok(st) => st,
         Err(e) => {
             fl.release();
-            return Err(format!("snapshot: {e}"));
+            return Err(Declined::new(Why::Snapshot, format!("snapshot: {e}")));
         }
     };
     if let Err(e) = discard_in_place(&conn.stream) {
         resume_here(conn, &tcp_state)?;
         fl.release();
-        return Err(format!("discard: {e}"));
+        return Err(Declined::new(Why::Snapshot, format!("discard: {e}")));
     }
     let epoch = s.epochs.advance(s.id);
-    let t =
-        Transfer { conn: s.id, flow, epoch, tcp_state: tcp_state.clone(), pending_bytes: pending, app_state: vec![] };
+    let t = Transfer {
+        conn: s.id,
+        flow,
+        epoch,
+        tcp_state: tcp_state.clone(),
+        pending_bytes: pending,
+        app_state: vec![],
+        sent: 0,
+    };
     let answer = match ch.send(&Msg::HandOff(Box::new(t))).await {
         Ok(()) => {
             // STEER at once: the agent's guard drops what arrives before its socket exists.
             let steered = target.map_or(Ok(()), |tg| fl.set(|m| m.steer(flow, tg, epoch)));
+            if steered.is_ok() && target.is_some() {
+                rec.metrics.handover_frozen(started.elapsed().as_secs_f64());
+            }
             match steered {
-                Ok(()) => timeout(ANSWER, ch.recv()).await.map_err(|_| "no answer".to_string()),
+                Ok(()) => {
+                    timeout(ANSWER, ch.recv()).await.map_err(|_| Declined::new(Why::Timeout, "no answer to HandOff"))
+                }
                 Err(e) => Err(e),
             }
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(Declined::new(Why::AgentLost, format!("agent: {e}"))),
     };
     let refused = match answer {
-        Ok(Ok(Msg::HandOffOk { conn: c, epoch: e })) if c == s.id && s.epochs.check(c, e).is_ok() => None,
-        Ok(Ok(Msg::HandOffErr { reason, .. })) => Some(reason),
-        other => Some(format!("agent: {other:?}")),
+        Ok(Ok(Msg::HandOffOk { conn: c, epoch: e })) if c == s.id => match s.epochs.check(c, e) {
+            Ok(()) => None,
+            Err(e) => Some(Declined::new(Why::StaleEpoch, format!("HandOffOk: {e}"))),
+        },
+        Ok(Ok(Msg::HandOffErr { reason, .. })) => Some(Declined::new(Why::of_refusal(&reason), reason)),
+        Ok(Ok(other)) => Some(Declined::new(Why::Protocol, format!("agent: unexpected {}", other.name()))),
+        Ok(Err(e)) => Some(Declined::new(Why::AgentLost, format!("agent: {e}"))),
+        Err(d) => Some(d),
     };
-    if let Some(reason) = refused {
+    if let Some(declined) = refused {
         // By HANDOVER.md's failure table, D still holds the snapshot: restore it, un-steer, relay.
         let restored = resume_here(conn, &tcp_state);
         fl.release();
-        return restored.and(Err(reason));
+        return restored.and(Err(declined));
     }
+    rec.accepted(started);
     conn.buf.clear();
-    match take_back(&mut ch, conn, s).await {
+    match take_back(rec, &mut ch, conn, s).await {
         Back::Here => {
             fl.release();
             Ok(true)
@@ -125,7 +146,7 @@ impl Flow<'_> {
     fn set(
         &self,
         f: impl FnOnce(&mut refract_handover::Steering) -> refract_handover::Result<()>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Declined> {
         match self.steer {
             Some((iface, cap)) => steer::with(iface, cap, f),
             None => Ok(()),
@@ -151,32 +172,40 @@ impl Flow<'_> {
 }
 
 /// Waits for `HandBack` (or `Closed`) and restores the socket here.
-async fn take_back(ch: &mut ControlChannel, conn: &mut ClientConn, s: &mut Session) -> Back {
+async fn take_back(rec: Rec<'_>, ch: &mut ControlChannel, conn: &mut ClientConn, s: &mut Session) -> Back {
     let t = match ch.recv().await {
         Ok(Msg::HandBack(t)) if t.conn == s.id => t,
-        Ok(Msg::Closed { .. }) => return Back::Closed,
+        Ok(Msg::Closed { sent, .. }) => {
+            rec.ended(Some(sent));
+            return Back::Closed;
+        }
         other => {
             tracing::warn!("agent lost while it owned the connection ({other:?}); the client's next segment is reset");
+            rec.ended(None);
             return Back::Lost;
         }
     };
     if let Err(e) = s.epochs.observe(t.conn, t.epoch) {
         tracing::warn!("hand-back refused: {e}");
+        rec.ended(Some(t.sent));
         return Back::Lost;
     }
     if let Err(e) = resume_here(conn, &t.tcp_state) {
-        tracing::warn!("hand-back restore failed: {e}");
+        tracing::warn!("{e}");
+        rec.ended(Some(t.sent));
         return Back::Lost;
     }
+    rec.handed_back(t.sent);
     let _ = ch.send(&Msg::HandBackOk { conn: t.conn, epoch: t.epoch }).await;
     conn.buf.extend_from_slice(&t.pending_bytes);
     Back::Here
 }
 
 /// Restores `state` here and makes it the session's socket (the old one, unhashed, closes silently).
-fn resume_here(conn: &mut ClientConn, state: &TcpState) -> Result<(), String> {
-    let fd = restore(state).map_err(|e| format!("restore here: {e}"))?;
-    let stream = to_tokio(fd).map_err(|e| format!("restore here: {e}"))?;
+fn resume_here(conn: &mut ClientConn, state: &TcpState) -> Result<(), Declined> {
+    let failed = |e: &dyn std::fmt::Display| Declined::new(Why::Snapshot, format!("restore here: {e}"));
+    let fd = restore(state).map_err(|e| failed(&e))?;
+    let stream = to_tokio(fd).map_err(|e| failed(&e))?;
     drop(std::mem::replace(&mut conn.stream, stream));
     Ok(())
 }
@@ -188,27 +217,30 @@ fn to_tokio(fd: OwnedFd) -> std::io::Result<TcpStream> {
 }
 
 /// The flow as the steering map keys it (IPv4 only).
-fn flow_of(s: &TcpStream) -> Result<FlowKey, String> {
+fn flow_of(s: &TcpStream) -> Result<FlowKey, Declined> {
     match (s.peer_addr(), s.local_addr()) {
         (Ok(SocketAddr::V4(client)), Ok(SocketAddr::V4(vip))) => Ok(FlowKey::new(client, vip)),
-        _ => Err("only IPv4 flows move across hosts".into()),
+        _ => Err(Declined::new(Why::Unsupported, "only IPv4 flows move across hosts")),
     }
 }
 
-fn read_key(path: &Path) -> Result<ControlKey, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("key_file {}: {e}", path.display()))?;
-    ControlKey::try_new(text.trim_end_matches(['\n', '\r']).as_bytes().to_vec()).map_err(|e| e.to_string())
+fn read_key(path: &Path) -> Result<ControlKey, Declined> {
+    let bad = |e: String| Declined::new(Why::Unsupported, format!("key_file {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    ControlKey::try_new(text.trim_end_matches(['\n', '\r']).as_bytes().to_vec()).map_err(|e| bad(e.to_string()))
 }
 
 /// HANDOVER.md I3: everything sent is acknowledged, within a bound; else relay.
-async fn quiesce(s: &TcpStream) -> Result<(), String> {
+async fn quiesce(s: &TcpStream) -> Result<(), Declined> {
     let deadline = Instant::now() + QUIESCE;
     loop {
         match unacked(s) {
             Ok(0) => return Ok(()),
-            Ok(n) if Instant::now() >= deadline => return Err(format!("not quiescent: {n} bytes unacknowledged")),
+            Ok(n) if Instant::now() >= deadline => {
+                return Err(Declined::new(Why::NotQuiescent, format!("not quiescent: {n} bytes unacknowledged")))
+            }
             Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(Declined::new(Why::Snapshot, e.to_string())),
         }
     }
 }

@@ -2,6 +2,8 @@
 //! flow before its snapshot, STEER it to the agent's MAC right after `HandOff`, remove it once
 //! the socket is back here. Attached once, on first use, to `[handover] interface`.
 
+use super::{Declined, Why};
+use crate::metrics::Metrics;
 use refract_handover::{FlowKey, SteerTarget, Steering};
 use std::net::Ipv4Addr;
 use std::sync::{Mutex, OnceLock};
@@ -14,13 +16,30 @@ pub(super) fn with<T>(
     iface: &str,
     capacity: u32,
     f: impl FnOnce(&mut Steering) -> refract_handover::Result<T>,
-) -> Result<T, String> {
+) -> Result<T, Declined> {
     let map = STEERING.get_or_init(|| {
         Steering::attach(iface, capacity).map(Mutex::new).map_err(|e| format!("steering on {iface}: {e}"))
     });
-    let map = map.as_ref().map_err(Clone::clone)?;
+    let map = map.as_ref().map_err(|e| Declined::new(Why::Steering, e.clone()))?;
     let mut guard = map.lock().unwrap_or_else(|p| p.into_inner());
-    f(&mut guard).map_err(|e| e.to_string())
+    f(&mut guard).map_err(|e| match e {
+        refract_handover::Error::MapFull(_) => Declined::new(Why::MapFull, e.to_string()),
+        _ => Declined::new(Why::Steering, e.to_string()),
+    })
+}
+
+/// Sets the steering metrics from the attached program (nothing if none is attached).
+pub(super) fn publish(metrics: &Metrics) {
+    let Some(Ok(map)) = STEERING.get() else { return };
+    let map = map.lock().unwrap_or_else(|p| p.into_inner());
+    match (map.len(), map.stats()) {
+        (Ok(n), Ok(st)) => metrics.set_steering(
+            n,
+            map.capacity(),
+            [("frozen_dropped", st.frozen_drops), ("steered", st.steered), ("redirect_error", st.redirect_errors)],
+        ),
+        (Err(e), _) | (_, Err(e)) => tracing::warn!("steering metrics unavailable: {e}"),
+    }
 }
 
 /// Removes the flow's entry (its packets reach this host's stack again); failures are logged.
@@ -32,7 +51,11 @@ pub(super) fn release(iface: &str, capacity: u32, flow: &FlowKey) {
 
 /// Where STEER sends packets for the agent at `agent`: out of `iface` (hairpin), to the agent's
 /// MAC (from the neighbour table: the control connection just resolved it), from ours (★).
-pub(super) fn target(iface: &str, agent: Ipv4Addr) -> Result<SteerTarget, String> {
+pub(super) fn target(iface: &str, agent: Ipv4Addr) -> Result<SteerTarget, Declined> {
+    target_of(iface, agent).map_err(|e| Declined::new(Why::Steering, e))
+}
+
+fn target_of(iface: &str, agent: Ipv4Addr) -> Result<SteerTarget, String> {
     let sys = |f: &str| {
         std::fs::read_to_string(format!("/sys/class/net/{iface}/{f}")).map_err(|e| format!("{iface} {f}: {e}"))
     };

@@ -36,6 +36,9 @@ pub struct Transfer {
     pub pending_bytes: Vec<u8>,
     /// Opaque protocol state (the protocol module's session state).
     pub app_state: Vec<u8>,
+    /// In a [`Msg::HandBack`]: bytes the agent wrote to the client while it owned the
+    /// connection (for metrics). 0 in a [`Msg::HandOff`].
+    pub sent: u64,
 }
 
 /// A control message.
@@ -102,6 +105,8 @@ pub enum Msg {
         conn: u64,
         /// The epoch the agent owned it at.
         epoch: u64,
+        /// Bytes the agent wrote to the client while it owned the connection (for metrics).
+        sent: u64,
     },
     /// Dispatcher → agent: no hand-over for this request; send the result over the backend link.
     RelayInstead {
@@ -190,7 +195,10 @@ fn encode_body(msg: &Msg, out: &mut BytesMut) {
         }
         Msg::HandBack(t) => put_transfer(out, kind::HAND_BACK, t),
         Msg::HandBackOk { conn, epoch } => put_ids(out, kind::HAND_BACK_OK, *conn, *epoch),
-        Msg::Closed { conn, epoch } => put_ids(out, kind::CLOSED, *conn, *epoch),
+        Msg::Closed { conn, epoch, sent } => {
+            put_ids(out, kind::CLOSED, *conn, *epoch);
+            out.put_u64(*sent);
+        }
         Msg::RelayInstead { conn, request, reason } => {
             put_ids(out, kind::RELAY_INSTEAD, *conn, *request);
             wire::put_string(out, reason);
@@ -212,6 +220,7 @@ fn put_transfer(out: &mut BytesMut, kind: u8, t: &Transfer) {
     wire::put_tcp_state(out, &t.tcp_state);
     wire::put_blob(out, &t.pending_bytes);
     wire::put_blob(out, &t.app_state);
+    out.put_u64(t.sent);
 }
 
 /// Parses one frame from the start of `buf`: `Ok(None)` when more bytes are needed, else the
@@ -247,7 +256,7 @@ fn parse_body(r: &mut Reader<'_>) -> Result<Msg> {
         kind::HAND_OFF_ERR => Msg::HandOffErr { conn: r.u64()?, epoch: r.u64()?, reason: r.string()? },
         kind::HAND_BACK => Msg::HandBack(Box::new(transfer(r)?)),
         kind::HAND_BACK_OK => Msg::HandBackOk { conn: r.u64()?, epoch: r.u64()? },
-        kind::CLOSED => Msg::Closed { conn: r.u64()?, epoch: r.u64()? },
+        kind::CLOSED => Msg::Closed { conn: r.u64()?, epoch: r.u64()?, sent: r.u64()? },
         kind::RELAY_INSTEAD => Msg::RelayInstead { conn: r.u64()?, request: r.u64()?, reason: r.string()? },
         _ => return Err(Error::Codec("unknown message kind")),
     })
@@ -261,6 +270,7 @@ fn transfer(r: &mut Reader<'_>) -> Result<Transfer> {
         tcp_state: r.tcp_state()?,
         pending_bytes: r.blob()?,
         app_state: r.blob()?,
+        sent: r.u64()?,
     })
 }
 
@@ -286,16 +296,20 @@ mod tests {
             frame(&Msg::HandOffErr { conn: 0, epoch: 7, reason: "no".into() }),
             [0, 0, 0, 21, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 2, b'n', b'o']
         );
+        assert_eq!(
+            frame(&Msg::Closed { conn: 1, epoch: 2, sent: 0x0304 }),
+            [0, 0, 0, 25, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3, 4]
+        );
     }
 
     #[test]
     fn partial_frames_need_more_bytes() {
-        let f = frame(&Msg::Closed { conn: 9, epoch: 3 });
+        let f = frame(&Msg::Closed { conn: 9, epoch: 3, sent: 5 });
         for cut in 0..f.len() {
             assert!(parse(&f[..cut]).unwrap().is_none(), "cut at {cut}");
         }
         let (m, n) = parse(&f).unwrap().unwrap();
-        assert_eq!((m, n), (Msg::Closed { conn: 9, epoch: 3 }, f.len()));
+        assert_eq!((m, n), (Msg::Closed { conn: 9, epoch: 3, sent: 5 }, f.len()));
     }
 
     #[test]

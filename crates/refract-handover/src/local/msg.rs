@@ -53,6 +53,8 @@ pub enum LocalMsg {
         conn: u64,
         /// The epoch of the hand-back (one above the hand-off's).
         epoch: u64,
+        /// Bytes the agent wrote to the client while it owned the connection (for metrics).
+        sent: u64,
         /// Bytes the agent read from the client beyond the last response it served.
         pending: Vec<u8>,
     },
@@ -63,6 +65,8 @@ pub enum LocalMsg {
         conn: u64,
         /// The epoch the agent owned it at.
         epoch: u64,
+        /// Bytes the agent wrote to the client while it owned the connection (for metrics).
+        sent: u64,
         /// Why (for logs and metrics).
         reason: String,
     },
@@ -161,12 +165,14 @@ pub fn encode(msg: &LocalMsg, out: &mut BytesMut) {
             put_ids(out, kind::ADOPT_ERR, *conn, *epoch);
             put_string(out, reason);
         }
-        LocalMsg::HandBack { conn, epoch, pending } => {
+        LocalMsg::HandBack { conn, epoch, sent, pending } => {
             put_ids(out, kind::HAND_BACK, *conn, *epoch);
+            out.put_u64(*sent);
             put_blob(out, pending);
         }
-        LocalMsg::Closed { conn, epoch, reason } => {
+        LocalMsg::Closed { conn, epoch, sent, reason } => {
             put_ids(out, kind::CLOSED, *conn, *epoch);
+            out.put_u64(*sent);
             put_string(out, reason);
         }
         LocalMsg::Forward { conn, request, threshold, bytes } => {
@@ -215,8 +221,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<(LocalMsg, usize)>> {
         kind::ADOPT => LocalMsg::Adopt { conn, epoch, backend: r.addr()?, pending: r.blob()? },
         kind::ADOPT_OK => LocalMsg::AdoptOk { conn, epoch },
         kind::ADOPT_ERR => LocalMsg::AdoptErr { conn, epoch, reason: r.string()? },
-        kind::HAND_BACK => LocalMsg::HandBack { conn, epoch, pending: r.blob()? },
-        kind::CLOSED => LocalMsg::Closed { conn, epoch, reason: r.string()? },
+        kind::HAND_BACK => LocalMsg::HandBack { conn, epoch, sent: r.u64()?, pending: r.blob()? },
+        kind::CLOSED => LocalMsg::Closed { conn, epoch, sent: r.u64()?, reason: r.string()? },
         kind::FORWARD => LocalMsg::Forward { conn, request: epoch, threshold: r.u64()?, bytes: r.blob()? },
         kind::WANT => LocalMsg::Want { conn, request: epoch },
         kind::RESPONSE => {
@@ -243,8 +249,15 @@ mod tests {
         encode(&LocalMsg::AdoptOk { conn: 1, epoch: 2 }, &mut out);
         assert_eq!(&out[..], &[0, 0, 0, 17, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]);
         out.clear();
-        encode(&LocalMsg::HandBack { conn: 1, epoch: 3, pending: b"GE".to_vec() }, &mut out);
-        let want = [&[0, 0, 0, 23, 4][..], &[0, 0, 0, 0, 0, 0, 0, 1], &[0, 0, 0, 0, 0, 0, 0, 3], &[0, 0, 0, 2], b"GE"];
+        encode(&LocalMsg::HandBack { conn: 1, epoch: 3, sent: 0x0102, pending: b"GE".to_vec() }, &mut out);
+        let want = [
+            &[0, 0, 0, 31, 4][..],
+            &[0, 0, 0, 0, 0, 0, 0, 1],
+            &[0, 0, 0, 0, 0, 0, 0, 3],
+            &[0, 0, 0, 0, 0, 0, 1, 2],
+            &[0, 0, 0, 2],
+            b"GE",
+        ];
         assert_eq!(&out[..], &want.concat()[..]);
     }
 
@@ -259,8 +272,9 @@ mod tests {
             },
             LocalMsg::AdoptOk { conn: 7, epoch: 1 },
             LocalMsg::AdoptErr { conn: 7, epoch: 1, reason: "no".into() },
-            LocalMsg::HandBack { conn: 7, epoch: 2, pending: vec![] },
-            LocalMsg::Closed { conn: 7, epoch: 2, reason: "client closed".into() },
+            LocalMsg::HandBack { conn: 7, epoch: 2, sent: 0, pending: vec![] },
+            LocalMsg::HandBack { conn: 7, epoch: 4, sent: u64::MAX, pending: b"GET /".to_vec() },
+            LocalMsg::Closed { conn: 7, epoch: 2, sent: 3 << 20, reason: "client closed".into() },
             LocalMsg::Forward { conn: 7, request: 3, threshold: 1 << 20, bytes: b"GET /".to_vec() },
             LocalMsg::Want { conn: 7, request: 3 },
             LocalMsg::Response { conn: 7, request: 3, last: true, keep: false, bytes: b"HTTP".to_vec() },

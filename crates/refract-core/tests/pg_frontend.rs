@@ -70,6 +70,61 @@ fn set_follows_the_session_across_server_connections() {
     assert_eq!(f.psql(&["SHOW statement_timeout", "BEGIN", "SHOW statement_timeout", "COMMIT"]).unwrap(), "0\n0");
 }
 
+/// Two sessions with different SET state take turns on one server connection per server: each
+/// sees its own values (startup `application_name`, SETs, a parameter only one has), by simple
+/// query and by the extended protocol, in and out of transactions.
+#[test]
+fn sessions_taking_turns_on_one_connection_keep_their_own_settings() {
+    let f = pg_common::Fixture::start("pool_size = 1\nmin_idle = 1");
+    let connect = |app: &str| Client::connect_with(f.addr(), USER, PASSWORD, &[("application_name", app)]).unwrap();
+    let (mut a, mut b) = (connect("client_a"), connect("client_b"));
+    assert_eq!(a.query("SET search_path = a_schema, public").code(), None);
+    assert_eq!(b.query("SET statement_timeout = '1234ms'").code(), None);
+    let show = |c: &mut Client, sql: &str| {
+        let got = c.query(sql);
+        assert_eq!(got.error, None, "{sql}");
+        got.rows.iter().map(|r| r[0].clone().unwrap_or_default()).collect::<Vec<_>>().join("|")
+    };
+    let extended = |c: &mut Client| {
+        let parse = FrontendMessage::Parse {
+            name: String::new(),
+            query: "SELECT current_setting('application_name') || ' ' || current_setting('search_path')".into(),
+            param_types: vec![],
+        };
+        let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+        c.send(&[parse, FrontendMessage::Bind(bind_default()), exec, FrontendMessage::Sync]);
+        let got = c.until_ready();
+        assert_eq!(got.error, None);
+        got.value().to_owned()
+    };
+    for round in 0..3 {
+        assert_eq!(show(&mut a, "SHOW application_name"), "client_a", "round {round}");
+        assert_eq!(show(&mut b, "SHOW application_name"), "client_b", "round {round}");
+        assert_eq!(show(&mut a, "SHOW search_path"), "a_schema, public", "round {round}");
+        assert_eq!(show(&mut b, "SHOW search_path"), "\"$user\", public", "round {round}");
+        assert_eq!(show(&mut a, "SHOW statement_timeout"), "0", "round {round}");
+        assert_eq!(show(&mut b, "SHOW statement_timeout"), "1234ms", "round {round}");
+        assert_eq!(extended(&mut a), "client_a a_schema, public", "round {round}");
+        assert_eq!(extended(&mut b), "client_b \"$user\", public", "round {round}");
+        // On the primary, in a transaction.
+        assert_eq!(show(&mut a, "BEGIN; SHOW search_path; COMMIT"), "a_schema, public", "round {round}");
+        assert_eq!(show(&mut b, "BEGIN; SHOW application_name; COMMIT"), "client_b", "round {round}");
+    }
+    // A change in a rolled-back transaction does not stick; a committed one does.
+    assert_eq!(show(&mut a, "BEGIN; SET application_name = 'gone'; ROLLBACK"), "");
+    assert_eq!(show(&mut b, "SHOW application_name"), "client_b");
+    assert_eq!(show(&mut a, "SHOW application_name"), "client_a");
+    assert_eq!(show(&mut a, "BEGIN; SET application_name = 'kept'; COMMIT"), "");
+    assert_eq!(show(&mut b, "SHOW application_name"), "client_b");
+    assert_eq!(show(&mut a, "SHOW application_name"), "kept");
+    // RESET: back to the server's default for this session only.
+    assert_eq!(show(&mut a, "RESET search_path"), "");
+    assert_eq!(show(&mut a, "SHOW search_path"), "\"$user\", public");
+    assert_eq!(show(&mut b, "SET search_path = b_schema"), "");
+    assert_eq!(show(&mut a, "SHOW search_path"), "\"$user\", public");
+    assert_eq!(show(&mut b, "SHOW search_path"), "b_schema");
+}
+
 #[test]
 fn copy_in_and_out() {
     let f = shared();

@@ -99,3 +99,26 @@ fn a_replica_behind_by_time_is_skipped_and_an_idle_one_is_not() {
     eventually(&f, "SELECT count(*), pg_is_in_recovery() FROM t_lag_ms", "1|t");
     assert_eq!(replica(&f)["lag_seconds"], 0.0);
 }
+
+/// Read-your-writes without waiting for the health probe: a session that writes several times
+/// a second reads from the replica once the replica has replayed its write (the health probe
+/// runs only every 5 s here, so only the fast WAL-position polling can tell).
+#[test]
+fn a_write_is_read_from_the_replica_once_it_caught_up() {
+    let f = Fixture::start("read_your_writes = true\nhealth_interval_ms = 5000");
+    f.psql(&["CREATE TABLE t_ryw_fast (x int)"]).unwrap();
+    f.replicated();
+    eventually(&f, "SELECT pg_is_in_recovery()", "t");
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    for i in 1..=5 {
+        assert_eq!(c.query("INSERT INTO t_ryw_fast VALUES (1)").code(), None);
+        std::thread::sleep(Duration::from_millis(200));
+        let a = c.query("SELECT count(*), pg_is_in_recovery() FROM t_ryw_fast");
+        assert_eq!((a.value(), a.rows[0][1].as_deref()), (i.to_string().as_str(), Some("t")), "write {i}: {a:?}");
+    }
+    // An explicit write transaction too.
+    assert_eq!(c.query("BEGIN; INSERT INTO t_ryw_fast VALUES (1); COMMIT").code(), None);
+    std::thread::sleep(Duration::from_millis(200));
+    let a = c.query("SELECT count(*), pg_is_in_recovery() FROM t_ryw_fast");
+    assert_eq!((a.value(), a.rows[0][1].as_deref()), ("6", Some("t")), "{a:?}");
+}

@@ -6,7 +6,7 @@
 use super::error::PgError;
 use super::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
-use refract_pg::classify::Route;
+use refract_pg::classify::{Route, Statement};
 use refract_pg::frontend::Target;
 use refract_pg::session::{Origin, PreparedStatement};
 use refract_pg::{reply, BackendMessage, FrontendMessage};
@@ -109,9 +109,16 @@ impl Session {
     }
 
     async fn run_bound_batch(&mut self, msgs: Vec<FrontendMessage>, synced: bool, route: Route) -> Result<(), PgError> {
-        self.sync_params().await?;
+        let mut head = BytesMut::new();
+        let prefixed = self.params_prefix(&mut head)?;
         let plan = self.plan(msgs)?;
-        self.conn()?.wire.send(&plan.out).await?;
+        if prefixed {
+            head.extend_from_slice(&plan.out);
+            self.conn()?.wire.send(&head).await?;
+            self.drain_prefix().await?;
+        } else {
+            self.conn()?.wire.send(&plan.out).await?;
+        }
         self.relay_batch(plan.expect).await?;
         if synced {
             self.after_ready(route == Route::Write).await?;
@@ -154,7 +161,14 @@ impl Session {
         for msg in msgs {
             match msg {
                 FrontendMessage::Parse { name, query, param_types } => {
-                    let read = self.is_read(&query);
+                    let c = self.shared.classifier.classify(&query);
+                    let read = c.target(self.state.route) == Route::Read;
+                    if c.statements.iter().any(|s| {
+                        matches!(s, Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { .. })
+                    }) {
+                        // Not tracked through the extended protocol: whoever comes next resets.
+                        self.note_untracked();
+                    }
                     let ps = self.state.prepared.parse(&name, &query, &param_types, read);
                     if name.is_empty() {
                         plan.send(&FrontendMessage::Parse { name, query, param_types }, true, None);
@@ -218,7 +232,11 @@ impl Session {
             }
             let (tag, frame) = self.server_frame().await?;
             match tag {
-                b'N' | b'S' | b'A' => self.out.extend_from_slice(&frame),
+                b'S' => {
+                    self.note_untracked();
+                    self.out.extend_from_slice(&frame);
+                }
+                b'N' | b'A' => self.out.extend_from_slice(&frame),
                 b'E' => {
                     self.out.extend_from_slice(&frame);
                     skip_to_sync(&mut expect);

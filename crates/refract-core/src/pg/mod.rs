@@ -65,7 +65,7 @@ pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
     if let Some(f) = &cfg.write_functions {
         ccfg.write_functions = f.clone();
     }
-    let servers = Arc::new(servers::Servers::new(&cfg));
+    let servers = Arc::new(servers::Servers::new(&cfg, &ctx.metrics));
     let shared = Arc::new(Shared {
         servers: servers.clone(),
         classifier: Classifier::new(ccfg),
@@ -81,6 +81,9 @@ pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
     // The admin listener reads the pools, clients and servers through the context.
     let _ = ctx.pg.set(shared.clone());
     let interval = Duration::from_millis(shared.cfg.health_interval_ms);
+    if shared.cfg.read_your_writes && servers.list.iter().any(|s| s.role == PgRole::Replica) {
+        tokio::spawn(servers::run_lsn_poll(servers.clone(), ctx.stop.clone()));
+    }
     tokio::spawn(servers::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
     tracing::info!(addr = %listener.local_addr()?, "postgres listening");
     tokio::spawn(accept_loop(shared, listener));

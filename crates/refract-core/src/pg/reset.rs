@@ -2,23 +2,25 @@
 //! statement) in transaction mode, [`Session::give_back`] at the end of a client session,
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
-use super::server::parse_lsn;
 use super::session::Session;
 use refract_pg::TxStatus;
 use std::time::Duration;
 
 impl Session {
-    /// Returns the bound connection to its pool; after a write (read-your-writes) first asks
-    /// the primary for its WAL position, which this session's reads must then wait for.
+    /// Returns the bound connection to its pool, noting the SET state it now carries. After a
+    /// write (read-your-writes) this session's reads must wait for a replica past the primary's
+    /// WAL position as polled after now (no query here: see `Servers::write_committed`).
     pub(super) async fn release(&mut self) {
         let Some(mut b) = self.bound.take() else { return };
         self.client.info.set_bound(None);
         self.key.set(None);
         if b.wrote && self.shared.cfg.read_your_writes {
-            match b.guard.query_one("SELECT pg_current_wal_lsn()::text").await {
-                Ok(Some(lsn)) => self.min_lsn = parse_lsn(&lsn).or(self.min_lsn),
-                _ => b.guard.broken = true,
-            }
+            self.pending_write = Some(self.shared.servers.write_committed());
+        }
+        if b.untracked {
+            b.guard.applied = None;
+        } else if b.touched {
+            b.guard.applied = Some(self.state.params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect());
         }
         b.guard.release();
     }
@@ -46,7 +48,7 @@ impl Session {
                 let conn = &mut *b.guard;
                 conn.prepared.clear();
                 conn.sql_prepared.clear();
-                conn.state_of = None;
+                conn.applied = Some(vec![]);
                 b.guard.release();
             }
             Ok(Err(e)) => tracing::debug!(error = %e, "resetting a session-mode connection failed"),

@@ -5,6 +5,7 @@ use super::error::PgError;
 use super::wire::Wire;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{ClientAuth, ClientStep};
+use refract_pg::session::ParamTracker;
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::{BackendMessage, FrontendMessage, Side, Startup, StartupPacket};
 use std::collections::HashSet;
@@ -49,9 +50,10 @@ pub struct ServerConn {
     pub prepared: HashSet<String>,
     /// SQL-level statements prepared here: name → PREPARE text.
     pub sql_prepared: std::collections::HashMap<String, String>,
-    /// Whose SET state this connection carries: (client id, parameter generation); `None` =
-    /// the server's defaults.
-    pub state_of: Option<(u64, u64)>,
+    /// The session parameters clients put on this connection, as (name, SET statement) in
+    /// the order applied, relative to the server's defaults (`Some(vec![])`: the defaults);
+    /// `None`: unknown (an untracked change), so the next client starts with `RESET ALL`.
+    pub applied: Option<Vec<(String, String)>>,
     /// Something went wrong mid-conversation: never reuse.
     pub broken: bool,
 }
@@ -83,7 +85,7 @@ impl ServerConn {
             params: vec![],
             prepared: HashSet::new(),
             sql_prepared: Default::default(),
-            state_of: None,
+            applied: Some(vec![]),
             broken: false,
         };
         conn.login(login).await?;
@@ -139,6 +141,35 @@ impl ServerConn {
             Some(e) => Err(PgError::Server(e)),
             None => Ok(rows),
         }
+    }
+
+    /// What to send so that this connection carries exactly `want` (name, SET statement):
+    /// `None` when it already does; otherwise only the SETs that differ, or `RESET ALL` and
+    /// all of `want` when a parameter must go back to its default or the state is unknown.
+    pub fn params_sql(&self, want: &ParamTracker) -> Option<String> {
+        let mut sql = String::new();
+        let mut push = |text: &str| {
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
+            sql.push_str(text);
+        };
+        let applied =
+            self.applied.as_deref().filter(|have| have.iter().all(|(n, _)| want.params().any(|(w, _)| w == n)));
+        match applied {
+            Some(have) => {
+                for (name, text) in want.params() {
+                    if !have.iter().any(|(n, t)| n == name && t == text) {
+                        push(text);
+                    }
+                }
+            }
+            None => {
+                push("RESET ALL");
+                want.params().for_each(|(_, text)| push(text));
+            }
+        }
+        (!sql.is_empty()).then_some(sql)
     }
 
     /// Runs `sql` and returns the first column of the first row.

@@ -4,9 +4,11 @@
 use super::config::{PgConfig, PgRole};
 use super::pool::Pool;
 use super::server::{parse_lsn, Login, ServerConn};
-use crate::metrics::Metrics;
+use crate::metrics::{BackendCounters, Metrics};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +23,8 @@ pub struct Server {
     pub pool: Arc<Pool>,
     /// Its position in [`Servers::list`].
     pub index: usize,
+    /// Its request counters (`pg:<name>`), looked up once.
+    pub counters: BackendCounters,
     up: AtomicBool,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
     lsn: AtomicU64,
@@ -81,14 +85,32 @@ pub struct Servers {
     /// In configuration order.
     pub list: Vec<Arc<Server>>,
     primary: Arc<Server>,
+    /// The replicas, in configuration order.
+    replicas: Vec<Arc<Server>>,
     next: AtomicUsize,
     max_lag: u64,
     max_lag_ms: u64,
+    /// Sequence number of the last primary WAL-position poll started (health or fast poll).
+    poll_started: AtomicU64,
+    /// Recent primary polls that finished: (sequence number, WAL position), oldest first.
+    polls: Mutex<VecDeque<(u64, u64)>>,
+    /// When a session last needed fresh WAL positions (Unix ms): fast polling runs while
+    /// this is recent.
+    demand: AtomicU64,
 }
+
+/// How many finished primary polls [`Servers::polls`] keeps.
+const POLLS_KEPT: usize = 256;
+
+/// The fast WAL-position poll interval (read-your-writes, while sessions wait for it).
+pub const LSN_POLL: Duration = Duration::from_millis(10);
+
+/// Fast polling goes on this long after the last session that needed it.
+const DEMAND_FOR_MS: u64 = 2000;
 
 impl Servers {
     /// Pools for every configured server; all start up (the first probe corrects that).
-    pub fn new(cfg: &PgConfig) -> Servers {
+    pub fn new(cfg: &PgConfig, metrics: &Metrics) -> Servers {
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
@@ -106,6 +128,7 @@ impl Servers {
                     role: s.role,
                     pool: Pool::new(s.addr, login.clone(), cfg.pool_size, checkout),
                     index,
+                    counters: metrics.backend(&format!("pg:{}", s.name)),
                     up: AtomicBool::new(true),
                     lsn: AtomicU64::new(0),
                     lag: AtomicU64::new(0),
@@ -118,7 +141,59 @@ impl Servers {
             .collect();
         // Validation guarantees exactly one primary.
         let primary = list.iter().find(|s| s.role == PgRole::Primary).cloned().unwrap_or_else(|| list[0].clone());
-        Servers { list, primary, next: AtomicUsize::new(0), max_lag: cfg.max_lag_bytes, max_lag_ms: cfg.max_lag_ms }
+        let replicas = list.iter().filter(|s| s.role == PgRole::Replica).cloned().collect();
+        Servers {
+            list,
+            primary,
+            replicas,
+            next: AtomicUsize::new(0),
+            max_lag: cfg.max_lag_bytes,
+            max_lag_ms: cfg.max_lag_ms,
+            poll_started: AtomicU64::new(0),
+            polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
+            demand: AtomicU64::new(0),
+        }
+    }
+
+    /// A write just committed (its ReadyForQuery came): returns the sequence number of the
+    /// first primary poll that certainly started after it. A replica that has replayed up to
+    /// that poll's WAL position has the write ([`Servers::primary_lsn_since`]).
+    pub fn write_committed(&self) -> u64 {
+        self.want_fresh_lsn();
+        self.poll_started.load(Ordering::SeqCst) + 1
+    }
+
+    /// The primary's WAL position from the first finished poll numbered `seq` or later, if one
+    /// has finished.
+    pub fn primary_lsn_since(&self, seq: u64) -> Option<u64> {
+        let polls = self.polls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        polls.iter().find(|(s, _)| *s >= seq).map(|(_, lsn)| *lsn)
+    }
+
+    /// A session waits for WAL positions: poll fast for a while.
+    pub fn want_fresh_lsn(&self) {
+        self.demand.store(unix_ms(), Ordering::Relaxed);
+    }
+
+    fn fast_poll_wanted(&self) -> bool {
+        unix_ms().saturating_sub(self.demand.load(Ordering::Relaxed)) < DEMAND_FOR_MS
+    }
+
+    /// Numbers a primary poll about to be sent.
+    fn begin_primary_poll(&self) -> u64 {
+        self.poll_started.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Records a finished primary poll.
+    fn record_primary_poll(&self, seq: u64, lsn: u64) {
+        self.primary.lsn.fetch_max(lsn, Ordering::Relaxed);
+        let mut polls = self.polls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if polls.len() == POLLS_KEPT {
+            polls.pop_front();
+        }
+        // Polls may finish out of order (health and fast loop): keep the list sorted.
+        let at = polls.iter().rposition(|(s, _)| *s < seq).map_or(0, |i| i + 1);
+        polls.insert(at, (seq, lsn));
     }
 
     /// The primary, if it is up.
@@ -129,18 +204,22 @@ impl Servers {
     /// Replicas that may serve a read, round robin from the next one: up, within the lag bounds
     /// (bytes and time), and (read-your-writes) past `min_lsn`.
     pub fn replicas_for_read(&self, min_lsn: Option<u64>) -> Vec<Arc<Server>> {
-        let replicas: Vec<&Arc<Server>> = self.list.iter().filter(|s| s.role == PgRole::Replica).collect();
+        let replicas = &self.replicas;
         if replicas.is_empty() {
             return vec![];
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         (0..replicas.len())
-            .map(|i| replicas[(start + i) % replicas.len()])
+            .map(|i| &replicas[(start + i) % replicas.len()])
             .filter(|s| s.is_up() && (self.max_lag == 0 || s.lag_bytes() <= self.max_lag))
             .filter(|s| self.max_lag_ms == 0 || s.lag_ms() <= self.max_lag_ms)
             .filter(|s| match min_lsn {
                 None => true,
-                Some(want) => s.lsn() >= want,
+                Some(want) if s.lsn() >= want => true,
+                Some(_) => {
+                    self.want_fresh_lsn();
+                    false
+                }
             })
             .cloned()
             .collect()
@@ -179,15 +258,63 @@ pub async fn run_health(
     }
 }
 
+/// Read-your-writes: while sessions wait for a replica to pass their writes, polls the
+/// primary's WAL position and the replicas' replay positions every [`LSN_POLL`], each on a
+/// dedicated connection (one tiny query per server); idle otherwise.
+pub async fn run_lsn_poll(servers: Arc<Servers>, stop: CancellationToken) {
+    let mut conns: Vec<Option<ServerConn>> = servers.list.iter().map(|_| None).collect();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(LSN_POLL) => {}
+            _ = stop.cancelled() => return,
+        }
+        if !servers.fast_poll_wanted() {
+            continue;
+        }
+        for (s, conn) in servers.list.iter().zip(conns.iter_mut()) {
+            if !s.is_up() {
+                *conn = None;
+                continue;
+            }
+            let seq = (s.role == PgRole::Primary).then(|| servers.begin_primary_poll());
+            let sql = match s.role {
+                PgRole::Primary => "SELECT pg_current_wal_lsn()::text",
+                PgRole::Replica => "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text",
+            };
+            let Some(lsn) = poll_lsn(s, conn, sql).await else {
+                *conn = None;
+                continue;
+            };
+            match seq {
+                Some(seq) => servers.record_primary_poll(seq, lsn),
+                None => drop(s.lsn.fetch_max(lsn, Ordering::Relaxed)),
+            }
+        }
+    }
+}
+
+/// One WAL position from `sql` on `conn` (connected first if need be).
+async fn poll_lsn(s: &Server, conn: &mut Option<ServerConn>, sql: &str) -> Option<u64> {
+    if conn.is_none() {
+        *conn = ServerConn::connect(s.addr, &s.login).await.ok();
+    }
+    let lsn = tokio::time::timeout(s.login.timeout, conn.as_mut()?.query_one(sql)).await.ok()?.ok()??;
+    parse_lsn(&lsn)
+}
+
 /// Probes each server; returns the primary's WAL position if it answered.
 async fn probe_all(servers: &Servers, probes: &mut [Option<ServerConn>]) -> Option<u64> {
     let mut primary_lsn = None;
     for (s, probe) in servers.list.iter().zip(probes.iter_mut()) {
+        let seq = (s.role == PgRole::Primary).then(|| servers.begin_primary_poll());
         let result = probe_one(s, probe).await;
         s.last_check.store(unix_ms(), Ordering::Relaxed);
         match result {
             Some((lsn, lag_ms)) => {
-                s.lsn.store(lsn, Ordering::Relaxed);
+                match seq {
+                    Some(seq) => servers.record_primary_poll(seq, lsn),
+                    None => s.lsn.store(lsn, Ordering::Relaxed),
+                }
                 s.lag_ms.store(lag_ms, Ordering::Relaxed);
                 if !s.up.swap(true, Ordering::Relaxed) {
                     tracing::info!(server = %s.name, "postgres server up");

@@ -32,6 +32,15 @@ pub(super) struct Bound {
     pub server: Arc<Server>,
     /// A write ran on the primary during this binding (read-your-writes needs its LSN).
     pub wrote: bool,
+    /// The connection has been given this session's SET state (done once, at the first
+    /// statement of the binding; after that only the session itself changes it).
+    pub synced: bool,
+    /// A tracked SET/RESET/DISCARD ran during this binding: the connection's applied state is
+    /// the session's when the binding ends.
+    pub touched: bool,
+    /// Something changed parameters refract does not track (an extended-protocol SET, a
+    /// ParameterStatus after a non-SET statement): the next client starts with `RESET ALL`.
+    pub untracked: bool,
 }
 
 /// A client session.
@@ -41,11 +50,13 @@ pub(super) struct Session {
     /// Bytes to the client not yet written.
     pub out: BytesMut,
     pub state: SessionState,
-    pub id: u64,
     pub(super) key: CancelKey,
     pub bound: Option<Bound>,
     /// Read-your-writes: reads need a replica past this WAL position.
     pub(super) min_lsn: Option<u64>,
+    /// Read-your-writes: a write committed and the primary's WAL position has not been polled
+    /// since; its position is that of the first poll with this sequence number or later.
+    pub(super) pending_write: Option<u64>,
     /// Extended-protocol messages waiting for Sync or Flush.
     pub batch: Vec<FrontendMessage>,
     /// The server failed a message of an unsynced batch: it ignores everything until Sync.
@@ -82,10 +93,10 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         wire,
         out: BytesMut::new(),
         state,
-        id,
         key: logged.key,
         bound: None,
         min_lsn: None,
+        pending_write: None,
         batch: vec![],
         skip_until_sync: false,
         discard_until_sync: false,
@@ -176,18 +187,71 @@ impl Session {
     }
 
     async fn run_simple(&mut self, c: &Classification, frame: bytes::Bytes, route: Route) -> Result<(), PgError> {
-        self.sync_params().await?;
+        let in_tx_before = self.state.tx.in_transaction();
+        let mut head = BytesMut::new();
+        let mut prefixed = self.params_prefix(&mut head)?;
+        let prepares = c.statements.iter().any(|s| matches!(s, Statement::Prepare { .. } | Statement::Execute { .. }));
+        if prefixed && prepares {
+            // PREPARE resolves names with the session's search_path: SET first.
+            self.conn()?.wire.send(&head).await?;
+            self.drain_prefix().await?;
+            head.clear();
+            prefixed = false;
+        }
         self.prepare_sql(c).await?;
-        self.conn()?.wire.send(&frame).await?;
-        let failed = self.relay_until_ready().await?;
+        if prefixed {
+            head.extend_from_slice(&frame);
+            self.conn()?.wire.send(&head).await?;
+            self.drain_prefix().await?;
+        } else {
+            self.conn()?.wire.send(&frame).await?;
+        }
+        let sets = c
+            .statements
+            .iter()
+            .any(|s| matches!(s, Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { .. }));
+        let failed = self.relay_until_ready(!sets).await?;
+        if failed && sets {
+            // Part of a multi-statement query may have committed its SETs: not tracked.
+            self.note_untracked();
+        }
         if !failed {
-            for st in &c.statements {
-                self.state.statement_done(st);
-            }
+            self.statements_done(c, in_tx_before);
             self.note_effects(c)?;
         }
         let wrote = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
         self.after_ready(route == Route::Write && wrote).await
+    }
+
+    /// Records the statements of a query that succeeded. The transaction tracker only sees the
+    /// query's final ReadyForQuery, so in a multi-statement query that opens or ends
+    /// transactions (`BEGIN; SET ...; ROLLBACK`) the SETs are staged and committed or dropped
+    /// here, statement by statement.
+    fn statements_done(&mut self, c: &Classification, in_tx_before: bool) {
+        let tx_control =
+            c.statements.iter().any(|s| matches!(s, Statement::Begin { .. } | Statement::Commit | Statement::Rollback));
+        if c.statements.len() < 2 || !tx_control {
+            for st in &c.statements {
+                self.state.statement_done(st);
+            }
+            return;
+        }
+        let mut in_tx = in_tx_before;
+        for st in &c.statements {
+            match st {
+                Statement::Begin { .. } => in_tx = true,
+                Statement::Commit | Statement::Rollback => {
+                    self.state.params.end_transaction(matches!(st, Statement::Commit));
+                    in_tx = false;
+                }
+                Statement::Set { .. } | Statement::Reset { .. } => self.state.params.apply(st, in_tx),
+                Statement::Discard { all: true } => {
+                    self.state.prepared.clear();
+                    self.state.params.apply(st, in_tx);
+                }
+                _ => self.state.statement_done(st),
+            }
+        }
     }
 
     /// Ends a server conversation: a server failure costs the client its statement (and
@@ -259,8 +323,10 @@ impl Session {
         let candidates: Vec<Arc<Server>> = if session_mode || route == Route::Write {
             servers.primary().into_iter().collect()
         } else {
-            let min = if self.shared.cfg.read_your_writes { self.min_lsn } else { None };
-            let mut v = servers.replicas_for_read(min);
+            let mut v = match self.replica_floor() {
+                Some(min) => servers.replicas_for_read(min),
+                None => vec![],
+            };
             v.extend(servers.primary());
             v
         };
@@ -278,9 +344,10 @@ impl Session {
                 Ok(guard) => {
                     self.key.set(Some(guard.key.clone()));
                     let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
-                    self.shared.metrics.backend(&format!("pg:{}", server.name)).request(class);
+                    server.counters.request(class);
                     self.client.info.set_bound(Some(server.index));
-                    self.bound = Some(Bound { guard, server, wrote: false });
+                    let b = Bound { guard, server, wrote: false, synced: false, touched: false, untracked: false };
+                    self.bound = Some(b);
                     return Ok(());
                 }
                 Err(e) => {
@@ -292,6 +359,26 @@ impl Session {
             }
         }
         Err(last.unwrap_or_else(|| PgError::Unavailable("refract: no server is available".into())))
+    }
+
+    /// Read-your-writes: the WAL position a replica must have replayed to serve this session's
+    /// reads (`Some(None)`: any replica); `None` while the position of its last write is not
+    /// known yet (no primary poll since it committed): the primary serves.
+    fn replica_floor(&mut self) -> Option<Option<u64>> {
+        if !self.shared.cfg.read_your_writes {
+            return Some(None);
+        }
+        if let Some(seq) = self.pending_write {
+            let servers = &self.shared.servers;
+            let lsn = servers.primary_lsn_since(seq);
+            if lsn.is_none() {
+                servers.want_fresh_lsn();
+                return None;
+            }
+            self.min_lsn = self.min_lsn.max(lsn);
+            self.pending_write = None;
+        }
+        Some(self.min_lsn)
     }
 
     /// Tells the client refract could not run its statement (ErrorResponse, then
@@ -319,29 +406,40 @@ impl Session {
         }
     }
 
-    /// Puts this session's SET state on the bound connection if it carries another's.
-    pub(super) async fn sync_params(&mut self) -> Result<(), PgError> {
-        let want = (self.id, self.state.params.generation());
-        let replay = self.state.params.replay_sql();
-        let conn = self.conn()?;
-        if conn.state_of == Some(want) || (conn.state_of.is_none() && replay.is_none()) {
-            return Ok(());
+    /// At the first statement of a binding: appends to `out` a Query with the SET/RESET
+    /// statements that give the bound connection this session's parameters (only those that
+    /// differ from what it carries), to be sent in the same write as the client's message;
+    /// returns whether it did (then [`Session::drain_prefix`] must consume the answers).
+    pub(super) fn params_prefix(&mut self, out: &mut BytesMut) -> Result<bool, PgError> {
+        let Some(b) = self.bound.as_mut() else {
+            return Err(PgError::Unavailable("internal: no server bound".into()));
+        };
+        if b.synced {
+            return Ok(false);
         }
-        let mut sql = String::new();
-        if conn.state_of.is_some() {
-            sql.push_str("RESET ALL");
-        }
-        if let Some(r) = replay {
-            if !sql.is_empty() {
-                sql.push_str("; ");
+        b.synced = true;
+        let params = &self.state.params;
+        let Some(sql) = b.guard.params_sql(params) else { return Ok(false) };
+        b.guard.applied = Some(params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect());
+        FrontendMessage::Query(sql).encode(out);
+        Ok(true)
+    }
+
+    /// Consumes (and drops) the answers to a [`Session::params_prefix`] Query, up to its
+    /// ReadyForQuery. A failure leaves the connection's parameters unknown.
+    pub(super) async fn drain_prefix(&mut self) -> Result<(), PgError> {
+        loop {
+            let (tag, frame) = self.server_frame().await?;
+            match tag {
+                b'Z' => return Ok(()),
+                b'E' => {
+                    let e = BackendMessage::decode(tag, &frame[5..]).ok();
+                    tracing::debug!(error = ?e, "replaying SET state failed");
+                    self.conn()?.applied = None;
+                }
+                _ => {}
             }
-            sql.push_str(&r);
         }
-        if let Err(e) = conn.query(&sql).await {
-            tracing::debug!(error = %e, "replaying SET state failed");
-        }
-        conn.state_of = Some(want);
-        Ok(())
     }
 
     /// SQL `EXECUTE name` needs `name` prepared on this connection; `PREPARE name` needs it free.
@@ -375,15 +473,15 @@ impl Session {
 
     /// After a statement succeeded: what it did to the server connection.
     fn note_effects(&mut self, c: &Classification) -> Result<(), PgError> {
-        let want = (self.id, self.state.params.generation());
-        let has_params = self.state.params.replay_sql().is_some();
-        let conn = self.conn()?;
-        let mut touched = has_params;
+        let Some(b) = self.bound.as_mut() else {
+            return Err(PgError::Unavailable("internal: no server bound".into()));
+        };
+        let conn = &mut *b.guard;
         for st in &c.statements {
             match st {
-                Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { all: false } => touched = true,
+                Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { all: false } => b.touched = true,
                 Statement::Discard { all: true } | Statement::Deallocate { name: None } => {
-                    touched = true;
+                    b.touched = true;
                     conn.prepared.clear();
                     conn.sql_prepared.clear();
                 }
@@ -392,19 +490,26 @@ impl Session {
                 _ => {}
             }
         }
-        if touched {
-            conn.state_of = Some(want);
-        }
         Ok(())
     }
 
+    /// A ParameterStatus came that no tracked SET explains: the connection's parameters are
+    /// not (only) what refract knows of.
+    pub(super) fn note_untracked(&mut self) {
+        if let Some(b) = self.bound.as_mut() {
+            b.untracked = true;
+        }
+    }
+
     /// Relays the server's answers until ReadyForQuery; returns whether an error came.
-    async fn relay_until_ready(&mut self) -> Result<bool, PgError> {
+    /// `untracked_status`: a ParameterStatus means an untracked parameter change.
+    async fn relay_until_ready(&mut self, untracked_status: bool) -> Result<bool, PgError> {
         let mut failed = false;
         loop {
             let (tag, frame) = self.server_frame().await?;
             match tag {
                 b'E' => failed = true,
+                b'S' if untracked_status => self.note_untracked(),
                 b'C' | b'Z' => self.observe(tag, &frame)?,
                 b'G' => {
                     self.out.extend_from_slice(&frame);

@@ -49,6 +49,8 @@ impl Fixture {
     pub fn start(extra: &str) -> Fixture {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
         let (port, admin) = (free_port(), free_port());
+        // `extra` may set its own health interval.
+        let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
         let text = format!(
             r#"
 [listen]
@@ -59,7 +61,7 @@ admin = "127.0.0.1:{admin}"
 listen = "127.0.0.1:{port}"
 server_user = "{USER}"
 server_password = "{PASSWORD}"
-health_interval_ms = 200
+{health}
 {extra}
 
 [[postgres.user]]
@@ -250,8 +252,19 @@ impl Client {
 
     /// Logs in; an ErrorResponse during login is returned as `Err`.
     pub fn connect(addr: SocketAddr, user: &str, password: &str) -> Result<Client, ErrorFields> {
+        Client::connect_with(addr, user, password, &[])
+    }
+
+    /// Logs in with `extra` startup parameters (e.g. `application_name`, as libpq sends).
+    pub fn connect_with(
+        addr: SocketAddr,
+        user: &str,
+        password: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Client, ErrorFields> {
         let mut c = Client::raw(addr);
-        let params = vec![("user".into(), user.into()), ("database".into(), DATABASE.into())];
+        let mut params = vec![("user".into(), user.into()), ("database".into(), DATABASE.into())];
+        params.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let mut out = BytesMut::new();
         StartupPacket::Startup(Startup { protocol: PROTOCOL_3_0, params }).encode(&mut out);
         c.stream.write_all(&out).unwrap();

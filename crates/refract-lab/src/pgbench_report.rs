@@ -192,9 +192,10 @@ fn mix_table(out: &mut String, r: &Results) {
          from `pg_stat_user_tables.idx_scan` of `pgbench_accounts`, which every read scans once and \
          every write twice (on the primary): reads on the primary = its scans − 2 × writes. *Commits* \
          are `pg_stat_database.xact_commit` and include the poolers' own transactions: refract's \
-         health and lag query (one per server per second), its `RESET ALL; SET application_name …` \
-         when a server connection changes client, and, with `read_your_writes`, one \
-         `pg_current_wal_lsn()` on the primary after each write transaction; pgpool-II's \
+         health and lag query (one per server per second), its SETs when a server connection \
+         passes to a client with other parameters (sent in the same write as the client's query), \
+         and, with `read_your_writes`, its WAL-position polls (every 10 ms on each server while a \
+         session waits for a replica to replay its write, and for 2 s after); pgpool-II's \
          streaming-replication check every 10 s. `{REFRACT_NO_RYW}` is refract with \
          `read_your_writes = false`.\n",
         r.mix_load
@@ -212,10 +213,11 @@ fn mix_table(out: &mut String, r: &Results) {
     out.push_str(
         "PgBouncer has one server per database entry, so every read runs on the primary. refract sends a \
          session's reads to the replica unless, with `read_your_writes = true` (the default), the session \
-         wrote and refract's lag poll (every `health_interval_ms`, 1 s) has not yet seen the replica replay \
-         that write: then they go to the primary. Each pgbench client here writes in one transaction out of \
-         five, so with the default its reads mostly stay on the primary; sessions that only read are not \
-         affected. pgpool-II balances per client session (`statement_level_load_balance = off`).\n\n",
+         wrote and the replica has not yet been seen to replay that write (a WAL-position poll numbered \
+         after the write's commit, every 10 ms while some session waits): then they go to the primary. \
+         Each pgbench client here writes in one transaction out of five and reads within a millisecond of \
+         its own write, so with the default many of its reads still go to the primary; sessions that only \
+         read are not affected. pgpool-II balances per client session (`statement_level_load_balance = off`).\n\n",
     );
 }
 

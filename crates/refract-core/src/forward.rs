@@ -43,7 +43,17 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
         let Some(b) = ctx.members.pick(req.class, &tried) else {
             return Err(last.unwrap_or(Failure::untouched(Error::NoBackend(req.class.as_str()))));
         };
-        let permit = b.admission.acquire(req.priority, req.deadline).await.map_err(|r| refused(&b, r))?;
+        let permit = match b.admission.acquire(req.priority, req.deadline).await {
+            Ok(p) => p,
+            // A read refused by one replica's admission may still be admitted by another:
+            // nothing was sent, so this is balancing, not a retry (no budget is spent).
+            Err(r) if req.class == RouteClass::Read => {
+                tried.push(b.clone());
+                last = Some(refused(&b, r));
+                continue;
+            }
+            Err(r) => return Err(refused(&b, r)),
+        };
         let started = Instant::now();
         let result = exchange(ctx, conn, &b, req).await;
         let f = match result {

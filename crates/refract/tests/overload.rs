@@ -117,3 +117,24 @@ fn a_deadline_that_runs_out_at_the_backend_is_not_blamed_on_the_backend() {
     let m = String::from_utf8(get(d.admin, "/metrics").body).unwrap();
     assert!(m.contains("deadline_exceeded"), "counted as deadline_exceeded");
 }
+
+#[test]
+fn a_read_refused_by_one_replica_is_admitted_by_another() {
+    let b1 = blob("b1");
+    let slow = blob_at("b2", 0, &["--delay-ms", "300"]);
+    let fast = blob("b3");
+    let backends = [("b1", b1.addr, "primary"), ("b2", slow.addr, "replica"), ("b3", fast.addr, "replica")];
+    let d = dispatcher(&backends, &format!("{ONE_SLOT}[balance]\npolicy = \"round-robin\"\n"));
+    // Teach b2's limiter that it takes 300 ms (round robin: b2 first, then b3).
+    for _ in 0..2 {
+        assert_eq!(get(d.proc.addr, "/blob?bytes=1").status, 200);
+    }
+    // Four reads at once: two are sent to b2, whose one slot is taken by the first; the
+    // second would wait 300 ms (> max_queue_wait_ms) there, so b3 must take it.
+    let addr = d.proc.addr;
+    let reads: Vec<_> = (0..4).map(|_| std::thread::spawn(move || get(addr, "/blob?bytes=1").status)).collect();
+    for r in reads {
+        assert_eq!(r.join().unwrap(), 200, "no read refused while a replica could take it");
+    }
+    assert!(stats(fast.addr)["reads"].as_u64().unwrap() >= 3, "b3 took the read b2 refused");
+}

@@ -121,6 +121,15 @@ impl Dispatcher {
 }
 
 async fn accept_loop(ctx: Arc<Ctx>, listener: TcpListener, sessions: TaskTracker) {
+    let serve = ctx.clone();
+    accept_each(&ctx, listener, |stream| {
+        sessions.spawn(session::run(serve.clone(), stream));
+    })
+    .await;
+}
+
+/// Accepts client connections until `stop`, handing each (with `TCP_NODELAY`) to `place`.
+async fn accept_each(ctx: &Ctx, listener: TcpListener, mut place: impl FnMut(TcpStream)) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -130,7 +139,7 @@ async fn accept_loop(ctx: Arc<Ctx>, listener: TcpListener, sessions: TaskTracker
             Ok((stream, _)) => {
                 let _ = stream.set_nodelay(true);
                 ctx.metrics.connections.inc();
-                sessions.spawn(session::run(ctx.clone(), stream));
+                place(stream);
             }
             Err(e) => {
                 // Out of descriptors or similar: back off instead of spinning.
@@ -220,25 +229,7 @@ async fn serve_inbox(ctx: Arc<Ctx>, i: usize, feed: Feed, listener: Option<TcpLi
     let Some(mut inbox) = inbox else { return };
     if let Some(listener) = listener {
         let (ctx, spread) = (ctx.clone(), spread.clone());
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    a = listener.accept() => a,
-                    _ = ctx.stop.cancelled() => return,
-                };
-                match accepted {
-                    Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
-                        ctx.metrics.connections.inc();
-                        spread.place(stream);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            }
-        });
+        tokio::spawn(async move { accept_each(&ctx, listener, |stream| spread.place(stream)).await });
     }
     loop {
         let std = tokio::select! {

@@ -1,15 +1,21 @@
 //! Hybrid: requests the dispatcher forwards to this agent's backend. The agent sees the result's
 //! size first: a small result goes back over the link for the dispatcher to relay; for a large
-//! one the agent asks for the client's connection (`Want`), holds the result, and on `Adopt`
-//! writes it straight to the client (HANDOVER.md, "Hand-off D → A").
+//! one the agent asks for the client's connection, holds the result, and once the connection is
+//! here writes it straight to the client (HANDOVER.md, "Hand-off D → A").
+//!
+//! The logic is the same over both links ([`Link`]): the same-host Unix link (`Want`, then
+//! `Adopt` with the socket) and the cross-host control channel (`WantConnection`, then
+//! `HandOff` with a TCP_REPAIR state). Only the adoption differs.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-use bytes::BytesMut;
-use refract_handover::control::EpochTracker;
+use refract_handover::control::{ControlChannel, EpochTracker, Msg};
 use refract_handover::local::{LocalLink, LocalMsg};
 use refract_handover::{Error, Result};
-use refract_http::{BodyKind, RequestHead, ResponseHead};
+use refract_http::{BodyKind, RequestHead};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -22,47 +28,64 @@ const MAX_INLINE: u64 = 8 << 20;
 /// Size of the `Response` frames of a relayed result.
 const FRAME: usize = 256 * 1024;
 
-/// Serves one forwarded request. An `Err` ends the link: the dispatcher then relays the request
-/// itself if nothing reached the client yet, or closes the client connection.
-pub(crate) async fn forward(
-    link: &mut LocalLink,
+/// The link a forwarded request came over, as the hybrid logic needs it.
+pub(crate) trait Link {
+    /// Sends one piece of a relayed result.
+    fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> impl Future<Output = Result<()>>;
+
+    /// Asks for the client's connection and takes the dispatcher's answer: adopts it and
+    /// finishes `held` (read from `be`) straight to the client, then `None`; or, if told to
+    /// relay instead, gives `held` back.
+    fn want(&mut self, fw: &Forwarded, held: Held, be: &mut TcpStream) -> impl Future<Output = Result<Option<Held>>>;
+
+    /// Keeps the link alive while the agent waits on its backend; returns only on failure.
+    fn beat(&mut self) -> impl Future<Output = Result<Infallible>>;
+}
+
+/// Whether a result whose body is `body` is relayed over the link (else the agent asks for the
+/// connection): a known length below the threshold (capped by [`MAX_INLINE`]), or no body.
+pub(crate) fn is_small(body: BodyKind, threshold: u64) -> bool {
+    match body {
+        BodyKind::None => true,
+        BodyKind::Length(n) => n < threshold.min(MAX_INLINE),
+        BodyKind::Chunked | BodyKind::UntilClose => false,
+    }
+}
+
+/// Serves one forwarded request, with `backend` the link's kept backend connection. An `Err`
+/// ends the link: the dispatcher then relays the request itself if nothing reached the client
+/// yet, or closes the client connection.
+pub(crate) async fn forward<L: Link>(
+    link: &mut L,
     opts: &LocalOptions,
-    epochs: &Mutex<EpochTracker>,
     backend: &mut Option<TcpStream>,
     fw: Forwarded,
 ) -> Result<()> {
     let req = RequestHead::parse(&fw.bytes, 64 * 1024).ok().flatten();
     let req = req.ok_or(Error::Codec("a forwarded request that does not parse"))?;
-    let (mut be, buf, head_at, rh) = exchange(opts, backend.take(), &fw.bytes, req.is_head()).await?;
-    let inline = fw.threshold.min(MAX_INLINE);
-    let small = match rh.body {
-        BodyKind::None => true,
-        BodyKind::Length(n) => n < inline,
-        BodyKind::Chunked | BodyKind::UntilClose => false,
+    let (mut be, held) = beating(link, exchange(opts, backend.take(), &fw.bytes, &req)).await?;
+    let held = if is_small(held.head.body, fw.threshold) {
+        held
+    } else {
+        match link.want(&fw, held, &mut be).await? {
+            Some(held) => held, // relay instead
+            None => return Ok(()),
+        }
     };
-    if small {
-        if relay(link, &fw, &mut be, buf, head_at, &rh, req.keep_alive, opts).await? {
-            *backend = Some(be);
-        }
-        return Ok(());
+    if relay(link, &fw, &mut be, held, opts).await? {
+        *backend = Some(be);
     }
-    link.send(&LocalMsg::Want { conn: fw.conn, request: fw.request }, None).await?;
-    match link.recv().await? {
-        (LocalMsg::Adopt { conn, epoch, backend: b, pending }, Some(fd)) if conn == fw.conn => {
-            let held = Held { buf, head_at, head: rh, keep_alive: req.keep_alive };
-            let offer = Offer { conn, epoch, backend: b, pending };
-            adopt(link, opts, epochs, offer, fd, Some((held, &mut be))).await
-        }
-        (LocalMsg::RelayInstead { conn, .. }, None) if conn == fw.conn => {
-            if relay(link, &fw, &mut be, buf, head_at, &rh, req.keep_alive, opts).await? {
-                *backend = Some(be);
-            }
-            Ok(())
-        }
-        (other, _) => {
-            tracing::warn!("expected Adopt or RelayInstead after Want, got {}", other.name());
-            Err(Error::Codec("unexpected message after Want"))
-        }
+    Ok(())
+}
+
+/// Runs `work` while the link sends heartbeats.
+async fn beating<L: Link, T>(link: &mut L, work: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::select! {
+        r = work => r,
+        r = link.beat() => match r {
+            Err(e) => Err(e),
+            Ok(never) => match never {},
+        },
     }
 }
 
@@ -72,46 +95,141 @@ async fn exchange(
     opts: &LocalOptions,
     pooled: Option<TcpStream>,
     request: &[u8],
-    head_request: bool,
-) -> Result<(TcpStream, BytesMut, usize, ResponseHead)> {
+    req: &RequestHead,
+) -> Result<(TcpStream, Held)> {
+    let held = |(buf, head_at, head)| Held { buf, head_at, head, keep_alive: req.keep_alive };
     if let Some(mut be) = pooled {
         if be.write_all(request).await.is_ok() {
-            if let Ok((buf, at, rh)) = read_response_head(&mut be, opts.backend_timeout, head_request).await {
-                return Ok((be, buf, at, rh));
+            if let Ok(r) = read_response_head(&mut be, opts.backend_timeout, req.is_head()).await {
+                return Ok((be, held(r)));
             }
         }
     }
     let mut be = connect_backend(opts).await.map_err(|e| Error::Io(std::io::Error::other(e)))?;
     be.write_all(request).await?;
-    let (buf, at, rh) = read_response_head(&mut be, opts.backend_timeout, head_request).await?;
-    Ok((be, buf, at, rh))
+    let r = read_response_head(&mut be, opts.backend_timeout, req.is_head()).await?;
+    Ok((be, held(r)))
 }
 
-/// Relays a response over the link in `Response` frames; returns whether the backend
-/// connection may carry another request.
-#[allow(clippy::too_many_arguments)]
-async fn relay(
-    link: &mut LocalLink,
+/// Relays a response over the link in frames of about [`FRAME`] bytes; returns whether the
+/// backend connection may carry another request.
+async fn relay<L: Link>(
+    link: &mut L,
     fw: &Forwarded,
     be: &mut TcpStream,
-    mut buf: BytesMut,
-    head_at: usize,
-    rh: &ResponseHead,
-    keep_alive: bool,
+    held: Held,
     opts: &LocalOptions,
 ) -> Result<bool> {
-    let mut out = buf.split_to(head_at + rh.len).to_vec();
-    let mut body = BodyReader::new(rh.body);
-    let (conn, request) = (fw.conn, fw.request);
+    let Held { mut buf, head_at, head, keep_alive } = held;
+    let mut out = buf.split_to(head_at + head.len).to_vec();
+    let mut body = BodyReader::new(head.body);
     while let Some(piece) = body.next(be, &mut buf, opts.backend_timeout).await? {
         out.extend_from_slice(&piece);
         if out.len() >= FRAME {
-            let bytes = std::mem::take(&mut out);
-            link.send(&LocalMsg::Response { conn, request, last: false, keep: false, bytes }, None).await?;
+            link.respond(fw, false, false, std::mem::take(&mut out)).await?;
         }
     }
-    let reusable = rh.keep_alive && rh.body != BodyKind::UntilClose && buf.is_empty();
-    let keep = keep_alive && reusable;
-    link.send(&LocalMsg::Response { conn, request, last: true, keep, bytes: out }, None).await?;
+    let reusable = head.keep_alive && head.body != BodyKind::UntilClose && buf.is_empty();
+    link.respond(fw, true, keep_alive && reusable, out).await?;
     Ok(reusable)
+}
+
+/// The same-host link: `Want`, then `Adopt` with the client socket.
+pub(crate) struct Local<'a> {
+    pub link: &'a mut LocalLink,
+    pub opts: &'a LocalOptions,
+    pub epochs: &'a Mutex<EpochTracker>,
+}
+
+impl Link for Local<'_> {
+    async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
+        let (conn, request) = (fw.conn, fw.request);
+        self.link.send(&LocalMsg::Response { conn, request, last, keep, bytes }, None).await
+    }
+
+    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut TcpStream) -> Result<Option<Held>> {
+        self.link.send(&LocalMsg::Want { conn: fw.conn, request: fw.request }, None).await?;
+        match self.link.recv().await? {
+            (LocalMsg::Adopt { conn, epoch, backend, pending }, Some(fd)) if conn == fw.conn => {
+                let offer = Offer { conn, epoch, backend, pending };
+                self.adopt(offer, fd, held, be).await.map(|()| None)
+            }
+            (LocalMsg::RelayInstead { conn, .. }, None) if conn == fw.conn => Ok(Some(held)),
+            (other, _) => Err(unexpected_after_want(other.name())),
+        }
+    }
+
+    async fn beat(&mut self) -> Result<Infallible> {
+        std::future::pending().await // a Unix link has no dead-peer bound
+    }
+}
+
+impl Local<'_> {
+    async fn adopt(&mut self, offer: Offer, fd: OwnedFd, held: Held, be: &mut TcpStream) -> Result<()> {
+        adopt(self.link, self.opts, self.epochs, offer, fd, Some((held, be))).await
+    }
+}
+
+/// The control channel: `WantConnection`, then `HandOff` with the client's TCP state.
+pub(crate) struct Remote<'a> {
+    pub ch: &'a mut ControlChannel,
+    pub opts: &'a LocalOptions,
+    pub epochs: &'a mut EpochTracker,
+}
+
+impl Link for Remote<'_> {
+    async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
+        self.ch.send(&Msg::Response { conn: fw.conn, request: fw.request, last, keep, bytes }).await
+    }
+
+    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut TcpStream) -> Result<Option<Held>> {
+        self.ch.send(&Msg::WantConnection { conn: fw.conn, request: fw.request }).await?;
+        match self.ch.recv().await? {
+            Msg::HandOff(t) if t.conn == fw.conn => {
+                if let Err(e) = self.epochs.observe(t.conn, t.epoch) {
+                    let reason = e.to_string();
+                    tracing::warn!(conn = t.conn, "HandOff refused: {reason}");
+                    return self
+                        .ch
+                        .send(&Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason })
+                        .await
+                        .map(|()| None);
+                }
+                let adopted = crate::remote::adopt(self.ch, self.epochs, *t, self.opts, Some((held, be)));
+                adopted.await.map(|()| None)
+            }
+            Msg::RelayInstead { conn, reason, .. } if conn == fw.conn => {
+                tracing::debug!(conn, "relaying a large result: {reason}");
+                Ok(Some(held))
+            }
+            other => Err(unexpected_after_want(other.name())),
+        }
+    }
+
+    async fn beat(&mut self) -> Result<Infallible> {
+        self.ch.heartbeats().await
+    }
+}
+
+fn unexpected_after_want(name: &str) -> Error {
+    tracing::warn!("expected a hand-off or RelayInstead after asking for the connection, got {name}");
+    Error::Codec("unexpected message after asking for the connection")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_means_below_the_threshold_and_the_inline_cap() {
+        assert!(is_small(BodyKind::None, 1));
+        assert!(is_small(BodyKind::Length(0), 1));
+        assert!(!is_small(BodyKind::Length(1), 1), "at the threshold: large");
+        assert!(is_small(BodyKind::Length(65535), 64 << 10));
+        assert!(!is_small(BodyKind::Length(64 << 10), 64 << 10));
+        assert!(!is_small(BodyKind::Length(MAX_INLINE), u64::MAX), "capped by MAX_INLINE");
+        assert!(is_small(BodyKind::Length(MAX_INLINE - 1), u64::MAX));
+        assert!(!is_small(BodyKind::Chunked, u64::MAX));
+        assert!(!is_small(BodyKind::UntilClose, u64::MAX));
+    }
 }

@@ -4,10 +4,11 @@
 //! checks the host for direct server return — the VIP on `lo`, ARP suppressed, the guard
 //! attached to the NIC that faces the dispatcher — and refuses to start, naming each problem
 //! and its fix, when something is wrong. Then it listens for dispatcher control connections,
-//! authenticates them with the shared key and answers them (heartbeats; cross-host hand-offs
-//! are refused for now: see `docs/handover.md`). With `local` set it also (or only) adopts
-//! client connections from a dispatcher on the same host (SCM_RIGHTS), serves their requests
-//! from its backend and hands them back at the next request boundary.
+//! authenticates them with the shared key and answers them: heartbeats; `HandOff` (restore the
+//! client's TCP socket, serve it, hand it back); `Forward` (hybrid: relay a small result over the
+//! channel, ask for the connection for a large one); see `docs/handover.md`. With `local` set it
+//! also (or only) adopts client connections from a dispatcher on the same host (SCM_RIGHTS),
+//! serves their requests from its backend and hands them back at the next request boundary.
 //!
 //! # Layout
 //! - [`AgentArgs`], [`run`] (this file): the command line and the start-up sequence.
@@ -17,7 +18,8 @@
 //! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back).
 //! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
 //! - `exchange.rs`: serving adopted requests from the backend straight to the client.
-//! - `hybrid.rs`: forwarded requests; a large result asks for the client's connection.
+//! - `hybrid.rs`: forwarded requests (same host and across hosts); a large result asks for the
+//!   client's connection.
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry.
 
 mod checks;

@@ -52,7 +52,8 @@ async fn link(mut link: LocalLink, opts: &LocalOptions, epochs: &Mutex<EpochTrac
             }
             (LocalMsg::Forward { conn, request, threshold, bytes }, None) => {
                 let fw = Forwarded { conn, request, threshold, bytes };
-                crate::hybrid::forward(&mut link, opts, epochs, &mut backend, fw).await?;
+                let mut via = crate::hybrid::Local { link: &mut link, opts, epochs };
+                crate::hybrid::forward(&mut via, opts, &mut backend, fw).await?;
             }
             (other, _) => {
                 tracing::warn!("unexpected {} from the dispatcher on a same-host link, ignored", other.name())

@@ -4,6 +4,8 @@
 //!
 //! This is the agent's half of HANDOVER.md "Hand-off D → A" / "Hand-back A → D": the dispatcher
 //! steers the flow here; the guard (when the agent attached one) tombstones it while it goes back.
+//! The same adoption serves `always` (a `HandOff` out of the blue) and hybrid (a `HandOff`
+//! answering this agent's `WantConnection`, with the result it holds).
 
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
@@ -14,7 +16,7 @@ use refract_handover::control::{ControlChannel, EpochTracker, Msg, Transfer};
 use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Result};
 use tokio::net::TcpStream;
 
-use crate::exchange::{Adopted, Served};
+use crate::exchange::{Adopted, Held, Served};
 use crate::local::{connect_backend, LocalOptions};
 
 /// Bound on waiting for the client to acknowledge everything before a hand-back (I3).
@@ -23,28 +25,38 @@ const QUIESCE: Duration = Duration::from_secs(2);
 const GRACE: Duration = Duration::from_secs(1);
 
 /// Adopts the connection in `t` (its epoch already accepted), serves it, and hands it back.
+/// With `held` (hybrid: the agent asked for the connection), that response is finished first
+/// and its backend connection serves the pipelined requests; else a new one does.
 pub(crate) async fn adopt(
     ch: &mut ControlChannel,
     epochs: &mut EpochTracker,
     t: Transfer,
     opts: &LocalOptions,
+    held: Option<(Held, &mut TcpStream)>,
 ) -> Result<()> {
     let (conn, epoch) = (t.conn, t.epoch);
-    // The backend first: refusing after the restore would need the socket discarded unseen.
-    let mut backend = match connect_backend(opts).await {
-        Ok(b) => b,
+    let (mut client, mut own) = match ready(&t, opts, held.is_none()).await {
+        Ok(x) => x,
         Err(reason) => return ch.send(&Msg::HandOffErr { conn, epoch, reason }).await,
     };
-    let mut client = match restore(&t.tcp_state).and_then(|fd| Ok(to_tokio(fd)?)) {
-        Ok(c) => c,
-        Err(e) => return ch.send(&Msg::HandOffErr { conn, epoch, reason: format!("restore: {e}") }).await,
-    };
     ch.send(&Msg::HandOffOk { conn, epoch }).await?;
+    let (held, backend) = match (held, own.as_mut()) {
+        (Some((h, b)), _) => (Some(h), b),
+        (None, Some(b)) => (None, b),
+        (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
+    };
     let pending = BytesMut::from(&t.pending_bytes[..]);
-    let adopted =
-        Adopted { client: &mut client, backend: &mut backend, pending, timeout: opts.backend_timeout, epoch, sent: 0 };
-    match adopted.run(None).await {
-        (Served::Boundary(pending), sent) => match hand_back_state(client, t.flow, opts).await {
+    let adopted = Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, epoch, sent: 0 };
+    // Heartbeats go on while serving: the dispatcher waits for the hand-back with a dead bound.
+    let (served, sent) = tokio::select! {
+        r = adopted.run(held) => r,
+        r = ch.heartbeats() => match r {
+            Err(e) => return Err(e),
+            Ok(never) => match never {},
+        },
+    };
+    match served {
+        Served::Boundary(pending) => match hand_back_state(client, t.flow, opts).await {
             Ok(tcp_state) => {
                 let back = epochs.advance(conn);
                 let (flow, pending_bytes) = (t.flow, pending);
@@ -57,12 +69,21 @@ pub(crate) async fn adopt(
                 ch.send(&Msg::Closed { conn, epoch, sent }).await
             }
         },
-        (Served::Close(reason), sent) => {
+        Served::Close(reason) => {
             tracing::debug!(conn, "connection ends at the agent: {reason}");
             epochs.remove(conn);
             ch.send(&Msg::Closed { conn, epoch, sent }).await
         }
     }
+}
+
+/// Gets the sockets ready before answering: the backend first when `connect` (refusing after
+/// the restore would need the socket discarded unseen), then the restored client socket.
+/// `Err` is the refusal reason.
+async fn ready(t: &Transfer, opts: &LocalOptions, connect: bool) -> Result<(TcpStream, Option<TcpStream>), String> {
+    let backend = if connect { Some(connect_backend(opts).await?) } else { None };
+    let client = restore(&t.tcp_state).and_then(|fd| Ok(to_tokio(fd)?)).map_err(|e| format!("restore: {e}"))?;
+    Ok((client, backend))
 }
 
 fn to_tokio(fd: OwnedFd) -> std::io::Result<TcpStream> {

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, EpochTracker, Msg, NonceCache};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::local::LocalOptions;
+use crate::hybrid;
+use crate::local::{Forwarded, LocalOptions};
 
 /// What `HandOffErr` says while this agent cannot adopt cross-host connections (issue 3: the
 /// TCP_REPAIR restore is not wired to the serving code yet; same-host adoption is `local.rs`).
@@ -20,7 +21,8 @@ pub async fn serve(listener: TcpListener, key: ControlKey, opts: ChannelOptions)
 }
 
 /// Like [`serve`], and with `backend` set, `HandOff` is answered by restoring the connection
-/// and serving it from that backend (`remote.rs`); without, by [`NOT_YET`].
+/// and serving it from that backend (`remote.rs`), and `Forward` (hybrid) by sending the request
+/// to that backend (`hybrid.rs`); without, `HandOff` by [`NOT_YET`] and `Forward` ends the channel.
 pub async fn serve_with(
     listener: TcpListener,
     key: ControlKey,
@@ -50,9 +52,12 @@ async fn connection(
             return;
         }
     };
-    tracing::info!(%peer, "dispatcher connected");
+    // Dispatchers keep a channel per client session: connecting, closing and going quiet between
+    // requests (the dispatcher reconnects after `dead_after`) are routine.
+    tracing::debug!(%peer, "dispatcher connected");
     match session(ch, backend).await {
-        Err(refract_handover::Error::Closed) => tracing::info!(%peer, "dispatcher disconnected"),
+        Err(refract_handover::Error::Closed) => tracing::debug!(%peer, "dispatcher disconnected"),
+        Err(refract_handover::Error::PeerDead(_)) => tracing::debug!(%peer, "dispatcher quiet, channel closed"),
         Err(e) => tracing::warn!(%peer, "control connection ended: {e}"),
         Ok(()) => {}
     }
@@ -61,6 +66,8 @@ async fn connection(
 /// One authenticated dispatcher: answers until the channel ends (closed, dead or malformed).
 async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refract_handover::Result<()> {
     let mut epochs = EpochTracker::new();
+    // The backend connection of forwarded requests (hybrid), kept across them.
+    let mut pooled: Option<TcpStream> = None;
     loop {
         let msg = ch.recv().await?;
         match msg {
@@ -70,12 +77,19 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
                     continue;
                 }
                 match &backend {
-                    Some(b) => crate::remote::adopt(&mut ch, &mut epochs, *t, b).await?,
+                    Some(b) => crate::remote::adopt(&mut ch, &mut epochs, *t, b, None).await?,
                     None => {
                         let reply = Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason: NOT_YET.into() };
                         ch.send(&reply).await?;
                     }
                 }
+            }
+            Msg::Forward { conn, request, threshold, bytes } => {
+                // Without a backend nothing can answer: ending the channel makes the dispatcher relay.
+                let opts = backend.as_ref().ok_or(refract_handover::Error::Codec("Forward, but no backend"))?;
+                let fw = Forwarded { conn, request, threshold, bytes };
+                let mut via = hybrid::Remote { ch: &mut ch, opts, epochs: &mut epochs };
+                hybrid::forward(&mut via, opts, &mut pooled, fw).await?;
             }
             Msg::HandBackOk { conn, epoch } => {
                 if let Err(e) = epochs.check(conn, epoch) {
@@ -83,7 +97,7 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
                 }
             }
             Msg::RelayInstead { conn, request, reason } => {
-                tracing::debug!(conn, request, "relay instead: {reason}");
+                tracing::debug!(conn, request, "relay instead (nothing held): {reason}");
             }
             other => tracing::warn!("unexpected {} from the dispatcher, ignored", other.name()),
         }

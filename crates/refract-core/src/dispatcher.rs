@@ -64,11 +64,14 @@ impl Ctx {
     }
 
     /// Starts the side services on the current runtime: health checks, the PostgreSQL front
-    /// end, the admin listener. Returns the admin address.
-    async fn start_services(self: &Arc<Self>) -> std::io::Result<Option<SocketAddr>> {
+    /// end (only its background work when `sharded`: every shard listens itself), the admin
+    /// listener. Returns the admin address.
+    async fn start_services(self: &Arc<Self>, sharded: bool) -> std::io::Result<Option<SocketAddr>> {
         tokio::spawn(health::run(self.clone()));
-        if let Some(pg) = self.cfg.postgres.clone() {
-            crate::pg::start(self.clone(), pg).await?;
+        match self.cfg.postgres.clone() {
+            Some(pg) if sharded => crate::pg::start_background(self, &pg),
+            Some(pg) => crate::pg::start(self.clone(), pg).await?,
+            None => {}
         }
         let Some(addr) = self.cfg.listen.admin else { return Ok(None) };
         let listener = TcpListener::bind(addr).await?;
@@ -84,7 +87,7 @@ impl Dispatcher {
         let ctx = Ctx::new(cfg);
         let listener = TcpListener::bind(ctx.cfg.listen.http).await?;
         let http_addr = listener.local_addr()?;
-        let admin_addr = ctx.start_services().await?;
+        let admin_addr = ctx.start_services(false).await?;
         let sessions = TaskTracker::new();
         tokio::spawn(accept_loop(ctx.clone(), listener, sessions.clone()));
         tracing::info!(http = %http_addr, admin = ?admin_addr, "dispatcher listening");
@@ -152,8 +155,9 @@ async fn accept_each(ctx: &Ctx, listener: TcpListener, mut place: impl FnMut(Tcp
 
 /// Runs the dispatcher with one single-threaded event loop per shard, each accepting on its
 /// own `SO_REUSEPORT` listener and keeping its own backend connections, like HAProxy's threads:
-/// a connection never changes thread, so no request pays a cross-thread wake-up. Shard 0 also
-/// runs health checks, admin and the PostgreSQL front end. Returns after `stop` and the drain.
+/// a connection never changes thread, so no request pays a cross-thread wake-up. The
+/// PostgreSQL front end listens the same way on every shard; shard 0 also runs health checks,
+/// the PostgreSQL servers' probes and admin. Returns after `stop` and the drain.
 pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut threads = Vec::new();
@@ -269,7 +273,10 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
                 Some(_) => None,
             };
             if i == 0 {
-                ctx.start_services().await?;
+                ctx.start_services(true).await?;
+            }
+            if let Some(pg) = &ctx.cfg.postgres {
+                crate::pg::serve(&ctx, pg, reuseport_listener(pg.listen)?)?;
             }
             Ok::<_, std::io::Error>(listener)
         };

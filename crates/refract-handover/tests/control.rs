@@ -88,6 +88,10 @@ fn msg() -> impl Strategy<Value = Msg> {
         any::<(u64, u64)>().prop_map(|(conn, epoch)| Msg::HandBackOk { conn, epoch }),
         any::<(u64, u64, u64)>().prop_map(|(conn, epoch, sent)| Msg::Closed { conn, epoch, sent }),
         (any::<(u64, u64)>(), reason).prop_map(|((conn, request), reason)| Msg::RelayInstead { conn, request, reason }),
+        (any::<(u64, u64, u64)>(), proptest::collection::vec(any::<u8>(), 0..300))
+            .prop_map(|((conn, request, threshold), bytes)| Msg::Forward { conn, request, threshold, bytes }),
+        (any::<(u64, u64, bool, bool)>(), proptest::collection::vec(any::<u8>(), 0..300))
+            .prop_map(|((conn, request, last, keep), bytes)| Msg::Response { conn, request, last, keep, bytes }),
     ]
 }
 
@@ -114,7 +118,7 @@ proptest! {
 
     /// Garbage behind a valid length prefix reaches every field decoder.
     #[test]
-    fn framed_garbage_never_panics(kind in prop_oneof![1u8..4, 10u8..19, any::<u8>()],
+    fn framed_garbage_never_panics(kind in prop_oneof![1u8..4, 10u8..21, any::<u8>()],
                                    body in proptest::collection::vec(any::<u8>(), 0..400)) {
         let mut f = ((body.len() + 1) as u32).to_be_bytes().to_vec();
         f.push(kind);
@@ -293,4 +297,54 @@ async fn a_closed_peer_and_a_late_handshake_message_end_the_channel() {
     assert!(matches!(a.recv().await, Err(Error::Codec(_))));
     drop(a);
     assert!(matches!(d.recv().await, Err(Error::Closed | Error::Io(_))));
+}
+
+#[tokio::test]
+async fn an_idle_channel_is_refreshed_or_refused() {
+    let (l, addr) = listener().await;
+    let agent = accept_one(l, key(KEY));
+    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
+    let a = agent.await.unwrap().unwrap();
+    d.refresh().unwrap();
+    // The agent waits in recv (sending heartbeats); the dispatcher is idle, then sends again.
+    let a_task = tokio::spawn(async move {
+        let mut a = a;
+        let m = a.recv().await;
+        (a, m)
+    });
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    d.refresh().unwrap();
+    d.send(&Msg::WantConnection { conn: 1, request: 1 }).await.unwrap();
+    let (mut a, m) = a_task.await.unwrap();
+    assert_eq!(m.unwrap(), Msg::WantConnection { conn: 1, request: 1 });
+    // Idle beyond half the dead bound: the peer may have given up on us.
+    tokio::time::sleep(Duration::from_millis(160)).await;
+    assert!(matches!(d.refresh(), Err(Error::PeerDead(_))), "stale");
+    // A message nobody asked for is refused; so is a closed peer.
+    d.send(&Msg::Heartbeat).await.unwrap();
+    a.send(&Msg::HandBackOk { conn: 1, epoch: 1 }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(matches!(d.refresh(), Err(Error::Codec(_))), "unexpected message");
+    let (l, addr) = listener().await;
+    let agent = accept_one(l, key(KEY));
+    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
+    drop(agent.await.unwrap().unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(matches!(d.refresh(), Err(Error::Closed | Error::Io(_))), "closed");
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_busy_side_alive() {
+    let (l, addr) = listener().await;
+    let agent = accept_one(l, key(KEY));
+    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
+    let mut a = agent.await.unwrap().unwrap();
+    // The agent is busy (not in recv) for three dead bounds but beats meanwhile.
+    let busy = tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_millis(900), a.heartbeats()).await;
+        a.send(&Msg::WantConnection { conn: 2, request: 5 }).await.unwrap();
+        a
+    });
+    assert_eq!(d.recv().await.unwrap(), Msg::WantConnection { conn: 2, request: 5 });
+    drop(busy.await.unwrap());
 }

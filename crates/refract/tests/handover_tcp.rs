@@ -2,17 +2,20 @@
 //! network namespace (root only): dispatcher, agent and blob servers are the real binary on one
 //! kernel, the agent's guard on `lo` drops the client's segments during the two gaps (I2).
 //! Reads are handed over (`mode = "always"`), restored at the agent, answered directly, and
-//! handed back; a write in between is relayed by the dispatcher on the restored socket.
+//! handed back; a write in between is relayed by the dispatcher on the restored socket. In
+//! `mode = "hybrid"` reads go through the agent over the control channel: small results come
+//! back relayed, large ones move the connection; with the agent killed, everything is relayed.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::{blob, config, dispatcher_with, free_port, Client, Proc, Response};
+use common::{blob, config, dispatcher_with, free_port, Client, Dispatcher, Proc, Response};
 use refract_blob::pattern;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const VIP: &str = "198.18.5.100";
 const KEY: &str = "tcp hand-over test key, 16+ bytes";
@@ -70,21 +73,63 @@ fn agent(dir: &std::path::Path, backend: SocketAddr, control: SocketAddr) -> Pro
     Proc { child, addr: control }
 }
 
+/// A dispatcher on `VIP:8080` whose reads go to `b2`, fronted by the agent at `control`, in
+/// hand-over `mode` (`extra_handover`: more `[handover]` keys).
+fn dispatcher(dir: &Path, b1: &Proc, b2: &Proc, control: SocketAddr, mode: &str, extra_handover: &str) -> Dispatcher {
+    let key_file = dir.join("control.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let http: SocketAddr = format!("{VIP}:8080").parse().unwrap();
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let extra = format!(
+        "[handover]\nmode = \"{mode}\"\nkey_file = \"{}\"\nagents = {{ b2 = \"{control}\" }}\n{extra_handover}",
+        key_file.display()
+    );
+    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], &extra);
+    dispatcher_with(&text, http, admin)
+}
+
+/// The value of `series` (name and labels, exactly as rendered) in the dispatcher's /metrics;
+/// 0 when absent.
+fn metric(admin: SocketAddr, series: &str) -> u64 {
+    let text = String::from_utf8(common::get(admin, "/metrics").body).unwrap();
+    let value = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '));
+    value.map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// Waits (bounded) until `series` reaches `want` (the last hand-back may still be on its way).
+fn wait_metric(admin: SocketAddr, series: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = metric(admin, series);
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series} is {got}, expected {want}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the client received straight from the agent (tagged responses: head and body).
+fn direct(r: &Response) -> u64 {
+    if r.header("x-refract-handover").is_some() {
+        (r.head.len() + r.body.len()) as u64
+    } else {
+        0
+    }
+}
+
+/// Established TCP connections to `port` (the dispatcher's control channels to the agent).
+fn connections_to(port: u16) -> usize {
+    let out = Command::new("ss").args(["-Htn", "state", "established", &format!("( dport = :{port} )")]).output();
+    String::from_utf8(out.unwrap().stdout).unwrap().lines().filter(|l| !l.trim().is_empty()).count()
+}
+
 fn scenario() {
     let dir = tempfile::tempdir().unwrap();
     let (b1, b2) = (blob("b1"), blob("b2"));
     let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let _agent = agent(dir.path(), b2.addr, control);
-    let key_file = dir.path().join("control.key");
-    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
-    let http: SocketAddr = format!("{VIP}:8080").parse().unwrap();
-    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let extra = format!(
-        "[handover]\nmode = \"always\"\nkey_file = \"{}\"\nagents = {{ b2 = \"{control}\" }}\n",
-        key_file.display()
-    );
-    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], &extra);
-    let d = dispatcher_with(&text, http, admin);
+    let d = dispatcher(dir.path(), &b1, &b2, control, "always", "");
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.send(get(3 << 20, 5).as_bytes());
@@ -101,24 +146,131 @@ fn scenario() {
     }
 }
 
-#[test]
-fn tcp_hand_over_and_back_on_one_kernel() {
-    if !root_or_skip("tcp_hand_over_and_back_on_one_kernel") {
+/// Hybrid, threshold 64 KiB, on one keep-alive connection: small results relayed through the
+/// agent (no tag), large ones handed over (tagged with the epoch), pipelined requests riding
+/// with a hand-over, a write relayed by the dispatcher in between; one control channel for all.
+fn hybrid_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let _agent = agent(dir.path(), b2.addr, control);
+    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\n");
+    let mut c = Client::connect(d.proc.addr);
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (mut sent_direct, mut relayed) = (0, 0);
+    let mut read = |c: &mut Client, n: u64, seed: u64, via: Option<&str>| {
+        let r = c.read_response(false).unwrap();
+        check(&r, n, seed, via);
+        sent_direct += direct(&r);
+        if via.is_none() {
+            relayed += (r.head.len() + r.body.len()) as u64;
+        }
+    };
+    c.send(get(1000, 1).as_bytes());
+    read(&mut c, 1000, 1, None);
+    c.send(get(65535, 2).as_bytes());
+    read(&mut c, 65535, 2, None);
+    c.send(get(65536, 3).as_bytes());
+    read(&mut c, 65536, 3, Some("1"));
+    // Back at the dispatcher: small reads relayed again, a write relayed by the dispatcher.
+    c.send(get(0, 0).as_bytes());
+    read(&mut c, 0, 0, None);
+    relayed_write(&mut c);
+    c.send(get(3 << 20, 4).as_bytes());
+    read(&mut c, 3 << 20, 4, Some("3"));
+    // Pipelined small, large, small, large: the first is relayed; the hand-over of the second
+    // carries the rest, which the agent serves itself before handing back.
+    let sizes = [(5000u64, 5u64), (1 << 20, 6), (10, 7), (70_000, 8)];
+    c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
+    for ((n, s), via) in sizes.into_iter().zip([None, Some("5"), Some("5"), Some("5")]) {
+        read(&mut c, n, s, via);
+    }
+    c.send(get(20_000, 9).as_bytes());
+    read(&mut c, 20_000, 9, None);
+    c.send(get(100_000, 10).as_bytes());
+    read(&mut c, 100_000, 10, Some("7"));
+    c.send(get(300, 11).as_bytes());
+    read(&mut c, 300, 11, None);
+    // Four hand-overs and hand-backs; direct and relayed bytes as the client received them;
+    // every request went over the one control channel the session kept.
+    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 4);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 4);
+    assert_eq!(metric(d.admin, r#"refract_bytes_direct_total{backend="b2"}"#), sent_direct);
+    assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
+    let to_client = metric(d.admin, r#"refract_bytes_total{direction="to_client"}"#);
+    assert!(to_client >= relayed, "relayed {relayed} bytes, counted {to_client}");
+    assert_eq!(connections_to(control.port()), 1, "one control channel, reused");
+}
+
+/// Hybrid with the agent killed (after its last hand-back's tombstone expired): the kept
+/// channel is found dead, the agent unreachable, and every read — small or large — relayed.
+fn hybrid_agent_killed_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let agent = agent(dir.path(), b2.addr, control);
+    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\n");
+    let mut c = Client::connect(d.proc.addr);
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.send(get(100, 1).as_bytes());
+    check(&c.read_response(false).unwrap(), 100, 1, None);
+    c.send(get(1 << 20, 2).as_bytes());
+    check(&c.read_response(false).unwrap(), 1 << 20, 2, Some("1"));
+    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    std::thread::sleep(Duration::from_millis(1300)); // the agent's tombstone grace (1 s)
+    agent.signal("KILL");
+    drop(agent);
+    for (n, s) in [(100u64, 3u64), (1 << 20, 4), (70_000, 5), (0, 6)] {
+        c.send(get(n, s).as_bytes());
+        check(&c.read_response(false).unwrap(), n, s, None);
+    }
+    let unreachable = metric(d.admin, r#"refract_handover_total{backend="b2",result="unreachable"}"#);
+    assert_eq!(unreachable, 4, "each read tried the agent once and relayed");
+    // A new connection is served too.
+    let mut c2 = Client::connect(d.proc.addr);
+    c2.send(get(2 << 20, 7).as_bytes());
+    check(&c2.read_response(false).unwrap(), 2 << 20, 7, None);
+}
+
+fn relayed_write(c: &mut Client) {
+    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+}
+
+/// Runs `scenario` in a fresh network namespace: this test binary re-runs just `test` under
+/// `unshare --net` (as root), where `RF_IN_NETNS` says to prepare the namespace and go.
+fn in_netns(test: &str, scenario: fn()) {
+    if !root_or_skip(test) {
         return;
     }
     if std::env::var_os("RF_IN_NETNS").is_some() {
         prepare_netns();
         return scenario();
     }
-    // Re-run just this test in a fresh network namespace (`unshare --net`), as root.
     let me = std::env::current_exe().unwrap();
     let out = Command::new("unshare")
         .args(["--net", "--"])
         .arg(me)
-        .args(["--exact", "tcp_hand_over_and_back_on_one_kernel", "--nocapture"])
+        .args(["--exact", test, "--nocapture"])
         .env("RF_IN_NETNS", "1")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && text.contains("1 passed"), "in the namespace:\n{text}");
+}
+
+#[test]
+fn tcp_hand_over_and_back_on_one_kernel() {
+    in_netns("tcp_hand_over_and_back_on_one_kernel", scenario);
+}
+
+#[test]
+fn tcp_hybrid_relays_small_and_hands_over_large_results() {
+    in_netns("tcp_hybrid_relays_small_and_hands_over_large_results", hybrid_scenario);
+}
+
+#[test]
+fn tcp_hybrid_with_its_agent_killed_relays() {
+    in_netns("tcp_hybrid_with_its_agent_killed_relays", hybrid_agent_killed_scenario);
 }

@@ -1,16 +1,118 @@
 //! Hybrid (HANDOVER.md "Hand-off D → A"): a read for a backend with an agent goes to the agent
 //! with the connection id, hand-over allowed. The agent sees the result's head first: a small
-//! result comes back as `Response` frames and is relayed here; for a large one it says `Want`
-//! and holds the result, and the dispatcher moves the connection there (with any pipelined
-//! bytes) at once — the request boundary is already quiescent, nothing else was written.
+//! result comes back as `Response` frames and is relayed here; for a large one it asks for the
+//! connection and holds the result, and the dispatcher moves the connection there (with any
+//! pipelined bytes) at once — the request boundary is already quiescent, nothing else was written.
+//!
+//! The relay logic is one ([`forward`], generic over [`Link`]); the move differs: same host,
+//! `Want` → `Adopt` with the socket ([`exchange`]); across hosts, `WantConnection` → the
+//! TCP_REPAIR `HandOff` of `remote.rs` ([`exchange_remote`]), or `RelayInstead` when the
+//! connection cannot move (not quiescent, map full, …), after which the result is relayed.
 
+use super::remote::{self, Agent};
 use super::{local, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
-use refract_handover::local::LocalMsg;
+use refract_handover::control::{ControlChannel, Msg, MAX_FRAME};
+use refract_handover::local::{LocalLink, LocalMsg};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 
-/// Forwards `request` (head and body) through the agent at `path`. `Err`: nothing reached the
+/// Room in a control frame beside a forwarded request (kind, ids, threshold, length).
+const FORWARD_OVERHEAD: usize = 64;
+
+/// What the agent said about a forwarded request.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// A piece of a small result.
+    Response { conn: u64, request: u64, last: bool, keep: bool, bytes: Vec<u8> },
+    /// The result is large: it wants the connection.
+    Want { conn: u64, request: u64 },
+    /// Anything else (named for the log).
+    Other(&'static str),
+}
+
+/// The link a request is forwarded over: the same-host Unix link or the control channel.
+pub(super) trait Link {
+    /// Forwards request number `request` of `conn` (head and body).
+    fn forward(
+        &mut self,
+        conn: u64,
+        request: u64,
+        threshold: u64,
+        bytes: Vec<u8>,
+    ) -> impl Future<Output = Result<(), String>>;
+    /// The agent's next message.
+    fn next(&mut self) -> impl Future<Output = Result<Answer, String>>;
+}
+
+/// How a forwarded request ended (errors before any byte reached the client are `Declined`).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Relayed; whether the session goes on. The link is in step: keep it.
+    Relayed(bool),
+    /// The agent wants the connection; nothing was relayed.
+    Want,
+    /// Failed after bytes reached the client (or the client left): close; drop the link.
+    Broken,
+}
+
+/// Forwards `request` as the session's next one and relays the agent's answer.
+pub(super) async fn forward<L: Link>(
+    rec: Rec<'_>,
+    conn: &mut ClientConn,
+    s: &mut Session,
+    link: &mut L,
+    threshold: u64,
+    request: Vec<u8>,
+) -> Result<Step, Declined> {
+    s.requests += 1;
+    let n = s.requests;
+    link.forward(s.id, n, threshold, request).await.map_err(|e| Declined::new(Why::AgentLost, e))?;
+    relay(rec, conn, link, (s.id, n), true).await
+}
+
+/// Relays `Response` frames of request `id = (conn, request)` to the client until the last one.
+/// With `may_want`, a `Want` before any frame ends it instead.
+pub(super) async fn relay<L: Link>(
+    rec: Rec<'_>,
+    conn: &mut ClientConn,
+    link: &mut L,
+    id: (u64, u64),
+    may_want: bool,
+) -> Result<Step, Declined> {
+    let mut touched = false;
+    loop {
+        match link.next().await {
+            Ok(Answer::Response { conn: c, request: r, last, keep, bytes }) if (c, r) == id => {
+                touched = true;
+                if conn.reply(&bytes).await.is_err() {
+                    return Ok(Step::Broken); // the client is gone; the link is dropped mid-response
+                }
+                rec.relayed(bytes.len());
+                if last {
+                    return Ok(Step::Relayed(keep));
+                }
+            }
+            Ok(Answer::Want { conn: c, request: r }) if (c, r) == id && may_want && !touched => return Ok(Step::Want),
+            Ok(Answer::Response { .. }) => return fail(touched, Why::Protocol, "a response to another request".into()),
+            Ok(Answer::Want { .. }) => return fail(touched, Why::Protocol, "unexpected Want".into()),
+            Ok(Answer::Other(name)) => return fail(touched, Why::Protocol, format!("unexpected {name}")),
+            Err(e) => return fail(touched, Why::AgentLost, e),
+        }
+    }
+}
+
+/// Ends an exchange that went wrong: relay if nothing reached the client, else close.
+fn fail(touched: bool, why: Why, detail: String) -> Result<Step, Declined> {
+    if touched {
+        tracing::warn!("agent exchange failed mid-response ({detail}); closing the client connection");
+        return Ok(Step::Broken);
+    }
+    Err(Declined::new(why, detail))
+}
+
+/// Same host: forwards `request` through the agent at `path`. `Err`: nothing reached the
 /// client (relay as usual); `Ok(go_on)`: answered, by relay or by hand-over.
 pub(super) async fn exchange(
     rec: Rec<'_>,
@@ -25,47 +127,104 @@ pub(super) async fn exchange(
         Some((p, l)) if p == path => l,
         _ => local::connect(path).await?,
     };
-    s.requests += 1;
-    let n = s.requests;
-    let fw = LocalMsg::Forward { conn: s.id, request: n, threshold, bytes: request };
-    link.send(&fw, None).await.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
-    let mut touched = false;
-    loop {
-        let msg = match link.recv().await {
-            Ok((m, None)) => m,
-            Ok((m, Some(_))) => {
-                return fail(touched, Why::Protocol, format!("unexpected descriptor with {}", m.name()))
-            }
-            Err(e) => return fail(touched, Why::AgentLost, format!("agent: {e}")),
-        };
-        match msg {
-            LocalMsg::Response { conn: c, request: r, last, keep, bytes } if c == s.id && r == n => {
-                touched = true;
-                if conn.reply(&bytes).await.is_err() {
-                    return Ok(false); // the client is gone; the link is dropped mid-response
-                }
-                rec.relayed(bytes.len());
-                if last {
-                    s.link = Some((path.to_path_buf(), link));
-                    return Ok(keep);
-                }
-            }
-            LocalMsg::Want { conn: c, request: r } if c == s.id && r == n && !touched => {
-                let pending = conn.buf.to_vec();
-                let r = local::adopt(rec, &mut link, conn, s, backend, pending).await;
-                s.link = Some((path.to_path_buf(), link));
-                return r;
-            }
-            other => return fail(touched, Why::Protocol, format!("unexpected {}", other.name())),
+    match forward(rec, conn, s, &mut link, threshold, request).await? {
+        Step::Relayed(go_on) => {
+            s.link = Some((path.to_path_buf(), link));
+            Ok(go_on)
+        }
+        Step::Broken => Ok(false),
+        Step::Want => {
+            let pending = conn.buf.to_vec();
+            let r = local::adopt(rec, &mut link, conn, s, backend, pending).await;
+            s.link = Some((path.to_path_buf(), link));
+            r
         }
     }
 }
 
-/// Ends an exchange that went wrong: relay if nothing reached the client, else close.
-fn fail(touched: bool, why: Why, detail: String) -> Result<bool, Declined> {
-    if touched {
-        tracing::warn!("agent exchange failed mid-response ({detail}); closing the client connection");
-        return Ok(false);
+/// Across hosts: forwards `request` over the session's control channel to `agent`; a large
+/// result moves the connection there by TCP_REPAIR (pending bytes: the pipelined ones).
+pub(super) async fn exchange_remote(
+    rec: Rec<'_>,
+    conn: &mut ClientConn,
+    s: &mut Session,
+    agent: &Agent<'_>,
+    threshold: u64,
+    request: Vec<u8>,
+) -> Result<bool, Declined> {
+    if request.len() > MAX_FRAME - FORWARD_OVERHEAD {
+        return Err(Declined::new(Why::Unsupported, "request too large to forward"));
     }
-    Err(Declined::new(why, detail))
+    let mut ch = remote::channel(s, agent).await?;
+    match forward(rec, conn, s, &mut ch, threshold, request).await? {
+        Step::Relayed(go_on) => {
+            remote::keep(s, agent, ch);
+            Ok(go_on)
+        }
+        Step::Broken => Ok(false),
+        Step::Want => match remote::freeze(conn, agent).await {
+            Ok(frozen) => {
+                let pending = conn.buf.to_vec();
+                remote::hand_off(rec, ch, conn, s, agent, frozen, pending).await
+            }
+            Err(declined) => relay_instead(rec, ch, conn, s, agent, declined).await,
+        },
+    }
+}
+
+/// The connection cannot move (`declined` says why; the socket is untouched): tells the agent
+/// to relay the result it holds, and relays it. The attempt counts as declined.
+async fn relay_instead(
+    rec: Rec<'_>,
+    mut ch: ControlChannel,
+    conn: &mut ClientConn,
+    s: &mut Session,
+    agent: &Agent<'_>,
+    declined: Declined,
+) -> Result<bool, Declined> {
+    tracing::debug!(conn = s.id, "hand-over impossible, the agent relays: {declined}");
+    let msg = Msg::RelayInstead { conn: s.id, request: s.requests, reason: declined.to_string() };
+    ch.send(&msg).await.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
+    let step = relay(rec, conn, &mut ch, (s.id, s.requests), false).await?;
+    rec.declined(declined.why);
+    match step {
+        Step::Relayed(go_on) => {
+            remote::keep(s, agent, ch);
+            Ok(go_on)
+        }
+        Step::Want | Step::Broken => Ok(false),
+    }
+}
+
+impl Link for LocalLink {
+    async fn forward(&mut self, conn: u64, request: u64, threshold: u64, bytes: Vec<u8>) -> Result<(), String> {
+        let fw = LocalMsg::Forward { conn, request, threshold, bytes };
+        self.send(&fw, None).await.map_err(|e| format!("agent: {e}"))
+    }
+
+    async fn next(&mut self) -> Result<Answer, String> {
+        Ok(match self.recv().await.map_err(|e| format!("agent: {e}"))? {
+            (LocalMsg::Response { conn, request, last, keep, bytes }, None) => {
+                Answer::Response { conn, request, last, keep, bytes }
+            }
+            (LocalMsg::Want { conn, request }, None) => Answer::Want { conn, request },
+            (m, None) => Answer::Other(m.name()),
+            (_, Some(_)) => Answer::Other("a message with a descriptor"),
+        })
+    }
+}
+
+impl Link for ControlChannel {
+    async fn forward(&mut self, conn: u64, request: u64, threshold: u64, bytes: Vec<u8>) -> Result<(), String> {
+        let fw = Msg::Forward { conn, request, threshold, bytes };
+        self.send(&fw).await.map_err(|e| format!("agent: {e}"))
+    }
+
+    async fn next(&mut self) -> Result<Answer, String> {
+        Ok(match self.recv().await.map_err(|e| format!("agent: {e}"))? {
+            Msg::Response { conn, request, last, keep, bytes } => Answer::Response { conn, request, last, keep, bytes },
+            Msg::WantConnection { conn, request } => Answer::Want { conn, request },
+            m => Answer::Other(m.name()),
+        })
+    }
 }

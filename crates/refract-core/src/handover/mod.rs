@@ -5,10 +5,10 @@
 //! # Layout
 //! - [`offer`] (this file): the decision (mode, class, body, backend with an agent).
 //! - `local.rs`: the same-host move (SCM_RIGHTS over the agent's Unix socket), with epochs.
-//! - `remote.rs`: the TCP_REPAIR move over the control channel (`always` only; no steering yet).
+//! - `remote.rs`: the TCP_REPAIR move over the control channel kept by the session.
 //! - `steer.rs`: the ingress map (FREEZE, STEER) on `[handover] interface`.
-//! - `hybrid.rs`: reads go through the agent, which asks for the connection when a result is
-//!   large.
+//! - `hybrid.rs`: reads go through the agent (same host or across hosts), which asks for the
+//!   connection when a result is large.
 //!
 //! Every attempt is counted in `refract_handover_total{backend, result}` ([`Why`] names the
 //! failures), hand-backs, direct bytes and latency through [`Rec`] (docs/handover.md,
@@ -25,9 +25,10 @@ use crate::dispatcher::Ctx;
 use crate::metrics::Metrics;
 use crate::session::ReqBody;
 use bytes::Bytes;
-use refract_handover::control::EpochTracker;
+use refract_handover::control::{ControlChannel, EpochTracker};
 use refract_handover::local::LocalLink;
 use refract_http::RouteClass;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -131,6 +132,12 @@ impl Rec<'_> {
         self.metrics.bytes_direct(self.backend, sent);
     }
 
+    /// The hand-over did not happen for `why` (also counted as a declined error).
+    fn declined(&self, why: Why) {
+        self.failed(why);
+        self.metrics.error("handover_declined");
+    }
+
     /// The connection ended at the agent (`sent`: what it wrote, if it said) or with it.
     fn ended(&self, sent: Option<u64>) {
         match sent {
@@ -166,12 +173,20 @@ pub(crate) struct Session {
     requests: u64,
     /// The link to the agent used last (hybrid), kept for the session's next reads.
     link: Option<(PathBuf, LocalLink)>,
+    /// The control channel to the `IP:port` agent used last, kept for the next requests.
+    channel: Option<(SocketAddr, ControlChannel)>,
 }
 
 impl Session {
     /// A session with a fresh id (epoch 0: never moved).
     pub(crate) fn new() -> Self {
-        Session { id: NEXT_CONN.fetch_add(1, Relaxed), epochs: EpochTracker::new(), requests: 0, link: None }
+        Session {
+            id: NEXT_CONN.fetch_add(1, Relaxed),
+            epochs: EpochTracker::new(),
+            requests: 0,
+            link: None,
+            channel: None,
+        }
     }
 }
 
@@ -205,13 +220,18 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
             local::hand_over(rec, conn, s, path, b.addr, request).await
         }
         (AgentAddr::Unix(path), _, _) => hybrid::exchange(rec, conn, s, path, b.addr, cfg.threshold, request).await,
-        (AgentAddr::Tcp(addr), HandoverMode::Always, Some(key)) => {
-            request.extend_from_slice(&conn.buf);
+        (AgentAddr::Tcp(addr), mode, Some(key_file)) => {
             let steer = cfg.interface.as_deref().map(|i| (i, cfg.map_capacity));
-            remote::hand_over(rec, conn, s, *addr, key, steer, request).await
+            let agent = remote::Agent { addr: *addr, key_file, steer };
+            if mode == HandoverMode::Always {
+                request.extend_from_slice(&conn.buf);
+                remote::hand_over(rec, conn, s, &agent, request).await
+            } else {
+                hybrid::exchange_remote(rec, conn, s, &agent, cfg.threshold, request).await
+            }
         }
-        // Cross-host hybrid (a backend link to the agent): not yet.
-        (AgentAddr::Tcp(_), _, _) => return None,
+        // `validate` refuses `IP:port` agents without a key file.
+        (AgentAddr::Tcp(_), _, None) => return None,
     };
     match result {
         Ok(go_on) => {
@@ -220,8 +240,7 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
         }
         Err(declined) => {
             tracing::debug!(backend = %b.name, "hand-over declined, relaying: {declined}");
-            rec.failed(declined.why);
-            ctx.metrics.error("handover_declined");
+            rec.declined(declined.why);
             None
         }
     }

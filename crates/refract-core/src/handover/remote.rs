@@ -1,6 +1,8 @@
-//! The cross-host move over the control channel (HANDOVER.md "Hand-off D → A", `always` mode):
-//! quiesce, snapshot the client socket (TCP_REPAIR), unhash it silently, send `HandOff` with
-//! the pending bytes; the agent restores and serves; on `HandBack` restore the socket here.
+//! The cross-host move over the control channel (HANDOVER.md "Hand-off D → A"): quiesce,
+//! snapshot the client socket (TCP_REPAIR), unhash it silently, send `HandOff` with the pending
+//! bytes; the agent restores and serves; on `HandBack` restore the socket here. `always` calls
+//! [`hand_over`]; hybrid calls [`freeze`] and [`hand_off`] when the agent asks for the
+//! connection. The session keeps its control channel across requests ([`channel`], [`keep`]).
 //!
 //! With `[handover] interface` set, the flow is FROZEN before the snapshot, STEERED to the agent
 //! right after `HandOff`, and released once the socket is back here (HANDOVER.md order). Without
@@ -10,7 +12,7 @@
 use super::{steer, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
-use refract_handover::{discard_in_place, restore, snapshot, unacked, FlowKey, TcpState};
+use refract_handover::{discard_in_place, restore, snapshot, unacked, FlowKey, SteerTarget, TcpState};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -28,28 +30,76 @@ const ANSWER: Duration = Duration::from_secs(5);
 /// How long a flow the agent closed stays steered (its retransmitted FINs still reach it).
 const LINGER: Duration = Duration::from_secs(1);
 
-/// Moves the connection to the agent at `agent`; see [`super::local::hand_over`] for the
-/// meaning of the result. Until `HandOffOk`, any failure restores the socket here.
+/// An agent at `IP:port`, as `[handover]` names it.
+pub(super) struct Agent<'a> {
+    pub addr: SocketAddr,
+    pub key_file: &'a Path,
+    /// `[handover] interface` and `map_capacity`, when this dispatcher steers.
+    pub steer: Option<(&'a str, u32)>,
+}
+
+/// `always`: moves the connection to `agent` for the requests in `pending`; see
+/// [`super::local::hand_over`] for the meaning of the result. Until `HandOffOk`, any failure
+/// restores the socket here.
 pub(super) async fn hand_over(
     rec: Rec<'_>,
     conn: &mut ClientConn,
     s: &mut Session,
-    agent: SocketAddr,
-    key_file: &Path,
-    steer: Option<(&str, u32)>,
+    agent: &Agent<'_>,
     pending: Vec<u8>,
 ) -> Result<bool, Declined> {
-    let flow = flow_of(&conn.stream)?;
-    let key = read_key(key_file)?;
+    let ch = channel(s, agent).await?;
+    let frozen = match freeze(conn, agent).await {
+        Ok(f) => f,
+        Err(declined) => {
+            keep(s, agent, ch); // nothing was said on it
+            return Err(declined);
+        }
+    };
+    hand_off(rec, ch, conn, s, agent, frozen, pending).await
+}
+
+/// The session's control channel to `agent` if it is still good (see
+/// [`ControlChannel::refresh`]), else a new one (connected and authenticated within
+/// [`HANDSHAKE`]; this also resolves the agent's MAC for STEER).
+pub(super) async fn channel(s: &mut Session, agent: &Agent<'_>) -> Result<ControlChannel, Declined> {
+    if let Some((addr, mut ch)) = s.channel.take() {
+        match ch.refresh() {
+            Ok(()) if addr == agent.addr => return Ok(ch),
+            Ok(()) => {}
+            Err(e) => tracing::debug!(agent = %addr, "control channel not reusable ({e}); reconnecting"),
+        }
+    }
+    let key = read_key(agent.key_file)?;
     let opts = ChannelOptions { handshake_timeout: HANDSHAKE, ..ChannelOptions::default() };
-    let connected = ControlChannel::connect(agent, &key, opts).await;
-    let mut ch = connected.map_err(|e| Declined::new(Why::Unreachable, format!("agent {agent}: {e}")))?;
-    let target = match (steer, agent) {
+    let connected = ControlChannel::connect(agent.addr, &key, opts).await;
+    connected.map_err(|e| Declined::new(Why::Unreachable, format!("agent {}: {e}", agent.addr)))
+}
+
+/// Keeps `ch` in the session for its next request (its framing is in step).
+pub(super) fn keep(s: &mut Session, agent: &Agent<'_>, ch: ControlChannel) {
+    s.channel = Some((agent.addr, ch));
+}
+
+/// A client socket snapshotted and unhashed here (frozen in the ingress map when steering):
+/// what follows is `HandOff`, or a restore here.
+pub(super) struct Frozen<'a> {
+    fl: Flow<'a>,
+    target: Option<SteerTarget>,
+    tcp_state: TcpState,
+    started: std::time::Instant,
+}
+
+/// The source side of HANDOVER.md "Snapshot", steps 1–9: quiesce (I3), FREEZE, snapshot,
+/// unhash silently. `Err`: nothing changed (the socket is still ours and live).
+pub(super) async fn freeze<'a>(conn: &mut ClientConn, agent: &Agent<'a>) -> Result<Frozen<'a>, Declined> {
+    let flow = flow_of(&conn.stream)?;
+    let target = match (agent.steer, agent.addr) {
         (Some((iface, _)), SocketAddr::V4(a)) => Some(steer::target(iface, *a.ip())?),
         (Some(_), SocketAddr::V6(_)) => return Err(Declined::new(Why::Unsupported, "steering needs an IPv4 agent")),
         (None, _) => None,
     };
-    let fl = Flow { key: flow, steer };
+    let fl = Flow { key: flow, steer: agent.steer };
     quiesce(&conn.stream).await?;
     let started = std::time::Instant::now();
     fl.set(|m| m.freeze(flow))?;
@@ -65,46 +115,40 @@ pub(super) async fn hand_over(
         fl.release();
         return Err(Declined::new(Why::Snapshot, format!("discard: {e}")));
     }
+    Ok(Frozen { fl, target, tcp_state, started })
+}
+
+/// Sends `HandOff` with `pending`, STEERs, waits for `HandOffOk` and then for the connection to
+/// come back (HANDOVER.md "Hand-off D → A" steps 4–6, "Hand-back A → D" step 3). A refusal or
+/// no answer restores the snapshot here (`Err`: relay). The channel stays in the session when
+/// its framing is still in step.
+pub(super) async fn hand_off(
+    rec: Rec<'_>,
+    mut ch: ControlChannel,
+    conn: &mut ClientConn,
+    s: &mut Session,
+    agent: &Agent<'_>,
+    frozen: Frozen<'_>,
+    pending: Vec<u8>,
+) -> Result<bool, Declined> {
+    let Frozen { fl, target, tcp_state, started } = frozen;
     let epoch = s.epochs.advance(s.id);
     let t = Transfer {
         conn: s.id,
-        flow,
+        flow: fl.key,
         epoch,
         tcp_state: tcp_state.clone(),
         pending_bytes: pending,
         app_state: vec![],
         sent: 0,
     };
-    let answer = match ch.send(&Msg::HandOff(Box::new(t))).await {
-        Ok(()) => {
-            // STEER at once: the agent's guard drops what arrives before its socket exists.
-            let steered = target.map_or(Ok(()), |tg| fl.set(|m| m.steer(flow, tg, epoch)));
-            if steered.is_ok() && target.is_some() {
-                rec.metrics.handover_frozen(started.elapsed().as_secs_f64());
-            }
-            match steered {
-                Ok(()) => {
-                    timeout(ANSWER, ch.recv()).await.map_err(|_| Declined::new(Why::Timeout, "no answer to HandOff"))
-                }
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(Declined::new(Why::AgentLost, format!("agent: {e}"))),
-    };
-    let refused = match answer {
-        Ok(Ok(Msg::HandOffOk { conn: c, epoch: e })) if c == s.id => match s.epochs.check(c, e) {
-            Ok(()) => None,
-            Err(e) => Some(Declined::new(Why::StaleEpoch, format!("HandOffOk: {e}"))),
-        },
-        Ok(Ok(Msg::HandOffErr { reason, .. })) => Some(Declined::new(Why::of_refusal(&reason), reason)),
-        Ok(Ok(other)) => Some(Declined::new(Why::Protocol, format!("agent: unexpected {}", other.name()))),
-        Ok(Err(e)) => Some(Declined::new(Why::AgentLost, format!("agent: {e}"))),
-        Err(d) => Some(d),
-    };
-    if let Some(declined) = refused {
+    if let Err((declined, in_step)) = answer(rec, &mut ch, s, &fl, target, t, started).await {
         // By HANDOVER.md's failure table, D still holds the snapshot: restore it, un-steer, relay.
         let restored = resume_here(conn, &tcp_state);
         fl.release();
+        if in_step {
+            keep(s, agent, ch); // `HandOffErr`: the agent waits for the next request
+        }
         return restored.and(Err(declined));
     }
     rec.accepted(started);
@@ -112,6 +156,7 @@ pub(super) async fn hand_over(
     match take_back(rec, &mut ch, conn, s).await {
         Back::Here => {
             fl.release();
+            keep(s, agent, ch);
             Ok(true)
         }
         Back::Closed => {
@@ -123,6 +168,36 @@ pub(super) async fn hand_over(
             fl.release();
             Ok(false)
         }
+    }
+}
+
+/// Sends `HandOff`, STEERs at once and waits for `HandOffOk`. `Err` says why not and whether
+/// the channel is still in step (only after `HandOffErr`: the agent answered and waits).
+async fn answer(
+    rec: Rec<'_>,
+    ch: &mut ControlChannel,
+    s: &Session,
+    fl: &Flow<'_>,
+    target: Option<SteerTarget>,
+    t: Transfer,
+    started: std::time::Instant,
+) -> Result<(), (Declined, bool)> {
+    let (flow, epoch) = (fl.key, t.epoch);
+    let lost = |e: refract_handover::Error| (Declined::new(Why::AgentLost, format!("agent: {e}")), false);
+    ch.send(&Msg::HandOff(Box::new(t))).await.map_err(lost)?;
+    // STEER at once: the agent's guard drops what arrives before its socket exists.
+    if let Some(tg) = target {
+        fl.set(|m| m.steer(flow, tg, epoch)).map_err(|d| (d, false))?;
+        rec.metrics.handover_frozen(started.elapsed().as_secs_f64());
+    }
+    match timeout(ANSWER, ch.recv()).await {
+        Ok(Ok(Msg::HandOffOk { conn: c, epoch: e })) if c == s.id => {
+            s.epochs.check(c, e).map_err(|e| (Declined::new(Why::StaleEpoch, format!("HandOffOk: {e}")), false))
+        }
+        Ok(Ok(Msg::HandOffErr { reason, .. })) => Err((Declined::new(Why::of_refusal(&reason), reason), true)),
+        Ok(Ok(other)) => Err((Declined::new(Why::Protocol, format!("agent: unexpected {}", other.name())), false)),
+        Ok(Err(e)) => Err(lost(e)),
+        Err(_) => Err((Declined::new(Why::Timeout, "no answer to HandOff"), false)),
     }
 }
 

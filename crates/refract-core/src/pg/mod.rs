@@ -58,34 +58,54 @@ pub(crate) struct Shared {
     clients: Arc<clients::Clients>,
 }
 
+/// The front end's shared state, built on first use (the pools need the shard count).
+fn shared(ctx: &Ctx, cfg: &PgConfig) -> Arc<Shared> {
+    ctx.pg
+        .get_or_init(|| {
+            let mut ccfg = ClassifierConfig::default();
+            if let Some(f) = &cfg.write_functions {
+                ccfg.write_functions = f.clone();
+            }
+            Arc::new(Shared {
+                servers: Arc::new(servers::Servers::new(cfg, &ctx.metrics)),
+                classifier: Classifier::new(ccfg),
+                cancels: Arc::default(),
+                server_params: RwLock::new(vec![]),
+                metrics: ctx.metrics.clone(),
+                next_client: AtomicU64::new(1),
+                stop: ctx.stop.clone(),
+                tls: cfg.tls().cloned().map(TlsAcceptor::from),
+                clients: Arc::default(),
+                cfg: cfg.clone(),
+            })
+        })
+        .clone()
+}
+
 /// Binds the PostgreSQL listener and starts serving (and probing the servers) in the background.
 pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
     let listener = TcpListener::bind(cfg.listen).await?;
-    let mut ccfg = ClassifierConfig::default();
-    if let Some(f) = &cfg.write_functions {
-        ccfg.write_functions = f.clone();
-    }
-    let servers = Arc::new(servers::Servers::new(&cfg, &ctx.metrics));
-    let shared = Arc::new(Shared {
-        servers: servers.clone(),
-        classifier: Classifier::new(ccfg),
-        cancels: Arc::default(),
-        server_params: RwLock::new(vec![]),
-        metrics: ctx.metrics.clone(),
-        next_client: AtomicU64::new(1),
-        stop: ctx.stop.clone(),
-        tls: cfg.tls().cloned().map(TlsAcceptor::from),
-        clients: Arc::default(),
-        cfg,
-    });
-    // The admin listener reads the pools, clients and servers through the context.
-    let _ = ctx.pg.set(shared.clone());
+    start_background(&ctx, &cfg);
+    serve(&ctx, &cfg, listener)
+}
+
+/// Starts the health checks and lag polls (once per dispatcher, on any runtime).
+pub(crate) fn start_background(ctx: &Ctx, cfg: &PgConfig) {
+    let shared = shared(ctx, cfg);
+    let servers = shared.servers.clone();
     let interval = Duration::from_millis(shared.cfg.health_interval_ms);
     if shared.cfg.read_your_writes && servers.list.iter().any(|s| s.role == PgRole::Replica) {
         tokio::spawn(servers::run_lsn_poll(servers.clone(), ctx.stop.clone()));
     }
     tokio::spawn(servers::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
-    tracing::info!(addr = %listener.local_addr()?, "postgres listening");
+}
+
+/// Serves the clients that `listener` accepts on the current runtime. With the per-core
+/// runtime every shard calls this with its own `SO_REUSEPORT` listener on the same address,
+/// so sessions spread over the cores and each keeps its server connections on its own loop.
+pub(crate) fn serve(ctx: &Ctx, cfg: &PgConfig, listener: TcpListener) -> std::io::Result<()> {
+    let shared = shared(ctx, cfg);
+    tracing::info!(addr = %listener.local_addr()?, shard = crate::shard::current(), "postgres listening");
     tokio::spawn(accept_loop(shared, listener));
     Ok(())
 }

@@ -1,4 +1,9 @@
 //! [`Pool`]: one server's idle connections, at most `pool_size` in use; [`Guard`] is a checkout.
+//!
+//! With the per-core runtime each shard's event loop has its own sockets, so idle connections
+//! are kept per shard (by the shard the socket is registered with): a checkout takes one of its
+//! own shard's, opens a new one while the pool has room, and only when it has none takes
+//! another shard's and registers it here (it then stays here).
 
 use super::error::PgError;
 use super::server::{Login, ServerConn};
@@ -13,7 +18,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct Pool {
     addr: SocketAddr,
     login: Arc<Login>,
-    idle: Mutex<Vec<ServerConn>>,
+    /// Idle connections by home shard.
+    idle: Vec<Mutex<Vec<ServerConn>>>,
     slots: Arc<Semaphore>,
     size: usize,
     checkout_timeout: Duration,
@@ -35,11 +41,38 @@ impl Pool {
     pub fn new(addr: SocketAddr, login: Arc<Login>, size: usize, checkout_timeout: Duration) -> Arc<Pool> {
         let slots = Arc::new(Semaphore::new(size));
         let waiting = AtomicUsize::new(0);
-        Arc::new(Pool { addr, login, idle: Mutex::new(vec![]), slots, size, checkout_timeout, waiting })
+        let idle = (0..crate::shard::count()).map(|_| Mutex::new(vec![])).collect();
+        Arc::new(Pool { addr, login, idle, slots, size, checkout_timeout, waiting })
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<ServerConn>> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The idle connections registered with `shard`'s event loop.
+    fn idle(&self, shard: usize) -> std::sync::MutexGuard<'_, Vec<ServerConn>> {
+        let list = &self.idle[shard.min(self.idle.len() - 1)];
+        list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One idle connection for this shard: its own, else (when the pool has no room for a new
+    /// one) another shard's, moved here. `None`: open a new one.
+    fn take_idle(&self) -> Option<ServerConn> {
+        let here = crate::shard::current();
+        if let Some(c) = self.idle(here).pop() {
+            return Some(c);
+        }
+        // `in_use` counts this checkout, which holds no connection yet.
+        if self.in_use() + self.idle_count() <= self.size {
+            return None;
+        }
+        let mut conn = (0..self.idle.len()).filter(|&i| i != here).find_map(|i| self.idle(i).pop())?;
+        match conn.wire.rehome() {
+            Ok(()) => {
+                conn.home = here;
+                Some(conn)
+            }
+            Err(e) => {
+                tracing::debug!(server = %self.addr, "could not move an idle connection to this shard: {e}");
+                None
+            }
+        }
     }
 
     /// An idle connection, or a new one; waits for a free slot at most `checkout_timeout`.
@@ -48,8 +81,7 @@ impl Pool {
             Ok(slot) => slot,
             Err(_) => self.wait_for_slot().await?,
         };
-        let conn = self.idle().pop();
-        let conn = match conn {
+        let conn = match self.take_idle() {
             Some(c) => c,
             None => ServerConn::connect(self.addr, &self.login).await?,
         };
@@ -66,11 +98,11 @@ impl Pool {
             .map_err(|_| PgError::Unavailable("pool closed".into()))
     }
 
-    /// Opens connections until `n` are idle (or one fails).
+    /// Opens connections (on this shard) until `n` are idle (or one fails).
     pub async fn fill_to(self: &Arc<Self>, n: usize) -> Result<(), PgError> {
-        while self.idle().len() < n && self.in_use() + self.idle().len() < self.size {
+        while self.idle_count() < n && self.in_use() + self.idle_count() < self.size {
             let conn = ServerConn::connect(self.addr, &self.login).await?;
-            self.idle().push(conn);
+            self.idle(conn.home).push(conn);
         }
         Ok(())
     }
@@ -87,7 +119,9 @@ impl Pool {
 
     /// Drops every idle connection (the server went down; they are dead).
     pub fn clear(&self) {
-        self.idle().clear();
+        for shard in 0..self.idle.len() {
+            self.idle(shard).clear();
+        }
     }
 
     /// Connections checked out.
@@ -97,7 +131,7 @@ impl Pool {
 
     /// Idle connections.
     pub fn idle_count(&self) -> usize {
-        self.idle().len()
+        (0..self.idle.len()).map(|shard| self.idle(shard).len()).sum()
     }
 
     /// Checkouts waiting for a free connection.
@@ -125,7 +159,7 @@ impl Guard {
     pub fn release(mut self) {
         if let Some(mut conn) = self.conn.take() {
             if !conn.broken && conn.wire_is_clean() {
-                self.pool.idle().push(conn);
+                self.pool.idle(conn.home).push(conn);
             }
         }
     }

@@ -56,6 +56,8 @@ pub struct ServerConn {
     pub applied: Option<Vec<(String, String)>>,
     /// Something went wrong mid-conversation: never reuse.
     pub broken: bool,
+    /// The shard whose event loop the socket is registered with (its pool's idle list).
+    pub home: usize,
 }
 
 impl ServerConn {
@@ -87,6 +89,7 @@ impl ServerConn {
             sql_prepared: Default::default(),
             applied: Some(vec![]),
             broken: false,
+            home: crate::shard::current(),
         };
         conn.login(login).await?;
         Ok(conn)

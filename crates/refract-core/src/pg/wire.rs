@@ -109,6 +109,17 @@ impl Wire {
         Ok(())
     }
 
+    /// Registers a plain socket with the current thread's event loop (it was opened on another
+    /// shard's). A TLS socket stays where it is: it works from here too, with cross-thread
+    /// wake-ups.
+    pub fn rehome(&mut self) -> io::Result<()> {
+        match std::mem::replace(&mut self.stream, Stream::Detached) {
+            Stream::Plain(tcp) => self.stream = Stream::Plain(TcpStream::from_std(tcp.into_std()?)?),
+            other => self.stream = other,
+        }
+        Ok(())
+    }
+
     /// Shuts the write side down (best effort; over TLS, sends close_notify first).
     pub async fn close(&mut self) {
         let _ = self.stream.shutdown().await;

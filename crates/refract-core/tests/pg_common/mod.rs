@@ -1,9 +1,11 @@
 //! Shared by the `pg_*` tests: a real primary + replica (refract-pg's test kit), refract in
-//! front of them on its own runtime thread, psql/pgbench runners and a tiny raw client.
+//! front of them as the binary runs it (two per-core event loops, each with its own PostgreSQL
+//! listener on the same port), psql/pgbench runners and a tiny raw client.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use bytes::BytesMut;
-use refract_core::{Config, Dispatcher};
+use refract_core::dispatcher::{run_sharded, Ctx};
+use refract_core::Config;
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::testkit::{self, PgCluster, DATABASE, PASSWORD, USER};
@@ -20,7 +22,7 @@ pub struct Fixture {
     pub port: u16,
     /// refract's admin port.
     pub admin: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    ctx: Arc<Ctx>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Declared last: stopped after refract.
     pub cluster: PgCluster,
@@ -38,6 +40,18 @@ pub fn shared() -> Arc<Fixture> {
     let f = Arc::new(Fixture::start(""));
     *slot = Arc::downgrade(&f);
     f
+}
+
+/// Event loops of the dispatcher under test (as `[listen] workers = 2`).
+const SHARDS: usize = 2;
+
+/// Waits (at most 30 s) until refract accepts on `port`.
+fn wait_listening(port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "refract never listened on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn free_port() -> u16 {
@@ -96,19 +110,12 @@ role = "replica"
             cluster.replica().addr()
         );
         let cfg = Config::parse(&text).unwrap();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-            rt.block_on(async move {
-                let d = Dispatcher::start(cfg).await.unwrap();
-                ready_tx.send(()).unwrap();
-                let _ = stop_rx.await;
-                d.shutdown().await;
-            });
-        });
-        ready_rx.recv_timeout(Duration::from_secs(30)).expect("refract started");
-        Fixture { port, admin, stop: Some(stop_tx), thread: Some(thread), cluster }
+        refract_core::shard::set_count(SHARDS);
+        let ctx = Ctx::new(cfg);
+        let run = ctx.clone();
+        let thread = std::thread::spawn(move || run_sharded(run, SHARDS).unwrap());
+        wait_listening(port);
+        Fixture { port, admin, ctx, thread: Some(thread), cluster }
     }
 
     /// refract's address.
@@ -200,9 +207,7 @@ fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String, String> {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
+        self.ctx.stop.cancel();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -184,6 +184,46 @@ impl ControlChannel {
         }
     }
 
+    /// Sends a heartbeat whenever one is due, until a write fails (it never returns `Ok`): for
+    /// a side busy elsewhere and not in [`ControlChannel::recv`] (the agent serving a request),
+    /// so that its peer does not declare it dead. Cancel-safe like `send`.
+    pub async fn heartbeats(&mut self) -> Result<std::convert::Infallible> {
+        let dead_after = self.opts.dead_after;
+        loop {
+            sleep_until(self.last_tx + self.opts.heartbeat.max(Duration::from_millis(1))).await;
+            encode(&Msg::Heartbeat, &mut self.wbuf);
+            timeout(dead_after, self.flush()).await.map_err(|_| Error::PeerDead(dead_after))??;
+        }
+    }
+
+    /// Checks, without waiting, that a channel kept idle can carry another exchange: consumes
+    /// the heartbeats that arrived meanwhile and fails if the peer closed, sent anything else
+    /// (nobody asked), was silent for `dead_after`, or may have declared *us* dead (nothing
+    /// sent for half of `dead_after`: its bound runs from our last bytes). Then drop the channel
+    /// and connect a new one.
+    pub fn refresh(&mut self) -> Result<()> {
+        loop {
+            self.rbuf.reserve(8192);
+            match self.stream.try_read_buf(&mut self.rbuf) {
+                Ok(0) => return Err(Error::Closed),
+                Ok(_) => self.last_rx = Instant::now(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        while let Some((msg, n)) = parse(&self.rbuf)? {
+            self.rbuf.advance(n);
+            if msg != Msg::Heartbeat {
+                return Err(Error::Codec("unexpected message on an idle channel"));
+            }
+        }
+        let dead_after = self.opts.dead_after;
+        if self.last_rx.elapsed() >= dead_after || self.last_tx.elapsed() >= dead_after / 2 {
+            return Err(Error::PeerDead(dead_after));
+        }
+        Ok(())
+    }
+
     /// Reads more bytes, sending a heartbeat when one is due; fails when the peer is silent.
     async fn wait_for_bytes(&mut self) -> Result<()> {
         let dead_after = self.opts.dead_after;

@@ -117,6 +117,31 @@ pub enum Msg {
         /// Why (for logs and metrics).
         reason: String,
     },
+    /// Dispatcher → agent (hybrid): send this request to the backend; relay a result below
+    /// `threshold` bytes in [`Msg::Response`] frames, else ask with [`Msg::WantConnection`].
+    Forward {
+        /// The client connection.
+        conn: u64,
+        /// The request's number on this connection.
+        request: u64,
+        /// Results of at least this many bytes are handed over.
+        threshold: u64,
+        /// The whole request (head and body).
+        bytes: Vec<u8>,
+    },
+    /// Agent → dispatcher (hybrid): a piece of a small result, for the dispatcher to relay.
+    Response {
+        /// The client connection.
+        conn: u64,
+        /// The request this answers.
+        request: u64,
+        /// The result's last frame.
+        last: bool,
+        /// With `last`: whether the connection may carry another request.
+        keep: bool,
+        /// The response bytes (head and body, in order).
+        bytes: Vec<u8>,
+    },
 }
 
 mod kind {
@@ -132,6 +157,8 @@ mod kind {
     pub const HAND_BACK_OK: u8 = 16;
     pub const CLOSED: u8 = 17;
     pub const RELAY_INSTEAD: u8 = 18;
+    pub const FORWARD: u8 = 19;
+    pub const RESPONSE: u8 = 20;
 }
 
 impl Msg {
@@ -155,6 +182,8 @@ impl Msg {
             Msg::HandBackOk { .. } => "HandBackOk",
             Msg::Closed { .. } => "Closed",
             Msg::RelayInstead { .. } => "RelayInstead",
+            Msg::Forward { .. } => "Forward",
+            Msg::Response { .. } => "Response",
         }
     }
 }
@@ -202,6 +231,16 @@ fn encode_body(msg: &Msg, out: &mut BytesMut) {
         Msg::RelayInstead { conn, request, reason } => {
             put_ids(out, kind::RELAY_INSTEAD, *conn, *request);
             wire::put_string(out, reason);
+        }
+        Msg::Forward { conn, request, threshold, bytes } => {
+            put_ids(out, kind::FORWARD, *conn, *request);
+            out.put_u64(*threshold);
+            wire::put_blob(out, bytes);
+        }
+        Msg::Response { conn, request, last, keep, bytes } => {
+            put_ids(out, kind::RESPONSE, *conn, *request);
+            out.put_u8(u8::from(*last) | u8::from(*keep) << 1);
+            wire::put_blob(out, bytes);
         }
     }
 }
@@ -258,8 +297,22 @@ fn parse_body(r: &mut Reader<'_>) -> Result<Msg> {
         kind::HAND_BACK_OK => Msg::HandBackOk { conn: r.u64()?, epoch: r.u64()? },
         kind::CLOSED => Msg::Closed { conn: r.u64()?, epoch: r.u64()?, sent: r.u64()? },
         kind::RELAY_INSTEAD => Msg::RelayInstead { conn: r.u64()?, request: r.u64()?, reason: r.string()? },
+        kind::FORWARD => Msg::Forward { conn: r.u64()?, request: r.u64()?, threshold: r.u64()?, bytes: r.blob()? },
+        kind::RESPONSE => {
+            let (conn, request) = (r.u64()?, r.u64()?);
+            let (last, keep) = flags(r)?;
+            Msg::Response { conn, request, last, keep, bytes: r.blob()? }
+        }
         _ => return Err(Error::Codec("unknown message kind")),
     })
+}
+
+/// The `Response` flags byte: bit 0 `last`, bit 1 `keep`; other bits are refused.
+fn flags(r: &mut Reader<'_>) -> Result<(bool, bool)> {
+    match r.u8()? {
+        f @ 0..=3 => Ok((f & 1 != 0, f & 2 != 0)),
+        _ => Err(Error::Codec("unknown response flags")),
+    }
 }
 
 fn transfer(r: &mut Reader<'_>) -> Result<Transfer> {
@@ -300,6 +353,54 @@ mod tests {
             frame(&Msg::Closed { conn: 1, epoch: 2, sent: 0x0304 }),
             [0, 0, 0, 25, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3, 4]
         );
+    }
+
+    #[test]
+    fn hybrid_byte_literals() {
+        assert_eq!(
+            frame(&Msg::Forward { conn: 1, request: 2, threshold: 0x0300, bytes: b"GE".to_vec() }),
+            [
+                &[0, 0, 0, 31, 19][..],
+                &[0, 0, 0, 0, 0, 0, 0, 1],
+                &[0, 0, 0, 0, 0, 0, 0, 2],
+                &[0, 0, 0, 0, 0, 0, 3, 0],
+                &[0, 0, 0, 2, b'G', b'E'],
+            ]
+            .concat()
+        );
+        assert_eq!(
+            frame(&Msg::Response { conn: 1, request: 2, last: true, keep: true, bytes: b"H".to_vec() }),
+            [&[0, 0, 0, 23, 20][..], &[0, 0, 0, 0, 0, 0, 0, 1], &[0, 0, 0, 0, 0, 0, 0, 2], &[3, 0, 0, 0, 1, b'H']]
+                .concat()
+        );
+        let last_only = frame(&Msg::Response { conn: 0, request: 0, last: true, keep: false, bytes: vec![] });
+        assert_eq!(last_only[21], 1, "flags: bit 0 last, bit 1 keep");
+    }
+
+    #[test]
+    fn hybrid_round_trips_and_strictness() {
+        let msgs = [
+            Msg::Forward { conn: 7, request: 3, threshold: 64 << 10, bytes: b"GET / HTTP/1.1\r\n\r\n".to_vec() },
+            Msg::Forward { conn: 7, request: 4, threshold: u64::MAX, bytes: vec![] },
+            Msg::Response { conn: 7, request: 3, last: false, keep: false, bytes: vec![9; 1000] },
+            Msg::Response { conn: 7, request: 3, last: true, keep: true, bytes: vec![] },
+        ];
+        for m in msgs {
+            let f = frame(&m);
+            for cut in 0..f.len() {
+                assert!(parse(&f[..cut]).unwrap().is_none(), "{} cut at {cut}", m.name());
+            }
+            assert_eq!(parse(&f).unwrap(), Some((m.clone(), f.len())));
+        }
+        let mut bad = frame(&Msg::Response { conn: 1, request: 1, last: true, keep: false, bytes: vec![] });
+        bad[21] = 4;
+        assert!(matches!(parse(&bad), Err(Error::Codec("unknown response flags"))));
+        let mut long = frame(&Msg::Forward { conn: 1, request: 1, threshold: 1, bytes: b"ab".to_vec() });
+        long[32] = 3; // the blob claims more bytes than the frame holds
+        assert!(parse(&long).is_err(), "blob longer than the frame");
+        let mut short = frame(&Msg::Forward { conn: 1, request: 1, threshold: 1, bytes: b"ab".to_vec() });
+        short[32] = 1; // one byte of the frame left over
+        assert!(matches!(parse(&short), Err(Error::Codec("trailing bytes in frame"))));
     }
 
     #[test]

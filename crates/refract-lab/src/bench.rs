@@ -3,6 +3,7 @@
 
 use crate::environment::Environment;
 use crate::lab::LabGuard;
+use crate::layout::Layout;
 use crate::report::{self, Section};
 use crate::sweep::{self, Plan, Results};
 use crate::units::{ByteSize, Rate};
@@ -30,17 +31,35 @@ pub struct SweepOptions {
 pub fn sweep(opts: &SweepOptions) -> Result<()> {
     interrupt::install();
     let guard = LabGuard::ensure(opts.rate)?;
-    let layout = &guard.layout;
-    sweep::check_targets(layout, &opts.plan.targets)?;
-    let env = Environment::detect();
-    let results = sweep::run(layout, &opts.plan)?;
-    let haproxy_cfg = cluster::haproxy_config(layout)?;
+    let results = measure(&guard.layout, opts)?;
+    let layout = guard.layout.clone();
     drop(guard);
-    write_outputs(opts, &env, &results, &haproxy_cfg, &layout_config())
+    write_outputs(opts, &layout, &results)
 }
 
-fn layout_config() -> String {
-    crate::layout::RELAY_TOML.to_string()
+/// The sweep of `opts` in a lab that is up (at `opts.rate`).
+pub fn measure(layout: &Layout, opts: &SweepOptions) -> Result<Results> {
+    sweep::check_targets(layout, &opts.plan.targets)?;
+    sweep::run(layout, &opts.plan)
+}
+
+/// The configs of the dispatchers a sweep measured: `(source, text)`.
+fn refract_configs(layout: &Layout, targets: &[String]) -> Vec<(String, String)> {
+    let measured = layout.dispatchers.iter().filter(|d| targets.iter().any(|t| t == d.target));
+    measured.map(|d| (format!("`{}`", d.source), d.config_text.clone())).collect()
+}
+
+/// The report's paragraph on what each target is.
+fn targets_note(layout: &Layout, targets: &[String]) -> String {
+    let notes: Vec<String> = targets.iter().filter_map(|t| layout.target_note(t)).collect();
+    let mut s = format!("Targets: {}.", notes.join("; "));
+    if targets.iter().any(|t| t != "direct" && t != "haproxy") {
+        s.push_str(
+            " Every refract config has `read_from_primary = true` so that, as with HAProxy's \
+             `balance roundrobin`, reads go to both b1 and b2.",
+        );
+    }
+    s
 }
 
 /// The plot's path: `benchmarks.png` for the 1gbit section, `benchmarks-NAME.png` otherwise.
@@ -50,13 +69,12 @@ pub fn plot_path(out: &Path, section: &str) -> PathBuf {
     out.with_file_name(name)
 }
 
-fn write_outputs(
-    opts: &SweepOptions,
-    env: &Environment,
-    results: &Results,
-    haproxy_cfg: &str,
-    refract_cfg: &str,
-) -> Result<()> {
+/// Write the section, the CSV rows and the plot of one sweep.
+pub fn write_outputs(opts: &SweepOptions, layout: &Layout, results: &Results) -> Result<()> {
+    let env = Environment::detect();
+    let haproxy_cfg = cluster::haproxy_config(layout)?;
+    let refract_cfgs = refract_configs(layout, &opts.plan.targets);
+    let targets_note = targets_note(layout, &opts.plan.targets);
     if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -77,13 +95,14 @@ fn write_outputs(
         duration_s: opts.plan.duration.as_secs_f64().round().max(1.0),
         repeat: opts.plan.repeat.max(1),
         command: &opts.command,
-        env,
+        env: &env,
         sizes: &opts.plan.sizes,
         targets: &opts.plan.targets,
         results,
         plot: png_name.as_deref().filter(|_| plotted),
-        haproxy_cfg: opts.plan.targets.iter().any(|t| t == "haproxy").then_some(haproxy_cfg),
-        refract_cfg,
+        haproxy_cfg: opts.plan.targets.iter().any(|t| t == "haproxy").then_some(haproxy_cfg.as_str()),
+        refract_cfgs: &refract_cfgs,
+        targets_note: &targets_note,
     };
     let existing = std::fs::read_to_string(&opts.out).unwrap_or_default();
     let page = report::replace_section(&existing, &opts.section, &report::render(&section));

@@ -17,11 +17,12 @@ pub enum LabCmd {
         /// Link rate for tbf on both ends of every link (`1gbit`, `100mbit`, …) or `none`.
         #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
         rate: Rate,
-        /// Also start the cluster: blob servers b1, b2, refract and HAProxy in rf-d.
+        /// Also start the cluster: blob servers and agents on b1, b2; refract hybrid (VIP:8080),
+        /// refract relay-only (VIP:8081) and HAProxy in rf-d.
         #[arg(long)]
         cluster: bool,
     },
-    /// Stop the cluster and remove every rf-* namespace.
+    /// Stop the cluster (agents included) and remove every rf-* namespace.
     Down,
     /// Show what is up.
     Status,
@@ -59,6 +60,10 @@ impl LabCmd {
 pub enum BenchCmd {
     /// Throughput per payload size and target, plus 1-byte latency; writes the report.
     Sweep(SweepArgs),
+    /// The paper's reproduction: the sweep of direct, refract relay, hand-over, hybrid and
+    /// HAProxy at 1 Gbit/s and unshaped, hand-over figures, acceptance figures; writes its
+    /// sections of docs/benchmarks.md (about 25 minutes with the defaults).
+    Paper(crate::paper::PaperArgs),
     /// Overload: goodput and latency from 0.25× to 3× capacity, a slow replica, retrying
     /// clients; refract with and without overload control, and HAProxy; writes docs/overload.md.
     Overload(OverloadArgs),
@@ -77,7 +82,7 @@ pub struct SweepArgs {
     /// Payload sizes (K = 1024).
     #[arg(long, default_value = "1,8,64,512,4K,32K,256K,1M,2M,16M,128M", value_delimiter = ',', value_parser = ByteSize::parse)]
     sizes: Vec<ByteSize>,
-    /// Targets: direct, refract, haproxy.
+    /// Targets: direct, refract (relay-only), handover (mode always), hybrid, haproxy.
     #[arg(long, default_value = "direct,refract,haproxy", value_delimiter = ',')]
     targets: Vec<String>,
     /// wrk duration per measurement.
@@ -105,6 +110,7 @@ impl BenchCmd {
     pub fn run(self) -> Result<()> {
         match self {
             BenchCmd::Sweep(a) => bench::sweep(&a.into_options()),
+            BenchCmd::Paper(a) => crate::paper::run(&a.into_sweeps()),
             BenchCmd::Overload(a) => crate::overload::run(&a.into_options()),
             BenchCmd::Pgbench(a) => crate::pgbench::run(&a.into_options()?).map(drop),
             BenchCmd::Loadgen(spec) => crate::loadgen::main(&spec),

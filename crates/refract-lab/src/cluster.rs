@@ -1,6 +1,7 @@
-//! Starting and stopping a cluster (blob servers, the refract dispatcher, HAProxy) as daemons:
-//! own process group (a Ctrl-C at the terminal does not reach them), logs and pid files in the
-//! state directory, and a readiness wait that probes every listener through the data path.
+//! Starting and stopping a cluster (blob servers, agents, the refract dispatchers, HAProxy) as
+//! daemons: own process group (a Ctrl-C at the terminal does not reach them), logs and pid files
+//! in the state directory, and a readiness wait that probes every listener (through the data
+//! path where there is one).
 
 use crate::haproxy::{self, HaproxySpec};
 use crate::http_client::Client;
@@ -22,12 +23,10 @@ pub struct Running {
 
 /// Write the configs and start every process, then wait until every listener answers.
 pub fn start(layout: &Layout) -> Result<Running> {
-    let config_path = state::write("dispatch.toml", &layout.config_text)?;
-    let haproxy_cfg = state::write("haproxy.cfg", &haproxy_config(layout)?)?;
-    let procs = layout.procs(&config_path.to_string_lossy(), &haproxy_cfg.to_string_lossy());
+    write_configs(layout)?;
     // On any error below, dropping `running` stops what was already started.
     let mut running = Running { children: Vec::new() };
-    for p in procs {
+    for p in layout.procs() {
         let child = spawn(&p)?;
         running.children.push((p, child));
     }
@@ -35,10 +34,39 @@ pub fn start(layout: &Layout) -> Result<Running> {
     Ok(running)
 }
 
+/// Every config into the state directory (`NAME.toml`, `haproxy.cfg`), and the agents' control
+/// key into the file the hand-over dispatchers name (`[handover] key_file`, owner-only).
+fn write_configs(layout: &Layout) -> Result<()> {
+    for d in &layout.dispatchers {
+        state::write(&format!("{}.toml", d.name), &d.config_text)?;
+    }
+    for a in &layout.agents {
+        state::write(&format!("{}.toml", a.name), &a.config_text)?;
+    }
+    state::write("haproxy.cfg", &haproxy_config(layout)?)?;
+    let key = layout.agents.first().map(|a| a.key.as_str());
+    let files = layout.dispatchers.iter().filter_map(|d| d.config.handover.as_ref()?.key_file.as_deref());
+    for (file, key) in files.filter_map(|f| Some((f, key?))) {
+        write_private(std::path::Path::new(file), key)?;
+    }
+    Ok(())
+}
+
+/// Write a file only its owner may read.
+fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    std::io::Write::write_all(&mut f, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// The HAProxy config for a layout (its text goes into the benchmark report too).
 pub fn haproxy_config(layout: &Layout) -> Result<String> {
     let bind = layout.haproxy.clone().unwrap_or_else(|| "127.0.0.1:8090".into());
-    Ok(HaproxySpec::mirror(&layout.config, &bind)?.render())
+    Ok(HaproxySpec::mirror(layout.config(), &bind)?.render())
 }
 
 /// Start one daemon, its output going to `NAME.log`, its pid to `NAME.pid`.
@@ -54,24 +82,82 @@ fn spawn(p: &Proc) -> Result<Child> {
     Ok(child)
 }
 
-/// The readiness probes: `(what, address, path)`; each must answer 200.
-fn probes(layout: &Layout) -> Vec<(String, String, &'static str)> {
-    let mut v: Vec<(String, String, &'static str)> =
-        layout.backends.iter().map(|(name, addr)| (format!("blob server {name}"), addr.clone(), "/stats")).collect();
-    v.push(("refract".into(), layout.refract_addr(), "/blob?bytes=1"));
-    if let Some(admin) = &layout.config.listen.admin {
-        v.push(("refract admin".into(), admin.clone(), "/metrics"));
+/// A readiness probe.
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// `GET http://ADDR/PATH` must answer 200.
+    Http {
+        /// What it checks, for the error message.
+        what: String,
+        /// `IP:PORT`.
+        addr: String,
+        /// The path.
+        path: &'static str,
+    },
+    /// Something listens on `addr` in `ns` (the agents' control port speaks no HTTP).
+    Listen {
+        /// What it checks.
+        what: String,
+        /// The namespace.
+        ns: String,
+        /// `IP:PORT`.
+        addr: String,
+    },
+}
+
+impl Probe {
+    fn what(&self) -> &str {
+        match self {
+            Probe::Http { what, .. } | Probe::Listen { what, .. } => what,
+        }
     }
-    if let Some(h) = &layout.haproxy {
-        v.push(("haproxy".into(), h.clone(), "/blob?bytes=1"));
+
+    /// Whether it passes right now.
+    pub fn passes(&self, client: &Client) -> bool {
+        match self {
+            Probe::Http { addr, path, .. } => probe(client, addr, path),
+            Probe::Listen { ns, addr, .. } => {
+                let out = sh::run(sh::cmd(Some(ns), "ss", &["-ltnH", "src", addr])).unwrap_or_default();
+                !out.trim().is_empty()
+            }
+        }
+    }
+}
+
+/// The probes for one dispatcher: its client port through the data path, its admin port.
+pub fn dispatcher_probes(d: &crate::layout::Dispatcher) -> Vec<Probe> {
+    let mut v = vec![Probe::Http { what: d.name.to_string(), addr: d.addr().to_string(), path: "/blob?bytes=1" }];
+    if let Some(admin) = &d.config.listen.admin {
+        v.push(Probe::Http { what: format!("{} admin", d.name), addr: admin.clone(), path: "/metrics" });
     }
     v
 }
 
-/// Whether every listener of the layout answers 200 right now.
+/// The readiness probes of everything [`Layout::procs`] starts.
+fn probes(layout: &Layout) -> Vec<Probe> {
+    let mut v: Vec<Probe> = layout
+        .backends
+        .iter()
+        .map(|(name, addr)| Probe::Http { what: format!("blob server {name}"), addr: addr.clone(), path: "/stats" })
+        .collect();
+    v.extend(layout.agents.iter().map(|a| Probe::Listen {
+        what: a.name.clone(),
+        ns: a.ns.clone(),
+        addr: a.control.clone(),
+    }));
+    for d in layout.dispatchers.iter().filter(|d| layout.starts_with_cluster(d)) {
+        v.extend(dispatcher_probes(d));
+    }
+    if let Some(h) = &layout.haproxy {
+        v.push(Probe::Http { what: "haproxy".into(), addr: h.clone(), path: "/blob?bytes=1" });
+    }
+    v
+}
+
+/// Whether every listener of the layout answers right now.
 pub fn is_ready(layout: &Layout) -> bool {
     let client = layout.client();
-    probes(layout).iter().all(|(_, addr, path)| probe(&client, addr, path))
+    probes(layout).iter().all(|p| p.passes(&client))
 }
 
 fn probe(client: &Client, addr: &str, path: &str) -> bool {
@@ -80,15 +166,18 @@ fn probe(client: &Client, addr: &str, path: &str) -> bool {
 
 /// Poll the probes until all pass; fail early if a process dies.
 fn wait_ready(layout: &Layout, running: &mut Running) -> Result<()> {
-    let client = layout.client();
-    let mut pending = probes(layout);
+    wait_for(&layout.client(), running, probes(layout))
+}
+
+/// Poll `probes` until all pass; fail early if one of `running` dies.
+pub fn wait_for(client: &Client, running: &mut Running, mut pending: Vec<Probe>) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     while !pending.is_empty() {
         interrupt::check()?;
         running.check_alive()?;
-        pending.retain(|(_, addr, path)| !probe(&client, addr, path));
+        pending.retain(|p| !p.passes(client));
         if Instant::now() > deadline {
-            let names: Vec<&str> = pending.iter().map(|p| p.0.as_str()).collect();
+            let names: Vec<&str> = pending.iter().map(Probe::what).collect();
             bail!("not answering after {READY_TIMEOUT:?}: {} (logs in {})", names.join(", "), state::dir().display());
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -139,7 +228,7 @@ impl Drop for Running {
 /// Stop a cluster that may have been started by another process (`lab down`, `lab up`
 /// repairing): by pid file for loopback, by killing everything in its namespaces for the lab.
 pub fn stop(layout: &Layout) {
-    let procs = layout.procs("", "");
+    let procs = layout.all_procs();
     let pids = procs.iter().filter_map(|p| pid_of(&p.name)).collect();
     stop_pids(pids);
     for p in &procs {
@@ -156,6 +245,19 @@ fn pid_of(name: &str) -> Option<u32> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let cmdline = String::from_utf8_lossy(&cmdline);
     (sh::alive(pid) && (cmdline.contains("refract") || cmdline.contains("haproxy"))).then_some(pid)
+}
+
+/// Stop one daemon by its pid file (wherever it was started from); whether it was running.
+pub fn stop_one(name: &str) -> bool {
+    let pid = pid_of(name);
+    stop_pids(pid.into_iter().collect());
+    let _ = std::fs::remove_file(state::path(&format!("{name}.pid")));
+    pid.is_some()
+}
+
+/// Whether the daemon `name` runs (by its pid file).
+pub fn is_running(name: &str) -> bool {
+    pid_of(name).is_some()
 }
 
 /// TERM, up to 2 s of grace, then KILL.

@@ -61,7 +61,8 @@ pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
 }
 
 fn backend_list(layout: &Layout) -> String {
-    let v: Vec<String> = layout.config.backends.iter().map(|b| format!("{} {} ({})", b.name, b.addr, b.role)).collect();
+    let v: Vec<String> =
+        layout.config().backends.iter().map(|b| format!("{} {} ({})", b.name, b.addr, b.role)).collect();
     v.join(", ")
 }
 
@@ -142,7 +143,7 @@ fn routing(layout: &Layout) -> Result<()> {
 /// The per-backend counters (differences over the demo's requests) as a markdown table.
 pub fn stats_table(layout: &Layout, before: &[Stats], after: &[Stats]) -> String {
     let mut s = String::from("| backend | role | reads | writes | loads |\n|---|---|---:|---:|---:|\n");
-    for ((b, x), y) in layout.config.backends.iter().zip(before).zip(after) {
+    for ((b, x), y) in layout.config().backends.iter().zip(before).zip(after) {
         let d = |f: fn(&Stats) -> u64| f(y).saturating_sub(f(x));
         s.push_str(&format!(
             "| {} | {} | {} | {} | {} |\n",
@@ -201,7 +202,8 @@ fn short_sweep(layout: &Layout, quick: bool) -> Result<()> {
         results: &results,
         plot: None,
         haproxy_cfg: None,
-        refract_cfg: "",
+        refract_cfgs: &[],
+        targets_note: "",
     };
     println!("{}", report::tables(&section));
     Ok(())

@@ -16,6 +16,21 @@ pub struct DispatchConfig {
     /// `[[backend]]`.
     #[serde(rename = "backend", default)]
     pub backends: Vec<Backend>,
+    /// `[handover]`, if any.
+    #[serde(default)]
+    pub handover: Option<Handover>,
+}
+
+/// `[handover]`: what the harness needs to run a hand-over dispatcher beside its agents.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Handover {
+    /// `off`, `hybrid` or `always`.
+    #[serde(default)]
+    pub mode: String,
+    /// The interface whose ingress steers handed-over flows, if any.
+    pub interface: Option<String>,
+    /// Where the control key shared with the agents is read from.
+    pub key_file: Option<String>,
 }
 
 /// `[listen]`.
@@ -69,6 +84,16 @@ impl DispatchConfig {
         }
     }
 
+    /// Whether it hands connections over (`[handover]` with a mode other than `off`).
+    pub fn hands_over(&self) -> bool {
+        self.handover.as_ref().is_some_and(|h| !h.mode.is_empty() && h.mode != "off")
+    }
+
+    /// Whether it steers flows from an interface's ingress (one such dispatcher per interface).
+    pub fn steers(&self) -> bool {
+        self.hands_over() && self.handover.as_ref().is_some_and(|h| h.interface.is_some())
+    }
+
     /// The dispatcher's worker threads (the peer gets as many).
     pub fn worker_threads(&self) -> usize {
         match self.listen.workers {
@@ -85,10 +110,22 @@ mod tests {
     #[test]
     fn relay_example_parses() {
         let c = DispatchConfig::parse(crate::layout::RELAY_TOML).expect("relay.toml");
-        assert_eq!(c.listen.http, "198.18.0.100:8080");
+        assert_eq!(c.listen.http, "198.18.0.100:8081");
         assert_eq!(c.primary().map(|b| b.name.as_str()), Some("b1"));
         assert_eq!(c.readers().len(), 2, "read_from_primary = true: both serve reads");
         assert_eq!(c.worker_threads(), 2);
+        assert!(!c.hands_over() && !c.steers());
+    }
+
+    #[test]
+    fn hand_over_examples_parse() {
+        let h = DispatchConfig::parse(crate::layout::HYBRID_TOML).expect("hybrid.toml");
+        assert_eq!(h.listen.http, "198.18.0.100:8080");
+        assert!(h.steers());
+        let a = DispatchConfig::parse(crate::layout::HANDOVER_TOML).expect("handover.toml");
+        assert_eq!(a.handover.as_ref().map(|h| h.mode.as_str()), Some("always"));
+        assert_eq!(a.listen.http, "198.18.0.100:8082");
+        assert_eq!(h.handover.and_then(|h| h.key_file), a.handover.and_then(|h| h.key_file));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use crate::sh::{self, cmd};
 use crate::shaping::Tbf;
 use crate::state;
-use crate::topology::{self, Host, BRIDGE, HOSTS, HOST_IF, NS_PREFIX, PREFIX, SWITCH_NS};
+use crate::topology::{self, Host, AGENT_HOSTS, BRIDGE, HOSTS, HOST_IF, NS_PREFIX, PREFIX, SWITCH_NS, VIP};
 use crate::units::Rate;
 use anyhow::{Context, Result};
 use std::os::unix::process::ExitStatusExt;
@@ -93,7 +93,11 @@ fn host_complete(h: &Host, bridge_ports: &str) -> bool {
     let on_bridge = bridge_ports.contains(&format!(" {}@", h.port()));
     let addrs = ns_ip(&h.ns(), &["-o", "-4", "addr", "show", "dev", HOST_IF, "up"]);
     let addrs = addrs.unwrap_or_default();
-    on_bridge && h.addrs().iter().all(|a| addrs.contains(&format!(" {a}/{PREFIX} ")))
+    let agent_ready = !AGENT_HOSTS.contains(h) || {
+        let lo = ns_ip(&h.ns(), &["-o", "-4", "addr", "show", "dev", "lo"]).unwrap_or_default();
+        lo.contains(&format!(" {VIP}/32 "))
+    };
+    on_bridge && agent_ready && h.addrs().iter().all(|a| addrs.contains(&format!(" {a}/{PREFIX} ")))
 }
 
 /// `ip -n NS ARGS…`.
@@ -115,7 +119,26 @@ fn build() -> Result<()> {
     for h in HOSTS {
         link(&h).with_context(|| format!("linking {}", h.ns()))?;
     }
+    for h in AGENT_HOSTS {
+        prepare_agent_host(&h).with_context(|| format!("preparing {} for its agent", h.ns()))?;
+    }
     Ok(())
+}
+
+/// What `refract agent` checks on a backend host (LVS-DR): the VIP on `lo`, so the agent can
+/// rebuild handed-over sockets on it, and no ARP for it (`arp_ignore = 1`, `arp_announce = 2`
+/// on `all` and the NIC), so the switch keeps sending the VIP's traffic to the dispatcher.
+fn prepare_agent_host(h: &Host) -> Result<()> {
+    let ns = h.ns();
+    ns_ip(&ns, &["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
+    let mut keys = Vec::new();
+    for iface in ["all", HOST_IF] {
+        keys.push(format!("net.ipv4.conf.{iface}.arp_ignore=1"));
+        keys.push(format!("net.ipv4.conf.{iface}.arp_announce=2"));
+    }
+    let mut args = vec!["-q", "-w"];
+    args.extend(keys.iter().map(String::as_str));
+    sh::run(cmd(Some(&ns), "sysctl", &args)).map(drop)
 }
 
 /// Turn IPv6 off in a namespace (best effort): the lab is IPv4 only, and router and multicast

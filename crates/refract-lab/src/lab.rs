@@ -58,16 +58,40 @@ pub fn status() -> Result<()> {
     println!("lab: {} (namespaces: {}), rate {rate}", if complete { "up" } else { "PARTIAL" }, namespaces.join(" "));
     let layout = Layout::lab()?;
     let ready = complete && cluster::is_ready(&layout);
-    println!("cluster: {}", if ready { describe(&layout) } else { "not running".to_string() });
+    println!("cluster: {}", if ready { "ready (every listener answers)" } else { "not ready" });
+    for p in layout.all_procs() {
+        let state = if cluster::is_running(&p.name) { "running" } else { "stopped" };
+        println!("  {:<17} {:<6} {:<8} {}", p.name, p.ns.as_deref().unwrap_or("-"), state, what(&layout, &p.name));
+    }
     Ok(())
+}
+
+/// What a process of the lab's cluster serves, for `lab status`.
+fn what(layout: &Layout, name: &str) -> String {
+    if let Some(d) = layout.dispatchers.iter().find(|d| d.name == name) {
+        let admin = d.config.listen.admin.as_deref().unwrap_or("-");
+        let standby = if layout.starts_with_cluster(d) { "" } else { "; started by `refract bench` for its target" };
+        return format!("{} (target `{}`, {}, admin {admin}{standby})", d.addr(), d.target, d.source);
+    }
+    if let Some(a) = layout.agents.iter().find(|a| a.name == name) {
+        return format!("control {}", a.control);
+    }
+    if name == "haproxy" {
+        return layout.haproxy.clone().unwrap_or_default();
+    }
+    layout.backends.iter().find(|(n, _)| n == name).map(|(_, a)| format!("blob server {a}")).unwrap_or_default()
 }
 
 fn describe(layout: &Layout) -> String {
     let backends: Vec<String> = layout.backends.iter().map(|(n, a)| format!("{n} {a}")).collect();
+    let agents: Vec<String> = layout.agents.iter().map(|a| format!("{} {}", a.name, a.control)).collect();
+    let dispatchers = layout.dispatchers.iter().filter(|d| layout.starts_with_cluster(d));
+    let dispatchers: Vec<String> = dispatchers.map(|d| format!("{} {}", d.name, d.addr())).collect();
     format!(
-        "{}; refract {} (VIP {VIP}); haproxy {}",
+        "{}; {}; {} (VIP {VIP}); haproxy {}",
         backends.join(", "),
-        layout.refract_addr(),
+        agents.join(", "),
+        dispatchers.join(", "),
         layout.haproxy.as_deref().unwrap_or("-")
     )
 }

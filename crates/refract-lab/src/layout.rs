@@ -3,11 +3,22 @@
 
 use crate::dispatch_config::DispatchConfig;
 use crate::http_client::Client;
+use crate::state;
 use crate::topology::{self, B1, B2, C1, C2, DISPATCHER, VIP};
-use anyhow::Result;
+use anyhow::{Context, Result};
 
-/// The dispatcher config for the lab (relay mode); `examples/lab/relay.toml`, embedded.
+/// The lab's relay-only dispatcher (target `refract`); `examples/lab/relay.toml`, embedded
+/// like every lab config, so the lab works from any directory.
 pub const RELAY_TOML: &str = include_str!("../../../examples/lab/relay.toml");
+/// The lab's hybrid dispatcher (target `hybrid`): `examples/lab/hybrid.toml`.
+pub const HYBRID_TOML: &str = include_str!("../../../examples/lab/hybrid.toml");
+/// The lab's hand-everything-over dispatcher (target `handover`): `examples/lab/handover.toml`.
+pub const HANDOVER_TOML: &str = include_str!("../../../examples/lab/handover.toml");
+/// The agents on b1 and b2: `examples/lab/agent-b1.toml`, `agent-b2.toml`.
+pub const AGENT_TOMLS: [(&str, &str); 2] = [
+    ("b1", include_str!("../../../examples/lab/agent-b1.toml")),
+    ("b2", include_str!("../../../examples/lab/agent-b2.toml")),
+];
 
 /// Used only when `examples/loopback.toml` cannot be found: the same cluster, spelled out.
 const LOOPBACK_FALLBACK: &str = r#"
@@ -47,15 +58,73 @@ pub struct Proc {
     pub haproxy: bool,
 }
 
+/// One refract dispatcher of a cluster.
+#[derive(Debug, Clone)]
+pub struct Dispatcher {
+    /// The sweep target it serves: `refract` (relay), `hybrid` or `handover`.
+    pub target: &'static str,
+    /// Process, log and pid-file name; its config is written to the state dir as `NAME.toml`.
+    pub name: &'static str,
+    /// Where the config comes from (`examples/lab/relay.toml`), for reports.
+    pub source: &'static str,
+    /// The config text.
+    pub config_text: String,
+    /// The parsed config.
+    pub config: DispatchConfig,
+}
+
+impl Dispatcher {
+    fn new(target: &'static str, name: &'static str, source: &'static str, text: &str) -> Result<Self> {
+        let config = DispatchConfig::parse(text).with_context(|| source.to_string())?;
+        Ok(Dispatcher { target, name, source, config_text: text.to_string(), config })
+    }
+
+    /// Its client-facing `IP:PORT`.
+    pub fn addr(&self) -> &str {
+        &self.config.listen.http
+    }
+}
+
+/// An agent on a backend host.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// Process, log and pid-file name (`agent-b1`); its config goes to `NAME.toml`.
+    pub name: String,
+    /// The backend host's namespace.
+    pub ns: String,
+    /// The config text.
+    pub config_text: String,
+    /// Its control listener, `IP:PORT`.
+    pub control: String,
+    /// The shared control key.
+    pub key: String,
+}
+
+impl Agent {
+    fn new(host: &str, text: &str) -> Result<Self> {
+        let t: toml::Table = toml::from_str(text).with_context(|| format!("agent-{host}.toml"))?;
+        let field = |k: &str| t.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        Ok(Agent {
+            name: format!("agent-{host}"),
+            ns: format!("{}{host}", topology::NS_PREFIX),
+            config_text: text.to_string(),
+            control: field("control").with_context(|| format!("agent-{host}.toml has no control"))?,
+            key: field("key").with_context(|| format!("agent-{host}.toml has no inline key"))?,
+        })
+    }
+}
+
 /// A cluster's layout.
 #[derive(Debug, Clone)]
 pub struct Layout {
     /// Whether it lives in the lab's namespaces.
     pub lab: bool,
-    /// The dispatcher config text (written to the state dir as `dispatch.toml`).
-    pub config_text: String,
-    /// The parsed config.
-    pub config: DispatchConfig,
+    /// The dispatchers; the first is the relay (its config is the one HAProxy mirrors). Of
+    /// those that steer (`DispatchConfig::steers`) only one runs at a time: the first is
+    /// started with the cluster, the others by [`crate::switch::Switch`] in its place.
+    pub dispatchers: Vec<Dispatcher>,
+    /// The agents on the backend hosts (lab only).
+    pub agents: Vec<Agent>,
     /// Backends `(name, IP:PORT)`.
     pub backends: Vec<(String, String)>,
     /// Where each load-generating client runs (namespace or root).
@@ -65,14 +134,20 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The lab: b1, b2, refract on the VIP, HAProxy on the dispatcher host; clients c1, c2.
+    /// The lab: b1, b2 with their agents; refract relay-only, hybrid (and, on demand, handing
+    /// everything over) on the VIP and HAProxy on the dispatcher host; clients c1, c2.
     pub fn lab() -> Result<Self> {
-        let config = DispatchConfig::parse(RELAY_TOML)?;
+        let dispatchers = vec![
+            Dispatcher::new("refract", "refract", "examples/lab/relay.toml", RELAY_TOML)?,
+            Dispatcher::new("hybrid", "refract-hybrid", "examples/lab/hybrid.toml", HYBRID_TOML)?,
+            Dispatcher::new("handover", "refract-handover", "examples/lab/handover.toml", HANDOVER_TOML)?,
+        ];
+        let agents = AGENT_TOMLS.iter().map(|(host, text)| Agent::new(host, text)).collect::<Result<_>>()?;
         Ok(Layout {
             lab: true,
-            config_text: RELAY_TOML.to_string(),
-            backends: backends(&config),
-            config,
+            backends: backends(&dispatchers[0].config),
+            dispatchers,
+            agents,
             clients: vec![Some(C1.ns()), Some(C2.ns())],
             haproxy: Some(format!("{}:{}", DISPATCHER.addr, topology::HAPROXY_PORT)),
         })
@@ -80,21 +155,40 @@ impl Layout {
 
     /// Loopback: the cluster of `examples/loopback.toml`; HAProxy on 127.0.0.1:8090 if present.
     pub fn loopback(with_haproxy: bool) -> Result<Self> {
-        let config_text = find_loopback_toml();
-        let config = DispatchConfig::parse(&config_text)?;
+        let relay = Dispatcher::new("refract", "refract", "examples/loopback.toml", &find_loopback_toml())?;
         Ok(Layout {
             lab: false,
-            backends: backends(&config),
-            config_text,
-            config,
+            backends: backends(&relay.config),
+            dispatchers: vec![relay],
+            agents: Vec::new(),
             clients: vec![None, None],
             haproxy: with_haproxy.then(|| "127.0.0.1:8090".to_string()),
         })
     }
 
+    /// The relay-only dispatcher (the config HAProxy mirrors; routing and backends).
+    pub fn relay(&self) -> &Dispatcher {
+        &self.dispatchers[0]
+    }
+
+    /// The relay's parsed config.
+    pub fn config(&self) -> &DispatchConfig {
+        &self.relay().config
+    }
+
     /// Where the refract relay listens.
     pub fn refract_addr(&self) -> String {
-        self.config.listen.http.clone()
+        self.relay().addr().to_string()
+    }
+
+    /// The dispatcher serving a sweep target, if the target is one.
+    pub fn dispatcher(&self, target: &str) -> Option<&Dispatcher> {
+        self.dispatchers.iter().find(|d| d.target == target)
+    }
+
+    /// Whether a dispatcher is started with the cluster (not only in another's place).
+    pub fn starts_with_cluster(&self, d: &Dispatcher) -> bool {
+        !d.config.steers() || self.dispatchers.iter().find(|x| x.config.steers()).is_some_and(|x| x.name == d.name)
     }
 
     /// The client for single requests (demo, probes): curl in c1, or direct.
@@ -110,18 +204,47 @@ impl Layout {
     pub fn target_addrs(&self, target: &str) -> Option<Vec<String>> {
         let n = self.clients.len();
         match target {
-            "refract" => Some(vec![self.refract_addr(); n]),
             "haproxy" => self.haproxy.clone().map(|a| vec![a; n]),
             "direct" => {
-                let readers = self.config.readers();
+                let readers = self.config().readers();
                 Some((0..n).map(|i| readers[i % readers.len()].addr.clone()).collect())
             }
-            _ => None,
+            t => self.dispatcher(t).map(|d| vec![d.addr().to_string(); n]),
         }
     }
 
-    /// The processes to start: blob servers, the dispatcher, HAProxy.
-    pub fn procs(&self, config_path: &str, haproxy_cfg: &str) -> Vec<Proc> {
+    /// The targets this layout can measure, in report order.
+    pub fn targets(&self) -> Vec<String> {
+        let mut v = vec!["direct".to_string()];
+        v.extend(self.dispatchers.iter().map(|d| d.target.to_string()));
+        v.extend(self.haproxy.iter().map(|_| "haproxy".to_string()));
+        v
+    }
+
+    /// What a target is, one phrase for the report: `` `hybrid` = both clients → … ``.
+    pub fn target_note(&self, target: &str) -> Option<String> {
+        let note = match (target, self.dispatcher(target)) {
+            ("direct", _) => {
+                let readers: Vec<String> = self.config().readers().iter().map(|b| b.name.clone()).collect();
+                format!("the clients straight to the backends, spread over {} (no dispatcher)", readers.join(" and "))
+            }
+            ("haproxy", _) => format!("both clients → HAProxy on {}", self.haproxy.as_deref()?),
+            (_, Some(d)) => {
+                let mode = match d.config.handover.as_ref().map(|h| h.mode.as_str()) {
+                    Some("always") => "every read handed to the agent on its backend's host".to_string(),
+                    Some("hybrid") => "hybrid: small results relayed, large ones handed to the agent".to_string(),
+                    _ => "relay-only".to_string(),
+                };
+                format!("both clients → refract on {} ({mode}; `{}`)", d.addr(), d.source)
+            }
+            _ => return None,
+        };
+        Some(format!("`{target}` = {note}"))
+    }
+
+    /// The processes the cluster starts: blob servers, agents, the dispatchers (of those that
+    /// steer, the first), HAProxy. Configs are read from the state directory.
+    pub fn procs(&self) -> Vec<Proc> {
         let mut v: Vec<Proc> = self
             .backends
             .iter()
@@ -132,22 +255,44 @@ impl Layout {
                 haproxy: false,
             })
             .collect();
-        let d_ns = self.lab.then(|| DISPATCHER.ns());
-        v.push(Proc {
-            name: "refract".into(),
-            ns: d_ns.clone(),
-            args: strings(&["dispatch", "--config", config_path]),
+        v.extend(self.agents.iter().map(|a| Proc {
+            name: a.name.clone(),
+            ns: Some(a.ns.clone()),
+            args: strings(&["agent", "--config", &config_path(&a.name)]),
             haproxy: false,
-        });
+        }));
+        v.extend(self.dispatchers.iter().filter(|d| self.starts_with_cluster(d)).map(|d| self.proc_of(d)));
         if self.haproxy.is_some() {
+            let cfg = state::path("haproxy.cfg").to_string_lossy().into_owned();
             v.push(Proc {
                 name: "haproxy".into(),
-                ns: d_ns,
-                args: strings(&["-db", "-f", haproxy_cfg]),
+                ns: self.d_ns(),
+                args: strings(&["-db", "-f", &cfg]),
                 haproxy: true,
             });
         }
         v
+    }
+
+    /// Every process the cluster may run (those started in another's place included).
+    pub fn all_procs(&self) -> Vec<Proc> {
+        let mut v = self.procs();
+        v.extend(self.dispatchers.iter().filter(|d| !self.starts_with_cluster(d)).map(|d| self.proc_of(d)));
+        v
+    }
+
+    /// A dispatcher's process.
+    pub fn proc_of(&self, d: &Dispatcher) -> Proc {
+        Proc {
+            name: d.name.to_string(),
+            ns: self.d_ns(),
+            args: strings(&["dispatch", "--config", &config_path(d.name)]),
+            haproxy: false,
+        }
+    }
+
+    fn d_ns(&self) -> Option<String> {
+        self.lab.then(|| DISPATCHER.ns())
     }
 
     /// The namespace owning an address (lab), or none (loopback).
@@ -160,6 +305,11 @@ impl Layout {
         let by_addr = hosts.iter().find(|h| h.addr == ip).map(|h| h.ns());
         by_addr.or_else(|| (ip == VIP).then(|| DISPATCHER.ns()))
     }
+}
+
+/// Where a process's config is written: `STATE/NAME.toml`.
+pub fn config_path(name: &str) -> String {
+    state::path(&format!("{name}.toml")).to_string_lossy().into_owned()
 }
 
 fn backends(config: &DispatchConfig) -> Vec<(String, String)> {
@@ -188,28 +338,66 @@ mod tests {
     fn lab_targets() {
         let l = Layout::lab().expect("lab");
         assert_eq!(l.target_addrs("direct"), Some(vec!["198.18.0.21:9000".into(), "198.18.0.22:9000".into()]));
-        assert_eq!(l.target_addrs("refract"), Some(vec!["198.18.0.100:8080".into(); 2]));
+        assert_eq!(l.target_addrs("refract"), Some(vec!["198.18.0.100:8081".into(); 2]));
+        assert_eq!(l.target_addrs("hybrid"), Some(vec!["198.18.0.100:8080".into(); 2]));
+        assert_eq!(l.target_addrs("handover"), Some(vec!["198.18.0.100:8082".into(); 2]));
         assert_eq!(l.target_addrs("haproxy"), Some(vec!["198.18.0.2:8090".into(); 2]));
         assert_eq!(l.target_addrs("nginx"), None);
+        assert_eq!(l.targets(), ["direct", "refract", "hybrid", "handover", "haproxy"]);
         assert_eq!(l.client(), Client::Curl("rf-c1".into()));
     }
 
     #[test]
     fn lab_processes() {
         let l = Layout::lab().expect("lab");
-        let procs = l.procs("/tmp/refract-lab/dispatch.toml", "/tmp/refract-lab/haproxy.cfg");
+        let procs = l.procs();
         let names: Vec<(&str, Option<&str>)> = procs.iter().map(|p| (p.name.as_str(), p.ns.as_deref())).collect();
         assert_eq!(
             names,
-            vec![("b1", Some("rf-b1")), ("b2", Some("rf-b2")), ("refract", Some("rf-d")), ("haproxy", Some("rf-d"))]
+            vec![
+                ("b1", Some("rf-b1")),
+                ("b2", Some("rf-b2")),
+                ("agent-b1", Some("rf-b1")),
+                ("agent-b2", Some("rf-b2")),
+                ("refract", Some("rf-d")),
+                ("refract-hybrid", Some("rf-d")),
+                ("haproxy", Some("rf-d"))
+            ]
         );
         assert_eq!(procs[0].args.join(" "), "blob-server --listen 198.18.0.21:9000 --name b1");
+        assert!(
+            procs[2].args.join(" ").starts_with("agent --config /") && procs[2].args[2].ends_with("/agent-b1.toml")
+        );
+        let all = l.all_procs();
+        assert_eq!(all.last().map(|p| p.name.as_str()), Some("refract-handover"));
+    }
+
+    #[test]
+    fn lab_ports_are_distinct_and_agents_match_the_dispatchers() {
+        let l = Layout::lab().expect("lab");
+        let mut ports: Vec<&str> = l.dispatchers.iter().map(|d| d.addr()).collect();
+        ports.extend(l.dispatchers.iter().filter_map(|d| d.config.listen.admin.as_deref()));
+        ports.extend(l.haproxy.as_deref());
+        let n = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), n, "a port is used twice: {ports:?}");
+        for d in l.dispatchers.iter().filter(|d| d.config.hands_over()) {
+            let text: toml::Table = toml::from_str(&d.config_text).expect("toml");
+            let agents = text["handover"]["agents"].as_table().expect("agents");
+            for a in &l.agents {
+                let host = a.name.trim_start_matches("agent-");
+                assert_eq!(agents[host].as_str(), Some(a.control.as_str()), "{} → {}", d.name, a.name);
+            }
+        }
+        assert!(l.agents.iter().all(|a| a.key == l.agents[0].key && a.key.len() >= 16));
     }
 
     #[test]
     fn loopback_layout() {
         let l = Layout::loopback(false).expect("loopback");
-        assert!(l.procs("c", "h").iter().all(|p| p.ns.is_none() && !p.haproxy));
+        assert!(l.procs().iter().all(|p| p.ns.is_none() && !p.haproxy));
+        assert_eq!(l.targets(), ["direct", "refract"]);
         assert_eq!(l.client(), Client::Direct);
         assert!(l.refract_addr().starts_with("127.0.0.1:"));
     }

@@ -1,6 +1,7 @@
 //! refract's lab: a network-namespace fabric that reproduces the paper's topology on one
-//! machine, the cluster that runs in it (blob servers, the refract dispatcher, HAProxy as the
-//! peer), the wrk-driven payload sweep with its report (markdown, CSV, PNG), and the demo.
+//! machine, the cluster that runs in it (blob servers with their agents, the refract
+//! dispatchers — relay-only, hybrid, hand-over — and HAProxy as the peer), the wrk-driven
+//! payload sweep with its report (markdown, CSV, PNG), the paper's reproduction, and the demo.
 //!
 //! This crate is the bench harness: it uses `anyhow` and shells out to `ip`, `tc`, `wrk`,
 //! `curl` and `haproxy`; it never ships in the data path.
@@ -13,7 +14,10 @@
 //! - [`lab`]: `lab up/down/status` and `LabGuard`, which undoes what it brought up.
 //! - [`layout`], [`cluster`]: where a cluster's processes live; starting, probing, stopping them.
 //! - [`dispatch_config`], [`haproxy`]: reading the dispatcher config; HAProxy's mirrored config.
-//! - [`wrk`], [`sweep`]: running wrk and parsing it; the sweep with progress and ETA.
+//! - [`wrk`], [`sweep`]: running wrk and parsing it; the sweep with progress and ETA;
+//!   [`switch`]: which steering dispatcher runs for a target; [`handover_stats`]: the
+//!   dispatchers' hand-over figures from `/metrics`; [`paper`] (`bench paper`): the whole
+//!   reproduction, both link settings, with its acceptance figures.
 //! - [`report`], [`csv`], [`plot`], [`environment`]: the outputs.
 //! - [`demo`], [`http_client`]: the demo and its tiny HTTP client.
 //! - [`overload`] (`bench overload`), [`overload_args`]: the overload benchmark; [`rig`]: its
@@ -32,6 +36,7 @@ pub mod demo;
 pub mod dispatch_config;
 pub mod environment;
 pub mod fabric;
+pub mod handover_stats;
 pub mod haproxy;
 pub mod http_client;
 pub mod interrupt;
@@ -43,6 +48,7 @@ pub mod overload_args;
 pub mod overload_plot;
 pub mod overload_report;
 pub mod overload_results;
+pub mod paper;
 pub mod pgbench;
 pub mod pgbench_report;
 pub mod pgbench_run;
@@ -57,6 +63,7 @@ pub mod shaping;
 pub mod state;
 pub mod summary;
 pub mod sweep;
+pub mod switch;
 pub mod topology;
 pub mod units;
 pub mod wrk;

@@ -2,6 +2,7 @@
 //! own so that runs at different rates share one page.
 
 use crate::environment::Environment;
+use crate::handover_stats::HandoverStats;
 use crate::sweep::{Measurement, Results};
 use crate::units::{format_latency_us, format_rate, format_throughput, sig3, ByteSize};
 use std::fmt::Write;
@@ -30,16 +31,18 @@ pub struct Section<'a> {
     pub plot: Option<&'a str>,
     /// HAProxy's generated config.
     pub haproxy_cfg: Option<&'a str>,
-    /// refract's config.
-    pub refract_cfg: &'a str,
+    /// refract's configs: `(where it comes from, text)`, one per dispatcher measured.
+    pub refract_cfgs: &'a [(String, String)],
+    /// What each target is (one markdown paragraph; empty for none).
+    pub targets_note: &'a str,
 }
 
 /// The page's opening when the file does not exist yet.
 pub const PAGE_HEADER: &str = "# Benchmarks\n\n\
 Figures written by `refract bench sweep` (crates/refract-lab); do not edit by hand. Each \
 section is one sweep and is replaced whole when that sweep is rerun: `1gbit` has every lab \
-link shaped like a 1 Gbit/s NIC (the paper's setting), `none` leaves the veth links unshaped. \
-Raw figures are in `benchmarks.csv`.\n";
+link shaped like a 1 Gbit/s NIC (the paper's setting), `none` leaves the veth links unshaped; `refract bench paper` writes `paper-*` sections and a \
+summary. Raw figures are in `benchmarks.csv`.\n";
 
 /// Put `body` (without markers) into `doc` as section `name`: replace the section if present,
 /// append it otherwise; start a page if `doc` is empty.
@@ -74,12 +77,15 @@ pub fn render(s: &Section) -> String {
     out
 }
 
-/// Table 1 and (when measured) Table 2, as markdown.
+/// Table 1, and when measured Table 2 and the hand-over figures, as markdown.
 pub fn tables(s: &Section) -> String {
     let mut out = String::new();
     table1(&mut out, s);
     if !s.results.latency.is_empty() {
         table2(&mut out, s);
+    }
+    if !s.results.handover.is_empty() {
+        handover_table(&mut out, &s.results.handover);
     }
     out
 }
@@ -95,15 +101,12 @@ fn environment(out: &mut String, s: &Section) {
          - **Rerun:** `{}`\n\n",
         e.date, e.cores, e.cpu, e.kernel, s.shaping, s.duration_s, s.repeat, e.wrk, e.haproxy, e.refract, s.command
     );
+    out.push_str(s.targets_note);
     out.push_str(
-        "Targets: `direct` = c1 → b1 and c2 → b2 (no dispatcher); `refract` = both clients → \
-         the service address 198.18.0.100:8080 (relay mode, `examples/lab/relay.toml`); \
-         `haproxy` = both clients → HAProxy on 198.18.0.2:8090. refract runs with \
-         `read_from_primary = true` so that, as with HAProxy's `balance roundrobin`, reads go to \
-         both b1 and b2. Throughput is the payload rate summed over both \
-         clients: requests/s × payload size, except that runs with fewer than 20 requests per \
-         client use wrk's bytes-read counter (which also counts the unfinished last response); \
-         the requests/s in brackets is throughput ÷ payload size.\n\n",
+        " Throughput is the payload rate summed over both clients: requests/s × payload size, \
+         except that runs with fewer than 20 requests per client use wrk's bytes-read counter \
+         (which also counts the unfinished last response); the requests/s in brackets is \
+         throughput ÷ payload size.\n\n",
     );
     if s.shaping.starts_with("tbf") {
         out.push_str(
@@ -117,8 +120,14 @@ fn environment(out: &mut String, s: &Section) {
 
 fn table1(out: &mut String, s: &Section) {
     let has = |t: &str| s.targets.iter().any(|x| x == t);
-    let ratios: Vec<(&str, &str)> =
-        [("refract", "direct"), ("refract", "haproxy")].into_iter().filter(|(a, b)| has(a) && has(b)).collect();
+    let pairs = [
+        ("refract", "direct"),
+        ("refract", "haproxy"),
+        ("hybrid", "refract"),
+        ("hybrid", "haproxy"),
+        ("hybrid", "direct"),
+    ];
+    let ratios: Vec<(&str, &str)> = pairs.into_iter().filter(|(a, b)| has(a) && has(b)).collect();
     let _ = writeln!(out, "### Table 1 — throughput by payload size\n");
     let mut head = String::from("| payload |");
     let mut rule = String::from("|---:|");
@@ -217,6 +226,34 @@ fn table2(out: &mut String, s: &Section) {
     out.push('\n');
 }
 
+/// The hand-over dispatchers' own figures over the run (their admin `/metrics`).
+fn handover_table(out: &mut String, stats: &std::collections::BTreeMap<String, HandoverStats>) {
+    let _ = writeln!(
+        out,
+        "### Hand-overs — from the dispatchers' `/metrics` over the whole run\n\n\
+         Hand-over latency is `refract_handover_seconds` (FREEZE → `HandOffOk`: snapshot, \
+         `HandOff`, STEER, the agent's restore), quantiles interpolated inside its ×2 buckets.\n\n\
+         | target | hand-overs | relayed instead | hand-backs | bytes sent directly | latency p50 | p99 | mean |\n\
+         |---|---:|---|---:|---:|---:|---:|---:|"
+    );
+    for (target, h) in stats {
+        let declined: Vec<String> = h.declined().iter().map(|(r, n)| format!("{n:.0} {r}")).collect();
+        let us = |v: Option<f64>| v.map(|x| format_latency_us(x * 1e6)).unwrap_or_else(|| "–".into());
+        let _ = writeln!(
+            out,
+            "| {target} | {:.0} | {} | {:.0} | {} | {} | {} | {} |",
+            h.handovers(),
+            if declined.is_empty() { "0".to_string() } else { declined.join(", ") },
+            h.handbacks,
+            crate::units::format_bytes(h.bytes_direct),
+            us(h.latency_quantile(0.5)),
+            us(h.latency_quantile(0.99)),
+            us(h.latency_mean())
+        );
+    }
+    out.push('\n');
+}
+
 fn configs(out: &mut String, s: &Section) {
     if let Some(cfg) = s.haproxy_cfg {
         let _ = writeln!(
@@ -225,9 +262,11 @@ fn configs(out: &mut String, s: &Section) {
             cfg.trim_end()
         );
     }
-    let _ = writeln!(
-        out,
-        "<details><summary>refract configuration</summary>\n\n```toml\n{}\n```\n\n</details>",
-        s.refract_cfg.trim_end()
-    );
+    for (source, text) in s.refract_cfgs {
+        let _ = writeln!(
+            out,
+            "<details><summary>refract configuration ({source})</summary>\n\n```toml\n{}\n```\n\n</details>",
+            text.trim_end()
+        );
+    }
 }

@@ -1,11 +1,15 @@
 //! The payload sweep: for each size and target, wrk from every client at once; then the
-//! one-connection latency of 1-byte requests. Prints one progress line per measurement.
+//! one-connection latency of 1-byte requests. Prints one progress line per measurement. The
+//! hand-over dispatchers' own figures (hand-overs, their latency) are tallied over the run.
 
+use crate::handover_stats::HandoverStats;
 use crate::interrupt;
 use crate::layout::Layout;
+use crate::switch::Switch;
 use crate::units::{format_rate, format_throughput, ByteSize};
 use crate::wrk::{self, WrkReport};
 use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// Below this many completed requests per client, wrk's byte counter (which includes the
@@ -17,7 +21,7 @@ const MIN_REQUESTS_FOR_RPS: u64 = 20;
 pub struct Plan {
     /// Payload sizes (rows).
     pub sizes: Vec<ByteSize>,
-    /// Targets (columns): `direct`, `refract`, `haproxy`.
+    /// Targets (columns): `direct`, `refract` (relay), `handover`, `hybrid`, `haproxy`.
     pub targets: Vec<String>,
     /// wrk's duration per measurement.
     pub duration: Duration,
@@ -86,6 +90,8 @@ pub struct Results {
     pub throughput: Vec<Measurement>,
     /// Table 2 rows.
     pub latency: Vec<LatencyRow>,
+    /// Per hand-over target: its dispatchers' figures over the run (from their `/metrics`).
+    pub handover: BTreeMap<String, HandoverStats>,
 }
 
 impl Results {
@@ -104,7 +110,7 @@ pub fn url(addr: &str, size: ByteSize) -> String {
 pub fn check_targets(layout: &Layout, targets: &[String]) -> Result<()> {
     for t in targets {
         if layout.target_addrs(t).is_none() {
-            bail!("unknown or unavailable target {t:?} (direct, refract, haproxy)");
+            bail!("unknown or unavailable target {t:?} ({})", layout.targets().join(", "));
         }
     }
     Ok(())
@@ -116,11 +122,13 @@ pub fn run(layout: &Layout, plan: &Plan) -> Result<Results> {
     let reps = plan.repeat.max(1);
     let total = (plan.sizes.len() * plan.targets.len() + if plan.latency { plan.targets.len() } else { 0 }) * reps;
     let mut progress = Progress::new(total, plan.duration);
+    let mut switch = Switch::new(layout);
     let mut results = Results::default();
     for &size in &plan.sizes {
         let mut runs: Vec<Vec<Measurement>> = vec![Vec::new(); plan.targets.len()];
         for _ in 0..reps {
             for (i, target) in plan.targets.iter().enumerate() {
+                switch.activate(layout, target)?;
                 let m = measure(layout, target, size, plan.duration)?;
                 let note = format!("{} ({} req/s)", format_throughput(m.throughput()), format_rate(m.effective_rps()));
                 progress.done(&format!("{target:<8} {size:>5}"), &note, m.errors());
@@ -133,6 +141,7 @@ pub fn run(layout: &Layout, plan: &Plan) -> Result<Results> {
         let mut runs: Vec<Vec<LatencyRow>> = vec![Vec::new(); plan.targets.len()];
         for _ in 0..reps {
             for (i, target) in plan.targets.iter().enumerate() {
+                switch.activate(layout, target)?;
                 let row = measure_latency(layout, target, plan.duration)?;
                 let note = format!("mean {:.1} µs", row.report.latency_avg_us);
                 progress.done(
@@ -145,6 +154,8 @@ pub fn run(layout: &Layout, plan: &Plan) -> Result<Results> {
         }
         results.latency.extend(runs.into_iter().map(|r| median_by(r, |l| l.report.latency_avg_us)));
     }
+    results.handover = switch.finish(layout)?;
+    results.handover.retain(|t, _| plan.targets.contains(t));
     Ok(results)
 }
 

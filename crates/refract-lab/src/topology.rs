@@ -15,10 +15,10 @@ pub const VIP: &str = "198.18.0.100";
 /// Every namespace the lab creates starts with this.
 pub const NS_PREFIX: &str = "rf-";
 
-/// The refract relay's client-facing port (on the VIP).
-pub const REFRACT_PORT: u16 = 8080;
-/// The refract admin port (on the dispatcher's own address).
-pub const ADMIN_PORT: u16 = 8081;
+// The ports (examples/lab/README.md): refract hybrid on VIP:8080, relay-only on VIP:8081,
+// hand-over `always` on VIP:8082, each with its admin listener on the dispatcher's own address
+// at port + 100; the configs in examples/lab/ set them, the harness reads them from there.
+
 /// HAProxy's port (on the dispatcher's own address).
 pub const HAPROXY_PORT: u16 = 8090;
 /// Blob servers' port.
@@ -65,6 +65,9 @@ pub const DISPATCHER: Host = Host { name: "d", addr: "198.18.0.2" };
 pub const B1: Host = Host { name: "b1", addr: "198.18.0.21" };
 /// Backend 2 (a replica).
 pub const B2: Host = Host { name: "b2", addr: "198.18.0.22" };
+
+/// The backend hosts; each runs an agent, so each has the VIP on `lo` with ARP suppressed.
+pub const AGENT_HOSTS: [Host; 2] = [B1, B2];
 
 /// All hosts, in creation order.
 pub const HOSTS: [Host; 5] = [C1, C2, DISPATCHER, B1, B2];

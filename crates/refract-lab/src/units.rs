@@ -146,6 +146,15 @@ pub fn format_throughput(bytes_per_sec: f64) -> String {
     format!("{} {unit}", sig3(v))
 }
 
+/// Format a byte count with three significant digits: `512 B`, `1.50 MiB`, `3.20 GiB`.
+pub fn format_bytes(bytes: f64) -> String {
+    let units = [(30, "GiB"), (20, "MiB"), (10, "KiB")];
+    match units.iter().find(|(shift, _)| bytes >= (1u64 << shift) as f64) {
+        Some((shift, unit)) => format!("{} {unit}", sig3(bytes / (1u64 << shift) as f64)),
+        None => format!("{bytes:.0} B"),
+    }
+}
+
 /// Format a count per second compactly: `18.4k`, `950`, `2.31`.
 pub fn format_rate(per_sec: f64) -> String {
     if per_sec >= 1e6 {
@@ -181,6 +190,13 @@ pub fn sig3(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(format_bytes(512.0), "512 B");
+        assert_eq!(format_bytes(1.5 * 1048576.0), "1.50 MiB");
+        assert_eq!(format_bytes(3.2 * 1073741824.0), "3.20 GiB");
+    }
 
     #[test]
     fn sizes_parse_and_print() {

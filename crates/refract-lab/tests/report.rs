@@ -38,6 +38,8 @@ fn results() -> Results {
     r
 }
 
+const CFGS: &[(String, String)] = &[];
+
 fn section<'a>(
     env: &'a Environment,
     results: &'a Results,
@@ -56,7 +58,8 @@ fn section<'a>(
         results,
         plot: Some("benchmarks.png"),
         haproxy_cfg: Some("global\n    nbthread 2\n"),
-        refract_cfg: "[listen]\nhttp = \"198.18.0.100:8080\"\n",
+        refract_cfgs: CFGS,
+        targets_note: "Targets: `direct` = c1 → b1 and c2 → b2.",
     }
 }
 

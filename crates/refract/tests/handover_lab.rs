@@ -5,6 +5,11 @@
 //! Every body is checked against the blob pattern; no steering entry may be left (the
 //! dispatcher's `refract_steering_entries` gauge, read from its admin /metrics at the end, is 0).
 //! Namespaces are named `rf-*<pid>` and removed even when the test fails.
+//!
+//! The correctness run (`lab_correctness_*`): many keep-alive connections at once, random sizes,
+//! pipelining, every body checked; CI-sized by default, the acceptance size through
+//! `RF_LAB_CONNS`, `RF_LAB_REQUESTS`, `RF_LAB_MAX_BYTES` (examples/lab/README.md). Plus the two
+//! "relay instead" cases: a full steering map and a flow that is not quiescent.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -204,15 +209,20 @@ fn lab_negative_control_without_steering_the_client_is_reset() {
     run_lab("lab_negative_control_without_steering_the_client_is_reset", false);
 }
 
-fn run_lab(test: &str, steer: bool) {
-    if !is_root() {
-        let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root");
-        return;
-    }
-    let lab = Lab::up(&test[4..5]);
+/// The processes of one lab run: blob servers `b1` (on `d`, no agent) and `b2` (on `a`), the
+/// agent in front of `b2`, the dispatcher; killed when dropped (before the namespaces go).
+struct Cluster {
+    agent: Proc,
+    _procs: Vec<Proc>,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts the cluster with `handover` as the dispatcher's `[handover]` body (mode and options;
+/// the agent and key are added here).
+fn cluster(lab: &Lab, handover: &str) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let _b1 = lab.start("d", &["blob-server", "--listen", "127.0.0.1:9001", "--name", "b1"], 9001);
-    let _b2 = lab.start("a", &["blob-server", "--listen", "198.18.6.21:9002", "--name", "b2"], 9002);
+    let b1 = lab.start("d", &["blob-server", "--listen", "127.0.0.1:9001", "--name", "b1"], 9001);
+    let b2 = lab.start("a", &["blob-server", "--listen", "198.18.6.21:9002", "--name", "b2"], 9002);
     let agent_cfg = dir.path().join("agent.toml");
     let text = format!(
         "backend = \"198.18.6.21:9002\"\ncontrol = \"198.18.6.21:9100\"\nvip = \"{VIP}\"\ninterface = \"eth0\"\nkey = \"{KEY}\"\n"
@@ -226,23 +236,52 @@ fn run_lab(test: &str, steer: bool) {
         "[listen]\nhttp = \"{VIP}:8080\"\nadmin = \"127.0.0.1:{ADMIN}\"\nworkers = 1\n\
          [[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:9001\"\nrole = \"primary\"\n\
          [[backend]]\nname = \"b2\"\naddr = \"198.18.6.21:9002\"\nrole = \"replica\"\n\
-         [handover]\nmode = \"always\"\n{}key_file = \"{}\"\nagents = {{ b2 = \"198.18.6.21:9100\" }}\n",
-        if steer { "interface = \"eth0\"\n" } else { "" },
+         [handover]\n{handover}key_file = \"{}\"\nagents = {{ b2 = \"198.18.6.21:9100\" }}\n",
         key_file.display()
     );
     std::fs::write(&cfg, text).unwrap();
-    let _d = lab.start("d", &["dispatch", "--config", cfg.to_str().unwrap()], 8080);
+    let d = lab.start("d", &["dispatch", "--config", cfg.to_str().unwrap()], 8080);
+    Cluster { agent, _procs: vec![d, b1, b2], _dir: dir }
+}
+
+/// Runs this test binary's client side (`test`, with `RF_LAB_CLIENT` set) in `c`; its output.
+fn run_client(lab: &Lab, test: &str, agent_pid: u32) -> String {
     let me = std::env::current_exe().unwrap();
     let out = Command::new("ip")
         .args(["netns", "exec", &lab.ns("c")])
         .arg(me)
-        .args(["--exact", test, "--nocapture"])
+        .args(["--exact", test, "--nocapture", "--include-ignored"])
         .env("RF_LAB_CLIENT", "1")
-        .env("RF_AGENT_PID", agent.child.id().to_string())
+        .env("RF_AGENT_PID", agent_pid.to_string())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && text.contains("1 passed"), "client in rf-c:\n{text}");
+    text
+}
+
+/// The dispatcher's metrics once no steering entry is left (or after 5 s; a flow the agent
+/// closed stays steered for 1 s, for its retransmitted FINs).
+fn settled_metrics(lab: &Lab) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = lab.metrics("d");
+        if value(&text, "refract_steering_entries") == Some(0) || Instant::now() >= deadline {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run_lab(test: &str, steer: bool) {
+    if !is_root() {
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root");
+        return;
+    }
+    let lab = Lab::up(&test[4..5]);
+    let handover = format!("mode = \"always\"\n{}", if steer { "interface = \"eth0\"\n" } else { "" });
+    let cluster = cluster(&lab, &handover);
+    let text = run_client(&lab, test, cluster.agent.child.id());
     for line in text.lines().filter(|l| l.starts_with("agent killed")) {
         eprintln!("{line}");
     }
@@ -252,17 +291,8 @@ fn run_lab(test: &str, steer: bool) {
         .unwrap();
     let attached = String::from_utf8_lossy(&filters.stdout).contains("refract");
     assert_eq!(attached, steer, "steering attached on d only when configured");
-    // The acceptance check "no map entries left", through the dispatcher's own gauge (a flow
-    // the agent closed stays steered for 1 s, for its retransmitted FINs).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let text = loop {
-        let text = lab.metrics("d");
-        let entries = value(&text, "refract_steering_entries");
-        if !steer || entries == Some(0) || Instant::now() >= deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    // The acceptance check "no map entries left", through the dispatcher's own gauge.
+    let text = if steer { settled_metrics(&lab) } else { lab.metrics("d") };
     if steer {
         // The capacity gauge is set by the same scrape-time read as the entries: it ran.
         assert!(value(&text, "refract_steering_capacity") > Some(0), "{text}");
@@ -292,4 +322,173 @@ fn run_lab(test: &str, steer: bool) {
 fn value(text: &str, series: &str) -> Option<u64> {
     let v = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))?;
     Some(v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// A setting from the environment (the acceptance-sized run), else the CI default.
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// xorshift64*: reproducible sizes and seeds per connection, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % below.max(1)
+    }
+}
+
+/// One keep-alive connection of the correctness run: `requests` reads of random sizes up to
+/// `max` bytes, sent in pipelined batches of 1–4, every body checked against the pattern.
+/// Returns the hand-overs it saw (distinct `x-refract-handover` epochs).
+fn one_connection(i: u64, requests: u64, max: u64) -> u64 {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (i + 1));
+    let mut c = Client::connect(format!("{VIP}:8080").parse().unwrap());
+    c.stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut epochs = std::collections::HashSet::new();
+    let mut done = 0;
+    while done < requests {
+        let depth = (1 + rng.next(4)).min(requests - done);
+        let batch: Vec<(u64, u64)> = (0..depth).map(|_| (rng.next(max + 1), rng.next(251))).collect();
+        c.send(batch.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
+        for (n, seed) in batch {
+            let r = c.read_response(false).unwrap_or_else(|e| panic!("connection {i}, request {done}: {e}"));
+            assert_eq!((r.status, r.body.len() as u64), (200, n), "connection {i}: {}", r.head);
+            assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None, "connection {i}: body differs");
+            epochs.extend(r.header("x-refract-handover"));
+            done += 1;
+        }
+    }
+    epochs.len() as u64
+}
+
+/// The correctness run's client side, inside `c`: every connection at once.
+fn client_correctness() {
+    let (conns, requests) = (setting("RF_LAB_CONNS", 20), setting("RF_LAB_REQUESTS", 20));
+    let max = setting("RF_LAB_MAX_BYTES", 4 << 20);
+    let threads: Vec<_> = (0..conns).map(|i| std::thread::spawn(move || one_connection(i, requests, max))).collect();
+    let seen: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    eprintln!("correctness: {conns} connections x {requests} requests up to {max} B; hand-overs seen {seen}");
+}
+
+/// The correctness run in `mode` (the `[handover]` body without agents and key).
+fn run_correctness(test: &str, variant: &str, handover: &str) {
+    if !is_root() {
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root");
+        return;
+    }
+    let lab = Lab::up(variant);
+    let cluster = cluster(&lab, handover);
+    let started = Instant::now();
+    let text = run_client(&lab, test, cluster.agent.child.id());
+    let line = text.lines().find(|l| l.starts_with("correctness:")).unwrap().to_string();
+    eprintln!("{line} in {:.1?}", started.elapsed());
+    let seen: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    let conns = setting("RF_LAB_CONNS", 20);
+    let metrics = settled_metrics(&lab);
+    let ok = value(&metrics, r#"refract_handover_total{backend="b2",result="ok"}"#).unwrap_or(0);
+    assert!(seen >= conns, "fewer hand-overs seen ({seen}) than connections ({conns}):\n{metrics}");
+    assert!(ok >= seen, "{ok} hand-overs counted, {seen} seen by the clients:\n{metrics}");
+    let lost = value(&metrics, r#"refract_handover_ended_total{backend="b2",end="lost"}"#).unwrap_or(0);
+    assert_eq!(lost, 0, "{metrics}");
+    assert_eq!(value(&metrics, "refract_steering_entries"), Some(0), "steering entries left:\n{metrics}");
+}
+
+#[test]
+fn lab_correctness_always() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client_correctness();
+    }
+    run_correctness("lab_correctness_always", "ca", "mode = \"always\"\ninterface = \"eth0\"\n");
+}
+
+#[test]
+fn lab_correctness_hybrid() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client_correctness();
+    }
+    // Half the sizes are above the threshold: those are handed over, the rest relayed.
+    let handover =
+        format!("mode = \"hybrid\"\nthreshold = {}\ninterface = \"eth0\"\n", setting("RF_LAB_MAX_BYTES", 4 << 20) / 2);
+    run_correctness("lab_correctness_hybrid", "cy", &handover);
+}
+
+/// Inside `c`: 4 connections at once, each 6 reads of 4 MiB, all bodies checked.
+fn client_map_full() {
+    let threads: Vec<_> = (0..4u64)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(format!("{VIP}:8080").parse().unwrap());
+                for k in 0..6 {
+                    c.send(get(4 << 20, i * 10 + k).as_bytes());
+                    let r = c.read_response(false).unwrap();
+                    assert_eq!((r.status, r.body.len()), (200, 4 << 20), "{}", r.head);
+                    assert_eq!(pattern::first_mismatch(&r.body, 0, i * 10 + k), None, "body differs");
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+}
+
+#[test]
+fn lab_map_full_means_relay_instead() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client_map_full();
+    }
+    let test = "lab_map_full_means_relay_instead";
+    if !is_root() {
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root");
+        return;
+    }
+    let lab = Lab::up("m");
+    let cluster = cluster(&lab, "mode = \"always\"\ninterface = \"eth0\"\nmap_capacity = 1\n");
+    run_client(&lab, test, cluster.agent.child.id());
+    let metrics = settled_metrics(&lab);
+    assert!(value(&metrics, r#"refract_handover_total{backend="b2",result="map_full"}"#) > Some(0), "{metrics}");
+    assert!(value(&metrics, r#"refract_handover_total{backend="b2",result="ok"}"#) > Some(0), "{metrics}");
+    assert_eq!(value(&metrics, "refract_steering_entries"), Some(0), "{metrics}");
+}
+
+/// Inside `c`, whose receive buffers are 4 KiB: a 64 KiB result the dispatcher relays (routed
+/// as a write, to b1, which has no agent), and behind it a read of b2. The client reads nothing
+/// for a while, so the relayed bytes stay unacknowledged in the dispatcher's socket: the
+/// hand-over for the read cannot reach quiescence and the read is relayed instead.
+fn client_not_quiescent() {
+    let mut c = Client::connect(format!("{VIP}:8080").parse().unwrap());
+    let first = "GET /blob?bytes=65536&seed=3 HTTP/1.1\r\nhost: t\r\nx-refract-route: write\r\n\r\n";
+    c.send((first.to_string() + &get(100_000, 4)).as_bytes());
+    std::thread::sleep(Duration::from_millis(500));
+    for (n, seed) in [(65536, 3), (100_000, 4)] {
+        let r = c.read_response(false).unwrap();
+        assert_eq!((r.status, r.body.len()), (200, n), "{}", r.head);
+        assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None, "body differs");
+        assert_eq!(r.header("x-refract-handover"), None, "relayed, not handed over: {}", r.head);
+    }
+}
+
+#[test]
+fn lab_not_quiescent_means_relay_instead() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client_not_quiescent();
+    }
+    let test = "lab_not_quiescent_means_relay_instead";
+    if !is_root() {
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root");
+        return;
+    }
+    let lab = Lab::up("q");
+    // The client's window stays tiny; the dispatcher's send buffer takes the whole relayed
+    // result at once, so it reaches the next request while those bytes are still unacked.
+    sh(&format!("ip netns exec {} sysctl -qw net.ipv4.tcp_rmem='4096 4096 4096'", lab.ns("c")));
+    sh(&format!("ip netns exec {} sysctl -qw net.ipv4.tcp_wmem='4096 1048576 4194304'", lab.ns("d")));
+    let cluster = cluster(&lab, "mode = \"always\"\ninterface = \"eth0\"\n");
+    run_client(&lab, test, cluster.agent.child.id());
+    let metrics = settled_metrics(&lab);
+    let declined = value(&metrics, r#"refract_handover_total{backend="b2",result="not_quiescent"}"#);
+    assert!(declined >= Some(1), "{metrics}");
+    assert_eq!(value(&metrics, "refract_steering_entries"), Some(0), "{metrics}");
 }

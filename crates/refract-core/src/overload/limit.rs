@@ -4,6 +4,12 @@
 //! backend: `queue = limit × (1 − no_load / latency)`. Few waiting → grow; many → shrink.
 //! Little's law does the rest: past capacity, fewer requests in flight means less queueing
 //! delay for the same throughput.
+//!
+//! As in Vegas, the limit moves at most one step per round trip: one decision per window of
+//! `limit` samples, on their mean latency. Deciding on every sample overshoots: the requests
+//! admitted under the old limit keep reporting its queueing for a whole round, and each of
+//! them would push the limit further (measured in `sim.rs`: the limit swung between 4 and 26
+//! around a capacity of 8, and p99 at 3× load was 5× the p99 at 0.5×).
 
 /// Tuning of the limit.
 #[derive(Debug, Clone)]
@@ -41,6 +47,8 @@ pub struct AdaptiveLimit {
     recent: f64,
     samples: u64,
     light_min: f64,
+    /// The current window: samples taken and the sum of their latencies.
+    window: (u64, f64),
 }
 
 /// Latencies below this are treated as this (a zero would divide by zero).
@@ -50,7 +58,15 @@ impl AdaptiveLimit {
     /// A limit at `cfg.initial`.
     pub fn new(cfg: LimitConfig) -> Self {
         let limit = cfg.initial.clamp(cfg.min, cfg.max);
-        AdaptiveLimit { cfg, limit, no_load: f64::INFINITY, recent: 0.0, samples: 0, light_min: f64::INFINITY }
+        AdaptiveLimit {
+            cfg,
+            limit,
+            no_load: f64::INFINITY,
+            recent: 0.0,
+            samples: 0,
+            light_min: f64::INFINITY,
+            window: (0, 0.0),
+        }
     }
 
     /// The current limit (at least 1).
@@ -88,6 +104,17 @@ impl AdaptiveLimit {
         if light {
             return;
         }
+        // One decision per window of about `limit` samples (one round of the requests in
+        // flight), on the window's mean latency: the samples of requests admitted under the
+        // previous limit must not push the limit again and again (it would overshoot, down to
+        // far below the capacity, and then back up).
+        self.window.0 += 1;
+        self.window.1 += rtt;
+        if (self.window.0 as f64) < self.limit.floor() {
+            return;
+        }
+        let rtt = self.window.1 / self.window.0 as f64;
+        self.window = (0, 0.0);
         let queue = self.limit * (1.0 - self.no_load / rtt);
         let step = self.limit.log10().max(1.0);
         if queue <= self.cfg.alpha * step {
@@ -113,8 +140,20 @@ mod tests {
     #[test]
     fn grows_while_latency_is_flat() {
         let mut l = AdaptiveLimit::new(LimitConfig::default());
-        run(&mut l, |_| 0.010, 500);
+        run(&mut l, |_| 0.010, 20_000);
         assert_eq!(l.limit(), 200, "flat latency: the limit climbs to the cap");
+    }
+
+    #[test]
+    fn decides_once_per_window_of_limit_samples() {
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 10.0, ..LimitConfig::default() });
+        l.sample(0.010, 10); // the no-load latency
+        for _ in 0..8 {
+            l.sample(0.040, 10);
+        }
+        assert_eq!(l.limit(), 10, "no decision before a window of 10 samples");
+        l.sample(0.040, 10);
+        assert_eq!(l.limit(), 9, "one step down for the window, however many samples were slow");
     }
 
     #[test]

@@ -7,6 +7,8 @@ pub mod bucket;
 pub mod budget;
 pub mod ewma;
 pub mod limit;
+#[cfg(test)]
+mod sim;
 
 pub use admission::{Admission, AdmissionConfig, Outcome, Permit, Priority, Refusal};
 pub use bucket::UserLimits;

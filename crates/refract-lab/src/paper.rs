@@ -1,0 +1,273 @@
+//! `refract bench paper`: the paper's reproduction in one run — the payload sweep of every
+//! target (direct, refract relay, hand-over, hybrid, HAProxy) with links at 1 Gbit/s and
+//! unshaped, each written as its own section of docs/benchmarks.md (Table 1, Table 2, Fig. 4,
+//! the dispatchers' hand-over figures), then a summary section with issue 3's acceptance
+//! figures computed from those runs. It is the sweep, run twice: no measuring code of its own.
+
+use crate::bench::{self, SweepOptions};
+use crate::interrupt;
+use crate::lab::LabGuard;
+use crate::report::{self, ratio, PAGE_HEADER};
+use crate::sweep::{Plan, Results};
+use crate::units::{format_latency_us, parse_duration, sig3, wrk_duration, ByteSize, Rate};
+use anyhow::{Context, Result};
+use clap::Args;
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Options of `bench paper`.
+#[derive(Debug, Args)]
+pub struct PaperArgs {
+    /// Payload sizes (K = 1024).
+    #[arg(long, default_value = "1,8,64,512,4K,32K,256K,1M,2M,16M,128M", value_delimiter = ',', value_parser = ByteSize::parse)]
+    sizes: Vec<ByteSize>,
+    /// Targets, in report order.
+    #[arg(long, default_value = "direct,refract,handover,hybrid,haproxy", value_delimiter = ',')]
+    targets: Vec<String>,
+    /// Link settings, one sweep each (`1gbit`, `none`, …).
+    #[arg(long, default_value = "1gbit,none", value_delimiter = ',', value_parser = Rate::parse)]
+    rates: Vec<Rate>,
+    /// wrk duration per measurement.
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Interleaved runs per cell; the median run is reported.
+    #[arg(long, default_value_t = 2)]
+    repeat: usize,
+    /// The markdown page; the CSV and PNGs go next to it.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+}
+
+impl PaperArgs {
+    /// The sweep of each rate: section `paper-RATE`.
+    pub fn into_sweeps(self) -> Vec<SweepOptions> {
+        let command = self.command();
+        self.rates
+            .iter()
+            .map(|&rate| SweepOptions {
+                section: format!("paper-{}", rate.label()),
+                plan: Plan {
+                    sizes: self.sizes.clone(),
+                    targets: self.targets.clone(),
+                    duration: self.duration,
+                    latency: true,
+                    repeat: self.repeat,
+                },
+                rate,
+                out: self.out.clone(),
+                command: command.clone(),
+            })
+            .collect()
+    }
+
+    fn command(&self) -> String {
+        let sizes: Vec<String> = self.sizes.iter().map(ByteSize::to_string).collect();
+        let rates: Vec<String> = self.rates.iter().map(Rate::label).collect();
+        format!(
+            "sudo refract bench paper --rates {} --duration {} --repeat {} --sizes {} --targets {} --out {}",
+            rates.join(","),
+            wrk_duration(self.duration),
+            self.repeat,
+            sizes.join(","),
+            self.targets.join(","),
+            self.out.display()
+        )
+    }
+}
+
+/// Run every sweep in the lab (brought up once, reshaped per sweep), write each section as it
+/// completes, then the summary.
+pub fn run(sweeps: &[SweepOptions]) -> Result<()> {
+    interrupt::install();
+    let first = sweeps.first().context("no link setting given")?;
+    let started = Instant::now();
+    let lab = LabGuard::ensure(first.rate)?;
+    let mut done = Vec::new();
+    for (i, opts) in sweeps.iter().enumerate() {
+        eprintln!("== paper {}/{}: links {} (section {})", i + 1, sweeps.len(), opts.rate, opts.section);
+        // A second guard only reshapes the running lab, and puts the first rate back on drop.
+        let reshaped = if i > 0 { Some(LabGuard::ensure(opts.rate)?) } else { None };
+        let results = bench::measure(&lab.layout, opts)?;
+        drop(reshaped);
+        bench::write_outputs(opts, &lab.layout, &results)?;
+        done.push((opts.rate, results));
+    }
+    drop(lab);
+    let took = started.elapsed();
+    let body = summary(first, &done, took);
+    let existing = std::fs::read_to_string(&first.out).unwrap_or_default();
+    let page = report::replace_marked(&existing, "paper", "summary", &body, PAGE_HEADER);
+    std::fs::write(&first.out, page).with_context(|| format!("writing {}", first.out.display()))?;
+    println!("{}", checks_table(&acceptance(&done)));
+    eprintln!("paper: done in {:.1} min; wrote {} (sections paper-*)", took.as_secs_f64() / 60.0, first.out.display());
+    Ok(())
+}
+
+/// One acceptance figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    /// What must hold.
+    pub criterion: String,
+    /// What was measured.
+    pub measured: String,
+    /// Whether it held; `None` when not measured.
+    pub holds: Option<bool>,
+}
+
+/// Issue 3's acceptance figures from the sweeps (`(rate, results)`).
+pub fn acceptance(sweeps: &[(Rate, Results)]) -> Vec<Check> {
+    let shaped = sweeps.iter().find(|(r, _)| matches!(r, Rate::BitsPerSec(b) if *b == 1_000_000_000));
+    let unshaped = sweeps.iter().find(|(r, _)| *r == Rate::Unlimited);
+    let mut v = Vec::new();
+    for size in [ByteSize(16 << 20), ByteSize(128 << 20)] {
+        for (peer, min) in [("haproxy", 1.9), ("refract", 1.8)] {
+            let label = format!("1 Gbit/s, {}: hybrid ≥ {min}× {peer}", size.human());
+            v.push(ratio_check(label, shaped.map(|s| &s.1), size, "hybrid", peer, |x| x >= min));
+        }
+    }
+    v.push(small_results(shaped.map(|s| &s.1)));
+    let label = "unshaped, 16 MiB: hybrid ≥ 0.8× direct".to_string();
+    v.push(ratio_check(label, unshaped.map(|s| &s.1), ByteSize(16 << 20), "hybrid", "direct", |x| x >= 0.8));
+    for (rate, results) in sweeps {
+        for (target, h) in &results.handover {
+            let p50 = h.latency_quantile(0.5);
+            v.push(Check {
+                criterion: format!("{}, {target}: hand-over latency p50 ≤ 100 µs", rate.label()),
+                measured: match p50 {
+                    Some(s) => format!("{} over {:.0} hand-overs", format_latency_us(s * 1e6), h.handovers()),
+                    None => "no hand-overs".into(),
+                },
+                holds: p50.map(|s| s <= 100e-6),
+            });
+        }
+    }
+    v
+}
+
+/// `a / b` at one size, checked by `ok`.
+fn ratio_check(
+    criterion: String,
+    results: Option<&Results>,
+    size: ByteSize,
+    a: &str,
+    b: &str,
+    ok: impl Fn(f64) -> bool,
+) -> Check {
+    let pair = results.and_then(|r| r.cell(size, a).zip(r.cell(size, b)));
+    let value = pair.map(|(x, y)| (x.throughput(), y.throughput())).filter(|(_, y)| *y > 0.0);
+    Check {
+        criterion,
+        measured: value.map(|(x, y)| ratio(x, y)).unwrap_or_else(|| "not measured".into()),
+        holds: value.map(|(x, y)| ok(x / y)),
+    }
+}
+
+/// Hybrid within 5 % of the relay at every size up to 4 KiB (it hands nothing that small over).
+fn small_results(results: Option<&Results>) -> Check {
+    let ratios: Vec<f64> = results
+        .map(|r| {
+            let small = r.throughput.iter().filter(|m| m.target == "hybrid" && m.size.0 <= 4096);
+            small
+                .filter_map(|h| r.cell(h.size, "refract").map(|x| (h.throughput(), x.throughput())))
+                .filter(|(_, y)| *y > 0.0)
+                .map(|(x, y)| x / y)
+                .collect()
+        })
+        .unwrap_or_default();
+    let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    Check {
+        criterion: "1 Gbit/s, ≤ 4 KiB: hybrid within 5 % of refract relay".into(),
+        measured: if ratios.is_empty() {
+            "not measured".into()
+        } else {
+            format!("{}× – {}× over {} sizes", sig3(lo), sig3(hi), ratios.len())
+        },
+        holds: (!ratios.is_empty()).then_some(lo >= 0.95 && hi <= 1.05),
+    }
+}
+
+/// The acceptance figures as a markdown table.
+pub fn checks_table(checks: &[Check]) -> String {
+    let mut s = String::from("| criterion (issue 3) | measured | holds |\n|---|---|---|\n");
+    for c in checks {
+        let holds = match c.holds {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "–",
+        };
+        let _ = writeln!(s, "| {} | {} | {holds} |", c.criterion, c.measured);
+    }
+    s
+}
+
+/// The summary section.
+fn summary(first: &SweepOptions, done: &[(Rate, Results)], took: Duration) -> String {
+    let sections: Vec<String> = done.iter().map(|(r, _)| format!("`paper-{}`", r.label())).collect();
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "## Paper reproduction — summary (`refract bench paper`)\n\n\
+         - **Sections:** {} (each: Table 1, Table 2, Fig. 4, hand-over figures, configs)\n\
+         - **Took:** {:.1} min\n- **Rerun:** `{}`\n\n\
+         ### Acceptance figures, computed from those sections\n\n",
+        sections.join(", "),
+        took.as_secs_f64() / 60.0,
+        first.command
+    );
+    s.push_str(&checks_table(&acceptance(done)));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handover_stats::HandoverStats;
+    use crate::sweep::Measurement;
+    use crate::wrk::WrkReport;
+
+    fn cell(target: &str, size: ByteSize, rps: f64) -> Measurement {
+        let r = WrkReport { requests: 100, requests_per_sec: rps, seconds: 4.0, ..Default::default() };
+        Measurement { target: target.into(), size, reports: vec![r] }
+    }
+
+    #[test]
+    fn acceptance_from_results() {
+        let mut shaped = Results::default();
+        for size in [ByteSize(1), ByteSize(4096), ByteSize(16 << 20), ByteSize(128 << 20)] {
+            for (t, f) in [("refract", 1.0), ("haproxy", 0.9), ("hybrid", if size.0 > 4096 { 2.0 } else { 0.97 })] {
+                shaped.throughput.push(cell(t, size, 100.0 * f));
+            }
+        }
+        let mut h = HandoverStats::default();
+        h.results.insert("ok".into(), 50.0);
+        h.buckets = vec![(40e-6, 10.0), (80e-6, 50.0), (f64::INFINITY, 50.0)];
+        shaped.handover.insert("handover".into(), h);
+        let checks = acceptance(&[(Rate::BitsPerSec(1_000_000_000), shaped)]);
+        let by = |prefix: &str| checks.iter().find(|c| c.criterion.starts_with(prefix)).expect(prefix).clone();
+        let c = by("1 Gbit/s, 16 MiB: hybrid ≥ 1.9× haproxy");
+        assert_eq!((c.measured.as_str(), c.holds), ("2.22×", Some(true)));
+        assert_eq!(by("1 Gbit/s, 128 MiB: hybrid ≥ 1.8× refract").holds, Some(true));
+        let small = by("1 Gbit/s, ≤ 4 KiB");
+        assert_eq!((small.measured.as_str(), small.holds), ("0.970× – 0.970× over 2 sizes", Some(true)));
+        assert_eq!(by("unshaped").holds, None);
+        let lat = by("1gbit, handover: hand-over latency");
+        assert_eq!(lat.holds, Some(true), "{lat:?}");
+        assert!(checks_table(&checks).contains("| unshaped, 16 MiB: hybrid ≥ 0.8× direct | not measured | – |"));
+    }
+
+    #[test]
+    fn one_sweep_per_rate() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: PaperArgs,
+        }
+        let sweeps = Cli::parse_from(["x", "--sizes", "1,16M", "--duration", "1s"]).a.into_sweeps();
+        let names: Vec<&str> = sweeps.iter().map(|s| s.section.as_str()).collect();
+        assert_eq!(names, ["paper-1gbit", "paper-none"]);
+        assert_eq!(sweeps[0].plan.targets, ["direct", "refract", "handover", "hybrid", "haproxy"]);
+        assert!(sweeps[1].command.starts_with("sudo refract bench paper --rates 1gbit,none --duration 1s --repeat 2"));
+    }
+}

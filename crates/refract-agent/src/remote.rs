@@ -8,7 +8,8 @@
 //! answering this agent's `WantConnection`, with the result it holds).
 
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -82,6 +83,11 @@ pub(crate) async fn adopt(
 /// `Err` is the refusal reason.
 async fn ready(t: &Transfer, opts: &LocalOptions, connect: bool) -> Result<(TcpStream, Option<TcpStream>), String> {
     let backend = if connect { Some(connect_backend(opts).await?) } else { None };
+    if let Some(guard) = &opts.guard {
+        // The flow may come back within the grace of its last hand-back from here: its
+        // tombstone would drop every segment of the adopted connection until it expired.
+        lift(guard, t.flow);
+    }
     let client = restore(&t.tcp_state).and_then(|fd| Ok(to_tokio(fd)?)).map_err(|e| format!("restore: {e}"))?;
     Ok((client, backend))
 }
@@ -117,16 +123,52 @@ async fn hand_back_state(client: TcpStream, flow: FlowKey, opts: &LocalOptions) 
     Ok(state)
 }
 
-/// Tombstones `flow` now and removes it after [`GRACE`] (HANDOVER.md hand-back steps 1 and 4).
-/// A full map is logged: the guard's socket lookup still drops the flow once its socket is gone.
+/// The generation of each flow's tombstone on this host: a tombstone's timer removes it only
+/// if no later hand-back tombstoned the flow again (and no adoption lifted it) meanwhile.
+static TOMBSTONES: LazyLock<Mutex<TombstoneGens>> = LazyLock::new(Mutex::default);
+
+#[derive(Default)]
+struct TombstoneGens {
+    next: u64,
+    live: HashMap<FlowKey, u64>,
+}
+
+fn gens() -> std::sync::MutexGuard<'static, TombstoneGens> {
+    TOMBSTONES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Tombstones `flow` now and removes it after [`GRACE`] (HANDOVER.md hand-back steps 1 and 4),
+/// unless the flow was tombstoned again or adopted meanwhile. A full map is logged: the guard's
+/// socket lookup still drops the flow once its socket is gone.
 fn tombstone(guard: Arc<Mutex<Guard>>, flow: FlowKey) {
     let lock = |g: &Mutex<Guard>| g.lock().unwrap_or_else(|p| p.into_inner()).tombstone(flow);
     if let Err(e) = lock(&guard) {
         tracing::warn!("no tombstone for a hand-back: {e}");
         return;
     }
+    let generation = {
+        let mut g = gens();
+        g.next += 1;
+        let n = g.next;
+        g.live.insert(flow, n);
+        n
+    };
     tokio::spawn(async move {
         tokio::time::sleep(GRACE).await;
-        let _ = guard.lock().unwrap_or_else(|p| p.into_inner()).remove(&flow);
+        let mut g = gens();
+        if g.live.get(&flow) == Some(&generation) {
+            g.live.remove(&flow);
+            let _ = guard.lock().unwrap_or_else(|p| p.into_inner()).remove(&flow);
+        }
     });
+}
+
+/// Lifts `flow`'s tombstone, if any (the flow is being adopted here again).
+fn lift(guard: &Mutex<Guard>, flow: FlowKey) {
+    let mut g = gens();
+    if g.live.remove(&flow).is_some() {
+        if let Err(e) = guard.lock().unwrap_or_else(|p| p.into_inner()).remove(&flow) {
+            tracing::warn!("could not lift the tombstone of an adopted flow: {e}");
+        }
+    }
 }

@@ -171,7 +171,7 @@ pub(super) async fn hand_off(
     }
 }
 
-/// Sends `HandOff`, STEERs at once and waits for `HandOffOk`. `Err` says why not and whether
+/// STEERs, sends `HandOff` and waits for `HandOffOk`. `Err` says why not and whether
 /// the channel is still in step (only after `HandOffErr`: the agent answered and waits).
 async fn answer(
     rec: Rec<'_>,
@@ -184,12 +184,15 @@ async fn answer(
 ) -> Result<(), (Declined, bool)> {
     let (flow, epoch) = (fl.key, t.epoch);
     let lost = |e: refract_handover::Error| (Declined::new(Why::AgentLost, format!("agent: {e}")), false);
-    ch.send(&Msg::HandOff(Box::new(t))).await.map_err(lost)?;
-    // STEER at once: the agent's guard drops what arrives before its socket exists.
+    // STEER before `HandOff` leaves: the agent writes to the client as soon as it has restored
+    // the socket, and an ACK of that first flight meeting FREEZE here would be lost, which
+    // costs the cold restored socket a whole initial RTO (1 s) — HANDOVER.md: "steer before
+    // the target sends". What arrives at the agent before its socket exists, its guard drops.
     if let Some(tg) = target {
         fl.set(|m| m.steer(flow, tg, epoch)).map_err(|d| (d, false))?;
         rec.metrics.handover_frozen(started.elapsed().as_secs_f64());
     }
+    ch.send(&Msg::HandOff(Box::new(t))).await.map_err(lost)?;
     match timeout(ANSWER, ch.recv()).await {
         Ok(Ok(Msg::HandOffOk { conn: c, epoch: e })) if c == s.id => {
             s.epochs.check(c, e).map_err(|e| (Declined::new(Why::StaleEpoch, format!("HandOffOk: {e}")), false))

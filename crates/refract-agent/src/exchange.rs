@@ -1,8 +1,16 @@
-//! Serving adopted requests: each whole request buffered from the client goes to the backend,
-//! and its response streams straight to the client socket (head tagged `x-refract-handover`).
+//! Serving adopted requests: the request the connection was handed over for goes to the
+//! backend and its response streams straight to the client socket (head tagged
+//! `x-refract-handover`). Then the agent waits (at most `idle`) for the client's next whole
+//! request and asks the dispatcher about it (`Next`): it serves it only on `Serve` (routing
+//! stays the dispatcher's: a write must not reach this backend), else hands the connection
+//! back with it pending. Waiting before the hand-back closes a race: a client that sends its
+//! next request as it acknowledges the end of a response would otherwise meet a flow being
+//! moved (tombstoned here, not yet restored there) and wait for its retransmission (~200 ms).
 
 use bytes::{Buf, BytesMut};
 use refract_http::{BodyKind, ChunkedDecoder, RequestHead, ResponseHead};
+use std::convert::Infallible;
+use std::future::Future;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -11,12 +19,15 @@ use tokio::net::TcpStream;
 const MAX_HEAD: usize = 64 * 1024;
 /// How much one backend read may take.
 const READ_CHUNK: usize = 64 * 1024;
+/// Most bytes of the client's next request the agent buffers while it waits for it: a larger
+/// one goes back to the dispatcher (which streams bodies) unasked.
+const MAX_PENDING: usize = 1 << 20;
 
 /// How serving adopted requests ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Served {
-    /// At a request boundary with no whole request buffered: hand the connection back with
-    /// these bytes (a partial request, or nothing).
+    /// At a request boundary: hand the connection back with these bytes (the next request,
+    /// which the dispatcher did not let the agent serve, or a partial one, or nothing).
     Boundary(Vec<u8>),
     /// The connection must close (the reason is for logs).
     Close(String),
@@ -35,6 +46,18 @@ pub struct Held {
     pub keep_alive: bool,
 }
 
+/// The dispatcher, as an adopted connection needs it: routing authority stays there, so every
+/// request after the one the connection was handed over for is asked about first.
+pub(crate) trait Ask {
+    /// Sends `Next` with request number `request` (head and body) and waits for the answer:
+    /// `true` = serve it here, `false` = hand the connection back with it pending.
+    fn next(&mut self, request: u64, bytes: &[u8]) -> impl Future<Output = refract_handover::Result<bool>>;
+
+    /// Keeps the link alive while the agent serves or waits for the client; returns only on
+    /// failure.
+    fn beat(&mut self) -> impl Future<Output = refract_handover::Result<Infallible>>;
+}
+
 /// The agent's end of one adopted connection: the client, the backend, the pending bytes.
 pub struct Adopted<'a> {
     /// The client socket.
@@ -45,6 +68,8 @@ pub struct Adopted<'a> {
     pub pending: BytesMut,
     /// Bound on each backend read.
     pub timeout: Duration,
+    /// How long to wait for the client's next request before handing back (zero: at once).
+    pub idle: Duration,
     /// The hand-over epoch, put in `x-refract-handover` on each response.
     pub epoch: u64,
     /// Bytes written to the client so far (reported to the dispatcher with the hand-back).
@@ -64,44 +89,117 @@ pub fn whole_request(buf: &[u8]) -> Option<(usize, RequestHead)> {
     (buf.len() >= total).then_some((total, head))
 }
 
+/// Whether more bytes from the client may still complete a request the agent could ask about:
+/// nothing yet, or a head still coming, or a body of known length that fits [`MAX_PENDING`].
+fn may_complete(buf: &[u8]) -> bool {
+    if buf.len() >= MAX_PENDING {
+        return false;
+    }
+    match RequestHead::parse(buf, MAX_HEAD) {
+        Ok(None) => true,
+        Ok(Some(h)) => match h.body {
+            BodyKind::None | BodyKind::UntilClose => true,
+            BodyKind::Length(n) => h.len as u64 + n <= MAX_PENDING as u64,
+            BodyKind::Chunked => false,
+        },
+        Err(_) => false,
+    }
+}
+
+/// What the wait for the client's next request found.
+enum Incoming {
+    /// A whole request of this length.
+    Request(usize, RequestHead),
+    /// None within the idle bound (or one that cannot be asked about): hand back.
+    Boundary,
+    /// The client closed its side or failed.
+    Gone(String),
+}
+
 impl Adopted<'_> {
-    /// Finishes the held response (if any), then serves every whole request buffered, in
-    /// order; stops at the first boundary without one. Also returns the bytes written to the
-    /// client (those of completed writes).
-    pub async fn run(mut self, held: Option<Held>) -> (Served, u64) {
-        let served = self.serve(held).await;
-        (served, self.sent)
+    /// Finishes the held response (if any) or serves the first whole request buffered (the one
+    /// the connection was handed over for); then, for each further request the client sends
+    /// (buffered, or arriving within `idle`), asks the dispatcher and serves it or hands back.
+    /// Also returns the bytes written to the client (those of completed writes). `Err`: the
+    /// link to the dispatcher failed (the connection cannot be handed back).
+    pub(crate) async fn run<A: Ask>(
+        mut self,
+        held: Option<Held>,
+        ask: &mut A,
+    ) -> refract_handover::Result<(Served, u64)> {
+        let served = self.serve(held, ask).await?;
+        Ok((served, self.sent))
     }
 
-    async fn serve(&mut self, held: Option<Held>) -> Served {
-        if let Some(h) = held {
-            let keep = h.keep_alive && h.head.keep_alive && h.head.body != BodyKind::UntilClose;
-            if let Err(e) = self.finish(h).await {
-                return Served::Close(format!("response cut short: {e}"));
+    async fn serve<A: Ask>(&mut self, held: Option<Held>, ask: &mut A) -> refract_handover::Result<Served> {
+        let first = match held {
+            Some(h) => beating(ask, self.finish_held(h)).await?,
+            None => match whole_request(&self.pending) {
+                Some((len, head)) => beating(ask, self.serve_one(len, head)).await?,
+                None => return Ok(Served::Boundary(self.pending.to_vec())),
+            },
+        };
+        if let Some(end) = first {
+            return Ok(end);
+        }
+        let mut asked = 0;
+        loop {
+            let (len, head) = match beating(ask, self.incoming()).await? {
+                Incoming::Request(len, head) => (len, head),
+                Incoming::Boundary => return Ok(Served::Boundary(self.pending.to_vec())),
+                Incoming::Gone(why) => return Ok(Served::Close(why)),
+            };
+            asked += 1;
+            if !ask.next(asked, &self.pending[..len]).await? {
+                return Ok(Served::Boundary(self.pending.to_vec()));
             }
-            if !keep {
-                return Served::Close("the exchange asked for close".into());
+            if let Some(end) = beating(ask, self.serve_one(len, head)).await? {
+                return Ok(end);
             }
         }
+    }
+
+    /// Writes the held response; `Some` when the connection cannot go on.
+    async fn finish_held(&mut self, h: Held) -> Option<Served> {
+        let keep = h.keep_alive && h.head.keep_alive && h.head.body != BodyKind::UntilClose;
+        if let Err(e) = self.finish(h).await {
+            return Some(Served::Close(format!("response cut short: {e}")));
+        }
+        (!keep).then(|| Served::Close("the exchange asked for close".into()))
+    }
+
+    /// Serves the whole request of `len` bytes at the start of `pending`; `Some` when the
+    /// connection cannot go on here.
+    async fn serve_one(&mut self, len: usize, head: RequestHead) -> Option<Served> {
+        if let Err(e) = self.backend.write_all(&self.pending[..len]).await {
+            // Nothing reached the client: the dispatcher gets the request back and relays it.
+            return Some(self.backend_failed(e));
+        }
+        let held = match read_response_head(self.backend, self.timeout, head.is_head()).await {
+            Ok((buf, head_at, rh)) => Held { buf, head_at, head: rh, keep_alive: head.keep_alive },
+            Err(e) => return Some(self.backend_failed(e)),
+        };
+        self.pending.advance(len);
+        self.finish_held(held).await
+    }
+
+    /// The client's next whole request: buffered already, or read within the idle bound. What
+    /// is read stays in `pending` whatever happens (it travels back with the hand-back).
+    async fn incoming(&mut self) -> Incoming {
+        let deadline = tokio::time::Instant::now() + self.idle;
         loop {
-            let Some((len, head)) = whole_request(&self.pending) else {
-                return Served::Boundary(self.pending.to_vec());
-            };
-            if let Err(e) = self.backend.write_all(&self.pending[..len]).await {
-                // Nothing reached the client: the dispatcher gets the request back and relays it.
-                return self.backend_failed(e);
+            if let Some((len, head)) = whole_request(&self.pending) {
+                return Incoming::Request(len, head);
             }
-            let held = match read_response_head(self.backend, self.timeout, head.is_head()).await {
-                Ok((buf, head_at, rh)) => Held { buf, head_at, head: rh, keep_alive: head.keep_alive },
-                Err(e) => return self.backend_failed(e),
-            };
-            self.pending.advance(len);
-            let keep = head.keep_alive && held.head.keep_alive && held.head.body != BodyKind::UntilClose;
-            if let Err(e) = self.finish(held).await {
-                return Served::Close(format!("response cut short: {e}"));
+            if self.idle.is_zero() || !may_complete(&self.pending) {
+                return Incoming::Boundary;
             }
-            if !keep {
-                return Served::Close("the exchange asked for close".into());
+            self.pending.reserve(READ_CHUNK.min(MAX_PENDING - self.pending.len()).max(1));
+            match tokio::time::timeout_at(deadline, self.client.read_buf(&mut self.pending)).await {
+                Err(_) => return Incoming::Boundary,
+                Ok(Ok(0)) => return Incoming::Gone("the client closed the connection".into()),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Incoming::Gone(format!("client read failed: {e}")),
             }
         }
     }
@@ -128,6 +226,17 @@ impl Adopted<'_> {
         self.client.write_all(bytes).await?;
         self.sent += bytes.len() as u64;
         Ok(())
+    }
+}
+
+/// Runs `work` while `ask` keeps the link alive.
+async fn beating<A: Ask, T>(ask: &mut A, work: impl Future<Output = T>) -> refract_handover::Result<T> {
+    tokio::select! {
+        r = work => Ok(r),
+        r = ask.beat() => match r {
+            Err(e) => Err(e),
+            Ok(never) => match never {},
+        },
     }
 }
 
@@ -248,6 +357,18 @@ mod tests {
         let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabcGET";
         assert_eq!(whole_request(post).map(|(n, _)| n), Some(post.len() - 3));
         assert!(whole_request(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n").is_none());
+    }
+
+    #[test]
+    fn waiting_is_only_for_requests_that_can_be_asked_about() {
+        assert!(may_complete(b""));
+        assert!(may_complete(b"GET /blob?bytes=1 HT"));
+        assert!(may_complete(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nab"));
+        assert!(!may_complete(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"), "chunked: hand back");
+        let huge = format!("POST /blob HTTP/1.1\r\ncontent-length: {MAX_PENDING}\r\n\r\n");
+        assert!(!may_complete(huge.as_bytes()), "a body beyond the bound: hand back");
+        assert!(!may_complete(b"\x00\x01 not http\r\n\r\n"), "garbage: the dispatcher answers it");
+        assert!(!may_complete(&vec![b'a'; MAX_PENDING]));
     }
 
     #[test]

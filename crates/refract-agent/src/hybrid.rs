@@ -150,8 +150,8 @@ impl Link for Local<'_> {
     async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut TcpStream) -> Result<Option<Held>> {
         self.link.send(&LocalMsg::Want { conn: fw.conn, request: fw.request }, None).await?;
         match self.link.recv().await? {
-            (LocalMsg::Adopt { conn, epoch, backend, pending }, Some(fd)) if conn == fw.conn => {
-                let offer = Offer { conn, epoch, backend, pending };
+            (LocalMsg::Adopt { conn, epoch, backend, idle_ms, pending }, Some(fd)) if conn == fw.conn => {
+                let offer = Offer { conn, epoch, backend, idle_ms, pending };
                 self.adopt(offer, fd, held, be).await.map(|()| None)
             }
             (LocalMsg::RelayInstead { conn, .. }, None) if conn == fw.conn => Ok(Some(held)),

@@ -1,6 +1,7 @@
 //! The same-host listener: a dispatcher on this host hands client sockets over a Unix socket
-//! (SCM_RIGHTS); the agent serves the pending requests from its backend and hands the socket
-//! back at the next request boundary. Every transfer carries an epoch; stale ones are refused.
+//! (SCM_RIGHTS); the agent serves the request from its backend, asks the dispatcher (`Next`)
+//! about each further one, and hands the socket back when told to (`Return`) or when the client
+//! stays idle. Every transfer carries an epoch; stale ones are refused.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -12,7 +13,7 @@ use refract_handover::control::EpochTracker;
 use refract_handover::local::{LocalLink, LocalMsg};
 use tokio::net::{TcpStream, UnixListener};
 
-use crate::exchange::{Adopted, Held, Served};
+use crate::exchange::{Adopted, Ask, Held, Served};
 
 /// What the same-host listener needs.
 #[derive(Debug, Clone)]
@@ -46,8 +47,8 @@ async fn link(mut link: LocalLink, opts: &LocalOptions, epochs: &Mutex<EpochTrac
     let mut backend: Option<TcpStream> = None;
     loop {
         match link.recv().await? {
-            (LocalMsg::Adopt { conn, epoch, backend: b, pending }, Some(fd)) => {
-                let offer = Offer { conn, epoch, backend: b, pending };
+            (LocalMsg::Adopt { conn, epoch, backend: b, idle_ms, pending }, Some(fd)) => {
+                let offer = Offer { conn, epoch, backend: b, idle_ms, pending };
                 adopt(&mut link, opts, epochs, offer, fd, None).await?;
             }
             (LocalMsg::Forward { conn, request, threshold, bytes }, None) => {
@@ -75,11 +76,13 @@ pub(crate) struct Offer {
     pub conn: u64,
     pub epoch: u64,
     pub backend: SocketAddr,
+    pub idle_ms: u32,
     pub pending: Vec<u8>,
 }
 
 /// Adopts the client socket `fd` (refusing a stale epoch or a foreign backend), finishes the
-/// `held` response if any, serves the pending requests, then hands the socket back or ends.
+/// `held` response if any (else serves the first pending request), serves further requests the
+/// dispatcher lets it serve, then hands the socket back or ends.
 /// With `held`, `link_backend` is the backend connection that response comes from.
 pub(crate) async fn adopt(
     link: &mut LocalLink,
@@ -104,8 +107,11 @@ pub(crate) async fn adopt(
         (None, Some(b)) => (None, b),
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
-    let adopted = Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, epoch, sent: 0 };
-    match adopted.run(held).await {
+    let idle = Duration::from_millis(offer.idle_ms.into());
+    let adopted =
+        Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, idle, epoch, sent: 0 };
+    let served = adopted.run(held, &mut AskLink { link: &mut *link, conn }).await?;
+    match served {
         (Served::Boundary(pending), sent) => {
             let back = lock(epochs).advance(conn);
             let msg = LocalMsg::HandBack { conn, epoch: back, sent, pending };
@@ -115,6 +121,31 @@ pub(crate) async fn adopt(
             lock(epochs).remove(conn);
             link.send(&LocalMsg::Closed { conn, epoch, sent, reason }, None).await
         }
+    }
+}
+
+/// The same-host link, asked about each further request of an adopted connection.
+struct AskLink<'a> {
+    link: &'a mut LocalLink,
+    conn: u64,
+}
+
+impl Ask for AskLink<'_> {
+    async fn next(&mut self, request: u64, bytes: &[u8]) -> refract_handover::Result<bool> {
+        let conn = self.conn;
+        self.link.send(&LocalMsg::Next { conn, request, bytes: bytes.to_vec() }, None).await?;
+        match self.link.recv().await? {
+            (LocalMsg::Serve { conn: c, request: r }, None) if (c, r) == (conn, request) => Ok(true),
+            (LocalMsg::Return { conn: c, request: r }, None) if (c, r) == (conn, request) => Ok(false),
+            (other, _) => {
+                tracing::warn!(conn, "expected Serve or Return, got {}", other.name());
+                Err(refract_handover::Error::Codec("unexpected answer to Next"))
+            }
+        }
+    }
+
+    async fn beat(&mut self) -> refract_handover::Result<std::convert::Infallible> {
+        std::future::pending().await // a Unix link has no dead-peer bound
     }
 }
 

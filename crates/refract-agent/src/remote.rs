@@ -1,23 +1,25 @@
 //! Cross-host adoption over the control channel: restore the client's TCP socket from the
-//! `HandOff` state (TCP_REPAIR), serve the pending requests from the backend straight to the
-//! client, then quiesce, snapshot and send `HandBack` at the next request boundary.
+//! `HandOff` state (TCP_REPAIR), serve the request from the backend straight to the client,
+//! ask the dispatcher about each further one (`Next` → `Serve` / `Return`), wait at most the
+//! `HandOff`'s `idle_ms` ([`AppState`]) for the next, then quiesce, snapshot and send
+//! `HandBack`.
 //!
 //! This is the agent's half of HANDOVER.md "Hand-off D → A" / "Hand-back A → D": the dispatcher
 //! steers the flow here; the guard (when the agent attached one) tombstones it while it goes back.
 //! The same adoption serves `always` (a `HandOff` out of the blue) and hybrid (a `HandOff`
 //! answering this agent's `WantConnection`, with the result it holds).
 
-use std::os::fd::OwnedFd;
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use refract_handover::control::{ControlChannel, EpochTracker, Msg, Transfer};
+use refract_handover::control::{AppState, ControlChannel, EpochTracker, Msg, Transfer};
 use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Result};
 use tokio::net::TcpStream;
 
-use crate::exchange::{Adopted, Held, Served};
+use crate::exchange::{Adopted, Ask, Held, Served};
 use crate::local::{connect_backend, LocalOptions};
 
 /// Bound on waiting for the client to acknowledge everything before a hand-back (I3).
@@ -36,6 +38,10 @@ pub(crate) async fn adopt(
     held: Option<(Held, &mut TcpStream)>,
 ) -> Result<()> {
     let (conn, epoch) = (t.conn, t.epoch);
+    let app = match AppState::parse(&t.app_state) {
+        Ok(a) => a,
+        Err(e) => return ch.send(&Msg::HandOffErr { conn, epoch, reason: format!("app state: {e}") }).await,
+    };
     let (mut client, mut own) = match ready(&t, opts, held.is_none()).await {
         Ok(x) => x,
         Err(reason) => return ch.send(&Msg::HandOffErr { conn, epoch, reason }).await,
@@ -47,15 +53,12 @@ pub(crate) async fn adopt(
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
     let pending = BytesMut::from(&t.pending_bytes[..]);
-    let adopted = Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, epoch, sent: 0 };
-    // Heartbeats go on while serving: the dispatcher waits for the hand-back with a dead bound.
-    let (served, sent) = tokio::select! {
-        r = adopted.run(held) => r,
-        r = ch.heartbeats() => match r {
-            Err(e) => return Err(e),
-            Ok(never) => match never {},
-        },
-    };
+    let idle = Duration::from_millis(app.idle_ms.into());
+    let adopted =
+        Adopted { client: &mut client, backend, pending, timeout: opts.backend_timeout, idle, epoch, sent: 0 };
+    // Heartbeats go on while serving and waiting (`AskChannel::beat`): the dispatcher waits for
+    // the hand-back with a dead bound.
+    let (served, sent) = adopted.run(held, &mut AskChannel { ch: &mut *ch, conn }).await?;
     match served {
         Served::Boundary(pending) => match hand_back_state(client, t.flow, opts).await {
             Ok(tcp_state) => {
@@ -75,6 +78,31 @@ pub(crate) async fn adopt(
             epochs.remove(conn);
             ch.send(&Msg::Closed { conn, epoch, sent }).await
         }
+    }
+}
+
+/// The control channel, asked about each further request of an adopted connection.
+struct AskChannel<'a> {
+    ch: &'a mut ControlChannel,
+    conn: u64,
+}
+
+impl Ask for AskChannel<'_> {
+    async fn next(&mut self, request: u64, bytes: &[u8]) -> Result<bool> {
+        let conn = self.conn;
+        self.ch.send(&Msg::Next { conn, request, bytes: bytes.to_vec() }).await?;
+        match self.ch.recv().await? {
+            Msg::Serve { conn: c, request: r } if (c, r) == (conn, request) => Ok(true),
+            Msg::Return { conn: c, request: r } if (c, r) == (conn, request) => Ok(false),
+            other => {
+                tracing::warn!(conn, "expected Serve or Return, got {}", other.name());
+                Err(refract_handover::Error::Codec("unexpected answer to Next"))
+            }
+        }
+    }
+
+    async fn beat(&mut self) -> Result<std::convert::Infallible> {
+        self.ch.heartbeats().await
     }
 }
 

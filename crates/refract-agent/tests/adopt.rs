@@ -73,12 +73,18 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
     let mut link = LocalLink::connect(&path).await.unwrap();
     let partial = b"GET /blob?bytes=5 HT".to_vec();
     let pending = [get(3 << 20, 7).into_bytes(), get(1000, 1).into_bytes(), partial.clone()].concat();
-    let adopt = LocalMsg::Adopt { conn: 9, epoch: 1, backend, pending };
+    let adopt = LocalMsg::Adopt { conn: 9, epoch: 1, backend, idle_ms: 0, pending };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
     let (ok, _) = link.recv().await.unwrap();
     assert_eq!(ok, LocalMsg::AdoptOk { conn: 9, epoch: 1 });
     let mut buf = Vec::new();
     for (n, seed) in [(3u64 << 20, 7u64), (1000, 1)] {
+        if seed == 1 {
+            // The pipelined request is asked about before it is served.
+            let (next, _) = link.recv().await.unwrap();
+            assert_eq!(next, LocalMsg::Next { conn: 9, request: 1, bytes: get(1000, 1).into_bytes() });
+            link.send(&LocalMsg::Serve { conn: 9, request: 1 }, None).await.unwrap();
+        }
         let (head, body) = response(&mut client, &mut buf).await;
         assert!(head.contains("x-refract-handover: 1"), "{head}");
         assert_eq!(body.len() as u64, n);
@@ -97,12 +103,74 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
     client.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"HTTP/1.1 204 No Content\r\n");
     // A stale hand-off (epoch 1 again) is refused; the next one (3) is adopted.
-    let stale = LocalMsg::Adopt { conn: 9, epoch: 1, backend, pending: get(1, 0).into_bytes() };
+    let stale = LocalMsg::Adopt { conn: 9, epoch: 1, backend, idle_ms: 0, pending: get(1, 0).into_bytes() };
     link.send(&stale, Some(server.as_fd())).await.unwrap();
     assert!(matches!(link.recv().await.unwrap().0, LocalMsg::AdoptErr { conn: 9, epoch: 1, .. }));
-    let fresh = LocalMsg::Adopt { conn: 9, epoch: 3, backend, pending: get(1, 0).into_bytes() };
+    let fresh = LocalMsg::Adopt { conn: 9, epoch: 3, backend, idle_ms: 0, pending: get(1, 0).into_bytes() };
     link.send(&fresh, Some(server.as_fd())).await.unwrap();
     assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 9, epoch: 3 });
+}
+
+/// The blob server's `/stats` JSON (`reads`, `writes`, …), asked directly.
+async fn stats(backend: SocketAddr) -> String {
+    let mut s = TcpStream::connect(backend).await.unwrap();
+    s.write_all(b"GET /stats HTTP/1.1\r\nhost: t\r\n\r\n").await.unwrap();
+    let (_, body) = response(&mut s, &mut Vec::new()).await;
+    String::from_utf8(body).unwrap()
+}
+
+#[tokio::test]
+async fn a_returned_request_goes_back_unserved() {
+    let backend = blob().await;
+    let path = agent(backend, "return").await;
+    let (mut client, server) = client_pair().await;
+    let mut link = LocalLink::connect(&path).await.unwrap();
+    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc".to_vec();
+    let pending = [get(100_000, 2).into_bytes(), post.clone()].concat();
+    let adopt = LocalMsg::Adopt { conn: 4, epoch: 1, backend, idle_ms: 5000, pending };
+    link.send(&adopt, Some(server.as_fd())).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 4, epoch: 1 });
+    let (_, body) = response(&mut client, &mut Vec::new()).await;
+    assert_eq!(pattern::first_mismatch(&body, 0, 2), None);
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 4, request: 1, bytes: post.clone() });
+    link.send(&LocalMsg::Return { conn: 4, request: 1 }, None).await.unwrap();
+    let (back, fd) = link.recv().await.unwrap();
+    assert!(fd.is_some());
+    let LocalMsg::HandBack { conn: 4, epoch: 2, pending, .. } = back else { panic!("{back:?}") };
+    assert_eq!(pending, post, "the write travels back unserved");
+    let stats = stats(backend).await;
+    assert!(stats.contains("\"writes\":0"), "the agent's backend saw no write: {stats}");
+}
+
+#[tokio::test]
+async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
+    let backend = blob().await;
+    let path = agent(backend, "idle").await;
+    let (mut client, server) = client_pair().await;
+    let mut link = LocalLink::connect(&path).await.unwrap();
+    let adopt = LocalMsg::Adopt { conn: 5, epoch: 1, backend, idle_ms: 300, pending: get(5000, 1).into_bytes() };
+    link.send(&adopt, Some(server.as_fd())).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 5, epoch: 1 });
+    let mut buf = Vec::new();
+    response(&mut client, &mut buf).await;
+    // The next request arrives after the response, in two pieces, within the idle bound.
+    let next = get(7000, 2);
+    client.write_all(&next.as_bytes()[..7]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client.write_all(&next.as_bytes()[7..]).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 5, request: 1, bytes: next.into_bytes() });
+    link.send(&LocalMsg::Serve { conn: 5, request: 1 }, None).await.unwrap();
+    let (head, body) = response(&mut client, &mut buf).await;
+    assert!(head.contains("x-refract-handover: 1"), "{head}");
+    assert_eq!(pattern::first_mismatch(&body, 0, 2), None);
+    // Then only part of one: after the idle bound the connection comes back with those bytes.
+    let started = std::time::Instant::now();
+    client.write_all(b"GET /blob?by").await.unwrap();
+    let (back, _fd) = link.recv().await.unwrap();
+    let waited = started.elapsed();
+    let LocalMsg::HandBack { conn: 5, epoch: 2, pending, .. } = back else { panic!("{back:?}") };
+    assert_eq!(pending, b"GET /blob?by", "what the agent read while it waited goes back");
+    assert!(waited >= Duration::from_millis(200), "waited {waited:?}");
 }
 
 #[tokio::test]
@@ -112,13 +180,13 @@ async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
     let (mut client, server) = client_pair().await;
     let mut link = LocalLink::connect(&path).await.unwrap();
     let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
-    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, pending: get(10, 0).into_bytes() };
+    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, idle_ms: 0, pending: get(10, 0).into_bytes() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
     assert!(matches!(link.recv().await.unwrap().0, LocalMsg::AdoptErr { conn: 1, epoch: 1, .. }));
     // An agent whose backend is down refuses too.
     let dead = agent(other, "dead").await;
     let mut link = LocalLink::connect(&dead).await.unwrap();
-    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, pending: get(10, 0).into_bytes() };
+    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, idle_ms: 0, pending: get(10, 0).into_bytes() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
     assert!(matches!(link.recv().await.unwrap().0, LocalMsg::AdoptErr { .. }));
     let mut probe = [0u8; 1];
@@ -133,7 +201,7 @@ async fn connection_close_ends_with_closed() {
     let (mut client, server) = client_pair().await;
     let mut link = LocalLink::connect(&path).await.unwrap();
     let req = "GET /blob?bytes=100&seed=3 HTTP/1.1\r\nconnection: close\r\n\r\n";
-    let adopt = LocalMsg::Adopt { conn: 2, epoch: 1, backend, pending: req.as_bytes().to_vec() };
+    let adopt = LocalMsg::Adopt { conn: 2, epoch: 1, backend, idle_ms: 0, pending: req.as_bytes().to_vec() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
     assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 2, epoch: 1 });
     let (_, body) = response(&mut client, &mut Vec::new()).await;

@@ -1,7 +1,8 @@
 //! Cross-host adoption, the agent's half, in a throw-away network namespace on loopback: a
 //! stand-in dispatcher snapshots an accepted client socket (TCP_REPAIR) and sends `HandOff`
 //! over the authenticated control channel; the agent restores it, serves the pending requests
-//! byte-exact from a real blob server, and hands the connection back (`HandBack` with the TCP
+//! byte-exact from a real blob server (asking with `Next` about the pipelined one), and hands
+//! the connection back (`HandBack` with the TCP
 //! state and the partial request); the dispatcher restores it and answers on it.
 #![allow(clippy::unwrap_used)]
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use refract_agent::{serve_with, LocalOptions};
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
-use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
+use refract_handover::control::{AppState, ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
 use refract_handover::{discard, restore, snapshot, FlowKey};
 
 const KEY: &str = "agent test key, sixteen+ bytes";
@@ -124,9 +125,13 @@ async fn scenario() {
     let tcp_state = snapshot(&fd).unwrap();
     discard(fd).unwrap();
     let flow = FlowKey::new(v4(peer), v4(vip_addr));
-    let t = Transfer { conn: 1, flow, epoch: 1, tcp_state, pending_bytes: pending, app_state: vec![], sent: 0 };
+    let app_state = AppState { idle_ms: 0 }.encode();
+    let t = Transfer { conn: 1, flow, epoch: 1, tcp_state, pending_bytes: pending, app_state, sent: 0 };
     ch.send(&Msg::HandOff(Box::new(t))).await.unwrap();
     assert_eq!(ch.recv().await.unwrap(), Msg::HandOffOk { conn: 1, epoch: 1 });
+    // The pipelined second request is asked about before it is served.
+    assert_eq!(ch.recv().await.unwrap(), Msg::Next { conn: 1, request: 1, bytes: get(777, 4).into_bytes() });
+    ch.send(&Msg::Serve { conn: 1, request: 1 }).await.unwrap();
     let Msg::HandBack(back) = ch.recv().await.unwrap() else { panic!("expected HandBack") };
     assert_eq!((back.conn, back.epoch, &back.pending_bytes), (1, 2, &partial));
     let mut restored = std::net::TcpStream::from(restore(&back.tcp_state).unwrap());

@@ -67,10 +67,23 @@ pub struct HandoverConfig {
     /// Flows the steering map holds (a full map means: relay instead).
     #[serde(default = "default_map_capacity")]
     pub map_capacity: u32,
+    /// How long the agent waits for the client's next request before handing the connection
+    /// back, in milliseconds (0: hand back at once when nothing is buffered; at most
+    /// [`MAX_IDLE_MS`]). Each request that does arrive is routed by the dispatcher (`Next`).
+    #[serde(default = "default_idle_ms")]
+    pub idle_ms: u32,
 }
+
+/// Longest `[handover] idle_ms`: while the agent waits, the session waits for its hand-back
+/// (it sees neither the client's idle timeout nor a drain), so the wait stays short.
+pub const MAX_IDLE_MS: u32 = 1000;
 
 fn default_map_capacity() -> u32 {
     65_536
+}
+
+fn default_idle_ms() -> u32 {
+    20
 }
 
 fn default_threshold() -> u64 {
@@ -120,6 +133,9 @@ impl HandoverConfig {
         let at = find_key_line(text, "handover");
         if self.threshold == 0 || self.map_capacity == 0 {
             return Err(format!("line {at}: [handover] threshold and map_capacity must be > 0"));
+        }
+        if self.idle_ms > MAX_IDLE_MS {
+            return Err(format!("line {at}: [handover] idle_ms must be at most {MAX_IDLE_MS}"));
         }
         if self.mode != HandoverMode::Off && self.agents.is_empty() {
             return Err(format!("line {at}: [handover] mode {:?} needs at least one agent", self.mode));
@@ -557,7 +573,7 @@ mod tests {
         ))
         .unwrap();
         let h = c.handover.unwrap();
-        assert_eq!((h.mode, h.threshold), (HandoverMode::Always, 1 << 20));
+        assert_eq!((h.mode, h.threshold, h.idle_ms), (HandoverMode::Always, 1 << 20, 20));
         assert_eq!(h.agents["b1"], AgentAddr::Unix("/tmp/a.sock".into()));
         let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"hybrid\"\n")).unwrap_err();
         assert!(e.contains("at least one agent"), "{e}");
@@ -569,6 +585,12 @@ mod tests {
         assert!(e.contains("unix:/path"), "{e}");
         let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"sometimes\"\n")).unwrap_err();
         assert!(e.starts_with("line 8:"), "{e}");
+        let agents = "agents = { b1 = \"unix:/a\" }\n";
+        let c = Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = 0\n{agents}")).unwrap();
+        assert_eq!(c.handover.unwrap().idle_ms, 0);
+        let e = Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = 1001\n{agents}")).unwrap_err();
+        assert!(e.contains("idle_ms must be at most 1000"), "{e}");
+        assert!(Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = -1\n{agents}")).is_err());
     }
 
     #[test]

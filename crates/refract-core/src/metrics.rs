@@ -77,6 +77,7 @@ pub struct Metrics {
     pg_clients: Family<StateLabel, Gauge>,
     handover: Family<HandoverLabels, Counter>,
     handback: Family<BackendLabel, Counter>,
+    handover_kept: Family<BackendLabel, Counter>,
     handover_ended: Family<EndLabels, Counter>,
     handover_seconds: Histogram,
     handover_frozen_seconds: Histogram,
@@ -160,6 +161,12 @@ impl Metrics {
         );
         let handback = Family::<BackendLabel, Counter>::default();
         reg.register("handback", "Connections handed back by the agent", handback.clone());
+        let handover_kept = Family::<BackendLabel, Counter>::default();
+        reg.register(
+            "handover_kept",
+            "Further requests an agent was let to serve on a connection it owned (reads for its backend)",
+            handover_kept.clone(),
+        );
         let handover_ended = Family::<EndLabels, Counter>::default();
         reg.register(
             "handover_ended",
@@ -216,6 +223,7 @@ impl Metrics {
             pg_clients,
             handover,
             handback,
+            handover_kept,
             handover_ended,
             handover_seconds,
             handover_frozen_seconds,
@@ -292,6 +300,11 @@ impl Metrics {
     /// Counts a hand-back from `backend`'s agent.
     pub fn handback(&self, backend: &str) {
         self.handback.get_or_create(&BackendLabel { backend: backend.into() }).inc();
+    }
+
+    /// Counts a further request `backend`'s agent was let to serve on a connection it owned.
+    pub fn handover_kept(&self, backend: &str) {
+        self.handover_kept.get_or_create(&BackendLabel { backend: backend.into() }).inc();
     }
 
     /// Counts a handed-over connection that ended without a hand-back (`closed` or `lost`).
@@ -372,6 +385,7 @@ mod tests {
         m.handover("b2", "unreachable");
         m.handover_latency(0.0002);
         m.handback("b2");
+        m.handover_kept("b2");
         m.bytes_direct("b2", 1000);
         m.handover_ended("b2", "lost");
         m.set_steering(3, 4096, [("frozen_dropped", 5), ("steered", 7), ("redirect_error", 0)]);
@@ -381,6 +395,7 @@ mod tests {
             r#"refract_handover_total{backend="b2",result="ok"} 1"#,
             r#"refract_handover_total{backend="b2",result="unreachable"} 1"#,
             r#"refract_handback_total{backend="b2"} 1"#,
+            r#"refract_handover_kept_total{backend="b2"} 1"#,
             r#"refract_bytes_direct_total{backend="b2"} 1000"#,
             r#"refract_handover_ended_total{backend="b2",end="lost"} 1"#,
             "refract_handover_seconds_count 1",

@@ -279,7 +279,9 @@ fn run_lab(test: &str, steer: bool) {
         return;
     }
     let lab = Lab::up(&test[4..5]);
-    let handover = format!("mode = \"always\"\n{}", if steer { "interface = \"eth0\"\n" } else { "" });
+    // `idle_ms = 0`: the epochs `client` expects do not depend on how fast it sends its next request.
+    let steering = if steer { "interface = \"eth0\"\n" } else { "" };
+    let handover = format!("mode = \"always\"\nidle_ms = 0\n{steering}");
     let cluster = cluster(&lab, &handover);
     let text = run_client(&lab, test, cluster.agent.child.id());
     for line in text.lines().filter(|l| l.starts_with("agent killed")) {

@@ -85,12 +85,81 @@ fn direct(r: &Response) -> u64 {
     }
 }
 
+/// `always`, the agent handing back at once when nothing is buffered (`idle_ms = 0`: the
+/// epochs these tests expect do not depend on how fast the client sends its next request).
 fn handover_extra(sock: &Path) -> String {
-    format!("[handover]\nmode = \"always\"\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
+    format!("[handover]\nmode = \"always\"\nidle_ms = 0\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
 }
 
 fn hybrid_extra(sock: &Path) -> String {
-    format!("[handover]\nmode = \"hybrid\"\nthreshold = 1048576\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
+    let agents = format!("agents = {{ b2 = \"unix:{}\" }}", sock.display());
+    format!("[handover]\nmode = \"hybrid\"\nthreshold = 1048576\nidle_ms = 0\n{agents}\n")
+}
+
+/// `writes` in a blob server's `/stats`.
+fn writes(b: &Proc) -> u64 {
+    common::stats(b.addr)["writes"].as_u64().unwrap()
+}
+
+/// A large read with a write pipelined behind it: the agent serves the read, asks about the
+/// write (`Next`), hands it back (`Return`), and the dispatcher sends it to the primary.
+fn pipelined_write_goes_to_the_primary(mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (_agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let extra =
+        format!("[handover]\nmode = \"{mode}\"\nthreshold = 65536\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display());
+    let d = dispatcher(&backends, &extra);
+    let mut c = Client::connect(d.proc.addr);
+    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
+    c.send(&[get(1 << 20, 3).as_bytes(), post].concat());
+    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("1"));
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+    assert_eq!(w.header("x-served-by").as_deref(), Some("b1"), "{}", w.head);
+    assert_eq!((writes(&b1), writes(&b2)), (1, 0), "the write reached the primary only");
+    c.send(get(70_000, 4).as_bytes());
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 70_000));
+    assert_eq!(pattern::first_mismatch(&r.body, 0, 4), None);
+    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
+}
+
+#[test]
+fn a_pipelined_write_behind_a_large_read_goes_to_the_primary_always() {
+    pipelined_write_goes_to_the_primary("always");
+}
+
+#[test]
+fn a_pipelined_write_behind_a_large_read_goes_to_the_primary_hybrid() {
+    pipelined_write_goes_to_the_primary("hybrid");
+}
+
+#[test]
+fn consecutive_large_reads_stay_at_the_agent() {
+    const N: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (_agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let agents = format!("agents = {{ b2 = \"unix:{}\" }}", sock.display());
+    let d =
+        dispatcher(&backends, &format!("[handover]\nmode = \"hybrid\"\nthreshold = 65536\nidle_ms = 1000\n{agents}\n"));
+    let mut c = Client::connect(d.proc.addr);
+    let started = Instant::now();
+    for seed in 0..N {
+        c.send(get(1 << 20, seed).as_bytes());
+        check(&c.read_response(false).unwrap(), 1 << 20, seed, Some("1"));
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{N} reads of 1 MiB took {took:?}");
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 1);
+    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), N - 1);
+    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    // Back at the dispatcher: a write goes to the primary.
+    relayed_write(&mut c);
+    assert_eq!((writes(&b1), writes(&b2)), (1, 0));
 }
 
 #[test]

@@ -129,7 +129,7 @@ fn scenario() {
     let (b1, b2) = (blob("b1"), blob("b2"));
     let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let _agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "always", "");
+    let d = dispatcher(dir.path(), &b1, &b2, control, "always", "idle_ms = 0\n");
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.send(get(3 << 20, 5).as_bytes());
@@ -154,7 +154,7 @@ fn hybrid_scenario() {
     let (b1, b2) = (blob("b1"), blob("b2"));
     let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let _agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\n");
+    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 0\n");
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let (mut sent_direct, mut relayed) = (0, 0);
@@ -209,7 +209,7 @@ fn hybrid_agent_killed_scenario() {
     let (b1, b2) = (blob("b1"), blob("b2"));
     let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\n");
+    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 0\n");
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.send(get(100, 1).as_bytes());
@@ -230,6 +230,97 @@ fn hybrid_agent_killed_scenario() {
     let mut c2 = Client::connect(d.proc.addr);
     c2.send(get(2 << 20, 7).as_bytes());
     check(&c2.read_response(false).unwrap(), 2 << 20, 7, None);
+}
+
+/// `writes` in a blob server's `/stats`.
+fn writes(b: &Proc) -> u64 {
+    common::stats(b.addr)["writes"].as_u64().unwrap()
+}
+
+/// A large read with a write pipelined behind it on one connection: the agent serves the read,
+/// asks about the write (`Next`), is told to hand it back (`Return`), and the dispatcher sends
+/// it to the primary — never to the agent's backend, a replica.
+fn pipelined_write_scenario(mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let _agent = agent(dir.path(), b2.addr, control);
+    let d = dispatcher(dir.path(), &b1, &b2, control, mode, "threshold = 65536\n");
+    let mut c = Client::connect(d.proc.addr);
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
+    c.send(&[get(1 << 20, 3).as_bytes(), post].concat());
+    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("1"));
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+    assert_eq!(w.header("x-served-by").as_deref(), Some("b1"), "{}", w.head);
+    assert_eq!((writes(&b1), writes(&b2)), (1, 0), "the write reached the primary only");
+    // The connection goes on: a read after it is served byte-exact.
+    c.send(get(70_000, 4).as_bytes());
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 70_000));
+    assert_eq!(pattern::first_mismatch(&r.body, 0, 4), None);
+    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
+    assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
+}
+
+fn pipelined_write_always() {
+    pipelined_write_scenario("always");
+}
+
+fn pipelined_write_hybrid() {
+    pipelined_write_scenario("hybrid");
+}
+
+/// Consecutive large reads on one keep-alive connection stay at the agent: one hand-over, the
+/// agent asks about each next read and serves it (same epoch, no hand-back in between), and no
+/// request waits for a retransmission (the hand-back race costs ~200 ms each).
+fn consecutive_reads_scenario() {
+    const N: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let _agent = agent(dir.path(), b2.addr, control);
+    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 1000\n");
+    let mut c = Client::connect(d.proc.addr);
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.send(get(1 << 20, 0).as_bytes());
+    check(&c.read_response(false).unwrap(), 1 << 20, 0, Some("1"));
+    let started = Instant::now();
+    for seed in 1..N {
+        c.send(get(1 << 20, seed).as_bytes());
+        check(&c.read_response(false).unwrap(), 1 << 20, seed, Some("1"));
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{} reads of 1 MiB took {took:?}", N - 1);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 1);
+    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), N - 1);
+    // Idle for longer than idle_ms: the connection comes back once.
+    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    assert_eq!(metric(d.admin, r#"refract_requests_total{class="read",backend="b2"}"#), N - 1);
+}
+
+/// A connection idle for longer than `idle_ms` is handed back; the next requests are routed by
+/// the dispatcher as usual (a small read relayed through the agent, a write to the primary),
+/// and a large read is handed over again.
+fn idle_hand_back_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let _agent = agent(dir.path(), b2.addr, control);
+    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 50\n");
+    let mut c = Client::connect(d.proc.addr);
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.send(get(1 << 20, 1).as_bytes());
+    check(&c.read_response(false).unwrap(), 1 << 20, 1, Some("1"));
+    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    c.send(get(1000, 2).as_bytes());
+    check(&c.read_response(false).unwrap(), 1000, 2, None);
+    relayed_write(&mut c);
+    assert_eq!((writes(&b1), writes(&b2)), (1, 0));
+    c.send(get(1 << 20, 3).as_bytes());
+    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("3"));
+    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
 }
 
 fn relayed_write(c: &mut Client) {
@@ -273,4 +364,24 @@ fn tcp_hybrid_relays_small_and_hands_over_large_results() {
 #[test]
 fn tcp_hybrid_with_its_agent_killed_relays() {
     in_netns("tcp_hybrid_with_its_agent_killed_relays", hybrid_agent_killed_scenario);
+}
+
+#[test]
+fn tcp_a_pipelined_write_behind_a_large_read_goes_to_the_primary_always() {
+    in_netns("tcp_a_pipelined_write_behind_a_large_read_goes_to_the_primary_always", pipelined_write_always);
+}
+
+#[test]
+fn tcp_a_pipelined_write_behind_a_large_read_goes_to_the_primary_hybrid() {
+    in_netns("tcp_a_pipelined_write_behind_a_large_read_goes_to_the_primary_hybrid", pipelined_write_hybrid);
+}
+
+#[test]
+fn tcp_consecutive_large_reads_stay_at_the_agent() {
+    in_netns("tcp_consecutive_large_reads_stay_at_the_agent", consecutive_reads_scenario);
+}
+
+#[test]
+fn tcp_an_idle_connection_is_handed_back() {
+    in_netns("tcp_an_idle_connection_is_handed_back", idle_hand_back_scenario);
 }

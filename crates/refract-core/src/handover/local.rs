@@ -6,6 +6,7 @@
 //! the client's connection with it. Its ordering — `AdoptOk` before any byte to the client —
 //! is what makes "no answer yet" safe to relay.
 
+use super::keep::{self, Verdict};
 use super::{Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::local::{LocalLink, LocalMsg};
@@ -55,7 +56,7 @@ pub(super) async fn adopt(
 ) -> Result<bool, Declined> {
     let started = Instant::now();
     let epoch = s.epochs.advance(s.id);
-    let adopt = LocalMsg::Adopt { conn: s.id, epoch, backend, pending };
+    let adopt = LocalMsg::Adopt { conn: s.id, epoch, backend, idle_ms: rec.idle_ms(), pending };
     let sent = link.send(&adopt, Some(conn.stream.as_fd())).await;
     sent.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
     match timeout(ANSWER, link.recv()).await {
@@ -82,9 +83,37 @@ pub(super) async fn adopt(
     Ok(take_back(rec, link, conn, s).await)
 }
 
-/// Waits for the connection to come back; returns whether the session goes on.
+/// Answers the agent's `Next`s (`keep.rs`) until the connection comes back; returns whether
+/// the session goes on.
 async fn take_back(rec: Rec<'_>, link: &mut LocalLink, conn: &mut ClientConn, s: &mut Session) -> bool {
-    match link.recv().await {
+    loop {
+        match link.recv().await {
+            Ok((LocalMsg::Next { conn: c, request, bytes }, None)) if c == s.id => {
+                let answer = match keep::judge(rec, &bytes) {
+                    Verdict::Serve => LocalMsg::Serve { conn: c, request },
+                    Verdict::Return(why) => {
+                        tracing::debug!(conn = c, request, "the agent hands the connection back: {why}");
+                        LocalMsg::Return { conn: c, request }
+                    }
+                };
+                if let Err(e) = link.send(&answer, None).await {
+                    rec.ended(None);
+                    return lost(&format!("agent lost while it owned the connection: {e}"));
+                }
+            }
+            other => return came_back(rec, other, conn, s),
+        }
+    }
+}
+
+/// The agent's last word on a connection it owned: `HandBack` (the session goes on) or not.
+fn came_back(
+    rec: Rec<'_>,
+    msg: refract_handover::Result<(LocalMsg, Option<std::os::fd::OwnedFd>)>,
+    conn: &mut ClientConn,
+    s: &mut Session,
+) -> bool {
+    match msg {
         Ok((LocalMsg::HandBack { conn: c, epoch, sent, pending }, Some(_theirs))) if c == s.id => {
             if let Err(e) = s.epochs.observe(c, epoch) {
                 rec.ended(Some(sent));

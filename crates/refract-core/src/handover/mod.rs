@@ -9,16 +9,20 @@
 //! - `steer.rs`: the ingress map (FREEZE, STEER) on `[handover] interface`.
 //! - `hybrid.rs`: reads go through the agent (same host or across hosts), which asks for the
 //!   connection when a result is large.
+//! - `keep.rs`: while an agent owns the connection, it asks (`Next`) about each further
+//!   request; reads its backend may take now are served there, the rest come back.
 //!
 //! Every attempt is counted in `refract_handover_total{backend, result}` ([`Why`] names the
 //! failures), hand-backs, direct bytes and latency through [`Rec`] (docs/handover.md,
 //! "Observability").
 
 mod hybrid;
+mod keep;
 mod local;
 mod remote;
 mod steer;
 
+use crate::backend::Backend;
 use crate::config::{AgentAddr, HandoverMode};
 use crate::conn::ClientConn;
 use crate::dispatcher::Ctx;
@@ -31,6 +35,7 @@ use refract_http::RouteClass;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Why a hand-over failed: the `result` label of `refract_handover_total`.
@@ -107,51 +112,72 @@ impl std::fmt::Display for Declined {
     }
 }
 
-/// Where one hand-over's events are counted: `backend`'s series of the dispatcher's metrics.
+/// One hand-over's context: the dispatcher (its routing of the requests the agent asks about,
+/// its metrics) and the backend whose agent was asked (its series of the metrics).
 #[derive(Clone, Copy)]
 pub(crate) struct Rec<'a> {
-    pub metrics: &'a Metrics,
-    pub backend: &'a str,
+    pub ctx: &'a Ctx,
+    pub b: &'a Arc<Backend>,
 }
 
 impl Rec<'_> {
+    fn metrics(&self) -> &Metrics {
+        &self.ctx.metrics
+    }
+
+    fn backend(&self) -> &str {
+        &self.b.name
+    }
+
+    /// `[handover] idle_ms`: how long the agent waits for the client's next request.
+    fn idle_ms(&self) -> u32 {
+        self.ctx.cfg.handover.as_ref().map_or(0, |h| h.idle_ms)
+    }
+
+    /// The agent was let to serve a further request (counted like a forwarded read).
+    fn kept(&self) {
+        self.metrics().handover_kept(self.backend());
+        self.b.counters.request(RouteClass::Read);
+        self.b.record(true);
+    }
+
     /// The agent accepted the connection; the hand-over started at `since`.
     fn accepted(&self, since: Instant) {
-        self.metrics.handover(self.backend, "ok");
-        self.metrics.handover_latency(since.elapsed().as_secs_f64());
+        self.metrics().handover(self.backend(), "ok");
+        self.metrics().handover_latency(since.elapsed().as_secs_f64());
     }
 
     /// The hand-over failed for `why`.
     fn failed(&self, why: Why) {
-        self.metrics.handover(self.backend, why.as_str());
+        self.metrics().handover(self.backend(), why.as_str());
     }
 
     /// The connection came back; the agent wrote `sent` bytes to the client.
     fn handed_back(&self, sent: u64) {
-        self.metrics.handback(self.backend);
-        self.metrics.bytes_direct(self.backend, sent);
+        self.metrics().handback(self.backend());
+        self.metrics().bytes_direct(self.backend(), sent);
     }
 
     /// The hand-over did not happen for `why` (also counted as a declined error).
     fn declined(&self, why: Why) {
         self.failed(why);
-        self.metrics.error("handover_declined");
+        self.metrics().error("handover_declined");
     }
 
     /// The connection ended at the agent (`sent`: what it wrote, if it said) or with it.
     fn ended(&self, sent: Option<u64>) {
         match sent {
             Some(n) => {
-                self.metrics.handover_ended(self.backend, "closed");
-                self.metrics.bytes_direct(self.backend, n);
+                self.metrics().handover_ended(self.backend(), "closed");
+                self.metrics().bytes_direct(self.backend(), n);
             }
-            None => self.metrics.handover_ended(self.backend, "lost"),
+            None => self.metrics().handover_ended(self.backend(), "lost"),
         }
     }
 
     /// Bytes the dispatcher relayed to the client for the agent (hybrid, small results).
     fn relayed(&self, n: usize) {
-        self.metrics.bytes_to_client.inc_by(n as u64);
+        self.metrics().bytes_to_client.inc_by(n as u64);
     }
 }
 
@@ -213,7 +239,7 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
     request.extend_from_slice(req.head_bytes);
     request.extend_from_slice(body);
     let _inflight = b.begin();
-    let rec = Rec { metrics: &ctx.metrics, backend: &b.name };
+    let rec = Rec { ctx, b: &b };
     let result = match (agent, cfg.mode, &cfg.key_file) {
         (AgentAddr::Unix(path), HandoverMode::Always, _) => {
             request.extend_from_slice(&conn.buf);

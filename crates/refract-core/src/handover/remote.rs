@@ -9,9 +9,10 @@
 //! it this is correct only where the agent's socket lives in the same kernel and a guard drops
 //! the client's segments during the two gaps (the tests).
 
+use super::keep::{self, Verdict};
 use super::{steer, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
-use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
+use refract_handover::control::{AppState, ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
 use refract_handover::{discard_in_place, restore, snapshot, unacked, FlowKey, SteerTarget, TcpState};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
@@ -139,7 +140,7 @@ pub(super) async fn hand_off(
         epoch,
         tcp_state: tcp_state.clone(),
         pending_bytes: pending,
-        app_state: vec![],
+        app_state: AppState { idle_ms: rec.idle_ms() }.encode(),
         sent: 0,
     };
     if let Err((declined, in_step)) = answer(rec, &mut ch, s, &fl, target, t, started).await {
@@ -190,7 +191,7 @@ async fn answer(
     // the target sends". What arrives at the agent before its socket exists, its guard drops.
     if let Some(tg) = target {
         fl.set(|m| m.steer(flow, tg, epoch)).map_err(|d| (d, false))?;
-        rec.metrics.handover_frozen(started.elapsed().as_secs_f64());
+        rec.metrics().handover_frozen(started.elapsed().as_secs_f64());
     }
     ch.send(&Msg::HandOff(Box::new(t))).await.map_err(lost)?;
     match timeout(ANSWER, ch.recv()).await {
@@ -249,18 +250,39 @@ impl Flow<'_> {
     }
 }
 
-/// Waits for `HandBack` (or `Closed`) and restores the socket here.
+/// Answers the agent's `Next`s (`keep.rs`) until it sends `HandBack` (or `Closed`), and
+/// restores the socket here.
 async fn take_back(rec: Rec<'_>, ch: &mut ControlChannel, conn: &mut ClientConn, s: &mut Session) -> Back {
-    let t = match ch.recv().await {
-        Ok(Msg::HandBack(t)) if t.conn == s.id => t,
-        Ok(Msg::Closed { sent, .. }) => {
-            rec.ended(Some(sent));
-            return Back::Closed;
-        }
-        other => {
-            tracing::warn!("agent lost while it owned the connection ({other:?}); the client's next segment is reset");
-            rec.ended(None);
-            return Back::Lost;
+    let t = loop {
+        match ch.recv().await {
+            Ok(Msg::HandBack(t)) if t.conn == s.id => break t,
+            Ok(Msg::Next { conn: c, request, bytes }) if c == s.id => {
+                let answer = match keep::judge(rec, &bytes) {
+                    Verdict::Serve => Msg::Serve { conn: c, request },
+                    Verdict::Return(why) => {
+                        tracing::debug!(conn = c, request, "the agent hands the connection back: {why}");
+                        Msg::Return { conn: c, request }
+                    }
+                };
+                if let Err(e) = ch.send(&answer).await {
+                    tracing::warn!(
+                        "agent lost while it owned the connection ({e}); the client's next segment is reset"
+                    );
+                    rec.ended(None);
+                    return Back::Lost;
+                }
+            }
+            Ok(Msg::Closed { sent, .. }) => {
+                rec.ended(Some(sent));
+                return Back::Closed;
+            }
+            other => {
+                tracing::warn!(
+                    "agent lost while it owned the connection ({other:?}); the client's next segment is reset"
+                );
+                rec.ended(None);
+                return Back::Lost;
+            }
         }
     };
     if let Err(e) = s.epochs.observe(t.conn, t.epoch) {

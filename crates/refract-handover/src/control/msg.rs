@@ -18,8 +18,9 @@ pub const MAX_FRAME: usize = 32 << 20;
 /// Length of a handshake nonce and of an HMAC-SHA256 proof.
 pub const NONCE_LEN: usize = 32;
 
-/// The control protocol version carried in [`Msg::Hello`].
-pub const VERSION: u16 = 1;
+/// The control protocol version carried in [`Msg::Hello`]. 2: `Next`, `Serve`, `Return`, and
+/// the agent's serving options ([`AppState`]) in a `HandOff`'s `app_state`.
+pub const VERSION: u16 = 2;
 
 /// One connection moving between hosts: sent with [`Msg::HandOff`] and [`Msg::HandBack`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +35,8 @@ pub struct Transfer {
     pub tcp_state: TcpState,
     /// Bytes read from the socket but not yet consumed (e.g. pipelined requests).
     pub pending_bytes: Vec<u8>,
-    /// Opaque protocol state (the protocol module's session state).
+    /// Protocol state: in a [`Msg::HandOff`], the agent's serving options ([`AppState`]
+    /// encoded); empty in a [`Msg::HandBack`].
     pub app_state: Vec<u8>,
     /// In a [`Msg::HandBack`]: bytes the agent wrote to the client while it owned the
     /// connection (for metrics). 0 in a [`Msg::HandOff`].
@@ -142,6 +144,64 @@ pub enum Msg {
         /// The response bytes (head and body, in order).
         bytes: Vec<u8>,
     },
+    /// Agent → dispatcher, while the agent owns `conn`: the client sent another whole request;
+    /// may the agent serve it? Answered by [`Msg::Serve`] or [`Msg::Return`].
+    Next {
+        /// The client connection.
+        conn: u64,
+        /// The agent's number of this request within its ownership of `conn` (1, 2, …).
+        request: u64,
+        /// The whole request (head and body).
+        bytes: Vec<u8>,
+    },
+    /// Dispatcher → agent: serve request `request` of [`Msg::Next`] from your backend.
+    Serve {
+        /// The client connection.
+        conn: u64,
+        /// The request.
+        request: u64,
+    },
+    /// Dispatcher → agent: do not serve it; hand the connection back with the request pending.
+    Return {
+        /// The client connection.
+        conn: u64,
+        /// The request.
+        request: u64,
+    },
+}
+
+/// What a [`Msg::HandOff`] tells the agent about serving the connection, in its `app_state`:
+/// a version byte (1), then `idle_ms: u32` big-endian; exactly 5 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppState {
+    /// How long the agent waits for the client's next request (at a request boundary with
+    /// nothing buffered) before it hands the connection back; 0 = hand back at once.
+    pub idle_ms: u32,
+}
+
+impl AppState {
+    const V1: u8 = 1;
+
+    /// The `app_state` bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5);
+        out.push(Self::V1);
+        out.extend_from_slice(&self.idle_ms.to_be_bytes());
+        out
+    }
+
+    /// Parses `app_state` bytes; anything but a version-1 state of exactly 5 bytes is an error.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(b);
+        if r.u8().map_err(|_| Error::Codec("empty app state"))? != Self::V1 {
+            return Err(Error::Codec("unknown app state version"));
+        }
+        let idle_ms = r.u32()?;
+        if !r.is_empty() {
+            return Err(Error::Codec("trailing bytes in app state"));
+        }
+        Ok(AppState { idle_ms })
+    }
 }
 
 mod kind {
@@ -159,6 +219,9 @@ mod kind {
     pub const RELAY_INSTEAD: u8 = 18;
     pub const FORWARD: u8 = 19;
     pub const RESPONSE: u8 = 20;
+    pub const NEXT: u8 = 21;
+    pub const SERVE: u8 = 22;
+    pub const RETURN: u8 = 23;
 }
 
 impl Msg {
@@ -184,6 +247,9 @@ impl Msg {
             Msg::RelayInstead { .. } => "RelayInstead",
             Msg::Forward { .. } => "Forward",
             Msg::Response { .. } => "Response",
+            Msg::Next { .. } => "Next",
+            Msg::Serve { .. } => "Serve",
+            Msg::Return { .. } => "Return",
         }
     }
 }
@@ -242,6 +308,12 @@ fn encode_body(msg: &Msg, out: &mut BytesMut) {
             out.put_u8(u8::from(*last) | u8::from(*keep) << 1);
             wire::put_blob(out, bytes);
         }
+        Msg::Next { conn, request, bytes } => {
+            put_ids(out, kind::NEXT, *conn, *request);
+            wire::put_blob(out, bytes);
+        }
+        Msg::Serve { conn, request } => put_ids(out, kind::SERVE, *conn, *request),
+        Msg::Return { conn, request } => put_ids(out, kind::RETURN, *conn, *request),
     }
 }
 
@@ -303,6 +375,9 @@ fn parse_body(r: &mut Reader<'_>) -> Result<Msg> {
             let (last, keep) = flags(r)?;
             Msg::Response { conn, request, last, keep, bytes: r.blob()? }
         }
+        kind::NEXT => Msg::Next { conn: r.u64()?, request: r.u64()?, bytes: r.blob()? },
+        kind::SERVE => Msg::Serve { conn: r.u64()?, request: r.u64()? },
+        kind::RETURN => Msg::Return { conn: r.u64()?, request: r.u64()? },
         _ => return Err(Error::Codec("unknown message kind")),
     })
 }
@@ -401,6 +476,57 @@ mod tests {
         let mut short = frame(&Msg::Forward { conn: 1, request: 1, threshold: 1, bytes: b"ab".to_vec() });
         short[32] = 1; // one byte of the frame left over
         assert!(matches!(parse(&short), Err(Error::Codec("trailing bytes in frame"))));
+    }
+
+    #[test]
+    fn keep_serving_byte_literals_round_trips_and_strictness() {
+        assert_eq!(
+            frame(&Msg::Next { conn: 1, request: 2, bytes: b"GE".to_vec() }),
+            [&[0, 0, 0, 23, 21][..], &[0, 0, 0, 0, 0, 0, 0, 1], &[0, 0, 0, 0, 0, 0, 0, 2], &[0, 0, 0, 2, b'G', b'E']]
+                .concat()
+        );
+        assert_eq!(
+            frame(&Msg::Serve { conn: 1, request: 2 }),
+            [0, 0, 0, 17, 22, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
+        assert_eq!(
+            frame(&Msg::Return { conn: 1, request: 2 }),
+            [0, 0, 0, 17, 23, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
+        let msgs = [
+            Msg::Next { conn: 7, request: 1, bytes: b"GET / HTTP/1.1\r\n\r\n".to_vec() },
+            Msg::Next { conn: u64::MAX, request: u64::MAX, bytes: vec![] },
+            Msg::Serve { conn: 7, request: 1 },
+            Msg::Return { conn: 7, request: 9 },
+        ];
+        for m in msgs {
+            let f = frame(&m);
+            for cut in 0..f.len() {
+                assert!(parse(&f[..cut]).unwrap().is_none(), "{} cut at {cut}", m.name());
+            }
+            assert_eq!(parse(&f).unwrap(), Some((m.clone(), f.len())));
+        }
+        // Malformed: a truncated id, a trailing byte, a blob longer than the frame.
+        assert!(parse(&[0, 0, 0, 9, 22, 0, 0, 0, 0, 0, 0, 0, 1]).is_err(), "Serve without its request");
+        let mut long = frame(&Msg::Return { conn: 1, request: 2 });
+        long[3] += 1;
+        long.push(0);
+        assert!(matches!(parse(&long), Err(Error::Codec("trailing bytes in frame"))));
+        let mut next = frame(&Msg::Next { conn: 1, request: 2, bytes: b"ab".to_vec() });
+        next[24] = 3;
+        assert!(parse(&next).is_err(), "blob longer than the frame");
+    }
+
+    #[test]
+    fn app_state_is_versioned_and_strict() {
+        let a = AppState { idle_ms: 0x0102_0304 };
+        assert_eq!(a.encode(), [1, 1, 2, 3, 4]);
+        assert_eq!(AppState::parse(&a.encode()).unwrap(), a);
+        assert_eq!(AppState::parse(&AppState { idle_ms: 0 }.encode()).unwrap().idle_ms, 0);
+        assert!(matches!(AppState::parse(&[]), Err(Error::Codec("empty app state"))));
+        assert!(matches!(AppState::parse(&[2, 0, 0, 0, 0]), Err(Error::Codec("unknown app state version"))));
+        assert!(AppState::parse(&[1, 0, 0, 0]).is_err(), "truncated");
+        assert!(matches!(AppState::parse(&[1, 0, 0, 0, 0, 0]), Err(Error::Codec("trailing bytes in app state"))));
     }
 
     #[test]

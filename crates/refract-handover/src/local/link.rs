@@ -143,8 +143,13 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let (mut d, mut agent) = (LocalLink::new(a), LocalLink::new(b));
         let (x, mut y) = std::os::unix::net::UnixStream::pair().unwrap();
-        let adopt =
-            LocalMsg::Adopt { conn: 1, epoch: 1, backend: "127.0.0.1:1".parse().unwrap(), pending: b"GET".to_vec() };
+        let adopt = LocalMsg::Adopt {
+            conn: 1,
+            epoch: 1,
+            backend: "127.0.0.1:1".parse().unwrap(),
+            idle_ms: 0,
+            pending: b"GET".to_vec(),
+        };
         d.send(&adopt, Some(x.as_fd())).await.unwrap();
         d.send(&LocalMsg::AdoptOk { conn: 1, epoch: 1 }, None).await.unwrap();
         drop(x);

@@ -28,7 +28,11 @@ pub enum LocalMsg {
         epoch: u64,
         /// The backend the requests are for (the agent refuses one it does not front).
         backend: SocketAddr,
-        /// Bytes read from the client and not consumed: whole requests, then maybe a partial one.
+        /// How long the agent waits for the client's next request before it hands the
+        /// connection back (0: at once when nothing is buffered).
+        idle_ms: u32,
+        /// Bytes read from the client and not consumed: the request to serve, then anything
+        /// pipelined behind it (the agent asks with [`LocalMsg::Next`] before serving those).
         pending: Vec<u8>,
     },
     /// Agent → dispatcher: adopted; the agent owns the connection at `epoch`.
@@ -113,6 +117,30 @@ pub enum LocalMsg {
         /// The request.
         request: u64,
     },
+    /// Agent → dispatcher, while the agent owns `conn`: the client sent another whole request;
+    /// may the agent serve it? Answered by [`LocalMsg::Serve`] or [`LocalMsg::Return`].
+    Next {
+        /// The client connection.
+        conn: u64,
+        /// The agent's number of this request within its ownership of `conn` (1, 2, …).
+        request: u64,
+        /// The whole request (head and body).
+        bytes: Vec<u8>,
+    },
+    /// Dispatcher → agent: serve request `request` of [`LocalMsg::Next`] from your backend.
+    Serve {
+        /// The client connection.
+        conn: u64,
+        /// The request.
+        request: u64,
+    },
+    /// Dispatcher → agent: do not serve it; hand the connection back with the request pending.
+    Return {
+        /// The client connection.
+        conn: u64,
+        /// The request.
+        request: u64,
+    },
 }
 
 mod kind {
@@ -125,6 +153,9 @@ mod kind {
     pub const WANT: u8 = 7;
     pub const RESPONSE: u8 = 8;
     pub const RELAY_INSTEAD: u8 = 9;
+    pub const NEXT: u8 = 10;
+    pub const SERVE: u8 = 11;
+    pub const RETURN: u8 = 12;
 }
 
 impl LocalMsg {
@@ -145,6 +176,9 @@ impl LocalMsg {
             LocalMsg::Want { .. } => "Want",
             LocalMsg::Response { .. } => "Response",
             LocalMsg::RelayInstead { .. } => "RelayInstead",
+            LocalMsg::Next { .. } => "Next",
+            LocalMsg::Serve { .. } => "Serve",
+            LocalMsg::Return { .. } => "Return",
         }
     }
 }
@@ -155,9 +189,10 @@ pub fn encode(msg: &LocalMsg, out: &mut BytesMut) {
     let start = out.len();
     out.put_u32(0);
     match msg {
-        LocalMsg::Adopt { conn, epoch, backend, pending } => {
+        LocalMsg::Adopt { conn, epoch, backend, idle_ms, pending } => {
             put_ids(out, kind::ADOPT, *conn, *epoch);
             put_addr(out, backend);
+            out.put_u32(*idle_ms);
             put_blob(out, pending);
         }
         LocalMsg::AdoptOk { conn, epoch } => put_ids(out, kind::ADOPT_OK, *conn, *epoch),
@@ -187,6 +222,12 @@ pub fn encode(msg: &LocalMsg, out: &mut BytesMut) {
             put_blob(out, bytes);
         }
         LocalMsg::RelayInstead { conn, request } => put_ids(out, kind::RELAY_INSTEAD, *conn, *request),
+        LocalMsg::Next { conn, request, bytes } => {
+            put_ids(out, kind::NEXT, *conn, *request);
+            put_blob(out, bytes);
+        }
+        LocalMsg::Serve { conn, request } => put_ids(out, kind::SERVE, *conn, *request),
+        LocalMsg::Return { conn, request } => put_ids(out, kind::RETURN, *conn, *request),
     }
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
@@ -218,7 +259,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<(LocalMsg, usize)>> {
     let mut r = Reader::new(body);
     let (k, conn, epoch) = (r.u8()?, r.u64()?, r.u64()?);
     let msg = match k {
-        kind::ADOPT => LocalMsg::Adopt { conn, epoch, backend: r.addr()?, pending: r.blob()? },
+        kind::ADOPT => LocalMsg::Adopt { conn, epoch, backend: r.addr()?, idle_ms: r.u32()?, pending: r.blob()? },
         kind::ADOPT_OK => LocalMsg::AdoptOk { conn, epoch },
         kind::ADOPT_ERR => LocalMsg::AdoptErr { conn, epoch, reason: r.string()? },
         kind::HAND_BACK => LocalMsg::HandBack { conn, epoch, sent: r.u64()?, pending: r.blob()? },
@@ -230,6 +271,9 @@ pub fn parse(buf: &[u8]) -> Result<Option<(LocalMsg, usize)>> {
             LocalMsg::Response { conn, request: epoch, last, keep, bytes: r.blob()? }
         }
         kind::RELAY_INSTEAD => LocalMsg::RelayInstead { conn, request: epoch },
+        kind::NEXT => LocalMsg::Next { conn, request: epoch, bytes: r.blob()? },
+        kind::SERVE => LocalMsg::Serve { conn, request: epoch },
+        kind::RETURN => LocalMsg::Return { conn, request: epoch },
         _ => return Err(Error::Codec("unknown local message kind")),
     };
     if !r.is_empty() {
@@ -268,6 +312,7 @@ mod tests {
                 conn: 7,
                 epoch: 1,
                 backend: "127.0.0.1:9000".parse().unwrap(),
+                idle_ms: 20,
                 pending: b"GET / HTTP/1.1\r\n\r\n".to_vec(),
             },
             LocalMsg::AdoptOk { conn: 7, epoch: 1 },
@@ -280,6 +325,10 @@ mod tests {
             LocalMsg::Response { conn: 7, request: 3, last: true, keep: false, bytes: b"HTTP".to_vec() },
             LocalMsg::Response { conn: 7, request: 3, last: false, keep: true, bytes: vec![] },
             LocalMsg::RelayInstead { conn: 7, request: 3 },
+            LocalMsg::Next { conn: 7, request: 1, bytes: b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n".to_vec() },
+            LocalMsg::Next { conn: 7, request: 2, bytes: vec![] },
+            LocalMsg::Serve { conn: 7, request: 1 },
+            LocalMsg::Return { conn: 7, request: 2 },
         ];
         for m in msgs {
             let mut out = BytesMut::new();
@@ -289,6 +338,52 @@ mod tests {
             }
             assert_eq!(parse(&out).unwrap(), Some((m.clone(), out.len())));
             assert_eq!(m.carries_fd(), matches!(m, LocalMsg::Adopt { .. } | LocalMsg::HandBack { .. }));
+        }
+    }
+
+    #[test]
+    fn keep_serving_byte_literals_and_malformed_frames() {
+        let frame = |m: &LocalMsg| {
+            let mut out = BytesMut::new();
+            encode(m, &mut out);
+            out.to_vec()
+        };
+        assert_eq!(
+            frame(&LocalMsg::Next { conn: 1, request: 2, bytes: b"G".to_vec() }),
+            [&[0, 0, 0, 22, 10][..], &[0, 0, 0, 0, 0, 0, 0, 1], &[0, 0, 0, 0, 0, 0, 0, 2], &[0, 0, 0, 1, b'G']]
+                .concat()
+        );
+        assert_eq!(
+            frame(&LocalMsg::Serve { conn: 1, request: 2 }),
+            [0, 0, 0, 17, 11, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
+        assert_eq!(
+            frame(&LocalMsg::Return { conn: 1, request: 2 }),
+            [0, 0, 0, 17, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
+        let adopt = LocalMsg::Adopt {
+            conn: 1,
+            epoch: 1,
+            backend: "127.0.0.1:1".parse().unwrap(),
+            idle_ms: 0x0102,
+            pending: vec![],
+        };
+        let f = frame(&adopt);
+        // kind, ids, address (family, 4 bytes, port), then idle_ms before the pending bytes.
+        assert_eq!(&f[4 + 1 + 16 + 7..][..4], &[0, 0, 1, 2]);
+        let mut next = frame(&LocalMsg::Next { conn: 1, request: 2, bytes: b"G".to_vec() });
+        next[24] = 2;
+        assert!(parse(&next).is_err(), "blob longer than the frame");
+        let mut serve = frame(&LocalMsg::Serve { conn: 1, request: 2 });
+        serve[3] += 1;
+        serve.push(0);
+        assert!(matches!(parse(&serve), Err(Error::Codec("trailing bytes in a local frame"))));
+        let mut adopt_short = f.clone();
+        adopt_short.truncate(f.len() - 6);
+        adopt_short[3] -= 6;
+        assert!(parse(&adopt_short).is_err(), "an Adopt without idle_ms and pending");
+        for m in [LocalMsg::Next { conn: 1, request: 1, bytes: vec![] }, LocalMsg::Serve { conn: 1, request: 1 }] {
+            assert!(!m.carries_fd());
         }
     }
 

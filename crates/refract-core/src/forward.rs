@@ -187,6 +187,7 @@ async fn exchange_within(
     written += sink.written;
     ctx.metrics.bytes_to_client.inc_by(written);
     let reuse = result.map_err(|err| Failure { err, touched: written > 0 })?;
+    crate::handover::relayed_directly(ctx, req.class, head_bytes, req.body, written);
     if reuse {
         b.checkin(bc);
     }

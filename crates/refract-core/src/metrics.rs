@@ -78,6 +78,7 @@ pub struct Metrics {
     handover: Family<HandoverLabels, Counter>,
     handback: Family<BackendLabel, Counter>,
     handover_kept: Family<BackendLabel, Counter>,
+    handover_forwarded: Family<BackendLabel, Counter>,
     handover_ended: Family<EndLabels, Counter>,
     handover_seconds: Histogram,
     handover_frozen_seconds: Histogram,
@@ -167,6 +168,12 @@ impl Metrics {
             "Further requests an agent was let to serve on a connection it owned (reads for its backend)",
             handover_kept.clone(),
         );
+        let handover_forwarded = Family::<BackendLabel, Counter>::default();
+        reg.register(
+            "handover_forwarded",
+            "Reads forwarded through the agent (hybrid: results not known to be small)",
+            handover_forwarded.clone(),
+        );
         let handover_ended = Family::<EndLabels, Counter>::default();
         reg.register(
             "handover_ended",
@@ -224,6 +231,7 @@ impl Metrics {
             handover,
             handback,
             handover_kept,
+            handover_forwarded,
             handover_ended,
             handover_seconds,
             handover_frozen_seconds,
@@ -305,6 +313,11 @@ impl Metrics {
     /// Counts a further request `backend`'s agent was let to serve on a connection it owned.
     pub fn handover_kept(&self, backend: &str) {
         self.handover_kept.get_or_create(&BackendLabel { backend: backend.into() }).inc();
+    }
+
+    /// Counts a read forwarded through `backend`'s agent (hybrid).
+    pub fn handover_forwarded(&self, backend: &str) {
+        self.handover_forwarded.get_or_create(&BackendLabel { backend: backend.into() }).inc();
     }
 
     /// Counts a handed-over connection that ended without a hand-back (`closed` or `lost`).

@@ -207,6 +207,33 @@ fn hybrid_hands_over_only_large_results() {
 }
 
 #[test]
+fn hybrid_sends_reads_known_to_be_small_straight_to_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (_agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &hybrid_extra(&sock));
+    let forwarded = || metric(d.admin, r#"refract_handover_forwarded_total{backend="b2"}"#);
+    let mut c = Client::connect(d.proc.addr);
+    // A small read: through the agent once (its size is not known yet), then straight to b2.
+    for _ in 0..3 {
+        c.send(get(100, 1).as_bytes());
+        check(&c.read_response(false).unwrap(), 100, 1, None);
+    }
+    assert_eq!(forwarded(), 1, "only the first small read went through the agent");
+    // A large read: through the agent, and handed over, every time.
+    for _ in 0..2 {
+        c.send(get(2 << 20, 2).as_bytes());
+        let r = c.read_response(false).unwrap();
+        assert!(r.header("x-refract-handover").is_some(), "handed over: {}", r.head);
+        check(&r, 2 << 20, 2, r.header("x-refract-handover").as_deref());
+        wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, forwarded() - 1);
+    }
+    assert_eq!(forwarded(), 3);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 2);
+}
+
+#[test]
 fn hybrid_without_its_agent_relays() {
     let dir = tempfile::tempdir().unwrap();
     let (b1, b2) = (blob("b1"), blob("b2"));

@@ -69,6 +69,7 @@ pub(super) async fn forward<L: Link>(
     s.requests += 1;
     let n = s.requests;
     link.forward(s.id, n, threshold, request).await.map_err(|e| Declined::new(Why::AgentLost, e))?;
+    rec.metrics().handover_forwarded(rec.backend());
     relay(rec, conn, link, (s.id, n), true).await
 }
 
@@ -94,7 +95,10 @@ pub(super) async fn relay<L: Link>(
                     return Ok(Step::Relayed(keep));
                 }
             }
-            Ok(Answer::Want { conn: c, request: r }) if (c, r) == id && may_want && !touched => return Ok(Step::Want),
+            Ok(Answer::Want { conn: c, request: r }) if (c, r) == id && may_want && !touched => {
+                rec.wanted();
+                return Ok(Step::Want);
+            }
             Ok(Answer::Response { .. }) => return fail(touched, Why::Protocol, "a response to another request".into()),
             Ok(Answer::Want { .. }) => return fail(touched, Why::Protocol, "unexpected Want".into()),
             Ok(Answer::Other(name)) => return fail(touched, Why::Protocol, format!("unexpected {name}")),

@@ -20,6 +20,7 @@ mod hybrid;
 mod keep;
 mod local;
 mod remote;
+mod sizes;
 mod steer;
 
 use crate::backend::Backend;
@@ -118,6 +119,8 @@ impl std::fmt::Display for Declined {
 pub(crate) struct Rec<'a> {
     pub ctx: &'a Ctx,
     pub b: &'a Arc<Backend>,
+    /// What this read's result turned out to be (hybrid learns from it, `sizes.rs`).
+    pub seen: &'a sizes::Seen,
 }
 
 impl Rec<'_> {
@@ -178,6 +181,21 @@ impl Rec<'_> {
     /// Bytes the dispatcher relayed to the client for the agent (hybrid, small results).
     fn relayed(&self, n: usize) {
         self.metrics().bytes_to_client.inc_by(n as u64);
+        self.seen.relayed.fetch_add(n as u64, Relaxed);
+    }
+
+    /// The agent asked for the connection: the result is large.
+    fn wanted(&self) {
+        self.seen.large.store(true, Relaxed);
+    }
+}
+
+/// A read relayed without the agent (hybrid): remembers its result's size, so that it goes
+/// through the agent again only once its result is large (`sizes.rs`).
+pub(crate) fn relayed_directly(ctx: &Ctx, class: RouteClass, head_bytes: &[u8], body: &ReqBody, bytes: u64) {
+    let hybrid = ctx.cfg.handover.as_ref().is_some_and(|h| h.mode == HandoverMode::Hybrid);
+    if let (true, RouteClass::Read, ReqBody::Buffered(body)) = (hybrid, class, body) {
+        sizes::learn(sizes::key(head_bytes, body), bytes);
     }
 }
 
@@ -233,13 +251,18 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
         return None;
     }
     let ReqBody::Buffered(body) = req.body else { return None };
+    let learned = (cfg.mode == HandoverMode::Hybrid).then(|| sizes::key(req.head_bytes, body));
+    if learned.and_then(sizes::get).is_some_and(|n| n < cfg.threshold) {
+        return None; // small last time: straight to the backend, no hop through the agent
+    }
     let b = ctx.members.pick(req.class, &[])?;
     let agent = cfg.agents.get(&b.name)?;
     let mut request = Vec::with_capacity(req.head_bytes.len() + body.len() + conn.buf.len());
     request.extend_from_slice(req.head_bytes);
     request.extend_from_slice(body);
     let _inflight = b.begin();
-    let rec = Rec { ctx, b: &b };
+    let seen = sizes::Seen::default();
+    let rec = Rec { ctx, b: &b, seen: &seen };
     let result = match (agent, cfg.mode, &cfg.key_file) {
         (AgentAddr::Unix(path), HandoverMode::Always, _) => {
             request.extend_from_slice(&conn.buf);
@@ -259,6 +282,9 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
         // `validate` refuses `IP:port` agents without a key file.
         (AgentAddr::Tcp(_), _, None) => return None,
     };
+    if let Some(key) = learned {
+        seen.learn(key);
+    }
     match result {
         Ok(go_on) => {
             b.record(true);

@@ -68,6 +68,7 @@ impl Ctx {
     /// listener. Returns the admin address.
     async fn start_services(self: &Arc<Self>, sharded: bool) -> std::io::Result<Option<SocketAddr>> {
         tokio::spawn(health::run(self.clone()));
+        crate::handover::prepare(self);
         match self.cfg.postgres.clone() {
             Some(pg) if sharded => crate::pg::start_background(self, &pg),
             Some(pg) => crate::pg::start(self.clone(), pg).await?,

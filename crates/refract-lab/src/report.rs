@@ -231,24 +231,29 @@ fn handover_table(out: &mut String, stats: &std::collections::BTreeMap<String, H
     let _ = writeln!(
         out,
         "### Hand-overs — from the dispatchers' `/metrics` over the whole run\n\n\
-         Hand-over latency is `refract_handover_seconds` (FREEZE → `HandOffOk`: snapshot, \
-         `HandOff`, STEER, the agent's restore), quantiles interpolated inside its ×2 buckets.\n\n\
-         | target | hand-overs | relayed instead | hand-backs | bytes sent directly | latency p50 | p99 | mean |\n\
-         |---|---:|---|---:|---:|---:|---:|---:|"
+         *Hand-over latency* is issue 3's: FREEZE → STEER in the dispatcher \
+         (`refract_handover_frozen_seconds`: snapshot, silent unhash, the map update). *Until \
+         HandOffOk* is the whole move (`refract_handover_seconds`: also `HandOff` to the agent, its \
+         restore and its answer: a round trip between the hosts). Quantiles are interpolated inside \
+         the ×2 buckets.\n\n\
+         | target | hand-overs | relayed instead | hand-backs | bytes sent directly | latency p50 | p99 | until HandOffOk p50 | p99 | mean |\n\
+         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for (target, h) in stats {
         let declined: Vec<String> = h.declined().iter().map(|(r, n)| format!("{n:.0} {r}")).collect();
         let us = |v: Option<f64>| v.map(|x| format_latency_us(x * 1e6)).unwrap_or_else(|| "–".into());
         let _ = writeln!(
             out,
-            "| {target} | {:.0} | {} | {:.0} | {} | {} | {} | {} |",
+            "| {target} | {:.0} | {} | {:.0} | {} | {} | {} | {} | {} | {} |",
             h.handovers(),
             if declined.is_empty() { "0".to_string() } else { declined.join(", ") },
             h.handbacks,
             crate::units::format_bytes(h.bytes_direct),
-            us(h.latency_quantile(0.5)),
-            us(h.latency_quantile(0.99)),
-            us(h.latency_mean())
+            us(h.frozen.quantile(0.5)),
+            us(h.frozen.quantile(0.99)),
+            us(h.latency.quantile(0.5)),
+            us(h.latency.quantile(0.99)),
+            us(h.latency.mean())
         );
     }
     out.push('\n');

@@ -5,7 +5,8 @@
 //! connection. The session keeps its control channel across requests ([`channel`], [`keep`]).
 //!
 //! With `[handover] interface` set, the flow is FROZEN before the snapshot, STEERED to the agent
-//! right after `HandOff`, and released once the socket is back here (HANDOVER.md order). Without
+//! just before `HandOff` leaves (HANDOVER.md: "steer before the target sends"), and released
+//! once the socket is back here. Without
 //! it this is correct only where the agent's socket lives in the same kernel and a guard drops
 //! the client's segments during the two gaps (the tests).
 

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{blob, dispatcher, Client, Proc, Response};
+use common::{blob, check_pipelined_write, direct, dispatcher, metric, wait_metric, writes, Client, Proc, Response};
 use refract_blob::pattern;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -54,37 +54,6 @@ fn relayed_write(c: &mut Client) {
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
 }
 
-/// The value of `series` (name and labels, exactly as rendered) in the dispatcher's /metrics;
-/// 0 when absent.
-fn metric(admin: std::net::SocketAddr, series: &str) -> u64 {
-    let text = String::from_utf8(common::get(admin, "/metrics").body).unwrap();
-    let value = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '));
-    value.map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
-}
-
-/// Waits (bounded) until `series` reaches `want`: the agent's last hand-back may still be on its
-/// way to the dispatcher when the client has read the last response.
-fn wait_metric(admin: std::net::SocketAddr, series: &str, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let got = metric(admin, series);
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{series} is {got}, expected {want}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// What the client received from the agent itself (tagged responses: head and body).
-fn direct(r: &Response) -> u64 {
-    if r.header("x-refract-handover").is_some() {
-        (r.head.len() + r.body.len()) as u64
-    } else {
-        0
-    }
-}
-
 /// `always`, the agent handing back at once when nothing is buffered (`idle_ms = 0`: the
 /// epochs these tests expect do not depend on how fast the client sends its next request).
 fn handover_extra(sock: &Path) -> String {
@@ -94,11 +63,6 @@ fn handover_extra(sock: &Path) -> String {
 fn hybrid_extra(sock: &Path) -> String {
     let agents = format!("agents = {{ b2 = \"unix:{}\" }}", sock.display());
     format!("[handover]\nmode = \"hybrid\"\nthreshold = 1048576\nidle_ms = 0\n{agents}\n")
-}
-
-/// `writes` in a blob server's `/stats`.
-fn writes(b: &Proc) -> u64 {
-    common::stats(b.addr)["writes"].as_u64().unwrap()
 }
 
 /// A large read with a write pipelined behind it: the agent serves the read, asks about the
@@ -112,18 +76,7 @@ fn pipelined_write_goes_to_the_primary(mode: &str) {
         format!("[handover]\nmode = \"{mode}\"\nthreshold = 65536\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display());
     let d = dispatcher(&backends, &extra);
     let mut c = Client::connect(d.proc.addr);
-    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
-    c.send(&[get(1 << 20, 3).as_bytes(), post].concat());
-    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("1"));
-    let w = c.read_response(false).unwrap();
-    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
-    assert_eq!(w.header("x-served-by").as_deref(), Some("b1"), "{}", w.head);
-    assert_eq!((writes(&b1), writes(&b2)), (1, 0), "the write reached the primary only");
-    c.send(get(70_000, 4).as_bytes());
-    let r = c.read_response(false).unwrap();
-    assert_eq!((r.status, r.body.len()), (200, 70_000));
-    assert_eq!(pattern::first_mismatch(&r.body, 0, 4), None);
-    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
+    check_pipelined_write(&mut c, d.admin, &b1, &b2);
 }
 
 #[test]

@@ -9,7 +9,10 @@
 
 mod common;
 
-use common::{blob, config, dispatcher_with, free_port, Client, Dispatcher, Proc, Response};
+use common::{
+    blob, check_pipelined_write, config, direct, dispatcher_with, free_port, metric, wait_metric, writes, Client,
+    Dispatcher, Proc, Response,
+};
 use refract_blob::pattern;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -86,36 +89,6 @@ fn dispatcher(dir: &Path, b1: &Proc, b2: &Proc, control: SocketAddr, mode: &str,
     );
     let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], &extra);
     dispatcher_with(&text, http, admin)
-}
-
-/// The value of `series` (name and labels, exactly as rendered) in the dispatcher's /metrics;
-/// 0 when absent.
-fn metric(admin: SocketAddr, series: &str) -> u64 {
-    let text = String::from_utf8(common::get(admin, "/metrics").body).unwrap();
-    let value = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '));
-    value.map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
-}
-
-/// Waits (bounded) until `series` reaches `want` (the last hand-back may still be on its way).
-fn wait_metric(admin: SocketAddr, series: &str, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = metric(admin, series);
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{series} is {got}, expected {want}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// What the client received straight from the agent (tagged responses: head and body).
-fn direct(r: &Response) -> u64 {
-    if r.header("x-refract-handover").is_some() {
-        (r.head.len() + r.body.len()) as u64
-    } else {
-        0
-    }
 }
 
 /// Established TCP connections to `port` (the dispatcher's control channels to the agent).
@@ -232,11 +205,6 @@ fn hybrid_agent_killed_scenario() {
     check(&c2.read_response(false).unwrap(), 2 << 20, 7, None);
 }
 
-/// `writes` in a blob server's `/stats`.
-fn writes(b: &Proc) -> u64 {
-    common::stats(b.addr)["writes"].as_u64().unwrap()
-}
-
 /// A large read with a write pipelined behind it on one connection: the agent serves the read,
 /// asks about the write (`Next`), is told to hand it back (`Return`), and the dispatcher sends
 /// it to the primary — never to the agent's backend, a replica.
@@ -248,19 +216,7 @@ fn pipelined_write_scenario(mode: &str) {
     let d = dispatcher(dir.path(), &b1, &b2, control, mode, "threshold = 65536\n");
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
-    c.send(&[get(1 << 20, 3).as_bytes(), post].concat());
-    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("1"));
-    let w = c.read_response(false).unwrap();
-    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
-    assert_eq!(w.header("x-served-by").as_deref(), Some("b1"), "{}", w.head);
-    assert_eq!((writes(&b1), writes(&b2)), (1, 0), "the write reached the primary only");
-    // The connection goes on: a read after it is served byte-exact.
-    c.send(get(70_000, 4).as_bytes());
-    let r = c.read_response(false).unwrap();
-    assert_eq!((r.status, r.body.len()), (200, 70_000));
-    assert_eq!(pattern::first_mismatch(&r.body, 0, 4), None);
-    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
+    check_pipelined_write(&mut c, d.admin, &b1, &b2);
     assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
 }
 

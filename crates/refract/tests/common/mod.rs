@@ -263,3 +263,60 @@ pub fn plan_body(plan: &str) -> Vec<u8> {
 }
 
 pub const TABLE_LOAD: &str = r#"{"operators":{"0":{"type":"TableLoad","table":"t","filename":"t.tbl"}}}"#;
+
+/// The value of one series of the dispatcher's `/metrics` (0 when absent).
+pub fn metric(admin: SocketAddr, series: &str) -> u64 {
+    let text = String::from_utf8(get(admin, "/metrics").body).unwrap();
+    let value = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '));
+    value.map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// Waits (at most 10 s) until `series` reaches `want`: an agent's last hand-back may still be
+/// on its way to the dispatcher when the client has read the last response.
+pub fn wait_metric(admin: SocketAddr, series: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = metric(admin, series);
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series} is {got}, expected {want}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the client received straight from an agent (tagged responses: head and body).
+pub fn direct(r: &Response) -> u64 {
+    if r.header("x-refract-handover").is_some() {
+        (r.head.len() + r.body.len()) as u64
+    } else {
+        0
+    }
+}
+
+/// `writes` in a blob server's `/stats`.
+pub fn writes(b: &Proc) -> u64 {
+    stats(b.addr)["writes"].as_u64().unwrap()
+}
+
+/// A 1 MiB read with a write pipelined behind it, on a dispatcher whose agent fronts b2 (the
+/// replica): the read is handed over, the write is sent back to the dispatcher and lands on
+/// the primary b1 only; the connection goes on (a 70 000-byte read, byte-exact); the agent kept
+/// nothing.
+pub fn check_pipelined_write(c: &mut Client, admin: SocketAddr, b1: &Proc, b2: &Proc) {
+    let get = |n: u64, seed: u64| format!("GET /blob?bytes={n}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n");
+    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
+    c.send(&[get(1 << 20, 3).as_bytes(), post].concat());
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.body.len(), r.header("x-refract-handover").as_deref()), (200, 1 << 20, Some("1")));
+    assert_eq!(refract_blob::pattern::first_mismatch(&r.body, 0, 3), None);
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+    assert_eq!(w.header("x-served-by").as_deref(), Some("b1"), "{}", w.head);
+    assert_eq!((writes(b1), writes(b2)), (1, 0), "the write reached the primary only");
+    c.send(get(70_000, 4).as_bytes());
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 70_000));
+    assert_eq!(refract_blob::pattern::first_mismatch(&r.body, 0, 4), None);
+    assert_eq!(metric(admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
+}

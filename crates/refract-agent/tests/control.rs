@@ -1,13 +1,18 @@
 //! The control listener on loopback: authentication, heartbeats, answers; the example config.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddrV4;
 use std::path::Path;
 use std::time::Duration;
 
+mod common;
+
+use common::hand_off;
 use refract_agent::{serve, AgentConfig, NOT_YET};
-use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
-use refract_handover::{Error, FlowKey, RepairWindow, SockOpts, TcpOptions, TcpState};
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg};
+use refract_handover::Error;
+
+/// What the dispatcher had read from the client when it handed the connection off.
+const PENDING: &[u8] = b"GET /blob?bytes=1 HTTP/1.1\r\n\r\n";
 
 const KEY: &str = "agent test key, sixteen+ bytes";
 
@@ -30,30 +35,6 @@ async fn dispatcher(addr: std::net::SocketAddr) -> ControlChannel {
     ControlChannel::connect(addr, &ControlKey::try_new(KEY).unwrap(), opts()).await.unwrap()
 }
 
-fn hand_off(conn: u64, epoch: u64) -> Msg {
-    let client: SocketAddrV4 = "198.18.2.1:40000".parse().unwrap();
-    let vip: SocketAddrV4 = "198.18.2.100:8080".parse().unwrap();
-    let tcp_state = TcpState {
-        local: vip.into(),
-        peer: client.into(),
-        options: TcpOptions::from_bits(7),
-        snd_wscale: 7,
-        rcv_wscale: 7,
-        mss_clamp: 1460,
-        mss: 1448,
-        timestamp: 1,
-        window: RepairWindow::default(),
-        recv_seq: 1,
-        send_seq: 1,
-        recv_queue: b"GET /blob?bytes=1 HTTP/1.1\r\n\r\n".to_vec(),
-        send_queue: Vec::new(),
-        unsent: 0,
-        sockopts: SockOpts::default(),
-    };
-    let flow = FlowKey::new(client, vip);
-    Msg::HandOff(Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: vec![], app_state: vec![], sent: 0 }))
-}
-
 #[tokio::test]
 async fn an_authenticated_dispatcher_is_answered_and_kept_alive() {
     let addr = agent().await;
@@ -61,12 +42,12 @@ async fn an_authenticated_dispatcher_is_answered_and_kept_alive() {
     // Idle for four times the dead bound: the agent's heartbeats keep arriving.
     let idle = tokio::time::timeout(Duration::from_millis(1200), d.recv()).await;
     assert!(idle.is_err(), "{idle:?}");
-    d.send(&hand_off(1, 1)).await.unwrap();
+    d.send(&hand_off(1, 1, PENDING)).await.unwrap();
     let want = Msg::HandOffErr { conn: 1, epoch: 1, reason: NOT_YET.into() };
     assert_eq!(d.recv().await.unwrap(), want);
     // A duplicate (stale epoch) is ignored; the next transfer is answered.
-    d.send(&hand_off(1, 1)).await.unwrap();
-    d.send(&hand_off(1, 3)).await.unwrap();
+    d.send(&hand_off(1, 1, PENDING)).await.unwrap();
+    d.send(&hand_off(1, 3, PENDING)).await.unwrap();
     assert!(matches!(d.recv().await.unwrap(), Msg::HandOffErr { conn: 1, epoch: 3, .. }));
 }
 

@@ -4,13 +4,14 @@
 //! `HandOff` refused, heartbeats while the backend is slow.
 #![allow(clippy::unwrap_used)]
 
-use std::net::{SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
+mod common;
+
+use common::hand_off;
 use refract_agent::{serve_with, LocalOptions};
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
-use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
-use refract_handover::{FlowKey, RepairWindow, SockOpts, TcpOptions, TcpState};
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg};
 use tokio::net::TcpListener;
 
 const KEY: &str = "agent test key, sixteen+ bytes";
@@ -102,7 +103,7 @@ async fn a_stale_hand_off_after_asking_is_refused() {
     let mut d = setup(0).await;
     d.send(&forward(1, 1 << 20, 5, 65536)).await.unwrap();
     assert_eq!(d.recv().await.unwrap(), Msg::WantConnection { conn: CONN, request: 1 });
-    d.send(&hand_off(0)).await.unwrap(); // epoch 0: never newer than the current one
+    d.send(&hand_off(CONN, 0, b"")).await.unwrap(); // epoch 0: never newer than the current one
     match d.recv().await.unwrap() {
         Msg::HandOffErr { conn: CONN, epoch: 0, reason } => assert!(reason.contains("stale"), "{reason}"),
         other => panic!("expected HandOffErr, got {other:?}"),
@@ -125,29 +126,4 @@ async fn a_forwarded_request_that_does_not_parse_ends_the_channel() {
     let bad = Msg::Forward { conn: CONN, request: 1, threshold: 1, bytes: b"\x00\x01 not http".to_vec() };
     d.send(&bad).await.unwrap();
     assert!(d.recv().await.is_err(), "the dispatcher relays the request itself");
-}
-
-fn hand_off(epoch: u64) -> Msg {
-    let client: SocketAddrV4 = "198.18.2.1:40000".parse().unwrap();
-    let vip: SocketAddrV4 = "198.18.2.100:8080".parse().unwrap();
-    let tcp_state = TcpState {
-        local: SocketAddr::V4(vip),
-        peer: SocketAddr::V4(client),
-        options: TcpOptions::from_bits(7),
-        snd_wscale: 7,
-        rcv_wscale: 7,
-        mss_clamp: 1460,
-        mss: 1448,
-        timestamp: 1,
-        window: RepairWindow::default(),
-        recv_seq: 1,
-        send_seq: 1,
-        recv_queue: Vec::new(),
-        send_queue: Vec::new(),
-        unsent: 0,
-        sockopts: SockOpts::default(),
-    };
-    let flow = FlowKey::new(client, vip);
-    let t = Transfer { conn: CONN, flow, epoch, tcp_state, pending_bytes: vec![], app_state: vec![], sent: 0 };
-    Msg::HandOff(Box::new(t))
 }

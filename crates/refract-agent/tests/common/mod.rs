@@ -1,0 +1,34 @@
+//! Fixtures shared by the agent's tests.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::SocketAddrV4;
+
+use refract_handover::control::{Msg, Transfer};
+use refract_handover::{FlowKey, RepairWindow, SockOpts, TcpOptions, TcpState};
+
+/// A `HandOff` of connection `conn` at `epoch` for the flow 198.18.2.1:40000 → VIP
+/// 198.18.2.100:8080, with `recv_queue` as the bytes the dispatcher read but did not consume.
+/// Its state is made up: restoring it fails (no such socket), which is what these tests need.
+pub fn hand_off(conn: u64, epoch: u64, recv_queue: &[u8]) -> Msg {
+    let client: SocketAddrV4 = "198.18.2.1:40000".parse().unwrap();
+    let vip: SocketAddrV4 = "198.18.2.100:8080".parse().unwrap();
+    let tcp_state = TcpState {
+        local: vip.into(),
+        peer: client.into(),
+        options: TcpOptions::from_bits(7),
+        snd_wscale: 7,
+        rcv_wscale: 7,
+        mss_clamp: 1460,
+        mss: 1448,
+        timestamp: 1,
+        window: RepairWindow::default(),
+        recv_seq: 1,
+        send_seq: 1,
+        recv_queue: recv_queue.to_vec(),
+        send_queue: Vec::new(),
+        unsent: 0,
+        sockopts: SockOpts::default(),
+    };
+    let flow = FlowKey::new(client, vip);
+    Msg::HandOff(Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: vec![], app_state: vec![], sent: 0 }))
+}

@@ -23,7 +23,10 @@ use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 
 /// Bound on the client acknowledging everything sent before a hand-off (else relay).
-const QUIESCE: Duration = Duration::from_millis(50);
+/// Linux clients may delay an ACK up to 200 ms (40 ms at least): a shorter bound declined
+/// hand-overs behind a small relayed response whenever that client delayed its ACK and the
+/// machine was busy.
+const QUIESCE: Duration = Duration::from_millis(200);
 /// Bound on reaching and authenticating the agent (a dead agent host costs the request this
 /// much before it is relayed).
 const HANDSHAKE: Duration = Duration::from_millis(500);

@@ -198,25 +198,44 @@ pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
 }
 
 /// Balanced accept: each shard's inbox of accepted connections, and its open client
-/// connections.
+/// connections (HTTP and PostgreSQL alike).
 struct Spread {
-    inboxes: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    inboxes: Vec<mpsc::UnboundedSender<Placed>>,
     load: Vec<AtomicUsize>,
+}
+
+/// A client connection accepted on shard 0 for some shard to serve.
+enum Placed {
+    Http(std::net::TcpStream),
+    Pg(std::net::TcpStream, SocketAddr),
 }
 
 /// One shard's part in balanced accept.
 struct Feed {
     spread: Arc<Spread>,
-    inbox: Option<mpsc::UnboundedReceiver<std::net::TcpStream>>,
+    inbox: Option<mpsc::UnboundedReceiver<Placed>>,
 }
 
 impl Spread {
-    /// Hands an accepted connection to the shard with the fewest open client connections.
+    /// Hands an accepted HTTP connection to the shard with the fewest open client connections.
     fn place(&self, stream: TcpStream) {
-        let Ok(std) = stream.into_std() else { return };
+        if let Ok(std) = stream.into_std() {
+            self.send(Placed::Http(std));
+        }
+    }
+
+    /// Hands an accepted PostgreSQL connection to the shard with the fewest open client
+    /// connections.
+    fn place_pg(&self, stream: TcpStream, peer: SocketAddr) {
+        if let Ok(std) = stream.into_std() {
+            self.send(Placed::Pg(std, peer));
+        }
+    }
+
+    fn send(&self, placed: Placed) {
         let j = least_loaded(&self.load);
         self.load[j].fetch_add(1, Ordering::Relaxed);
-        if self.inboxes[j].send(std).is_err() {
+        if self.inboxes[j].send(placed).is_err() {
             self.load[j].fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -237,17 +256,29 @@ async fn serve_inbox(ctx: Arc<Ctx>, i: usize, feed: Feed, listener: Option<TcpLi
         tokio::spawn(async move { accept_each(&ctx, listener, |stream| spread.place(stream)).await });
     }
     loop {
-        let std = tokio::select! {
+        let placed = tokio::select! {
             s = inbox.recv() => match s { Some(s) => s, None => return },
             _ = ctx.stop.cancelled() => return,
+        };
+        let (std, pg_peer) = match placed {
+            Placed::Http(std) => (std, None),
+            Placed::Pg(std, peer) => (std, Some(peer)),
         };
         match TcpStream::from_std(std) {
             Ok(stream) => {
                 let (ctx, spread) = (ctx.clone(), spread.clone());
-                sessions.spawn(async move {
-                    session::run(ctx, stream).await;
-                    spread.load[i].fetch_sub(1, Ordering::Relaxed);
-                });
+                match (pg_peer, ctx.cfg.postgres.clone()) {
+                    // PostgreSQL sessions are not drained (as with reuseport accept): an idle
+                    // client may stay connected for hours.
+                    (Some(peer), Some(pg)) => drop(tokio::spawn(async move {
+                        crate::pg::run_session(&ctx, &pg, stream, peer).await;
+                        spread.load[i].fetch_sub(1, Ordering::Relaxed);
+                    })),
+                    _ => drop(sessions.spawn(async move {
+                        session::run(ctx, stream).await;
+                        spread.load[i].fetch_sub(1, Ordering::Relaxed);
+                    })),
+                }
             }
             Err(e) => {
                 spread.load[i].fetch_sub(1, Ordering::Relaxed);
@@ -277,7 +308,15 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
                 ctx.start_services(true).await?;
             }
             if let Some(pg) = &ctx.cfg.postgres {
-                crate::pg::serve(&ctx, pg, reuseport_listener(pg.listen)?)?;
+                match &feed {
+                    None => crate::pg::serve(&ctx, pg, reuseport_listener(pg.listen)?)?,
+                    Some(f) if i == 0 => {
+                        let spread = f.spread.clone();
+                        let listener = TcpListener::bind(pg.listen).await?;
+                        crate::pg::accept_placing(&ctx, pg, listener, move |s, peer| spread.place_pg(s, peer))?;
+                    }
+                    Some(_) => {}
+                }
             }
             Ok::<_, std::io::Error>(listener)
         };

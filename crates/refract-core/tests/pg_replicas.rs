@@ -122,3 +122,32 @@ fn a_write_is_read_from_the_replica_once_it_caught_up() {
     let a = c.query("SELECT count(*), pg_is_in_recovery() FROM t_ryw_fast");
     assert_eq!((a.value(), a.rows[0][1].as_deref()), ("6", Some("t")), "{a:?}");
 }
+
+#[test]
+fn balanced_accept_spreads_postgres_clients_evenly_over_the_loops() {
+    let f = Fixture::start_with("accept = \"balanced\"", "");
+    let mut clients: Vec<Client> = (0..6).map(|_| Client::connect(f.addr(), USER, PASSWORD).unwrap()).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(c.query(&format!("SELECT {i}")).value(), i.to_string());
+    }
+    let view = f.admin_json("/pg/clients");
+    let shards: Vec<u64> = view.as_array().unwrap().iter().map(|c| c["shard"].as_u64().unwrap()).collect();
+    assert_eq!(shards.len(), 6, "{view}");
+    let on_first = shards.iter().filter(|&&s| s == 0).count();
+    assert_eq!(on_first, 3, "six clients split 3/3 over the two loops: {view}");
+    drop(clients.pop());
+    drop(clients.pop());
+    // A loop's count drops when its client leaves, so the next one goes where there is room.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.admin_json("/pg/clients").as_array().unwrap().len() != 4 {
+        assert!(Instant::now() < deadline, "the two closed clients never left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut late: Vec<Client> = (0..2).map(|_| Client::connect(f.addr(), USER, PASSWORD).unwrap()).collect();
+    for c in &mut late {
+        assert_eq!(c.query("SELECT 1").value(), "1");
+    }
+    let view = f.admin_json("/pg/clients");
+    let on_first = view.as_array().unwrap().iter().filter(|c| c["shard"] == 0).count();
+    assert_eq!(on_first, 3, "still 3/3 after two left and two came: {view}");
+}

@@ -61,6 +61,8 @@ pub struct ClientInfo {
     pub pool_mode: PoolMode,
     /// Whether it connected over TLS.
     pub tls: bool,
+    /// The event loop serving it (`crate::shard::current()` at login).
+    pub shard: usize,
     state: AtomicU8,
     /// Index + 1 in `Servers::list` of the server connection it holds; 0 = none.
     bound: AtomicUsize,
@@ -83,6 +85,7 @@ impl ClientInfo {
             remote,
             pool_mode,
             tls,
+            shard: crate::shard::current(),
             state: AtomicU8::new(ClientState::Idle as u8),
             bound: AtomicUsize::new(0),
         }

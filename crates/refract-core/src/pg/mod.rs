@@ -101,16 +101,46 @@ pub(crate) fn start_background(ctx: &Ctx, cfg: &PgConfig) {
 }
 
 /// Serves the clients that `listener` accepts on the current runtime. With the per-core
-/// runtime every shard calls this with its own `SO_REUSEPORT` listener on the same address,
-/// so sessions spread over the cores and each keeps its server connections on its own loop.
+/// runtime and `accept = "reuseport"` every shard calls this with its own `SO_REUSEPORT`
+/// listener on the same address, so sessions spread over the cores and each keeps its server
+/// connections on its own loop.
 pub(crate) fn serve(ctx: &Ctx, cfg: &PgConfig, listener: TcpListener) -> std::io::Result<()> {
     let shared = shared(ctx, cfg);
     tracing::info!(addr = %listener.local_addr()?, shard = crate::shard::current(), "postgres listening");
-    tokio::spawn(accept_loop(shared, listener));
+    tokio::spawn(async move {
+        let spawn = shared.clone();
+        accept_each(&shared, listener, |stream, peer| {
+            tokio::spawn(session::run(spawn.clone(), stream, peer));
+        })
+        .await
+    });
     Ok(())
 }
 
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+/// Accepts PostgreSQL clients on `listener` and hands each (with `TCP_NODELAY`) to `place`
+/// (with `accept = "balanced"`: to the event loop with the fewest open client connections).
+pub(crate) fn accept_placing(
+    ctx: &Ctx,
+    cfg: &PgConfig,
+    listener: TcpListener,
+    place: impl FnMut(tokio::net::TcpStream, std::net::SocketAddr) + Send + 'static,
+) -> std::io::Result<()> {
+    let shared = shared(ctx, cfg);
+    tracing::info!(addr = %listener.local_addr()?, "postgres listening (balanced accept)");
+    tokio::spawn(async move { accept_each(&shared, listener, place).await });
+    Ok(())
+}
+
+/// Serves one PostgreSQL client connection accepted elsewhere, on the current runtime.
+pub(crate) async fn run_session(ctx: &Ctx, cfg: &PgConfig, stream: tokio::net::TcpStream, peer: std::net::SocketAddr) {
+    session::run(shared(ctx, cfg), stream, peer).await;
+}
+
+async fn accept_each(
+    shared: &Shared,
+    listener: TcpListener,
+    mut place: impl FnMut(tokio::net::TcpStream, std::net::SocketAddr),
+) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -120,7 +150,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 shared.metrics.connections.inc();
-                tokio::spawn(session::run(shared.clone(), stream, peer));
+                place(stream, peer);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "postgres accept failed");

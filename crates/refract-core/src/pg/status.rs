@@ -54,6 +54,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
                 "state": c.state().as_str(),
                 "server": bound,
                 "tls": c.tls,
+                "shard": c.shard,
             })
         })
         .collect();

@@ -61,6 +61,12 @@ fn free_port() -> u16 {
 impl Fixture {
     /// Starts a cluster and refract with `extra` lines in `[postgres]`.
     pub fn start(extra: &str) -> Fixture {
+        Fixture::start_with("", extra)
+    }
+
+    /// Starts a cluster and refract with `listen` lines in `[listen]` and `extra` lines in
+    /// `[postgres]`.
+    pub fn start_with(listen: &str, extra: &str) -> Fixture {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
         let (port, admin) = (free_port(), free_port());
         // `extra` may set its own health interval.
@@ -70,6 +76,7 @@ impl Fixture {
 [listen]
 http = "127.0.0.1:0"
 admin = "127.0.0.1:{admin}"
+{listen}
 
 [postgres]
 listen = "127.0.0.1:{port}"

@@ -7,6 +7,7 @@
 //! next request as it acknowledges the end of a response would otherwise meet a flow being
 //! moved (tombstoned here, not yet restored there) and wait for its retransmission (~200 ms).
 
+use crate::pipe::Pipe;
 use bytes::{Buf, BytesMut};
 use refract_http::{BodyKind, ChunkedDecoder, RequestHead, ResponseHead};
 use std::convert::Infallible;
@@ -19,6 +20,9 @@ use tokio::net::TcpStream;
 const MAX_HEAD: usize = 64 * 1024;
 /// How much one backend read may take.
 const READ_CHUNK: usize = 64 * 1024;
+/// Bodies of known length with at least this much left after what the head's reads brought
+/// are spliced (zero-copy, `pipe.rs`); shorter ones are copied (a pipe costs system calls).
+const SPLICE_MIN: u64 = READ_CHUNK as u64;
 /// Most bytes of the client's next request the agent buffers while it waits for it: a larger
 /// one goes back to the dispatcher (which streams bodies) unasked.
 const MAX_PENDING: usize = 1 << 20;
@@ -74,6 +78,9 @@ pub struct Adopted<'a> {
     pub epoch: u64,
     /// Bytes written to the client so far (reported to the dispatcher with the hand-back).
     pub sent: u64,
+    /// The pipe bodies are spliced through (made at the first, kept for the next); `None`
+    /// before that or when none could be made.
+    pub pipe: Option<Pipe>,
 }
 
 /// The length of the whole request at the start of `buf` (head and body), if it is all there.
@@ -209,15 +216,36 @@ impl Adopted<'_> {
         Served::Boundary(self.pending.to_vec())
     }
 
-    /// Writes a response whose head was read (tagged) and streams the rest of its body.
+    /// Writes a response whose head was read (tagged) and streams the rest of its body:
+    /// spliced when its length is known and large, else copied.
     async fn finish(&mut self, mut h: Held) -> std::io::Result<()> {
         self.write(&h.buf[..h.head_at]).await?;
         self.write(&tag(&h.buf[h.head_at..h.head_at + h.head.len], self.epoch)).await?;
         h.buf.advance(h.head_at + h.head.len);
-        let mut body = BodyReader::new(h.head.body);
+        let mut kind = h.head.body;
+        if let BodyKind::Length(n) = kind {
+            // What the head's reads brought of the body goes first, from user space.
+            let here = h.buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+            self.write(&h.buf.split_to(here)).await?;
+            kind = BodyKind::Length(n - here as u64);
+            if n - here as u64 >= SPLICE_MIN {
+                if let Some(pipe) = self.pipe.take().or_else(Pipe::open) {
+                    return self.splice(pipe, n - here as u64).await;
+                }
+            }
+        }
+        let mut body = BodyReader::new(kind);
         while let Some(piece) = body.next(self.backend, &mut h.buf, self.timeout).await? {
             self.write(&piece).await?;
         }
+        Ok(())
+    }
+
+    /// Splices the `len` bytes left of a body through `pipe`, kept for the next body unless
+    /// this one failed (it may hold bytes of it).
+    async fn splice(&mut self, mut pipe: Pipe, len: u64) -> std::io::Result<()> {
+        pipe.stream(self.backend, self.client, len, self.timeout, &mut self.sent).await?;
+        self.pipe = Some(pipe);
         Ok(())
     }
 
@@ -320,15 +348,19 @@ impl BodyReader {
     }
 }
 
-fn eof() -> std::io::Error {
+pub(crate) fn eof() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "backend closed before the response was complete")
+}
+
+pub(crate) fn timed_out() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, "backend response timed out")
 }
 
 async fn read_more(s: &mut TcpStream, buf: &mut BytesMut, timeout: Duration) -> std::io::Result<usize> {
     buf.reserve(READ_CHUNK);
     match tokio::time::timeout(timeout, s.read_buf(buf)).await {
         Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "backend response timed out")),
+        Err(_) => Err(timed_out()),
     }
 }
 

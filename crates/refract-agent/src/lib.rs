@@ -18,6 +18,7 @@
 //! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back).
 //! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
 //! - `exchange.rs`: serving adopted requests from the backend straight to the client.
+//! - `pipe.rs`: splicing large bodies backend → pipe → client (zero-copy).
 //! - `hybrid.rs`: forwarded requests (same host and across hosts); a large result asks for the
 //!   client's connection.
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry.
@@ -28,6 +29,7 @@ mod error;
 mod exchange;
 mod hybrid;
 mod local;
+mod pipe;
 mod remote;
 mod server;
 

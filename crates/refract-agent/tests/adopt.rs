@@ -209,6 +209,120 @@ async fn connection_close_ends_with_closed() {
     assert!(matches!(link.recv().await.unwrap().0, LocalMsg::Closed { conn: 2, epoch: 1, .. }));
 }
 
+/// Reads `n` bytes (or what comes before the end, if sooner); `None` after a timeout.
+async fn read_upto(s: &mut TcpStream, n: usize, wait: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::with_capacity(n);
+    let mut chunk = vec![0u8; 1 << 16];
+    while got.len() < n {
+        match tokio::time::timeout(wait, s.read(&mut chunk)).await.ok()?.unwrap() {
+            0 => break,
+            k => got.extend_from_slice(&chunk[..k]),
+        }
+    }
+    Some(got)
+}
+
+#[tokio::test]
+async fn large_bodies_are_spliced_byte_exact_and_counted() {
+    // 8 MiB and 5 MiB go through the pipe (larger than it: many fills), reused for the second;
+    // 1000 bytes are copied. What the agent reports sent is exactly what the client got.
+    let backend = blob().await;
+    let path = agent(backend, "splice").await;
+    let (mut client, server) = client_pair().await;
+    let mut link = LocalLink::connect(&path).await.unwrap();
+    let sizes = [(8u64 << 20, 11u64), (5 << 20, 12), (1000, 13)];
+    let reqs: Vec<String> = sizes.iter().map(|&(n, seed)| get(n, seed)).collect();
+    let adopt = LocalMsg::Adopt { conn: 6, epoch: 1, backend, idle_ms: 0, pending: reqs.concat().into_bytes() };
+    link.send(&adopt, Some(server.as_fd())).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 6, epoch: 1 });
+    let (mut buf, mut got) = (Vec::new(), 0u64);
+    for (i, &(n, seed)) in sizes.iter().enumerate() {
+        if i > 0 {
+            let (next, _) = link.recv().await.unwrap();
+            let want = LocalMsg::Next { conn: 6, request: i as u64, bytes: reqs[i].clone().into_bytes() };
+            assert_eq!(next, want);
+            link.send(&LocalMsg::Serve { conn: 6, request: i as u64 }, None).await.unwrap();
+        }
+        let (head, body) = response(&mut client, &mut buf).await;
+        assert!(head.contains("x-refract-handover: 1"), "{head}");
+        assert_eq!(body.len() as u64, n);
+        assert_eq!(pattern::first_mismatch(&body, 0, seed), None, "response {i}");
+        got += (head.len() + body.len()) as u64;
+    }
+    assert!(buf.is_empty(), "nothing after the last response: {} bytes", buf.len());
+    let (back, _fd) = link.recv().await.unwrap();
+    let LocalMsg::HandBack { conn: 6, epoch: 2, sent, .. } = back else { panic!("{back:?}") };
+    assert_eq!(sent, got, "sent counts every byte the client got, spliced or copied");
+}
+
+/// A backend that answers its first request with a head announcing 8 MiB, `part` bytes of the
+/// blob (seed 0), then closes (`close`) or stalls.
+async fn short_backend(part: usize, close: bool) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut req = Vec::new();
+        while !req.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.unwrap();
+            req.push(b[0]);
+        }
+        s.write_all(format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", 8u64 << 20).as_bytes()).await.unwrap();
+        let body: Vec<u8> = (0..part as u64).map(|i| pattern::byte_at(i, 0)).collect();
+        s.write_all(&body).await.unwrap();
+        if !close {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+    });
+    addr
+}
+
+/// Adopts a client for one request to `backend` (agent timeout `timeout`); returns what the
+/// client got before the agent gave up, and the agent's `Closed`.
+async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8>, LocalMsg) {
+    let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path).unwrap();
+    tokio::spawn(serve_local(l, LocalOptions { backend, backend_timeout: timeout, guard: None }));
+    let (mut client, server) = client_pair().await;
+    let mut link = LocalLink::connect(&path).await.unwrap();
+    let adopt = LocalMsg::Adopt { conn: 7, epoch: 1, backend, idle_ms: 0, pending: get(8 << 20, 0).into_bytes() };
+    link.send(&adopt, Some(server.as_fd())).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 7, epoch: 1 });
+    let reader = tokio::spawn(async move { read_upto(&mut client, 9 << 20, Duration::from_secs(5)).await });
+    let (closed, fd) = link.recv().await.unwrap();
+    assert!(fd.is_none());
+    // The dispatcher closes its copy on `Closed`; the agent closed its own: the client sees
+    // the end of the connection, short of the announced length.
+    drop(server);
+    let got = reader.await.unwrap().expect("the connection ends");
+    (got, closed)
+}
+
+#[tokio::test]
+async fn a_backend_closing_mid_body_ends_the_connection() {
+    let part = 3 << 20;
+    let (got, closed) = cut_short(short_backend(part, true).await, "short", Duration::from_secs(5)).await;
+    let LocalMsg::Closed { conn: 7, epoch: 1, sent, reason } = closed else { panic!("{closed:?}") };
+    assert!(reason.contains("cut short"), "{reason}");
+    assert_eq!(sent, got.len() as u64);
+    let head = refract_http::ResponseHead::parse(&got, 1 << 16, false).unwrap().unwrap();
+    assert_eq!(got.len() - head.len, part, "every byte the backend sent, and no more");
+    assert_eq!(pattern::first_mismatch(&got[head.len..], 0, 0), None);
+}
+
+#[tokio::test]
+async fn a_backend_stalling_mid_body_times_out() {
+    let part = 1 << 20;
+    let (got, closed) = cut_short(short_backend(part, false).await, "stall", Duration::from_millis(300)).await;
+    let LocalMsg::Closed { sent, reason, .. } = closed else { panic!("{closed:?}") };
+    assert!(reason.contains("timed out"), "{reason}");
+    assert_eq!(sent, got.len() as u64);
+    let head = refract_http::ResponseHead::parse(&got, 1 << 16, false).unwrap().unwrap();
+    assert_eq!(got.len() - head.len, part);
+}
+
 #[test]
 fn the_same_host_example_parses() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agent-local.toml");

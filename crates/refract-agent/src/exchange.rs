@@ -123,6 +123,20 @@ enum Incoming {
     Gone(String),
 }
 
+impl<'a> Adopted<'a> {
+    /// A connection just adopted: nothing sent yet, no pipe yet.
+    pub fn new(
+        client: &'a mut TcpStream,
+        backend: &'a mut TcpStream,
+        pending: BytesMut,
+        timeout: Duration,
+        idle: Duration,
+        epoch: u64,
+    ) -> Self {
+        Adopted { client, backend, pending, timeout, idle, epoch, sent: 0, pipe: None }
+    }
+}
+
 impl Adopted<'_> {
     /// Finishes the held response (if any) or serves the first whole request buffered (the one
     /// the connection was handed over for); then, for each further request the client sends

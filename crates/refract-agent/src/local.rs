@@ -108,16 +108,7 @@ pub(crate) async fn adopt(
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
     let idle = Duration::from_millis(offer.idle_ms.into());
-    let adopted = Adopted {
-        client: &mut client,
-        backend,
-        pending,
-        timeout: opts.backend_timeout,
-        idle,
-        epoch,
-        sent: 0,
-        pipe: None,
-    };
+    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch);
     let served = adopted.run(held, &mut AskLink { link: &mut *link, conn }).await?;
     match served {
         (Served::Boundary(pending), sent) => {

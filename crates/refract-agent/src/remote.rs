@@ -54,16 +54,7 @@ pub(crate) async fn adopt(
     };
     let pending = BytesMut::from(&t.pending_bytes[..]);
     let idle = Duration::from_millis(app.idle_ms.into());
-    let adopted = Adopted {
-        client: &mut client,
-        backend,
-        pending,
-        timeout: opts.backend_timeout,
-        idle,
-        epoch,
-        sent: 0,
-        pipe: None,
-    };
+    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch);
     // Heartbeats go on while serving and waiting (`AskChannel::beat`): the dispatcher waits for
     // the hand-back with a dead bound.
     let (served, sent) = adopted.run(held, &mut AskChannel { ch: &mut *ch, conn }).await?;

@@ -126,28 +126,35 @@ impl Dispatcher {
 
 async fn accept_loop(ctx: Arc<Ctx>, listener: TcpListener, sessions: TaskTracker) {
     let serve = ctx.clone();
-    accept_each(&ctx, listener, |stream| {
+    accept_each(&ctx.stop, &ctx.metrics, "http", listener, |stream, _| {
         sessions.spawn(session::run(serve.clone(), stream));
     })
     .await;
 }
 
-/// Accepts client connections until `stop`, handing each (with `TCP_NODELAY`) to `place`.
-async fn accept_each(ctx: &Ctx, listener: TcpListener, mut place: impl FnMut(TcpStream)) {
+/// Accepts client connections (HTTP or PostgreSQL, `what`) until `stop`, counting each and
+/// handing it (with `TCP_NODELAY`) and its peer address to `place`.
+pub(crate) async fn accept_each(
+    stop: &CancellationToken,
+    metrics: &Metrics,
+    what: &'static str,
+    listener: TcpListener,
+    mut place: impl FnMut(TcpStream, SocketAddr),
+) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = ctx.stop.cancelled() => return,
+            _ = stop.cancelled() => return,
         };
         match accepted {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                ctx.metrics.connections.inc();
-                place(stream);
+                metrics.connections.inc();
+                place(stream, peer);
             }
             Err(e) => {
                 // Out of descriptors or similar: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
+                tracing::warn!(error = %e, listener = what, "accept failed");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -253,7 +260,9 @@ async fn serve_inbox(ctx: Arc<Ctx>, i: usize, feed: Feed, listener: Option<TcpLi
     let Some(mut inbox) = inbox else { return };
     if let Some(listener) = listener {
         let (ctx, spread) = (ctx.clone(), spread.clone());
-        tokio::spawn(async move { accept_each(&ctx, listener, |stream| spread.place(stream)).await });
+        tokio::spawn(async move {
+            accept_each(&ctx.stop, &ctx.metrics, "http", listener, |stream, _| spread.place(stream)).await
+        });
     }
     loop {
         let placed = tokio::select! {

@@ -106,15 +106,9 @@ pub(crate) fn start_background(ctx: &Ctx, cfg: &PgConfig) {
 /// connections on its own loop.
 pub(crate) fn serve(ctx: &Ctx, cfg: &PgConfig, listener: TcpListener) -> std::io::Result<()> {
     let shared = shared(ctx, cfg);
-    tracing::info!(addr = %listener.local_addr()?, shard = crate::shard::current(), "postgres listening");
-    tokio::spawn(async move {
-        let spawn = shared.clone();
-        accept_each(&shared, listener, |stream, peer| {
-            tokio::spawn(session::run(spawn.clone(), stream, peer));
-        })
-        .await
-    });
-    Ok(())
+    accept_placing(ctx, cfg, listener, move |stream, peer| {
+        tokio::spawn(session::run(shared.clone(), stream, peer));
+    })
 }
 
 /// Accepts PostgreSQL clients on `listener` and hands each (with `TCP_NODELAY`) to `place`
@@ -126,36 +120,14 @@ pub(crate) fn accept_placing(
     place: impl FnMut(tokio::net::TcpStream, std::net::SocketAddr) + Send + 'static,
 ) -> std::io::Result<()> {
     let shared = shared(ctx, cfg);
-    tracing::info!(addr = %listener.local_addr()?, "postgres listening (balanced accept)");
-    tokio::spawn(async move { accept_each(&shared, listener, place).await });
+    tracing::info!(addr = %listener.local_addr()?, shard = crate::shard::current(), "postgres listening");
+    tokio::spawn(async move {
+        crate::dispatcher::accept_each(&shared.stop, &shared.metrics, "postgres", listener, place).await
+    });
     Ok(())
 }
 
 /// Serves one PostgreSQL client connection accepted elsewhere, on the current runtime.
 pub(crate) async fn run_session(ctx: &Ctx, cfg: &PgConfig, stream: tokio::net::TcpStream, peer: std::net::SocketAddr) {
     session::run(shared(ctx, cfg), stream, peer).await;
-}
-
-async fn accept_each(
-    shared: &Shared,
-    listener: TcpListener,
-    mut place: impl FnMut(tokio::net::TcpStream, std::net::SocketAddr),
-) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shared.stop.cancelled() => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                shared.metrics.connections.inc();
-                place(stream, peer);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "postgres accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
 }

@@ -270,7 +270,15 @@ pub struct Listen {
     /// while another idles).
     #[serde(default)]
     pub accept: AcceptMode,
+    /// With the per-core runtime: after a read, an event loop keeps polling its sockets for
+    /// this many microseconds instead of sleeping, while its CPU has nothing else to run
+    /// (see `crate::spin`). 0 (default) = off.
+    #[serde(default)]
+    pub busy_poll_us: u64,
 }
+
+/// The longest busy-polling window `[listen] busy_poll_us` accepts (10 ms).
+pub const MAX_BUSY_POLL_US: u64 = 10_000;
 
 /// How client connections are spread over the per-core event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -475,6 +483,18 @@ impl Config {
         if let Some(h) = &self.handover {
             h.validate(&self.backends, text)?;
         }
+        if self.listen.busy_poll_us > MAX_BUSY_POLL_US {
+            return Err(format!(
+                "line {}: [listen] busy_poll_us must be ≤ {MAX_BUSY_POLL_US} (polling longer than that saves nothing)",
+                find_key_line(text, "busy_poll_us")
+            ));
+        }
+        if self.listen.busy_poll_us > 0 && self.listen.runtime != RuntimeKind::PerCore {
+            return Err(format!(
+                "line {}: [listen] busy_poll_us needs runtime = \"per-core\"",
+                find_key_line(text, "busy_poll_us")
+            ));
+        }
         if self.limits.max_head_bytes < 1024 {
             return Err(format!(
                 "line {}: [limits] max_head_bytes must be ≥ 1024",
@@ -524,6 +544,17 @@ mod tests {
     use super::*;
 
     const MIN: &str = "[listen]\nhttp = \"127.0.0.1:8080\"\n";
+
+    #[test]
+    fn busy_polling_is_bounded_and_needs_the_per_core_runtime() {
+        assert_eq!(Config::parse(MIN).unwrap().listen.busy_poll_us, 0, "off by default");
+        let on = Config::parse(&format!("{MIN}busy_poll_us = 200\n")).unwrap();
+        assert_eq!(on.listen.busy_poll_us, 200);
+        let long = Config::parse(&format!("{MIN}busy_poll_us = 20000\n")).unwrap_err();
+        assert!(long.contains("line 3") && long.contains("busy_poll_us must be ≤ 10000"), "{long}");
+        let ws = Config::parse(&format!("{MIN}runtime = \"work-stealing\"\nbusy_poll_us = 200\n")).unwrap_err();
+        assert!(ws.contains("line 4") && ws.contains("per-core"), "{ws}");
+    }
 
     #[test]
     fn defaults_apply() {

@@ -55,6 +55,7 @@ impl ClientConn {
                 r = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)) => r,
                 _ = stop.cancelled(), if between => return Ok(Err(Idle::TimedOut)),
             };
+            crate::spin::note();
             match read {
                 Err(_) => return Ok(Err(Idle::TimedOut)),
                 Ok(Ok(0)) if between => return Ok(Err(Idle::Closed)),

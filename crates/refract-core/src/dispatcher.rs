@@ -337,6 +337,10 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
             }
         };
         let _ = ready.send(Ok(()));
+        if ctx.cfg.listen.busy_poll_us > 0 {
+            let window = Duration::from_micros(ctx.cfg.listen.busy_poll_us);
+            drop(tokio::spawn(crate::spin::run(window, ctx.metrics.busy_poll_seconds.clone())));
+        }
         let sessions = TaskTracker::new();
         match (feed, listener) {
             (Some(feed), listener) => serve_inbox(ctx.clone(), i, feed, listener, sessions.clone()).await,

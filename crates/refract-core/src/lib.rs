@@ -38,6 +38,7 @@ pub mod pg;
 mod relay;
 mod session;
 pub mod shard;
+pub mod spin;
 
 pub use config::Config;
 pub use dispatcher::Dispatcher;

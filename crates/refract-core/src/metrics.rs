@@ -67,6 +67,8 @@ pub struct Metrics {
     pub bytes_to_client: Counter,
     /// Client connections accepted.
     pub connections: Counter,
+    /// Time the event loops spent busy polling (`[listen] busy_poll_us`).
+    pub busy_poll_seconds: Counter<f64, AtomicU64>,
     backend_up: Family<BackendLabel, Gauge>,
     backend_inflight: Family<BackendLabel, Gauge>,
     pg_replica_lag: Family<BackendLabel, Gauge>,
@@ -130,6 +132,12 @@ impl Metrics {
         let dir = |d: &str| bytes.get_or_create(&DirectionLabel { direction: d.into() }).clone();
         let connections = Counter::default();
         reg.register("client_connections", "Client connections accepted", connections.clone());
+        let busy_poll_seconds = Counter::<f64, AtomicU64>::default();
+        reg.register(
+            "busy_poll_seconds",
+            "Time the event loops spent polling for work instead of sleeping ([listen] busy_poll_us)",
+            busy_poll_seconds.clone(),
+        );
         let backend_up = Family::<BackendLabel, Gauge>::default();
         reg.register("backend_up", "1 when the backend is taking requests", backend_up.clone());
         let backend_inflight = Family::<BackendLabel, Gauge>::default();
@@ -220,6 +228,7 @@ impl Metrics {
             bytes_to_backend: dir("to_backend"),
             bytes_to_client: dir("to_client"),
             connections,
+            busy_poll_seconds,
             backend_up,
             backend_inflight,
             pg_replica_lag,

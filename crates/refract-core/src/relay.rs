@@ -54,7 +54,9 @@ pub async fn request_body(
 /// Reads more of a response; EOF is an error unless `eof_ok`. Returns the bytes read.
 async fn read_more(bc: &mut BackendConn, timeout: Duration, backend: &str, eof_ok: bool) -> Result<usize, Error> {
     bc.buf.reserve(READ_CHUNK);
-    match tokio::time::timeout(timeout, bc.stream.read_buf(&mut bc.buf)).await {
+    let read = tokio::time::timeout(timeout, bc.stream.read_buf(&mut bc.buf)).await;
+    crate::spin::note();
+    match read {
         Err(_) => Err(Error::ResponseTimeout { backend: backend.to_string() }),
         Ok(Err(source)) => Err(Error::BackendIo { backend: backend.to_string(), source }),
         Ok(Ok(0)) if !eof_ok => Err(Error::BackendIo {

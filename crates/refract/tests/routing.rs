@@ -176,3 +176,42 @@ fn balanced_accept_serves_concurrent_keep_alive_connections() {
     }
     assert_eq!(stats(b2.addr)["reads"], 40, "every read served (by the replica)");
 }
+
+#[test]
+fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (http, admin) = (([127, 0, 0, 1], free_port()).into(), ([127, 0, 0, 1], free_port()).into());
+    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "")
+        .replace("workers = 2\n", "workers = 2\nbusy_poll_us = 500\n");
+    assert!(text.contains("busy_poll_us = 500"));
+    let d = dispatcher_with(&text, http, admin);
+    let clients: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let addr = d.proc.addr;
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                for i in 0..20u64 {
+                    let bytes = if i == 7 { 1 << 20 } else { i * 100 };
+                    c.send(&raw_request("GET", &format!("/blob?bytes={bytes}&seed={seed}"), &[], b""));
+                    let r = c.read_response(false).unwrap();
+                    assert_eq!(r.status, 200);
+                    assert_eq!(r.body.len() as u64, bytes);
+                    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(stats(b2.addr)["reads"], 80, "every read served (by the replica)");
+    let text = String::from_utf8(get(admin, "/metrics").body).unwrap();
+    let polled: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("refract_busy_poll_seconds_total "))
+        .expect("the busy-polling time is exported")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(polled > 0.0, "the event loops polled between requests");
+}

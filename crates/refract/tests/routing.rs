@@ -205,6 +205,9 @@ fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
         c.join().unwrap();
     }
     assert_eq!(stats(b2.addr)["reads"], 80, "every read served (by the replica)");
+    // The loops' polling periods end 500 µs after their last read (and are counted every ms
+    // while they last).
+    std::thread::sleep(std::time::Duration::from_millis(50));
     let text = String::from_utf8(get(admin, "/metrics").body).unwrap();
     let polled: f64 = text
         .lines()

@@ -131,8 +131,15 @@ fn hybrid_scenario() {
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let (mut sent_direct, mut relayed) = (0, 0);
+    let admin = d.admin;
     let mut read = |c: &mut Client, n: u64, seed: u64, via: Option<&str>| {
         let r = c.read_response(false).unwrap();
+        if r.header("x-refract-handover").as_deref() != via {
+            // Say why (a decline is counted by reason), for a failure under load.
+            let metrics = String::from_utf8(common::get(admin, "/metrics").body).unwrap_or_default();
+            let handover: Vec<&str> = metrics.lines().filter(|l| l.starts_with("refract_handover")).collect();
+            panic!("{n} B (seed {seed}): expected hand-over {via:?}\n{}\n{}", r.head, handover.join("\n"));
+        }
         check(&r, n, seed, via);
         sent_direct += direct(&r);
         if via.is_none() {

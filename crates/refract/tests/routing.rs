@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use refract_blob::pattern;
+use std::net::SocketAddr;
 
 fn cluster() -> (Proc, Proc, Proc, Dispatcher) {
     let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
@@ -148,50 +149,26 @@ fn the_loopback_example_works_as_documented() {
     assert_eq!(names, ["b1", "b2", "b3"]);
 }
 
-#[test]
-fn balanced_accept_serves_concurrent_keep_alive_connections() {
+/// A dispatcher in front of a primary and a replica, with `listen_extra` added to `[listen]`.
+fn dispatcher_listening_with(listen_extra: &str) -> (Proc, Proc, Dispatcher) {
     let (b1, b2) = (blob("b1"), blob("b2"));
     let (http, admin) = (([127, 0, 0, 1], free_port()).into(), ([127, 0, 0, 1], free_port()).into());
     let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "")
-        .replace("workers = 2\n", "workers = 2\naccept = \"balanced\"\n");
-    assert!(text.contains("accept = \"balanced\""));
+        .replace("workers = 2\n", &format!("workers = 2\n{listen_extra}\n"));
+    assert!(text.contains(listen_extra));
     let d = dispatcher_with(&text, http, admin);
-    let clients: Vec<_> = (0..8u64)
-        .map(|seed| {
-            let addr = d.proc.addr;
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr);
-                for i in 0..5u64 {
-                    c.send(&raw_request("GET", &format!("/blob?bytes={}&seed={seed}", 1000 + i), &[], b""));
-                    let r = c.read_response(false).unwrap();
-                    assert_eq!(r.status, 200);
-                    assert_eq!(r.body.len() as u64, 1000 + i);
-                    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None);
-                }
-            })
-        })
-        .collect();
-    for c in clients {
-        c.join().unwrap();
-    }
-    assert_eq!(stats(b2.addr)["reads"], 40, "every read served (by the replica)");
+    (b1, b2, d)
 }
 
-#[test]
-fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (http, admin) = (([127, 0, 0, 1], free_port()).into(), ([127, 0, 0, 1], free_port()).into());
-    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "")
-        .replace("workers = 2\n", "workers = 2\nbusy_poll_us = 500\n");
-    assert!(text.contains("busy_poll_us = 500"));
-    let d = dispatcher_with(&text, http, admin);
-    let clients: Vec<_> = (0..4u64)
+/// `clients` keep-alive connections at once, each reading `sizes(i)` bytes for i in
+/// 0..requests, every body checked against the blob pattern.
+fn keep_alive_clients(addr: SocketAddr, clients: u64, requests: u64, sizes: fn(u64) -> u64) {
+    let threads: Vec<_> = (0..clients)
         .map(|seed| {
-            let addr = d.proc.addr;
             std::thread::spawn(move || {
                 let mut c = Client::connect(addr);
-                for i in 0..20u64 {
-                    let bytes = if i == 7 { 1 << 20 } else { i * 100 };
+                for i in 0..requests {
+                    let bytes = sizes(i);
                     c.send(&raw_request("GET", &format!("/blob?bytes={bytes}&seed={seed}"), &[], b""));
                     let r = c.read_response(false).unwrap();
                     assert_eq!(r.status, 200);
@@ -201,14 +178,27 @@ fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
             })
         })
         .collect();
-    for c in clients {
-        c.join().unwrap();
+    for t in threads {
+        t.join().unwrap();
     }
+}
+
+#[test]
+fn balanced_accept_serves_concurrent_keep_alive_connections() {
+    let (_b1, b2, d) = dispatcher_listening_with("accept = \"balanced\"");
+    keep_alive_clients(d.proc.addr, 8, 5, |i| 1000 + i);
+    assert_eq!(stats(b2.addr)["reads"], 40, "every read served (by the replica)");
+}
+
+#[test]
+fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
+    let (_b1, b2, d) = dispatcher_listening_with("busy_poll_us = 500");
+    keep_alive_clients(d.proc.addr, 4, 20, |i| if i == 7 { 1 << 20 } else { i * 100 });
     assert_eq!(stats(b2.addr)["reads"], 80, "every read served (by the replica)");
     // The loops' polling periods end 500 µs after their last read (and are counted every ms
     // while they last).
     std::thread::sleep(std::time::Duration::from_millis(50));
-    let text = String::from_utf8(get(admin, "/metrics").body).unwrap();
+    let text = String::from_utf8(get(d.admin, "/metrics").body).unwrap();
     let polled: f64 = text
         .lines()
         .find_map(|l| l.strip_prefix("refract_busy_poll_seconds_total "))

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use refract_agent::{serve_local, LocalOptions};
@@ -36,6 +36,24 @@ async fn client_pair() -> (TcpStream, TcpStream) {
     let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
     let (server, _) = l.accept().await.unwrap();
     (client, server)
+}
+
+/// Hands a fresh client connection to the agent at `path` (connection `conn`, epoch 1) with
+/// `pending` request bytes, and checks that it took it. Returns the client's end, the
+/// dispatcher's copy of the socket, and the link to the agent.
+async fn adopted(
+    path: &Path,
+    backend: SocketAddr,
+    conn: u64,
+    idle_ms: u32,
+    pending: Vec<u8>,
+) -> (TcpStream, TcpStream, LocalLink) {
+    let (client, server) = client_pair().await;
+    let mut link = LocalLink::connect(path).await.unwrap();
+    let adopt = LocalMsg::Adopt { conn, epoch: 1, backend, idle_ms, pending };
+    link.send(&adopt, Some(server.as_fd())).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn, epoch: 1 });
+    (client, server, link)
 }
 
 fn get(bytes: u64, seed: u64) -> String {
@@ -69,14 +87,9 @@ async fn response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
 async fn pipelined_requests_are_served_and_the_socket_comes_back() {
     let backend = blob().await;
     let path = agent(backend, "pipe").await;
-    let (mut client, server) = client_pair().await;
-    let mut link = LocalLink::connect(&path).await.unwrap();
     let partial = b"GET /blob?bytes=5 HT".to_vec();
     let pending = [get(3 << 20, 7).into_bytes(), get(1000, 1).into_bytes(), partial.clone()].concat();
-    let adopt = LocalMsg::Adopt { conn: 9, epoch: 1, backend, idle_ms: 0, pending };
-    link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    let (ok, _) = link.recv().await.unwrap();
-    assert_eq!(ok, LocalMsg::AdoptOk { conn: 9, epoch: 1 });
+    let (mut client, server, mut link) = adopted(&path, backend, 9, 0, pending).await;
     let mut buf = Vec::new();
     for (n, seed) in [(3u64 << 20, 7u64), (1000, 1)] {
         if seed == 1 {
@@ -123,13 +136,9 @@ async fn stats(backend: SocketAddr) -> String {
 async fn a_returned_request_goes_back_unserved() {
     let backend = blob().await;
     let path = agent(backend, "return").await;
-    let (mut client, server) = client_pair().await;
-    let mut link = LocalLink::connect(&path).await.unwrap();
     let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc".to_vec();
     let pending = [get(100_000, 2).into_bytes(), post.clone()].concat();
-    let adopt = LocalMsg::Adopt { conn: 4, epoch: 1, backend, idle_ms: 5000, pending };
-    link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 4, epoch: 1 });
+    let (mut client, _server, mut link) = adopted(&path, backend, 4, 5000, pending).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(pattern::first_mismatch(&body, 0, 2), None);
     assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 4, request: 1, bytes: post.clone() });
@@ -146,11 +155,7 @@ async fn a_returned_request_goes_back_unserved() {
 async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
     let backend = blob().await;
     let path = agent(backend, "idle").await;
-    let (mut client, server) = client_pair().await;
-    let mut link = LocalLink::connect(&path).await.unwrap();
-    let adopt = LocalMsg::Adopt { conn: 5, epoch: 1, backend, idle_ms: 300, pending: get(5000, 1).into_bytes() };
-    link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 5, epoch: 1 });
+    let (mut client, _server, mut link) = adopted(&path, backend, 5, 300, get(5000, 1).into_bytes()).await;
     let mut buf = Vec::new();
     response(&mut client, &mut buf).await;
     // The next request arrives after the response, in two pieces, within the idle bound.
@@ -198,12 +203,8 @@ async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
 async fn connection_close_ends_with_closed() {
     let backend = blob().await;
     let path = agent(backend, "close").await;
-    let (mut client, server) = client_pair().await;
-    let mut link = LocalLink::connect(&path).await.unwrap();
     let req = "GET /blob?bytes=100&seed=3 HTTP/1.1\r\nconnection: close\r\n\r\n";
-    let adopt = LocalMsg::Adopt { conn: 2, epoch: 1, backend, idle_ms: 0, pending: req.as_bytes().to_vec() };
-    link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 2, epoch: 1 });
+    let (mut client, _server, mut link) = adopted(&path, backend, 2, 0, req.as_bytes().to_vec()).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(pattern::first_mismatch(&body, 0, 3), None);
     assert!(matches!(link.recv().await.unwrap().0, LocalMsg::Closed { conn: 2, epoch: 1, .. }));
@@ -228,13 +229,9 @@ async fn large_bodies_are_spliced_byte_exact_and_counted() {
     // 1000 bytes are copied. What the agent reports sent is exactly what the client got.
     let backend = blob().await;
     let path = agent(backend, "splice").await;
-    let (mut client, server) = client_pair().await;
-    let mut link = LocalLink::connect(&path).await.unwrap();
     let sizes = [(8u64 << 20, 11u64), (5 << 20, 12), (1000, 13)];
     let reqs: Vec<String> = sizes.iter().map(|&(n, seed)| get(n, seed)).collect();
-    let adopt = LocalMsg::Adopt { conn: 6, epoch: 1, backend, idle_ms: 0, pending: reqs.concat().into_bytes() };
-    link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 6, epoch: 1 });
+    let (mut client, _server, mut link) = adopted(&path, backend, 6, 0, reqs.concat().into_bytes()).await;
     let (mut buf, mut got) = (Vec::new(), 0u64);
     for (i, &(n, seed)) in sizes.iter().enumerate() {
         if i > 0 {
@@ -285,11 +282,7 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
     tokio::spawn(serve_local(l, LocalOptions { backend, backend_timeout: timeout, guard: None }));
-    let (mut client, server) = client_pair().await;
-    let mut link = LocalLink::connect(&path).await.unwrap();
-    let adopt = LocalMsg::Adopt { conn: 7, epoch: 1, backend, idle_ms: 0, pending: get(8 << 20, 0).into_bytes() };
-    link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 7, epoch: 1 });
+    let (mut client, server, mut link) = adopted(&path, backend, 7, 0, get(8 << 20, 0).into_bytes()).await;
     let reader = tokio::spawn(async move { read_upto(&mut client, 9 << 20, Duration::from_secs(5)).await });
     let (closed, fd) = link.recv().await.unwrap();
     assert!(fd.is_none());

@@ -12,10 +12,11 @@
 //!   CPU still run, but a polling thread stays runnable and takes its share of a CPU that
 //!   has other work: where the CPUs are saturated, polling costs throughput (pgbench through
 //!   the pooler on the 2-core lab machine, where PostgreSQL, pgbench and the pooler share the
-//!   CPUs: 8 % and 32 % fewer transactions in two runs). It pays where the dispatcher's CPUs idle between
-//!   messages, as on a dispatcher host of its own. Hence off by default. (Stopping whenever a
-//!   `sched_yield` ran another thread was tried: it kept pgbench at par but also took most of
-//!   the gain away from the HTTP relay, whose CPUs are shared with the lab's clients.)
+//!   CPUs: 8 % and 32 % fewer transactions in two runs). It pays where the dispatcher's CPUs
+//!   idle between messages, as on a dispatcher host of its own. Hence off by default.
+//!   (Stopping whenever a `sched_yield` ran another thread was tried: pgbench was still 16 %
+//!   down in one of three runs, and it took most of the gain away from the HTTP relay, whose
+//!   CPUs are shared with the lab's clients.)
 //! - with no read for `window`, the poller stops and the loop sleeps as usual: an idle proxy
 //!   polls nothing.
 //!

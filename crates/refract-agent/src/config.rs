@@ -15,6 +15,11 @@ use crate::error::{Error, Result};
 pub struct AgentConfig {
     /// The local backend this agent fronts (the blob server now, a database later).
     pub backend: SocketAddr,
+    /// Reach that same backend over this Unix socket instead of TCP (it is on this host; a
+    /// database's socket file, or the blob server's `--unix`). `backend` stays its identity:
+    /// the address the dispatcher names it by.
+    #[serde(default)]
+    pub backend_socket: Option<PathBuf>,
     /// Where the agent listens for dispatcher control connections (cross-host hand-over).
     #[serde(default)]
     pub control: Option<SocketAddr>,
@@ -102,6 +107,9 @@ impl AgentConfig {
         if self.backend_timeout_ms == 0 {
             return bad("`backend_timeout_ms` must be > 0");
         }
+        if self.backend_socket.as_deref().is_some_and(|p| !p.is_absolute()) {
+            return bad("`backend_socket` must be an absolute path (the backend's Unix socket)");
+        }
         if let Some(k) = &self.key {
             ControlKey::try_new(k.as_bytes()).map_err(|e| Error::config(origin, e))?;
         }
@@ -183,5 +191,14 @@ mod tests {
         assert!(c.control.is_none() && c.local.is_some());
         let e = parse("backend = \"127.0.0.1:9000\"\nkey = \"0123456789abcdef\"\n").unwrap_err().to_string();
         assert!(e.contains("`local`"), "{e}");
+    }
+
+    #[test]
+    fn the_backend_over_a_unix_socket() {
+        assert_eq!(parse(OK).unwrap().backend_socket, None);
+        let c = parse(&format!("{OK}\nbackend_socket = \"/run/blob.sock\"")).unwrap();
+        assert_eq!(c.backend_socket.as_deref(), Some(Path::new("/run/blob.sock")));
+        let e = parse(&format!("{OK}\nbackend_socket = \"blob.sock\"")).unwrap_err().to_string();
+        assert!(e.contains("absolute"), "{e}");
     }
 }

@@ -16,6 +16,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::backend::BackendStream;
+
 /// Largest request or response head handled.
 const MAX_HEAD: usize = 64 * 1024;
 /// How much one backend read may take.
@@ -67,7 +69,7 @@ pub struct Adopted<'a> {
     /// The client socket.
     pub client: &'a mut TcpStream,
     /// A connection to the local backend.
-    pub backend: &'a mut TcpStream,
+    pub backend: &'a mut BackendStream,
     /// Bytes from the client not consumed yet.
     pub pending: BytesMut,
     /// Bound on each backend read.
@@ -127,7 +129,7 @@ impl<'a> Adopted<'a> {
     /// A connection just adopted: nothing sent yet, no pipe yet.
     pub fn new(
         client: &'a mut TcpStream,
-        backend: &'a mut TcpStream,
+        backend: &'a mut BackendStream,
         pending: BytesMut,
         timeout: Duration,
         idle: Duration,
@@ -285,7 +287,7 @@ async fn beating<A: Ask, T>(ask: &mut A, work: impl Future<Output = T>) -> refra
 /// Reads interim responses and the final head of a response; returns what was read, where the
 /// final head starts, and the head.
 pub async fn read_response_head(
-    s: &mut TcpStream,
+    s: &mut BackendStream,
     timeout: Duration,
     head_request: bool,
 ) -> std::io::Result<(BytesMut, usize, ResponseHead)> {
@@ -322,7 +324,7 @@ impl BodyReader {
     /// The next piece of the body (from `buf` first, then the backend); `None` at its end.
     pub async fn next(
         &mut self,
-        s: &mut TcpStream,
+        s: &mut BackendStream,
         buf: &mut BytesMut,
         timeout: Duration,
     ) -> std::io::Result<Option<bytes::Bytes>> {
@@ -370,7 +372,7 @@ pub(crate) fn timed_out() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::TimedOut, "backend response timed out")
 }
 
-async fn read_more(s: &mut TcpStream, buf: &mut BytesMut, timeout: Duration) -> std::io::Result<usize> {
+async fn read_more(s: &mut BackendStream, buf: &mut BytesMut, timeout: Duration) -> std::io::Result<usize> {
     buf.reserve(READ_CHUNK);
     match tokio::time::timeout(timeout, s.read_buf(buf)).await {
         Ok(r) => r,

@@ -12,12 +12,12 @@ use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
+use crate::backend::BackendStream;
 use refract_handover::control::{ControlChannel, EpochTracker, Msg};
 use refract_handover::local::{LocalLink, LocalMsg};
 use refract_handover::{Error, Result};
 use refract_http::{BodyKind, RequestHead};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use crate::exchange::{read_response_head, BodyReader, Held};
 use crate::local::{adopt, connect_backend, Forwarded, LocalOptions, Offer};
@@ -36,7 +36,12 @@ pub(crate) trait Link {
     /// Asks for the client's connection and takes the dispatcher's answer: adopts it and
     /// finishes `held` (read from `be`) straight to the client, then `None`; or, if told to
     /// relay instead, gives `held` back.
-    fn want(&mut self, fw: &Forwarded, held: Held, be: &mut TcpStream) -> impl Future<Output = Result<Option<Held>>>;
+    fn want(
+        &mut self,
+        fw: &Forwarded,
+        held: Held,
+        be: &mut BackendStream,
+    ) -> impl Future<Output = Result<Option<Held>>>;
 
     /// Keeps the link alive while the agent waits on its backend; returns only on failure.
     fn beat(&mut self) -> impl Future<Output = Result<Infallible>>;
@@ -58,7 +63,7 @@ pub(crate) fn is_small(body: BodyKind, threshold: u64) -> bool {
 pub(crate) async fn forward<L: Link>(
     link: &mut L,
     opts: &LocalOptions,
-    backend: &mut Option<TcpStream>,
+    backend: &mut Option<BackendStream>,
     fw: Forwarded,
 ) -> Result<()> {
     let req = RequestHead::parse(&fw.bytes, 64 * 1024).ok().flatten();
@@ -93,10 +98,10 @@ async fn beating<L: Link, T>(link: &mut L, work: impl Future<Output = Result<T>>
 /// response byte) and reads the response head.
 async fn exchange(
     opts: &LocalOptions,
-    pooled: Option<TcpStream>,
+    pooled: Option<BackendStream>,
     request: &[u8],
     req: &RequestHead,
-) -> Result<(TcpStream, Held)> {
+) -> Result<(BackendStream, Held)> {
     let held = |(buf, head_at, head)| Held { buf, head_at, head, keep_alive: req.keep_alive };
     if let Some(mut be) = pooled {
         if be.write_all(request).await.is_ok() {
@@ -116,7 +121,7 @@ async fn exchange(
 async fn relay<L: Link>(
     link: &mut L,
     fw: &Forwarded,
-    be: &mut TcpStream,
+    be: &mut BackendStream,
     held: Held,
     opts: &LocalOptions,
 ) -> Result<bool> {
@@ -147,7 +152,7 @@ impl Link for Local<'_> {
         self.link.send(&LocalMsg::Response { conn, request, last, keep, bytes }, None).await
     }
 
-    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut TcpStream) -> Result<Option<Held>> {
+    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut BackendStream) -> Result<Option<Held>> {
         self.link.send(&LocalMsg::Want { conn: fw.conn, request: fw.request }, None).await?;
         match self.link.recv().await? {
             (LocalMsg::Adopt { conn, epoch, backend, idle_ms, pending }, Some(fd)) if conn == fw.conn => {
@@ -165,7 +170,7 @@ impl Link for Local<'_> {
 }
 
 impl Local<'_> {
-    async fn adopt(&mut self, offer: Offer, fd: OwnedFd, held: Held, be: &mut TcpStream) -> Result<()> {
+    async fn adopt(&mut self, offer: Offer, fd: OwnedFd, held: Held, be: &mut BackendStream) -> Result<()> {
         adopt(self.link, self.opts, self.epochs, offer, fd, Some((held, be))).await
     }
 }
@@ -182,7 +187,7 @@ impl Link for Remote<'_> {
         self.ch.send(&Msg::Response { conn: fw.conn, request: fw.request, last, keep, bytes }).await
     }
 
-    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut TcpStream) -> Result<Option<Held>> {
+    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut BackendStream) -> Result<Option<Held>> {
         self.ch.send(&Msg::WantConnection { conn: fw.conn, request: fw.request }).await?;
         match self.ch.recv().await? {
             Msg::HandOff(t) if t.conn == fw.conn => {

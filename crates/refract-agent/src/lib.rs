@@ -18,11 +18,13 @@
 //! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back).
 //! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
 //! - `exchange.rs`: serving adopted requests from the backend straight to the client.
+//! - `backend.rs`: the connection to the backend (TCP, or its Unix socket).
 //! - `pipe.rs`: splicing large bodies backend → pipe → client (zero-copy).
 //! - `hybrid.rs`: forwarded requests (same host and across hosts); a large result asks for the
 //!   client's connection.
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry.
 
+mod backend;
 mod checks;
 mod config;
 mod error;
@@ -85,7 +87,12 @@ async fn remote(
     let Some(addr) = cfg.control else { return std::future::pending().await };
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Io(bind_err(addr, e)))?;
     tracing::info!(control = %addr, "control listener up");
-    let backend = LocalOptions { backend: cfg.backend, backend_timeout: cfg.backend_timeout(), guard };
+    let backend = LocalOptions {
+        backend: cfg.backend,
+        backend_socket: cfg.backend_socket.clone(),
+        backend_timeout: cfg.backend_timeout(),
+        guard,
+    };
     serve_with(listener, key, cfg.channel_options(), Some(backend)).await.map_err(Error::Io)
 }
 
@@ -97,7 +104,12 @@ async fn same_host(cfg: &AgentConfig) -> Result<()> {
     let listener = tokio::net::UnixListener::bind(path)
         .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display()))))?;
     tracing::info!(local = %path.display(), backend = %cfg.backend, "same-host listener up");
-    let opts = LocalOptions { backend: cfg.backend, backend_timeout: cfg.backend_timeout(), guard: None };
+    let opts = LocalOptions {
+        backend: cfg.backend,
+        backend_socket: cfg.backend_socket.clone(),
+        backend_timeout: cfg.backend_timeout(),
+        guard: None,
+    };
     serve_local(listener, opts).await.map_err(Error::Io)
 }
 

@@ -13,6 +13,7 @@ use refract_handover::control::EpochTracker;
 use refract_handover::local::{LocalLink, LocalMsg};
 use tokio::net::{TcpStream, UnixListener};
 
+use crate::backend::BackendStream;
 use crate::exchange::{Adopted, Ask, Held, Served};
 
 /// What the same-host listener needs.
@@ -20,6 +21,8 @@ use crate::exchange::{Adopted, Ask, Held, Served};
 pub struct LocalOptions {
     /// The backend this agent fronts.
     pub backend: SocketAddr,
+    /// Connect to the backend over this Unix socket instead (`backend_socket`).
+    pub backend_socket: Option<std::path::PathBuf>,
     /// Bound on connecting to the backend and on each of its reads.
     pub backend_timeout: Duration,
     /// The guard on this host's NIC (cross host): a flow being handed back is tombstoned in it.
@@ -44,7 +47,7 @@ pub async fn serve_local(listener: UnixListener, opts: LocalOptions) -> std::io:
 /// One link: any number of hand-offs and forwarded requests in turn, each finished on it.
 async fn link(mut link: LocalLink, opts: &LocalOptions, epochs: &Mutex<EpochTracker>) -> refract_handover::Result<()> {
     // The backend connection of forwarded requests (hybrid), kept across them.
-    let mut backend: Option<TcpStream> = None;
+    let mut backend: Option<BackendStream> = None;
     loop {
         match link.recv().await? {
             (LocalMsg::Adopt { conn, epoch, backend: b, idle_ms, pending }, Some(fd)) => {
@@ -90,7 +93,7 @@ pub(crate) async fn adopt(
     epochs: &Mutex<EpochTracker>,
     offer: Offer,
     fd: OwnedFd,
-    held: Option<(Held, &mut TcpStream)>,
+    held: Option<(Held, &mut BackendStream)>,
 ) -> refract_handover::Result<()> {
     let Offer { conn, epoch, .. } = offer;
     let (mut client, mut own) = match accept(opts, epochs, &offer, fd, held.is_none()).await {
@@ -155,7 +158,7 @@ async fn accept(
     offer: &Offer,
     fd: OwnedFd,
     connect: bool,
-) -> Result<(TcpStream, Option<TcpStream>), String> {
+) -> Result<(TcpStream, Option<BackendStream>), String> {
     lock(epochs).observe(offer.conn, offer.epoch).map_err(|e| e.to_string())?;
     if offer.backend != opts.backend {
         return Err(format!("this agent fronts {}, not {}", opts.backend, offer.backend));
@@ -169,16 +172,30 @@ async fn accept(
     Ok((client, Some(connect_backend(opts).await?)))
 }
 
-/// A new connection to the backend; `Err` says why not.
-pub(crate) async fn connect_backend(opts: &LocalOptions) -> Result<TcpStream, String> {
+/// A new connection to the backend (over its Unix socket when configured); `Err` says why not.
+pub(crate) async fn connect_backend(opts: &LocalOptions) -> Result<BackendStream, String> {
     let bound = opts.backend_timeout.min(Duration::from_secs(1));
-    let backend = match tokio::time::timeout(bound, TcpStream::connect(opts.backend)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(format!("backend {}: {e}", opts.backend)),
-        Err(_) => return Err(format!("backend {}: connect timed out", opts.backend)),
+    let (r, name) = match &opts.backend_socket {
+        Some(path) => {
+            let r = tokio::time::timeout(bound, tokio::net::UnixStream::connect(path)).await;
+            (r.map(|c| c.map(BackendStream::Unix)), path.display().to_string())
+        }
+        None => {
+            let r = tokio::time::timeout(bound, TcpStream::connect(opts.backend)).await;
+            let r = r.map(|c| {
+                c.map(|s| {
+                    let _ = s.set_nodelay(true);
+                    BackendStream::Tcp(s)
+                })
+            });
+            (r, opts.backend.to_string())
+        }
     };
-    let _ = backend.set_nodelay(true);
-    Ok(backend)
+    match r {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(format!("backend {name}: {e}")),
+        Err(_) => Err(format!("backend {name}: connect timed out")),
+    }
 }
 
 pub(crate) fn lock(epochs: &Mutex<EpochTracker>) -> std::sync::MutexGuard<'_, EpochTracker> {

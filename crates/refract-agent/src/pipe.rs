@@ -19,6 +19,8 @@ use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+use crate::backend::BackendStream;
+
 /// The pipe size asked for (`/proc/sys/fs/pipe-max-size` by default); a smaller pipe works too.
 const PIPE_SIZE: i32 = 1 << 20;
 
@@ -59,7 +61,7 @@ impl Pipe {
     /// without a byte from it.
     pub(crate) async fn stream(
         &mut self,
-        from: &TcpStream,
+        from: &BackendStream,
         to: &TcpStream,
         len: u64,
         timeout: Duration,
@@ -80,7 +82,7 @@ impl Pipe {
     }
 
     /// Splices up to `want` bytes from the backend into the (empty) pipe; at least one.
-    async fn fill(&self, from: &TcpStream, want: usize, timeout: Duration) -> io::Result<usize> {
+    async fn fill(&self, from: &BackendStream, want: usize, timeout: Duration) -> io::Result<usize> {
         let deadline = tokio::time::Instant::now() + timeout;
         let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
         loop {

@@ -19,6 +19,8 @@ use refract_handover::control::{AppState, ControlChannel, EpochTracker, Msg, Tra
 use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Result};
 use tokio::net::TcpStream;
 
+use crate::backend::BackendStream;
+
 use crate::exchange::{Adopted, Ask, Held, Served};
 use crate::local::{connect_backend, LocalOptions};
 
@@ -35,7 +37,7 @@ pub(crate) async fn adopt(
     epochs: &mut EpochTracker,
     t: Transfer,
     opts: &LocalOptions,
-    held: Option<(Held, &mut TcpStream)>,
+    held: Option<(Held, &mut BackendStream)>,
 ) -> Result<()> {
     let (conn, epoch) = (t.conn, t.epoch);
     let app = match AppState::parse(&t.app_state) {
@@ -108,7 +110,7 @@ impl Ask for AskChannel<'_> {
 /// Gets the sockets ready before answering: the backend first when `connect` (refusing after
 /// the restore would need the socket discarded unseen), then the restored client socket.
 /// `Err` is the refusal reason.
-async fn ready(t: &Transfer, opts: &LocalOptions, connect: bool) -> Result<(TcpStream, Option<TcpStream>), String> {
+async fn ready(t: &Transfer, opts: &LocalOptions, connect: bool) -> Result<(TcpStream, Option<BackendStream>), String> {
     let backend = if connect { Some(connect_backend(opts).await?) } else { None };
     if let Some(guard) = &opts.guard {
         // The flow may come back within the grace of its last hand-back from here: its

@@ -67,7 +67,7 @@ async fn connection(
 async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refract_handover::Result<()> {
     let mut epochs = EpochTracker::new();
     // The backend connection of forwarded requests (hybrid), kept across them.
-    let mut pooled: Option<TcpStream> = None;
+    let mut pooled: Option<crate::backend::BackendStream> = None;
     loop {
         let msg = ch.recv().await?;
         match msg {

@@ -26,7 +26,10 @@ async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
-    tokio::spawn(serve_local(l, LocalOptions { backend, backend_timeout: Duration::from_secs(5), guard: None }));
+    tokio::spawn(serve_local(
+        l,
+        LocalOptions { backend, backend_socket: None, backend_timeout: Duration::from_secs(5), guard: None },
+    ));
     path
 }
 
@@ -281,7 +284,7 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
     let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
-    tokio::spawn(serve_local(l, LocalOptions { backend, backend_timeout: timeout, guard: None }));
+    tokio::spawn(serve_local(l, LocalOptions { backend, backend_socket: None, backend_timeout: timeout, guard: None }));
     let (mut client, server, mut link) = adopted(&path, backend, 7, 0, get(8 << 20, 0).into_bytes()).await;
     let reader = tokio::spawn(async move { read_upto(&mut client, 9 << 20, Duration::from_secs(5)).await });
     let (closed, fd) = link.recv().await.unwrap();
@@ -322,4 +325,61 @@ fn the_same_host_example_parses() {
     let cfg = refract_agent::AgentConfig::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
     assert!(cfg.local.is_some() && cfg.control.is_none());
     cfg.control_key().unwrap();
+}
+
+/// A blob server on a Unix socket only; its TCP identity (`backend`) has no listener.
+async fn unix_blob(tag: &str) -> (PathBuf, std::sync::Arc<BlobServer>) {
+    let path = std::env::temp_dir().join(format!("rf-blob-{}-{tag}.sock", std::process::id()));
+    let l = refract_blob::bind_unix(&path).unwrap();
+    let srv = std::sync::Arc::new(BlobServer::new("b1".into(), 0, 0));
+    tokio::spawn(refract_blob::serve_unix(l, srv.clone()));
+    (path, srv)
+}
+
+async fn agent_over(backend: SocketAddr, socket: PathBuf, tag: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path).unwrap();
+    let opts =
+        LocalOptions { backend, backend_socket: Some(socket), backend_timeout: Duration::from_secs(5), guard: None };
+    tokio::spawn(serve_local(l, opts));
+    path
+}
+
+#[tokio::test]
+async fn a_backend_reached_over_its_unix_socket_serves_byte_exact() {
+    // Nothing listens on the identity address: every byte must come over the Unix socket.
+    let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let (socket, srv) = unix_blob("serve").await;
+    let path = agent_over(identity, socket.clone(), "unix").await;
+    let pending = [get(5 << 20, 3).into_bytes(), get(777, 4).into_bytes()].concat();
+    let (mut client, _server, mut link) = adopted(&path, identity, 11, 0, pending).await;
+    let mut buf = Vec::new();
+    let (head, body) = response(&mut client, &mut buf).await;
+    assert!(head.contains("x-refract-handover: 1"), "{head}");
+    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 3)), (5 << 20, None), "spliced from the Unix socket");
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 11, request: 1, bytes: get(777, 4).into_bytes() });
+    link.send(&LocalMsg::Serve { conn: 11, request: 1 }, None).await.unwrap();
+    let (_, body) = response(&mut client, &mut buf).await;
+    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 4)), (777, None));
+    assert_eq!(srv.stats.reads.load(std::sync::atomic::Ordering::Relaxed), 2);
+    let _ = std::fs::remove_file(socket);
+}
+
+#[tokio::test]
+async fn a_missing_backend_socket_is_refused_before_any_byte() {
+    let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let gone = std::env::temp_dir().join(format!("rf-blob-{}-gone.sock", std::process::id()));
+    let _ = std::fs::remove_file(&gone);
+    let path = agent_over(identity, gone, "gone").await;
+    let (mut client, server) = client_pair().await;
+    let mut link = LocalLink::connect(&path).await.unwrap();
+    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: identity, idle_ms: 0, pending: get(10, 0).into_bytes() };
+    link.send(&adopt, Some(server.as_fd())).await.unwrap();
+    let (reply, _) = link.recv().await.unwrap();
+    let LocalMsg::AdoptErr { reason, .. } = reply else { panic!("{reply:?}") };
+    assert!(reason.contains("gone.sock"), "the refusal names the socket: {reason}");
+    let mut probe = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_millis(100), client.read(&mut probe)).await;
+    assert!(r.is_err(), "nothing reached the client");
 }

@@ -10,9 +10,11 @@
 pub mod pattern;
 mod server;
 
-pub use server::{serve, BlobServer, Stats};
+pub use server::{serve, serve_shared, serve_unix, BlobServer, Stats};
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// `refract blob-server` options.
 #[derive(clap::Args, Debug, Clone)]
@@ -29,6 +31,10 @@ pub struct BlobArgs {
     /// Queries processed at once (others wait); 0 = unbounded.
     #[arg(long, default_value_t = 0)]
     pub concurrency: usize,
+    /// Also listen on this Unix socket (for an agent on the same host; `backend_socket` in its
+    /// config). A stale socket file left there is replaced.
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
 }
 
 /// Runs a blob server until SIGINT/SIGTERM.
@@ -37,12 +43,42 @@ pub fn run(args: BlobArgs) -> anyhow::Result<()> {
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
         tracing::info!(addr = %args.listen, name = %args.name, "blob server listening");
-        let server = BlobServer::new(args.name, args.delay_ms, args.concurrency);
-        tokio::select! {
-            r = serve(listener, server) => r,
+        let server = Arc::new(BlobServer::new(args.name, args.delay_ms, args.concurrency));
+        let unix = match &args.unix {
+            Some(path) => Some(bind_unix(path)?),
+            None => None,
+        };
+        let on_unix = async {
+            match unix {
+                Some(l) => serve_unix(l, server.clone()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let r = tokio::select! {
+            r = serve_shared(listener, server.clone()) => r,
+            r = on_unix => r,
             _ = shutdown_signal() => Ok(()),
+        };
+        if let Some(path) = &args.unix {
+            let _ = std::fs::remove_file(path);
         }
+        r
     })
+}
+
+/// Binds a Unix listener at `path`, replacing a socket file a previous run left there (but
+/// never another kind of file).
+pub fn bind_unix(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            anyhow::bail!("{} exists and is not a socket; not replacing it", path.display());
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(|e| anyhow::anyhow!("listen on {}: {e}", path.display()))?;
+    tracing::info!(path = %path.display(), "blob server listening on a Unix socket");
+    Ok(l)
 }
 
 async fn shutdown_signal() {
@@ -57,5 +93,38 @@ async fn shutdown_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_but_never_another_file() {
+        let dir = std::env::temp_dir().join(format!("rf-blob-unix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("b.sock");
+        let first = bind_unix(&sock).unwrap();
+        drop(first); // the file stays behind, as after a killed run
+        assert!(sock.exists());
+        let again = bind_unix(&sock).unwrap();
+        let srv = Arc::new(BlobServer::new("u".into(), 0, 0));
+        tokio::spawn(serve_unix(again, srv.clone()));
+        let mut c = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        c.write_all(b"GET /blob?bytes=300&seed=9 HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").await.unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.unwrap();
+        let body = &got[got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4..];
+        assert_eq!((body.len(), pattern::first_mismatch(body, 0, 9)), (300, None));
+        assert_eq!(srv.stats.reads.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let plain = dir.join("data");
+        std::fs::write(&plain, b"keep me").unwrap();
+        let e = bind_unix(&plain).unwrap_err().to_string();
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&plain).unwrap(), b"keep me");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,8 +7,8 @@ use refract_http::{reply, BodyKind, ChunkedDecoder, RequestHead};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
 const MAX_HEAD: usize = 64 * 1024;
@@ -71,22 +71,42 @@ impl BlobServer {
     }
 }
 
+/// A client connection: TCP, or a Unix socket for a co-located agent.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
 /// Serves connections from `listener` until it fails.
 pub async fn serve(listener: TcpListener, server: BlobServer) -> anyhow::Result<()> {
-    let server = Arc::new(server);
+    serve_shared(listener, Arc::new(server)).await
+}
+
+/// [`serve`] with the server shared, so that a TCP and a Unix listener count into one `/stats`.
+pub async fn serve_shared(listener: TcpListener, server: Arc<BlobServer>) -> anyhow::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
-        let server = server.clone();
-        tokio::spawn(async move {
-            if let Err(e) = connection(&server, stream).await {
-                tracing::debug!(error = %e, "blob connection ended");
-            }
-        });
+        spawn_connection(&server, stream);
     }
 }
 
-async fn connection(srv: &BlobServer, mut s: TcpStream) -> std::io::Result<()> {
+/// Serves connections from a Unix listener (the agent on the same host) until it fails.
+pub async fn serve_unix(listener: UnixListener, server: Arc<BlobServer>) -> anyhow::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        spawn_connection(&server, stream);
+    }
+}
+
+fn spawn_connection(server: &Arc<BlobServer>, stream: impl Io) {
+    let server = server.clone();
+    tokio::spawn(async move {
+        if let Err(e) = connection(&server, stream).await {
+            tracing::debug!(error = %e, "blob connection ended");
+        }
+    });
+}
+
+async fn connection(srv: &BlobServer, mut s: impl Io) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     loop {
         let head = match read_head(&mut s, &mut buf).await? {
@@ -111,7 +131,7 @@ async fn connection(srv: &BlobServer, mut s: TcpStream) -> std::io::Result<()> {
 
 type Parsed<T> = std::io::Result<Result<T, refract_http::Error>>;
 
-async fn read_head(s: &mut TcpStream, buf: &mut BytesMut) -> Parsed<Option<RequestHead>> {
+async fn read_head(s: &mut impl Io, buf: &mut BytesMut) -> Parsed<Option<RequestHead>> {
     loop {
         match RequestHead::parse(buf, MAX_HEAD) {
             Ok(Some(h)) => return Ok(Ok(Some(h))),
@@ -125,7 +145,7 @@ async fn read_head(s: &mut TcpStream, buf: &mut BytesMut) -> Parsed<Option<Reque
 }
 
 /// Reads a request body, keeping at most [`MAX_KEPT_BODY`] bytes of it.
-async fn read_body(s: &mut TcpStream, buf: &mut BytesMut, kind: BodyKind) -> Parsed<Vec<u8>> {
+async fn read_body(s: &mut impl Io, buf: &mut BytesMut, kind: BodyKind) -> Parsed<Vec<u8>> {
     let mut kept = Vec::new();
     let mut keep = |b: &[u8]| {
         let room = MAX_KEPT_BODY.saturating_sub(kept.len());
@@ -164,14 +184,14 @@ async fn read_body(s: &mut TcpStream, buf: &mut BytesMut, kind: BodyKind) -> Par
     Ok(Ok(kept))
 }
 
-async fn fill(s: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<()> {
+async fn fill(s: &mut impl Io, buf: &mut BytesMut) -> std::io::Result<()> {
     if s.read_buf(buf).await? == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     Ok(())
 }
 
-async fn respond(srv: &BlobServer, s: &mut TcpStream, head: &RequestHead, body: &[u8]) -> std::io::Result<()> {
+async fn respond(srv: &BlobServer, s: &mut impl Io, head: &RequestHead, body: &[u8]) -> std::io::Result<()> {
     let close = !head.keep_alive;
     match (head.method.as_str(), head.path()) {
         ("GET", "/blob") => get_blob(srv, s, head, close).await,
@@ -201,7 +221,7 @@ fn ok_json(srv: &BlobServer, body: &str, close: bool) -> Vec<u8> {
     out
 }
 
-async fn query(srv: &BlobServer, s: &mut TcpStream, body: &[u8], close: bool) -> std::io::Result<()> {
+async fn query(srv: &BlobServer, s: &mut impl Io, body: &[u8], close: bool) -> std::io::Result<()> {
     srv.process().await;
     let class = classify_plan(body);
     let counter = match class {
@@ -235,7 +255,7 @@ fn blob_params(head: &RequestHead) -> Option<BlobParams> {
     Some(BlobParams { bytes: bytes?, seed, chunked })
 }
 
-async fn get_blob(srv: &BlobServer, s: &mut TcpStream, head: &RequestHead, close: bool) -> std::io::Result<()> {
+async fn get_blob(srv: &BlobServer, s: &mut impl Io, head: &RequestHead, close: bool) -> std::io::Result<()> {
     let Some(p) = blob_params(head) else {
         return s.write_all(&reply::error(400, "need bytes=N (and optional seed=S) as integers", &[], close)).await;
     };
@@ -271,7 +291,7 @@ async fn get_blob(srv: &BlobServer, s: &mut TcpStream, head: &RequestHead, close
 }
 
 /// The same blob with `Transfer-Encoding: chunked` (chunks of at most 64 000 bytes).
-async fn chunked_blob(srv: &BlobServer, s: &mut TcpStream, n: u64, seed: u64, close: bool) -> std::io::Result<()> {
+async fn chunked_blob(srv: &BlobServer, s: &mut impl Io, n: u64, seed: u64, close: bool) -> std::io::Result<()> {
     let conn = if close { "connection: close\r\n" } else { "" };
     let head = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\nx-served-by: {}\r\n{conn}\r\n",

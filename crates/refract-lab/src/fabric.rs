@@ -12,6 +12,13 @@ use std::time::{Duration, Instant};
 /// State file holding the rate the links are shaped at.
 const RATE_FILE: &str = "rate";
 
+/// The TCP congestion control of every lab namespace. A new namespace inherits the host's
+/// (`bbr` on some cloud images); the lab pins Linux's default so that figures do not depend on
+/// the host's setting. With `bbr` every flow is paced by timers, which on this 2-core machine
+/// halved the unshaped memory-speed figures, and its bandwidth probing made link-rate runs
+/// spread ±2 %: docs/benchmarks.md, "Congestion control".
+pub const CONGESTION_CONTROL: &str = "cubic";
+
 /// Build the fabric, or repair it: a complete fabric is kept (only its shaping is re-applied),
 /// anything partial is torn down and rebuilt. Returns whether it was rebuilt.
 pub fn up(rate: Rate) -> Result<bool> {
@@ -20,8 +27,24 @@ pub fn up(rate: Rate) -> Result<bool> {
         down()?;
         build().context("building the lab")?;
     }
+    pin_congestion_control()?;
     shape(rate)?;
     Ok(rebuilt)
+}
+
+/// Sets [`CONGESTION_CONTROL`] in every host namespace (the sockets opened afterwards use it).
+fn pin_congestion_control() -> Result<()> {
+    let key = format!("net.ipv4.tcp_congestion_control={CONGESTION_CONTROL}");
+    for h in HOSTS {
+        sh::run(cmd(Some(&h.ns()), "sysctl", &["-q", "-w", &key])).with_context(|| {
+            format!(
+                "setting TCP congestion control {CONGESTION_CONTROL} in {} (is it in \
+                 /proc/sys/net/ipv4/tcp_available_congestion_control? `modprobe tcp_{CONGESTION_CONTROL}`)",
+                h.ns()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Remove every `rf-*` namespace, killing the processes in it first.

@@ -98,6 +98,9 @@ pub struct Agent {
     pub control: String,
     /// The shared control key.
     pub key: String,
+    /// The Unix socket it reaches its backend on (`backend_socket`); the backend's blob
+    /// server is started listening there too.
+    pub backend_socket: Option<String>,
 }
 
 impl Agent {
@@ -110,6 +113,7 @@ impl Agent {
             config_text: text.to_string(),
             control: field("control").with_context(|| format!("agent-{host}.toml has no control"))?,
             key: field("key").with_context(|| format!("agent-{host}.toml has no inline key"))?,
+            backend_socket: field("backend_socket"),
         })
     }
 }
@@ -248,11 +252,13 @@ impl Layout {
         let mut v: Vec<Proc> = self
             .backends
             .iter()
-            .map(|(name, addr)| Proc {
-                name: name.clone(),
-                ns: self.ns_of(addr),
-                args: strings(&["blob-server", "--listen", addr, "--name", name]),
-                haproxy: false,
+            .map(|(name, addr)| {
+                let mut args = strings(&["blob-server", "--listen", addr, "--name", name]);
+                let agent = self.agents.iter().find(|a| a.name.strip_prefix("agent-") == Some(name.as_str()));
+                if let Some(socket) = agent.and_then(|a| a.backend_socket.as_ref()) {
+                    args.extend(strings(&["--unix", socket]));
+                }
+                Proc { name: name.clone(), ns: self.ns_of(addr), args, haproxy: false }
             })
             .collect();
         v.extend(self.agents.iter().map(|a| Proc {
@@ -364,7 +370,10 @@ mod tests {
                 ("haproxy", Some("rf-d"))
             ]
         );
-        assert_eq!(procs[0].args.join(" "), "blob-server --listen 198.18.0.21:9000 --name b1");
+        assert_eq!(
+            procs[0].args.join(" "),
+            "blob-server --listen 198.18.0.21:9000 --name b1 --unix /tmp/refract-lab/b1.sock"
+        );
         assert!(
             procs[2].args.join(" ").starts_with("agent --config /") && procs[2].args[2].ends_with("/agent-b1.toml")
         );

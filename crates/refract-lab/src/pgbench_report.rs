@@ -62,7 +62,7 @@ fn header(out: &mut String, r: &Results) {
          - **Versions:** {}; {}; {}; {}; refract {}\n\
          - **Servers:** the refract-pg test kit's primary and streaming replica (`fsync = off`) with `{settings}`; \
          `pgbench -i -s {}` ({} accounts, in memory)\n\
-         - **Load:** `{}` and `{}`; each cell is the median of {} interleaved runs (the targets take turns, so \
+         - **Load:** `{}` and `{}`; each cell is the median of {} interleaved runs (the targets take turns, each round starting one later, so \
          drift in the machine's load hits all of them alike), after {}. TPS excludes connection time; \
          latency is pgbench's mean.\n\
          - **Pools:** {} server connections per server for every pooler: refract `pool_size`, PgBouncer \

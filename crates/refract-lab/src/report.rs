@@ -94,12 +94,24 @@ fn environment(out: &mut String, s: &Section) {
     let e = s.env;
     let _ = write!(
         out,
-        "- **Date:** {}\n- **Machine:** {} cores ({}), Linux {}\n- **Links:** {}\n\
+        "- **Date:** {}\n- **Machine:** {} cores ({}), Linux {}\n- **Links:** {}; TCP \
+         congestion control {} in every namespace (pinned by the lab)\n\
          - **Load:** 2 clients (rf-c1, rf-c2) at once, each `wrk -t1 -c1 -d{}s --timeout 30s \
          --latency`; each cell is the median of {} interleaved runs (the targets take turns, so \
          drift in the machine's load hits all of them alike)\n- **Tools:** {}; {}; refract {}\n\
          - **Rerun:** `{}`\n\n",
-        e.date, e.cores, e.cpu, e.kernel, s.shaping, s.duration_s, s.repeat, e.wrk, e.haproxy, e.refract, s.command
+        e.date,
+        e.cores,
+        e.cpu,
+        e.kernel,
+        s.shaping,
+        crate::fabric::CONGESTION_CONTROL,
+        s.duration_s,
+        s.repeat,
+        e.wrk,
+        e.haproxy,
+        e.refract,
+        s.command
     );
     out.push_str(s.targets_note);
     out.push_str(

@@ -71,11 +71,24 @@ pub fn short_version(line: &str) -> String {
 }
 
 fn refract_version() -> String {
-    let version = env!("CARGO_PKG_VERSION");
-    let git = sh::cmd(None, "git", &["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"]);
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let git = sh::cmd(None, "git", &["-C", dir, "rev-parse", "--short", "HEAD"]);
+    // Source changes not yet committed (the reports this run writes under docs/ do not count).
+    let changed = sh::cmd(None, "git", &["-C", dir, "status", "--porcelain", "--", "../../crates", "../../examples"]);
+    let changed = sh::run(changed).map(|out| !out.trim().is_empty()).unwrap_or(false);
     match sh::run(git) {
-        Ok(rev) if !rev.trim().is_empty() => format!("{version} ({})", rev.trim()),
-        _ => version.to_string(),
+        Ok(rev) => version_label(env!("CARGO_PKG_VERSION"), rev.trim(), changed),
+        Err(_) => env!("CARGO_PKG_VERSION").to_string(),
+    }
+}
+
+/// `0.1.0 (abc1234)`, or `0.1.0 (abc1234 + uncommitted changes)` when the source tree differs
+/// from that commit; just the version outside a git checkout.
+fn version_label(version: &str, rev: &str, changed: bool) -> String {
+    match (rev.is_empty(), changed) {
+        (true, _) => version.to_string(),
+        (false, false) => format!("{version} ({rev})"),
+        (false, true) => format!("{version} ({rev} + uncommitted changes)"),
     }
 }
 
@@ -109,6 +122,13 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_says_whether_the_source_was_committed() {
+        assert_eq!(version_label("0.1.0", "abc1234", false), "0.1.0 (abc1234)");
+        assert_eq!(version_label("0.1.0", "abc1234", true), "0.1.0 (abc1234 + uncommitted changes)");
+        assert_eq!(version_label("0.1.0", "", true), "0.1.0");
+    }
 
     #[test]
     fn versions() {

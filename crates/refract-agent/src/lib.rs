@@ -87,13 +87,7 @@ async fn remote(
     let Some(addr) = cfg.control else { return std::future::pending().await };
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Io(bind_err(addr, e)))?;
     tracing::info!(control = %addr, "control listener up");
-    let backend = LocalOptions {
-        backend: cfg.backend,
-        backend_socket: cfg.backend_socket.clone(),
-        backend_timeout: cfg.backend_timeout(),
-        guard,
-    };
-    serve_with(listener, key, cfg.channel_options(), Some(backend)).await.map_err(Error::Io)
+    serve_with(listener, key, cfg.channel_options(), Some(local_options(cfg, guard))).await.map_err(Error::Io)
 }
 
 /// The same-host listener (pending forever when not configured). A stale socket file left by
@@ -104,13 +98,17 @@ async fn same_host(cfg: &AgentConfig) -> Result<()> {
     let listener = tokio::net::UnixListener::bind(path)
         .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display()))))?;
     tracing::info!(local = %path.display(), backend = %cfg.backend, "same-host listener up");
-    let opts = LocalOptions {
+    serve_local(listener, local_options(cfg, None)).await.map_err(Error::Io)
+}
+
+/// How adopted connections reach the backend, from the config.
+fn local_options(cfg: &AgentConfig, guard: Option<SharedGuard>) -> LocalOptions {
+    LocalOptions {
         backend: cfg.backend,
         backend_socket: cfg.backend_socket.clone(),
         backend_timeout: cfg.backend_timeout(),
-        guard: None,
-    };
-    serve_local(listener, opts).await.map_err(Error::Io)
+        guard,
+    }
 }
 
 /// The guard, shared by the tasks that tombstone flows they hand back.

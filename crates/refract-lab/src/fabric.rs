@@ -14,9 +14,9 @@ const RATE_FILE: &str = "rate";
 
 /// The TCP congestion control of every lab namespace. A new namespace inherits the host's
 /// (`bbr` on some cloud images); the lab pins Linux's default so that figures do not depend on
-/// the host's setting. With `bbr` every flow is paced by timers, which on this 2-core machine
-/// halved the unshaped memory-speed figures, and its bandwidth probing made link-rate runs
-/// spread ±2 %: docs/benchmarks.md, "Congestion control".
+/// the host's setting. Measured with `bbr` on this 2-core machine: unshaped memory-speed paths
+/// at about half the speed, and link-rate runs spread ±2 %: docs/benchmarks.md, "Congestion
+/// control".
 pub const CONGESTION_CONTROL: &str = "cubic";
 
 /// Build the fabric, or repair it: a complete fabric is kept (only its shaping is re-applied),

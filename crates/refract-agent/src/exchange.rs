@@ -7,6 +7,7 @@
 //! next request as it acknowledges the end of a response would otherwise meet a flow being
 //! moved (tombstoned here, not yet restored there) and wait for its retransmission (~200 ms).
 
+use crate::backend::BackendStream;
 use crate::pipe::Pipe;
 use bytes::{Buf, BytesMut};
 use refract_http::{BodyKind, ChunkedDecoder, RequestHead, ResponseHead};
@@ -15,8 +16,6 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-use crate::backend::BackendStream;
 
 /// Largest request or response head handled.
 const MAX_HEAD: usize = 64 * 1024;

@@ -12,13 +12,13 @@ use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-use crate::backend::BackendStream;
 use refract_handover::control::{ControlChannel, EpochTracker, Msg};
 use refract_handover::local::{LocalLink, LocalMsg};
 use refract_handover::{Error, Result};
 use refract_http::{BodyKind, RequestHead};
 use tokio::io::AsyncWriteExt;
 
+use crate::backend::BackendStream;
 use crate::exchange::{read_response_head, BodyReader, Held};
 use crate::local::{adopt, connect_backend, Forwarded, LocalOptions, Offer};
 

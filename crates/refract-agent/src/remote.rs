@@ -20,7 +20,6 @@ use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Resu
 use tokio::net::TcpStream;
 
 use crate::backend::BackendStream;
-
 use crate::exchange::{Adopted, Ask, Held, Served};
 use crate::local::{connect_backend, LocalOptions};
 

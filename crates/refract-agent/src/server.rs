@@ -6,6 +6,7 @@ use std::sync::Arc;
 use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, EpochTracker, Msg, NonceCache};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::backend::BackendStream;
 use crate::hybrid;
 use crate::local::{Forwarded, LocalOptions};
 
@@ -67,7 +68,7 @@ async fn connection(
 async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refract_handover::Result<()> {
     let mut epochs = EpochTracker::new();
     // The backend connection of forwarded requests (hybrid), kept across them.
-    let mut pooled: Option<crate::backend::BackendStream> = None;
+    let mut pooled: Option<BackendStream> = None;
     loop {
         let msg = ch.recv().await?;
         match msg {

@@ -20,6 +20,11 @@ pub struct AgentConfig {
     /// the address the dispatcher names it by.
     #[serde(default)]
     pub backend_socket: Option<PathBuf>,
+    /// Let the backend write large results into the client's socket itself: the agent passes
+    /// it the socket over `backend_socket` (`refract_http::defer`; the blob server supports
+    /// it). A backend that does not answer with a deferred head is served as without it.
+    #[serde(default)]
+    pub pass_socket: bool,
     /// Where the agent listens for dispatcher control connections (cross-host hand-over).
     #[serde(default)]
     pub control: Option<SocketAddr>,
@@ -109,6 +114,9 @@ impl AgentConfig {
         }
         if self.backend_socket.as_deref().is_some_and(|p| !p.is_absolute()) {
             return bad("`backend_socket` must be an absolute path (the backend's Unix socket)");
+        }
+        if self.pass_socket && self.backend_socket.is_none() {
+            return bad("`pass_socket` needs `backend_socket`: a socket is passed over a Unix socket only");
         }
         if let Some(k) = &self.key {
             ControlKey::try_new(k.as_bytes()).map_err(|e| Error::config(origin, e))?;
@@ -200,5 +208,14 @@ mod tests {
         assert_eq!(c.backend_socket.as_deref(), Some(Path::new("/run/blob.sock")));
         let e = parse(&format!("{OK}\nbackend_socket = \"blob.sock\"")).unwrap_err().to_string();
         assert!(e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn passing_the_socket_needs_the_backend_on_a_unix_socket() {
+        assert!(!parse(OK).unwrap().pass_socket);
+        let c = parse(&format!("{OK}\nbackend_socket = \"/run/blob.sock\"\npass_socket = true")).unwrap();
+        assert!(c.pass_socket);
+        let e = parse(&format!("{OK}\npass_socket = true")).unwrap_err().to_string();
+        assert!(e.contains("needs `backend_socket`"), "{e}");
     }
 }

@@ -10,7 +10,8 @@
 use crate::backend::BackendStream;
 use crate::pipe::Pipe;
 use bytes::{Buf, BytesMut};
-use refract_http::{BodyKind, ChunkedDecoder, RequestHead, ResponseHead};
+use refract_http::{defer, BodyKind, ChunkedDecoder, RequestHead, ResponseHead};
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
@@ -49,6 +50,37 @@ pub struct Held {
     pub head: ResponseHead,
     /// Whether the request asked to keep the connection.
     pub keep_alive: bool,
+    /// The backend deferred the body (`refract_http::defer`): it waits to be told where to
+    /// write it. The head in `buf` no longer has the `x-refract-deferred` line.
+    pub deferred: bool,
+}
+
+impl Held {
+    /// A response read up to its final head; a deferred head is recognised and cleaned.
+    pub fn new(mut buf: BytesMut, head_at: usize, mut head: ResponseHead, keep_alive: bool) -> Held {
+        let end = head_at + head.len;
+        let clean = defer::without_header(&buf[head_at..end], defer::DEFERRED);
+        let deferred = clean.is_some();
+        if let Some(clean) = clean {
+            let mut out = BytesMut::with_capacity(buf.len());
+            out.extend_from_slice(&buf[..head_at]);
+            out.extend_from_slice(&clean);
+            out.extend_from_slice(&buf[end..]);
+            head.len = clean.len();
+            buf = out;
+        }
+        Held { buf, head_at, head, keep_alive, deferred }
+    }
+}
+
+/// `request` (head of `head_len` bytes first) as the agent sends it to its backend: with
+/// `pass_socket`, asking the backend to defer bodies of at least `at_least` bytes.
+pub(crate) fn to_backend(pass_socket: bool, request: &[u8], head_len: usize, at_least: u64) -> Cow<'_, [u8]> {
+    if pass_socket {
+        Cow::Owned(defer::with_header(request, head_len, defer::DEFER, &at_least.to_string()))
+    } else {
+        Cow::Borrowed(request)
+    }
 }
 
 /// The dispatcher, as an adopted connection needs it: routing authority stays there, so every
@@ -82,6 +114,8 @@ pub struct Adopted<'a> {
     /// The pipe bodies are spliced through (made at the first, kept for the next); `None`
     /// before that or when none could be made.
     pub pipe: Option<Pipe>,
+    /// Ask the backend to defer large bodies and pass it the client socket (`pass_socket`).
+    pub pass_socket: bool,
 }
 
 /// The length of the whole request at the start of `buf` (head and body), if it is all there.
@@ -134,7 +168,7 @@ impl<'a> Adopted<'a> {
         idle: Duration,
         epoch: u64,
     ) -> Self {
-        Adopted { client, backend, pending, timeout, idle, epoch, sent: 0, pipe: None }
+        Adopted { client, backend, pending, timeout, idle, epoch, sent: 0, pipe: None, pass_socket: false }
     }
 }
 
@@ -193,12 +227,13 @@ impl Adopted<'_> {
     /// Serves the whole request of `len` bytes at the start of `pending`; `Some` when the
     /// connection cannot go on here.
     async fn serve_one(&mut self, len: usize, head: RequestHead) -> Option<Served> {
-        if let Err(e) = self.backend.write_all(&self.pending[..len]).await {
+        let request = to_backend(self.pass_socket, &self.pending[..len], head.len, SPLICE_MIN);
+        if let Err(e) = self.backend.write_all(&request).await {
             // Nothing reached the client: the dispatcher gets the request back and relays it.
             return Some(self.backend_failed(e));
         }
         let held = match read_response_head(self.backend, self.timeout, head.is_head()).await {
-            Ok((buf, head_at, rh)) => Held { buf, head_at, head: rh, keep_alive: head.keep_alive },
+            Ok((buf, head_at, rh)) => Held::new(buf, head_at, rh, head.keep_alive),
             Err(e) => return Some(self.backend_failed(e)),
         };
         self.pending.advance(len);
@@ -237,6 +272,20 @@ impl Adopted<'_> {
         self.write(&h.buf[..h.head_at]).await?;
         self.write(&tag(&h.buf[h.head_at..h.head_at + h.head.len], self.epoch)).await?;
         h.buf.advance(h.head_at + h.head.len);
+        if h.deferred {
+            if let BackendStream::Unix(u) = &*self.backend {
+                let (done, wrote) = pass_client(u, self.client).await?;
+                self.sent += wrote;
+                return match (done, h.head.body) {
+                    (true, BodyKind::Length(n)) if n == wrote => Ok(()),
+                    (true, _) => {
+                        Err(std::io::Error::other(format!("the backend wrote {wrote} body bytes, not the head's")))
+                    }
+                    (false, _) => Err(std::io::Error::other(format!("the backend failed after {wrote} body bytes"))),
+                };
+            }
+            self.backend.write_all(&defer::HERE).await?;
+        }
         let mut kind = h.head.body;
         if let BodyKind::Length(n) = kind {
             // What the head's reads brought of the body goes first, from user space.
@@ -270,6 +319,46 @@ impl Adopted<'_> {
         self.sent += bytes.len() as u64;
         Ok(())
     }
+}
+
+/// Passes the client socket to the backend that deferred a body (`defer::SINK`) and waits for
+/// its report: whether it wrote the whole body, and how many bytes it wrote.
+async fn pass_client(u: &tokio::net::UnixStream, client: &TcpStream) -> std::io::Result<(bool, u64)> {
+    use std::os::fd::AsFd;
+    let mut at = 0;
+    while at == 0 {
+        u.writable().await?;
+        match u.try_io(tokio::io::Interest::WRITABLE, || {
+            refract_handover::send_with_fd(u.as_fd(), client.as_fd(), &defer::SINK)
+        }) {
+            Ok(n) => at = n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // The socket went with the first byte; the rest of the word (if any) follows plainly.
+    let mut rest = &defer::SINK[at..];
+    while !rest.is_empty() {
+        u.writable().await?;
+        match u.try_write(rest) {
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut report = [0u8; defer::REPORT_LEN];
+    let mut got = 0;
+    while got < report.len() {
+        u.readable().await?;
+        match u.try_read(&mut report[got..]) {
+            Ok(0) => return Err(eof()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    defer::parse_report(&report)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not a report on a deferred body"))
 }
 
 /// Runs `work` while `ask` keeps the link alive.

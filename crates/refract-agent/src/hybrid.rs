@@ -15,11 +15,11 @@ use std::sync::Mutex;
 use refract_handover::control::{ControlChannel, EpochTracker, Msg};
 use refract_handover::local::{LocalLink, LocalMsg};
 use refract_handover::{Error, Result};
-use refract_http::{BodyKind, RequestHead};
+use refract_http::{defer, BodyKind, RequestHead};
 use tokio::io::AsyncWriteExt;
 
 use crate::backend::BackendStream;
-use crate::exchange::{read_response_head, BodyReader, Held};
+use crate::exchange::{read_response_head, to_backend, BodyReader, Held};
 use crate::local::{adopt, connect_backend, Forwarded, LocalOptions, Offer};
 
 /// Results at most this large may be relayed in one `Response` frame; larger ones always ask
@@ -68,7 +68,9 @@ pub(crate) async fn forward<L: Link>(
 ) -> Result<()> {
     let req = RequestHead::parse(&fw.bytes, 64 * 1024).ok().flatten();
     let req = req.ok_or(Error::Codec("a forwarded request that does not parse"))?;
-    let (mut be, held) = beating(link, exchange(opts, backend.take(), &fw.bytes, &req)).await?;
+    let at_least = fw.threshold.min(MAX_INLINE);
+    let request = to_backend(opts.pass_socket, &fw.bytes, req.len, at_least);
+    let (mut be, held) = beating(link, exchange(opts, backend.take(), &request, &req)).await?;
     let held = if is_small(held.head.body, fw.threshold) {
         held
     } else {
@@ -102,7 +104,7 @@ async fn exchange(
     request: &[u8],
     req: &RequestHead,
 ) -> Result<(BackendStream, Held)> {
-    let held = |(buf, head_at, head)| Held { buf, head_at, head, keep_alive: req.keep_alive };
+    let held = |(buf, head_at, head)| Held::new(buf, head_at, head, req.keep_alive);
     if let Some(mut be) = pooled {
         if be.write_all(request).await.is_ok() {
             if let Ok(r) = read_response_head(&mut be, opts.backend_timeout, req.is_head()).await {
@@ -125,7 +127,10 @@ async fn relay<L: Link>(
     held: Held,
     opts: &LocalOptions,
 ) -> Result<bool> {
-    let Held { mut buf, head_at, head, keep_alive } = held;
+    let Held { mut buf, head_at, head, keep_alive, deferred } = held;
+    if deferred {
+        be.write_all(&defer::HERE).await?; // the body comes here after all
+    }
     let mut out = buf.split_to(head_at + head.len).to_vec();
     let mut body = BodyReader::new(head.body);
     while let Some(piece) = body.next(be, &mut buf, opts.backend_timeout).await? {

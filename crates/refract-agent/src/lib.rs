@@ -106,6 +106,7 @@ fn local_options(cfg: &AgentConfig, guard: Option<SharedGuard>) -> LocalOptions 
     LocalOptions {
         backend: cfg.backend,
         backend_socket: cfg.backend_socket.clone(),
+        pass_socket: cfg.pass_socket,
         backend_timeout: cfg.backend_timeout(),
         guard,
     }

@@ -23,6 +23,8 @@ pub struct LocalOptions {
     pub backend: SocketAddr,
     /// Connect to the backend over this Unix socket instead (`backend_socket`).
     pub backend_socket: Option<std::path::PathBuf>,
+    /// Pass the client's socket to the backend for large results (`pass_socket`).
+    pub pass_socket: bool,
     /// Bound on connecting to the backend and on each of its reads.
     pub backend_timeout: Duration,
     /// The guard on this host's NIC (cross host): a flow being handed back is tombstoned in it.
@@ -111,7 +113,8 @@ pub(crate) async fn adopt(
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
     let idle = Duration::from_millis(offer.idle_ms.into());
-    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch);
+    let mut adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch);
+    adopted.pass_socket = opts.pass_socket;
     let served = adopted.run(held, &mut AskLink { link: &mut *link, conn }).await?;
     match served {
         (Served::Boundary(pending), sent) => {

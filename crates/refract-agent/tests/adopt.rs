@@ -28,7 +28,13 @@ async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
     let l = UnixListener::bind(&path).unwrap();
     tokio::spawn(serve_local(
         l,
-        LocalOptions { backend, backend_socket: None, backend_timeout: Duration::from_secs(5), guard: None },
+        LocalOptions {
+            backend,
+            backend_socket: None,
+            pass_socket: false,
+            backend_timeout: Duration::from_secs(5),
+            guard: None,
+        },
     ));
     path
 }
@@ -284,7 +290,10 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
     let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
-    tokio::spawn(serve_local(l, LocalOptions { backend, backend_socket: None, backend_timeout: timeout, guard: None }));
+    tokio::spawn(serve_local(
+        l,
+        LocalOptions { backend, backend_socket: None, pass_socket: false, backend_timeout: timeout, guard: None },
+    ));
     let (mut client, server, mut link) = adopted(&path, backend, 7, 0, get(8 << 20, 0).into_bytes()).await;
     let reader = tokio::spawn(async move { read_upto(&mut client, 9 << 20, Duration::from_secs(5)).await });
     let (closed, fd) = link.recv().await.unwrap();
@@ -337,11 +346,16 @@ async fn unix_blob(tag: &str) -> (PathBuf, std::sync::Arc<BlobServer>) {
 }
 
 async fn agent_over(backend: SocketAddr, socket: PathBuf, tag: &str) -> PathBuf {
+    agent_passing(backend, socket, tag, false).await
+}
+
+async fn agent_passing(backend: SocketAddr, socket: PathBuf, tag: &str, pass_socket: bool) -> PathBuf {
     let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
+    let timeout = Duration::from_secs(5);
     let opts =
-        LocalOptions { backend, backend_socket: Some(socket), backend_timeout: Duration::from_secs(5), guard: None };
+        LocalOptions { backend, backend_socket: Some(socket), pass_socket, backend_timeout: timeout, guard: None };
     tokio::spawn(serve_local(l, opts));
     path
 }
@@ -363,6 +377,37 @@ async fn a_backend_reached_over_its_unix_socket_serves_byte_exact() {
     let (_, body) = response(&mut client, &mut buf).await;
     assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 4)), (777, None));
     assert_eq!(srv.stats.reads.load(std::sync::atomic::Ordering::Relaxed), 2);
+    let _ = std::fs::remove_file(socket);
+}
+
+#[tokio::test]
+async fn a_backend_passed_the_client_socket_writes_large_bodies_itself() {
+    let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let (socket, srv) = unix_blob("pass").await;
+    let path = agent_passing(identity, socket.clone(), "pass", true).await;
+    let pending = [get(5 << 20, 3).into_bytes(), get(777, 4).into_bytes()].concat();
+    let (mut client, _server, mut link) = adopted(&path, identity, 12, 2000, pending).await;
+    let mut buf = Vec::new();
+    let (head, body) = response(&mut client, &mut buf).await;
+    assert!(head.contains("x-refract-handover: 1") && !head.contains("deferred"), "{head}");
+    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 3)), (5 << 20, None));
+    let passed = || srv.stats.passed.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(passed(), 1, "the backend wrote the large body itself");
+    // A small result on the same backend connection, then a large one again.
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 12, request: 1, bytes: get(777, 4).into_bytes() });
+    link.send(&LocalMsg::Serve { conn: 12, request: 1 }, None).await.unwrap();
+    let (_, body) = response(&mut client, &mut buf).await;
+    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 4)), (777, None));
+    assert_eq!(passed(), 1, "a small result is not deferred");
+    client.write_all(get(300_000, 5).as_bytes()).await.unwrap();
+    let (conn, request) = (12, 2);
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn, request, bytes: get(300_000, 5).into_bytes() });
+    link.send(&LocalMsg::Serve { conn, request }, None).await.unwrap();
+    let (head, body) = response(&mut client, &mut buf).await;
+    assert!(head.contains("x-refract-handover: 1"), "{head}");
+    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 5)), (300_000, None));
+    assert_eq!(passed(), 2);
+    assert_eq!(srv.stats.reads.load(std::sync::atomic::Ordering::Relaxed), 3);
     let _ = std::fs::remove_file(socket);
 }
 

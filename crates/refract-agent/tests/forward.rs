@@ -32,7 +32,13 @@ async fn setup(delay_ms: u64) -> ControlChannel {
     tokio::spawn(blob_serve(l, BlobServer::new("b".into(), delay_ms, 0)));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let local = LocalOptions { backend, backend_socket: None, backend_timeout: Duration::from_secs(5), guard: None };
+    let local = LocalOptions {
+        backend,
+        backend_socket: None,
+        pass_socket: false,
+        backend_timeout: Duration::from_secs(5),
+        guard: None,
+    };
     tokio::spawn(serve_with(l, ControlKey::try_new(KEY).unwrap(), opts(), Some(local)));
     ControlChannel::connect(addr, &ControlKey::try_new(KEY).unwrap(), opts()).await.unwrap()
 }

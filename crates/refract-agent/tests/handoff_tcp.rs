@@ -85,8 +85,13 @@ async fn scenario() {
         dead_after: Duration::from_secs(5),
         ..Default::default()
     };
-    let backend_opts =
-        LocalOptions { backend, backend_socket: None, backend_timeout: Duration::from_secs(5), guard: None };
+    let backend_opts = LocalOptions {
+        backend,
+        backend_socket: None,
+        pass_socket: false,
+        backend_timeout: Duration::from_secs(5),
+        guard: None,
+    };
     tokio::spawn(serve_with(cl, ControlKey::try_new(KEY).unwrap(), opts, Some(backend_opts)));
 
     // The client (blocking, on its own thread) and the dispatcher's accepted socket.

@@ -3,12 +3,13 @@
 use crate::pattern;
 use bytes::{Buf, BytesMut};
 use refract_http::classify::{classify_plan, RouteClass};
-use refract_http::{reply, BodyKind, ChunkedDecoder, RequestHead};
+use refract_http::{defer, reply, BodyKind, ChunkedDecoder, RequestHead};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
 const MAX_HEAD: usize = 64 * 1024;
@@ -26,6 +27,8 @@ pub struct Stats {
     pub writes: AtomicU64,
     /// Plans with a TableLoad.
     pub loads: AtomicU64,
+    /// Bodies written straight into a client socket an agent passed (`refract_http::defer`).
+    pub passed: AtomicU64,
 }
 
 /// A blob server's identity and capacity.
@@ -55,6 +58,7 @@ impl BlobServer {
             "reads": self.stats.reads.load(Relaxed),
             "writes": self.stats.writes.load(Relaxed),
             "loads": self.stats.loads.load(Relaxed),
+            "passed": self.stats.passed.load(Relaxed),
         })
         .to_string()
     }
@@ -72,8 +76,18 @@ impl BlobServer {
 }
 
 /// A client connection: TCP, or a Unix socket for a co-located agent.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The Unix socket, over which an agent can pass the client's socket for a deferred body.
+    fn unix(&mut self) -> Option<&mut UnixStream> {
+        None
+    }
+}
+impl Io for TcpStream {}
+impl Io for UnixStream {
+    fn unix(&mut self) -> Option<&mut UnixStream> {
+        Some(self)
+    }
+}
 
 /// Serves connections from `listener` until it fails.
 pub async fn serve(listener: TcpListener, server: BlobServer) -> anyhow::Result<()> {
@@ -117,12 +131,19 @@ async fn connection(srv: &BlobServer, mut s: impl Io) -> std::io::Result<()> {
                 return s.write_all(&reply::error(e.status(), &msg, &[], true)).await;
             }
         };
+        let defer = defer::header_value(&buf[..head.len], defer::DEFER).and_then(|v| v.parse().ok());
         buf.advance(head.len);
         let body = match read_body(&mut s, &mut buf, head.body).await? {
             Ok(b) => b,
             Err(e) => return s.write_all(&reply::error(400, &e.to_string(), &[], true)).await,
         };
-        respond(srv, &mut s, &head, &body).await?;
+        if defer.is_some() && !buf.is_empty() {
+            // The agent waits for each response before it sends the next request, and the
+            // answer to a deferred head must be the next thing on the connection.
+            let msg = "a deferrable request must not be pipelined";
+            return s.write_all(&reply::error(400, msg, &[], true)).await;
+        }
+        respond(srv, &mut s, &head, &body, defer).await?;
         if !head.keep_alive {
             return Ok(());
         }
@@ -191,10 +212,16 @@ async fn fill(s: &mut impl Io, buf: &mut BytesMut) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn respond(srv: &BlobServer, s: &mut impl Io, head: &RequestHead, body: &[u8]) -> std::io::Result<()> {
+async fn respond(
+    srv: &BlobServer,
+    s: &mut impl Io,
+    head: &RequestHead,
+    body: &[u8],
+    defer: Option<u64>,
+) -> std::io::Result<()> {
     let close = !head.keep_alive;
     match (head.method.as_str(), head.path()) {
-        ("GET", "/blob") => get_blob(srv, s, head, close).await,
+        ("GET", "/blob") => get_blob(srv, s, head, close, defer).await,
         ("POST", "/blob") => {
             srv.process().await;
             srv.stats.writes.fetch_add(1, Relaxed);
@@ -255,7 +282,13 @@ fn blob_params(head: &RequestHead) -> Option<BlobParams> {
     Some(BlobParams { bytes: bytes?, seed, chunked })
 }
 
-async fn get_blob(srv: &BlobServer, s: &mut impl Io, head: &RequestHead, close: bool) -> std::io::Result<()> {
+async fn get_blob(
+    srv: &BlobServer,
+    s: &mut impl Io,
+    head: &RequestHead,
+    close: bool,
+    defer: Option<u64>,
+) -> std::io::Result<()> {
     let Some(p) = blob_params(head) else {
         return s.write_all(&reply::error(400, "need bytes=N (and optional seed=S) as integers", &[], close)).await;
     };
@@ -280,7 +313,17 @@ async fn get_blob(srv: &BlobServer, s: &mut impl Io, head: &RequestHead, close: 
         }
         return s.write_all(&out).await;
     }
+    if let (Some(at_least), Some(unix)) = (defer, s.unix()) {
+        if n >= at_least && !head.is_head() {
+            return deferred(srv, unix, out, n, seed).await;
+        }
+    }
     s.write_all(&out).await?;
+    write_pattern(s, n, seed).await
+}
+
+/// Writes the `n` pattern bytes of a body.
+async fn write_pattern(s: &mut (impl AsyncWrite + Unpin), n: u64, seed: u64) -> std::io::Result<()> {
     let mut off = 0u64;
     while off < n {
         let chunk = pattern::slice(off, seed, (n - off).min(1 << 20) as usize);
@@ -288,6 +331,84 @@ async fn get_blob(srv: &BlobServer, s: &mut impl Io, head: &RequestHead, close: 
         off += chunk.len() as u64;
     }
     Ok(())
+}
+
+/// A deferred body (`refract_http::defer`): the head goes with `x-refract-deferred`, then the
+/// agent says where the body goes: here, or the client's socket it passes along, which this
+/// server writes the body to itself (no hop through the agent) before it reports.
+async fn deferred(srv: &BlobServer, u: &mut UnixStream, head: Vec<u8>, n: u64, seed: u64) -> std::io::Result<()> {
+    let head = defer::with_header(&head, head.len(), defer::DEFERRED, "1");
+    u.write_all(&head).await?;
+    let (word, fd) = answer(u).await?;
+    match (word, fd) {
+        (defer::HERE, None) => write_pattern(u, n, seed).await,
+        (defer::SINK, Some(fd)) => {
+            let client = std::net::TcpStream::from(fd);
+            client.set_nonblocking(true)?;
+            let mut client = TcpStream::from_std(client)?;
+            let mut written = 0u64;
+            let done = tokio::select! {
+                r = write_counted(&mut client, n, seed, &mut written) => r.is_ok(),
+                () = agent_gone(u) => false,
+            };
+            if !done {
+                // Whatever the client got is short of the length in the head: reset it, so it
+                // cannot take a cut body for a whole one.
+                let _ = client.set_zero_linger();
+            }
+            drop(client);
+            if done {
+                srv.stats.passed.fetch_add(1, Relaxed);
+            }
+            u.write_all(&defer::report(done, written)).await
+        }
+        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an answer to a deferred head")),
+    }
+}
+
+/// The agent's 4-byte answer to a deferred head and the socket passed with it, if any.
+async fn answer(u: &UnixStream) -> std::io::Result<([u8; 4], Option<std::os::fd::OwnedFd>)> {
+    let (mut word, mut got, mut fd) = ([0u8; 4], 0, None);
+    while got < word.len() {
+        u.readable().await?;
+        match u.try_io(Interest::READABLE, || refract_handover::recv_with_fd(u.as_fd(), &mut word[got..])) {
+            Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok((k, passed)) => {
+                got += k;
+                fd = fd.or(passed);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((word, fd))
+}
+
+/// Writes the body, counting the bytes the socket took.
+async fn write_counted(c: &mut TcpStream, n: u64, seed: u64, written: &mut u64) -> std::io::Result<()> {
+    while *written < n {
+        let chunk = pattern::slice(*written, seed, (n - *written).min(1 << 20) as usize);
+        let k = c.write(chunk).await?;
+        if k == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        *written += k as u64;
+    }
+    Ok(())
+}
+
+/// Returns once the agent closed its end (or sent something it must not, mid-body): nobody
+/// is left to hand the connection back, so the body stops.
+async fn agent_gone(u: &UnixStream) {
+    loop {
+        if u.readable().await.is_err() {
+            return;
+        }
+        match u.try_read(&mut [0u8; 1]) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => return,
+        }
+    }
 }
 
 /// The same blob with `Transfer-Encoding: chunked` (chunks of at most 64 000 bytes).

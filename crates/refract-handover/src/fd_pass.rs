@@ -75,6 +75,41 @@ fn recv_header(sock: &UnixStream, header: &mut [u8; 4]) -> Result<OwnedFd> {
     Ok(fd)
 }
 
+/// One `sendmsg` of `bytes` on the Unix socket `sock` with `fd` attached, for non-blocking
+/// sockets (a `WouldBlock` error means try again when writable). Returns the bytes sent: the
+/// descriptor travels with the first of them, so a short count means the rest goes without it.
+pub fn send_with_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, bytes: &[u8]) -> std::io::Result<usize> {
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [IoSlice::new(bytes)];
+    Ok(sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT, None)?)
+}
+
+/// One `recvmsg` into `buf` on the Unix socket `sock`, for non-blocking sockets (a
+/// `WouldBlock` error means try again when readable): the bytes read (0 at end of stream) and
+/// the descriptor that came with them, if any.
+pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
+    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), flags)?;
+    let mut fd = None;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for raw in fds {
+                // SAFETY: the kernel just installed `raw` in our table for us (SCM_RIGHTS); no
+                // one else owns it, so it is wrapped exactly once and closed when dropped.
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                fd.get_or_insert(owned); // extra descriptors (none expected) are closed
+            }
+        }
+    }
+    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "control data truncated"));
+    }
+    Ok((msg.bytes, fd))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +120,30 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         (&a).write_all(&[0, 0, 0, 1, 9]).unwrap();
         assert!(matches!(recv_fd(&b, 16), Err(Error::Codec(_))));
+    }
+
+    #[test]
+    fn one_call_moves_bytes_with_a_descriptor_or_without() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (x, y) = UnixStream::pair().unwrap();
+        assert_eq!(send_with_fd(a.as_fd(), x.as_fd(), b"SINK").unwrap(), 4);
+        let mut buf = [0u8; 4];
+        let (n, fd) = recv_with_fd(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((n, &buf), (4, b"SINK"));
+        // The descriptor received is the same socket: what is written to it reaches `y`.
+        let passed = UnixStream::from(fd.unwrap());
+        (&passed).write_all(b"via").unwrap();
+        let mut got = [0u8; 3];
+        (&y).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"via");
+        (&a).write_all(b"HERE").unwrap();
+        let (n, fd) = recv_with_fd(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((n, &buf, fd.is_none()), (4, b"HERE", true));
+        b.set_nonblocking(true).unwrap();
+        let e = recv_with_fd(b.as_fd(), &mut buf).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+        drop(a);
+        assert_eq!(recv_with_fd(b.as_fd(), &mut buf).unwrap().0, 0, "end of stream");
     }
 
     #[test]

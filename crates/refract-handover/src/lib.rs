@@ -34,7 +34,7 @@ mod tcp_state;
 
 pub use bpf::FlowKey;
 pub use error::{Error, Result, Side};
-pub use fd_pass::{recv_fd, send_fd};
+pub use fd_pass::{recv_fd, recv_with_fd, send_fd, send_with_fd};
 pub use guard::{Guard, GuardStats};
 pub use restore::restore;
 #[doc(hidden)]

@@ -12,6 +12,7 @@
 
 pub mod chunked;
 pub mod classify;
+pub mod defer;
 pub mod error;
 pub mod head;
 pub mod reply;

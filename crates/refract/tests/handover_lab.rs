@@ -220,13 +220,27 @@ struct Cluster {
 /// Starts the cluster with `handover` as the dispatcher's `[handover]` body (mode and options;
 /// the agent and key are added here).
 fn cluster(lab: &Lab, handover: &str) -> Cluster {
+    cluster_with(lab, handover, false)
+}
+
+/// [`cluster`]; with `pass_socket`, the agent reaches `b2` over a Unix socket and passes it
+/// the client socket for large results (`refract_http::defer`).
+fn cluster_with(lab: &Lab, handover: &str, pass_socket: bool) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let b1 = lab.start("d", &["blob-server", "--listen", "127.0.0.1:9001", "--name", "b1"], 9001);
-    let b2 = lab.start("a", &["blob-server", "--listen", "198.18.6.21:9002", "--name", "b2"], 9002);
+    let socket = dir.path().join("b2.sock");
+    let mut b2_args = vec!["blob-server", "--listen", "198.18.6.21:9002", "--name", "b2"];
+    if pass_socket {
+        b2_args.extend(["--unix", socket.to_str().unwrap()]);
+    }
+    let b2 = lab.start("a", &b2_args, 9002);
     let agent_cfg = dir.path().join("agent.toml");
-    let text = format!(
+    let mut text = format!(
         "backend = \"198.18.6.21:9002\"\ncontrol = \"198.18.6.21:9100\"\nvip = \"{VIP}\"\ninterface = \"eth0\"\nkey = \"{KEY}\"\n"
     );
+    if pass_socket {
+        text += &format!("backend_socket = \"{}\"\npass_socket = true\n", socket.display());
+    }
     std::fs::write(&agent_cfg, text).unwrap();
     let agent = lab.start("a", &["agent", "--config", agent_cfg.to_str().unwrap()], 9100);
     let key_file = dir.path().join("control.key");
@@ -378,12 +392,18 @@ fn client_correctness() {
 
 /// The correctness run in `mode` (the `[handover]` body without agents and key).
 fn run_correctness(test: &str, variant: &str, handover: &str) {
+    run_correctness_with(test, variant, handover, false);
+}
+
+/// [`run_correctness`]; `pass_socket` as in [`cluster_with`]. Then the blob server's `/stats`
+/// must show bodies it wrote into passed sockets.
+fn run_correctness_with(test: &str, variant: &str, handover: &str, pass_socket: bool) {
     if !is_root() {
         let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root");
         return;
     }
     let lab = Lab::up(variant);
-    let cluster = cluster(&lab, handover);
+    let cluster = cluster_with(&lab, handover, pass_socket);
     let started = Instant::now();
     let text = run_client(&lab, test, cluster.agent.child.id());
     let line = text.lines().find(|l| l.starts_with("correctness:")).unwrap().to_string();
@@ -397,6 +417,18 @@ fn run_correctness(test: &str, variant: &str, handover: &str) {
     let lost = value(&metrics, r#"refract_handover_ended_total{backend="b2",end="lost"}"#).unwrap_or(0);
     assert_eq!(lost, 0, "{metrics}");
     assert_eq!(value(&metrics, "refract_steering_entries"), Some(0), "steering entries left:\n{metrics}");
+    let stats = backend_stats(&lab);
+    let passed = stats["passed"].as_u64().unwrap();
+    assert_eq!(passed > 0, pass_socket, "bodies b2 wrote into passed client sockets: {stats}");
+}
+
+/// `b2`'s `/stats`, read from its own host.
+fn backend_stats(lab: &Lab) -> serde_json::Value {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.ns("a"), "curl", "-s", "http://198.18.6.21:9002/stats"])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 #[test]
@@ -416,6 +448,17 @@ fn lab_correctness_hybrid() {
     let handover =
         format!("mode = \"hybrid\"\nthreshold = {}\ninterface = \"eth0\"\n", setting("RF_LAB_MAX_BYTES", 4 << 20) / 2);
     run_correctness("lab_correctness_hybrid", "cy", &handover);
+}
+
+#[test]
+fn lab_correctness_hybrid_backend_writes_itself() {
+    if std::env::var_os("RF_LAB_CLIENT").is_some() {
+        return client_correctness();
+    }
+    // As above, with the agent passing the client socket to b2 for the large results.
+    let handover =
+        format!("mode = \"hybrid\"\nthreshold = {}\ninterface = \"eth0\"\n", setting("RF_LAB_MAX_BYTES", 4 << 20) / 2);
+    run_correctness_with("lab_correctness_hybrid_backend_writes_itself", "cp", &handover, true);
 }
 
 /// Inside `c`: 4 connections at once, each 6 reads of 4 MiB, all bodies checked.

@@ -74,13 +74,22 @@ impl Held {
 }
 
 /// `request` (head of `head_len` bytes first) as the agent sends it to its backend: with
-/// `pass_socket`, asking the backend to defer bodies of at least `at_least` bytes.
+/// `pass_socket`, asking the backend to defer bodies of at least `at_least` bytes. A
+/// `x-refract-defer` the client sent is dropped either way: only the agent asks for that.
 pub(crate) fn to_backend(pass_socket: bool, request: &[u8], head_len: usize, at_least: u64) -> Cow<'_, [u8]> {
+    let head_len = head_len.min(request.len());
+    let mut out = match defer::without_header(&request[..head_len], defer::DEFER) {
+        Some(mut clean) => {
+            clean.extend_from_slice(&request[head_len..]);
+            Cow::Owned(clean)
+        }
+        None => Cow::Borrowed(request),
+    };
     if pass_socket {
-        Cow::Owned(defer::with_header(request, head_len, defer::DEFER, &at_least.to_string()))
-    } else {
-        Cow::Borrowed(request)
+        let head_len = head_len - (request.len() - out.len());
+        out = Cow::Owned(defer::with_header(&out, head_len, defer::DEFER, &at_least.to_string()));
     }
+    out
 }
 
 /// The dispatcher, as an adopted connection needs it: routing authority stays there, so every
@@ -273,7 +282,9 @@ impl Adopted<'_> {
         self.write(&tag(&h.buf[h.head_at..h.head_at + h.head.len], self.epoch)).await?;
         h.buf.advance(h.head_at + h.head.len);
         if h.deferred {
-            if let BackendStream::Unix(u) = &*self.backend {
+            // Only a socket the operator allowed to pass goes (a backend deferring without
+            // being asked gets `HERE`).
+            if let (true, BackendStream::Unix(u)) = (self.pass_socket, &*self.backend) {
                 let (done, wrote) = pass_client(u, self.client).await?;
                 self.sent += wrote;
                 return match (done, h.head.body) {
@@ -505,6 +516,21 @@ mod tests {
         assert!(!may_complete(huge.as_bytes()), "a body beyond the bound: hand back");
         assert!(!may_complete(b"\x00\x01 not http\r\n\r\n"), "garbage: the dispatcher answers it");
         assert!(!may_complete(&vec![b'a'; MAX_PENDING]));
+    }
+
+    #[test]
+    fn only_the_agent_asks_the_backend_to_defer() {
+        let req = b"GET /blob?bytes=9 HTTP/1.1\r\nX-Refract-Defer: 1\r\nhost: t\r\n\r\n";
+        let plain = b"GET /blob?bytes=9 HTTP/1.1\r\nhost: t\r\n\r\n";
+        assert_eq!(&*to_backend(false, req, req.len(), 5), plain, "the client's header is dropped");
+        let asked = to_backend(true, req, req.len(), 65536);
+        assert_eq!(&*asked, b"GET /blob?bytes=9 HTTP/1.1\r\nhost: t\r\nx-refract-defer: 65536\r\n\r\n");
+        assert!(matches!(to_backend(false, plain, plain.len(), 5), Cow::Borrowed(_)), "no copy without one");
+        let post = b"POST /blob HTTP/1.1\r\ncontent-length: 2\r\n\r\nab";
+        assert_eq!(
+            &*to_backend(true, post, post.len() - 2, 7),
+            b"POST /blob HTTP/1.1\r\ncontent-length: 2\r\nx-refract-defer: 7\r\n\r\nab"
+        );
     }
 
     #[test]

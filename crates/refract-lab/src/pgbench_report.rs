@@ -89,7 +89,8 @@ fn header(out: &mut String, r: &Results) {
         o.command
     );
     out.push_str(
-        "Targets: `direct` = pgbench → the primary; `refract` → refract → the replica (refract sends reads \
+        "Targets: `direct` = pgbench → the primary; `direct-replica` = pgbench → the replica (the server \
+         refract's reads go to, without a pooler); `refract` → refract → the replica (refract sends reads \
          to replicas, to the primary only when none qualifies); `pgbouncer` → PgBouncer (transaction pooling) \
          → the primary (one server per database entry: it cannot route reads); `pgpool` → pgpool-II \
          (streaming-replication mode, load balancing) → the primary or the replica, chosen per client \
@@ -116,7 +117,7 @@ pub fn tables(r: &Results) -> String {
     }
     out.push('\n');
     let _ = writeln!(out, "| ratio (median TPS) | {} |\n|---|{}", MODES.join(" | "), "---:|".repeat(MODES.len()));
-    for other in ["pgbouncer", "direct", "pgpool"] {
+    for other in ["pgbouncer", "direct", "direct-replica", "pgpool"] {
         let mut row = format!("| refract/{other} |");
         for m in MODES {
             let v = median(r, "refract", m).zip(median(r, other, m)).map(|(a, b)| ratio(a.tps, b.tps));
@@ -325,7 +326,13 @@ mod tests {
 
     fn results() -> Results {
         let mut runs = vec![];
-        for (t, tps) in [("direct", 30_000.0), ("refract", 15_000.0), ("pgbouncer", 30_000.0), ("pgpool", 20_000.0)] {
+        for (t, tps) in [
+            ("direct", 30_000.0),
+            ("direct-replica", 28_000.0),
+            ("refract", 15_000.0),
+            ("pgbouncer", 30_000.0),
+            ("pgpool", 20_000.0),
+        ] {
             for m in MODES {
                 let outcome = if t == "pgbouncer" && m == "prepared" {
                     Err("ERROR:  prepared statement \"P_0\" already exists".to_string())
@@ -361,6 +368,8 @@ mod tests {
         assert!(text.contains("| refract | **15.0k**, 1.00 ms | **15.0k**, 1.00 ms |"), "{text}");
         assert!(text.contains("| pgbouncer | **30.0k**, 1.00 ms | failed ⚠1 |"), "{text}");
         assert!(text.contains("| refract/pgbouncer | 0.500× | – |"), "{text}");
+        assert!(text.contains("| direct-replica | **28.0k**, 1.00 ms | **28.0k**, 1.00 ms |"), "{text}");
+        assert!(text.contains("| refract/direct-replica | 0.536× | 0.536× |"), "{text}");
         assert!(text.contains("PgBouncer 1.18 does not support"), "{text}");
         assert!(text.contains("| refract | 5000 | 800 | 200 | 200 | 600 | 75.0 % | 1400 | 1200 |"), "{text}");
         assert!(text.contains("```ini\n[pgbouncer]\n```"));

@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The targets of the TPS table, in report order.
-pub const TARGETS: [&str; 4] = ["direct", "refract", "pgbouncer", "pgpool"];
+pub const TARGETS: [&str; 5] = ["direct", "direct-replica", "refract", "pgbouncer", "pgpool"];
 /// refract with `read_your_writes = false` (only in the read/write mix).
 pub const REFRACT_NO_RYW: &str = "refract-ryw-off";
 /// PgBouncer's binary (Debian's package).
@@ -116,6 +116,8 @@ fn group_alive(pgid: u32) -> bool {
 pub fn start(ctx: &Setup, name: &str) -> Result<Target> {
     match name {
         "direct" => Ok(Target { name: name.into(), port: ctx.primary, config: String::new(), proc: None }),
+        // The server refract reads from, without a pooler: what refract's reads could reach.
+        "direct-replica" => Ok(Target { name: name.into(), port: ctx.replica, config: String::new(), proc: None }),
         "refract" | REFRACT_NO_RYW => start_refract(ctx, name, name == "refract"),
         "pgbouncer" => start_pgbouncer(ctx),
         "pgpool" => start_pgpool(ctx),

@@ -251,8 +251,15 @@ impl Adopted<'_> {
 
     /// The client's next whole request: buffered already, or read within the idle bound. What
     /// is read stays in `pending` whatever happens (it travels back with the hand-back).
+    ///
+    /// The idle bound counts from when the client has taken what was written: a response's
+    /// last bytes may still sit in the socket (megabytes, when the backend wrote them itself
+    /// or the client is slow), and a client reading them cannot send its next request yet.
+    /// So while the bytes the client has not acknowledged keep shrinking, each idle period
+    /// starts again; a client that takes nothing for `idle` gets the hand-back as before.
     async fn incoming(&mut self) -> Incoming {
-        let deadline = tokio::time::Instant::now() + self.idle;
+        let mut deadline = tokio::time::Instant::now() + self.idle;
+        let mut unacked = refract_handover::unacked(&*self.client).unwrap_or(0);
         loop {
             if let Some((len, head)) = whole_request(&self.pending) {
                 return Incoming::Request(len, head);
@@ -262,7 +269,15 @@ impl Adopted<'_> {
             }
             self.pending.reserve(READ_CHUNK.min(MAX_PENDING - self.pending.len()).max(1));
             match tokio::time::timeout_at(deadline, self.client.read_buf(&mut self.pending)).await {
-                Err(_) => return Incoming::Boundary,
+                Err(_) => {
+                    let now = refract_handover::unacked(&*self.client).unwrap_or(0);
+                    if now > 0 && now < unacked {
+                        unacked = now;
+                        deadline = tokio::time::Instant::now() + self.idle;
+                        continue;
+                    }
+                    return Incoming::Boundary;
+                }
                 Ok(Ok(0)) => return Incoming::Gone("the client closed the connection".into()),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Incoming::Gone(format!("client read failed: {e}")),

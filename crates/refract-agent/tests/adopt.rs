@@ -412,6 +412,47 @@ async fn a_backend_passed_the_client_socket_writes_large_bodies_itself() {
 }
 
 #[tokio::test]
+async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
+    // A client with a small receive buffer reading slowly: when the blob server reports the
+    // body written, megabytes of it are still in the socket, and the client needs far longer
+    // than `idle_ms` to take them before it can send its next request.
+    let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let (socket, _srv) = unix_blob("slow").await;
+    let path = agent_passing(identity, socket.clone(), "slow", true).await;
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.set_recv_buffer_size(32 * 1024).unwrap();
+    let mut client = s.connect(l.local_addr().unwrap()).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    let mut link = LocalLink::connect(&path).await.unwrap();
+    let (conn, idle_ms, size) = (14, 50, 4u64 << 20);
+    let adopt = LocalMsg::Adopt { conn, epoch: 1, backend: identity, idle_ms, pending: get(size, 6).into_bytes() };
+    link.send(&adopt, Some(server.as_fd())).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn, epoch: 1 });
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 32 * 1024];
+    let total = loop {
+        let n = client.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "eof after {} bytes", got.len());
+        got.extend_from_slice(&chunk[..n]);
+        if let Some(h) = refract_http::ResponseHead::parse(&got, 1 << 16, false).unwrap() {
+            if got.len() as u64 >= h.len as u64 + size {
+                break h.len;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    };
+    let took = started.elapsed();
+    assert!(took > Duration::from_millis(4 * u64::from(idle_ms)), "read too fast to test anything: {took:?}");
+    assert_eq!(pattern::first_mismatch(&got[total..], 0, 6), None);
+    client.write_all(get(10, 1).as_bytes()).await.unwrap();
+    let next = LocalMsg::Next { conn, request: 1, bytes: get(10, 1).into_bytes() };
+    assert_eq!(link.recv().await.unwrap().0, next, "handed back while the client was still reading ({took:?})");
+    let _ = std::fs::remove_file(socket);
+}
+
+#[tokio::test]
 async fn a_missing_backend_socket_is_refused_before_any_byte() {
     let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let gone = std::env::temp_dir().join(format!("rf-blob-{}-gone.sock", std::process::id()));

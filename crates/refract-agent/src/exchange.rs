@@ -176,8 +176,9 @@ impl<'a> Adopted<'a> {
         timeout: Duration,
         idle: Duration,
         epoch: u64,
+        pass_socket: bool,
     ) -> Self {
-        Adopted { client, backend, pending, timeout, idle, epoch, sent: 0, pipe: None, pass_socket: false }
+        Adopted { client, backend, pending, timeout, idle, epoch, sent: 0, pipe: None, pass_socket }
     }
 }
 
@@ -299,7 +300,7 @@ impl Adopted<'_> {
         if h.deferred {
             // Only a socket the operator allowed to pass goes (a backend deferring without
             // being asked gets `HERE`).
-            if let (true, BackendStream::Unix(u)) = (self.pass_socket, &*self.backend) {
+            if let (true, BackendStream::Unix(u)) = (self.pass_socket, &mut *self.backend) {
                 let (done, wrote) = pass_client(u, self.client).await?;
                 self.sent += wrote;
                 return match (done, h.head.body) {
@@ -349,7 +350,7 @@ impl Adopted<'_> {
 
 /// Passes the client socket to the backend that deferred a body (`defer::SINK`) and waits for
 /// its report: whether it wrote the whole body, and how many bytes it wrote.
-async fn pass_client(u: &tokio::net::UnixStream, client: &TcpStream) -> std::io::Result<(bool, u64)> {
+async fn pass_client(u: &mut tokio::net::UnixStream, client: &TcpStream) -> std::io::Result<(bool, u64)> {
     use std::os::fd::AsFd;
     let mut at = 0;
     while at == 0 {
@@ -363,26 +364,11 @@ async fn pass_client(u: &tokio::net::UnixStream, client: &TcpStream) -> std::io:
         }
     }
     // The socket went with the first byte; the rest of the word (if any) follows plainly.
-    let mut rest = &defer::SINK[at..];
-    while !rest.is_empty() {
-        u.writable().await?;
-        match u.try_write(rest) {
-            Ok(n) => rest = &rest[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
+    u.write_all(&defer::SINK[at..]).await?;
     let mut report = [0u8; defer::REPORT_LEN];
-    let mut got = 0;
-    while got < report.len() {
-        u.readable().await?;
-        match u.try_read(&mut report[got..]) {
-            Ok(0) => return Err(eof()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
+    u.read_exact(&mut report)
+        .await
+        .map_err(|e| if e.kind() == std::io::ErrorKind::UnexpectedEof { eof() } else { e })?;
     defer::parse_report(&report)
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not a report on a deferred body"))
 }

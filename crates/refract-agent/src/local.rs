@@ -113,8 +113,7 @@ pub(crate) async fn adopt(
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
     let idle = Duration::from_millis(offer.idle_ms.into());
-    let mut adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch);
-    adopted.pass_socket = opts.pass_socket;
+    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch, opts.pass_socket);
     let served = adopted.run(held, &mut AskLink { link: &mut *link, conn }).await?;
     match served {
         (Served::Boundary(pending), sent) => {

@@ -319,18 +319,7 @@ async fn get_blob(
         }
     }
     s.write_all(&out).await?;
-    write_pattern(s, n, seed).await
-}
-
-/// Writes the `n` pattern bytes of a body.
-async fn write_pattern(s: &mut (impl AsyncWrite + Unpin), n: u64, seed: u64) -> std::io::Result<()> {
-    let mut off = 0u64;
-    while off < n {
-        let chunk = pattern::slice(off, seed, (n - off).min(1 << 20) as usize);
-        s.write_all(chunk).await?;
-        off += chunk.len() as u64;
-    }
-    Ok(())
+    write_pattern(s, n, seed, &mut 0).await
 }
 
 /// A deferred body (`refract_http::defer`): the head goes with `x-refract-deferred`, then the
@@ -341,14 +330,14 @@ async fn deferred(srv: &BlobServer, u: &mut UnixStream, head: Vec<u8>, n: u64, s
     u.write_all(&head).await?;
     let (word, fd) = answer(u).await?;
     match (word, fd) {
-        (defer::HERE, None) => write_pattern(u, n, seed).await,
+        (defer::HERE, None) => write_pattern(u, n, seed, &mut 0).await,
         (defer::SINK, Some(fd)) => {
             let client = std::net::TcpStream::from(fd);
             client.set_nonblocking(true)?;
             let mut client = TcpStream::from_std(client)?;
             let mut written = 0u64;
             let done = tokio::select! {
-                r = write_counted(&mut client, n, seed, &mut written) => r.is_ok(),
+                r = write_pattern(&mut client, n, seed, &mut written) => r.is_ok(),
                 () = agent_gone(u) => false,
             };
             if !done {
@@ -384,11 +373,11 @@ async fn answer(u: &UnixStream) -> std::io::Result<([u8; 4], Option<std::os::fd:
     Ok((word, fd))
 }
 
-/// Writes the body, counting the bytes the socket took.
-async fn write_counted(c: &mut TcpStream, n: u64, seed: u64, written: &mut u64) -> std::io::Result<()> {
+/// Writes the `n` pattern bytes of a body; `written` (from 0) counts the bytes the socket took.
+async fn write_pattern(s: &mut (impl AsyncWrite + Unpin), n: u64, seed: u64, written: &mut u64) -> std::io::Result<()> {
     while *written < n {
         let chunk = pattern::slice(*written, seed, (n - *written).min(1 << 20) as usize);
-        let k = c.write(chunk).await?;
+        let k = s.write(chunk).await?;
         if k == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }

@@ -444,10 +444,13 @@ fn lab_correctness_hybrid() {
     if std::env::var_os("RF_LAB_CLIENT").is_some() {
         return client_correctness();
     }
-    // Half the sizes are above the threshold: those are handed over, the rest relayed.
-    let handover =
-        format!("mode = \"hybrid\"\nthreshold = {}\ninterface = \"eth0\"\n", setting("RF_LAB_MAX_BYTES", 4 << 20) / 2);
-    run_correctness("lab_correctness_hybrid", "cy", &handover);
+    run_correctness("lab_correctness_hybrid", "cy", &hybrid_half());
+}
+
+/// Hybrid with the threshold at half the largest size: half the results are handed over, the
+/// rest relayed.
+fn hybrid_half() -> String {
+    format!("mode = \"hybrid\"\nthreshold = {}\ninterface = \"eth0\"\n", setting("RF_LAB_MAX_BYTES", 4 << 20) / 2)
 }
 
 #[test]
@@ -456,9 +459,7 @@ fn lab_correctness_hybrid_backend_writes_itself() {
         return client_correctness();
     }
     // As above, with the agent passing the client socket to b2 for the large results.
-    let handover =
-        format!("mode = \"hybrid\"\nthreshold = {}\ninterface = \"eth0\"\n", setting("RF_LAB_MAX_BYTES", 4 << 20) / 2);
-    run_correctness_with("lab_correctness_hybrid_backend_writes_itself", "cp", &handover, true);
+    run_correctness_with("lab_correctness_hybrid_backend_writes_itself", "cp", &hybrid_half(), true);
 }
 
 /// Inside `c`: 4 connections at once, each 6 reads of 4 MiB, all bodies checked.

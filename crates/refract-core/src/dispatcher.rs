@@ -6,9 +6,9 @@ use crate::membership::Membership;
 use crate::metrics::Metrics;
 use crate::overload::{RetryBudget, UserLimits};
 use crate::{admin, health, session};
+use prometheus_client::metrics::gauge::Gauge;
 use refract_http::Classifier;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -127,9 +127,32 @@ impl Dispatcher {
 async fn accept_loop(ctx: Arc<Ctx>, listener: TcpListener, sessions: TaskTracker) {
     let serve = ctx.clone();
     accept_each(&ctx.stop, &ctx.metrics, "http", listener, |stream, _| {
-        sessions.spawn(session::run(serve.clone(), stream));
+        let open = OpenConnection::count(serve.metrics.open_connections(crate::shard::current()));
+        let serve = serve.clone();
+        sessions.spawn(async move {
+            session::run(serve, stream).await;
+            drop(open);
+        });
     })
     .await;
+}
+
+/// A client connection counted as open on its event loop (`refract_client_connections_open`)
+/// until dropped.
+pub(crate) struct OpenConnection(Gauge);
+
+impl OpenConnection {
+    /// Counts a new connection on `gauge`.
+    pub(crate) fn count(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Accepts client connections (HTTP or PostgreSQL, `what`) until `stop`, counting each and
@@ -173,7 +196,7 @@ pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
         AcceptMode::Reuseport => (None, Vec::new()),
         AcceptMode::Balanced => {
             let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
-            let load = (0..shards).map(|_| AtomicUsize::new(0)).collect();
+            let load = (0..shards).map(|i| ctx.metrics.open_connections(i)).collect();
             (Some(Arc::new(Spread { inboxes: txs, load })), rxs.into_iter().map(Some).collect())
         }
     };
@@ -205,10 +228,10 @@ pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
 }
 
 /// Balanced accept: each shard's inbox of accepted connections, and its open client
-/// connections (HTTP and PostgreSQL alike).
+/// connections (HTTP and PostgreSQL alike; the `refract_client_connections_open` gauges).
 struct Spread {
     inboxes: Vec<mpsc::UnboundedSender<Placed>>,
-    load: Vec<AtomicUsize>,
+    load: Vec<Gauge>,
 }
 
 /// A client connection accepted on shard 0 for some shard to serve.
@@ -223,34 +246,56 @@ struct Feed {
     inbox: Option<mpsc::UnboundedReceiver<Placed>>,
 }
 
+/// How long balanced accept waits for a new connection's first bytes before placing it anyway.
+const FIRST_BYTES_WAIT: Duration = Duration::from_millis(100);
+
 impl Spread {
     /// Hands an accepted HTTP connection to the shard with the fewest open client connections.
-    fn place(&self, stream: TcpStream) {
-        if let Ok(std) = stream.into_std() {
-            self.send(Placed::Http(std));
-        }
+    fn place(self: &Arc<Self>, stream: TcpStream) {
+        self.place_when_spoken(stream, None);
     }
 
     /// Hands an accepted PostgreSQL connection to the shard with the fewest open client
     /// connections.
-    fn place_pg(&self, stream: TcpStream, peer: SocketAddr) {
-        if let Ok(std) = stream.into_std() {
-            self.send(Placed::Pg(std, peer));
-        }
+    fn place_pg(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        self.place_when_spoken(stream, Some(peer));
+    }
+
+    /// Places a connection once its client has sent something (HTTP and PostgreSQL clients
+    /// speak first), or after [`FIRST_BYTES_WAIT`]. A connection closed before it sent
+    /// anything is closed here, never counted: wrk, health checkers and port scanners open
+    /// such probes just before their real connections, and counting them on a shard until its
+    /// loop notices the close put the real connections on one shard.
+    fn place_when_spoken(self: &Arc<Self>, stream: TcpStream, pg_peer: Option<SocketAddr>) {
+        let spread = self.clone();
+        drop(tokio::spawn(async move {
+            let mut first = [0u8; 1];
+            // Closed or reset before a byte arrived: nothing to serve. Data, or no word within
+            // the wait: place it.
+            if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(FIRST_BYTES_WAIT, stream.peek(&mut first)).await {
+                return;
+            }
+            if let Ok(std) = stream.into_std() {
+                spread.send(match pg_peer {
+                    Some(peer) => Placed::Pg(std, peer),
+                    None => Placed::Http(std),
+                });
+            }
+        }));
     }
 
     fn send(&self, placed: Placed) {
-        let j = least_loaded(&self.load);
-        self.load[j].fetch_add(1, Ordering::Relaxed);
+        let j = least_loaded(&self.load.iter().map(Gauge::get).collect::<Vec<_>>());
+        self.load[j].inc();
         if self.inboxes[j].send(placed).is_err() {
-            self.load[j].fetch_sub(1, Ordering::Relaxed);
+            self.load[j].dec();
         }
     }
 }
 
 /// The shard with the fewest open client connections (the lowest index on a tie).
-fn least_loaded(load: &[AtomicUsize]) -> usize {
-    (0..load.len()).min_by_key(|&j| load[j].load(Ordering::Relaxed)).unwrap_or(0)
+fn least_loaded(load: &[i64]) -> usize {
+    (0..load.len()).min_by_key(|&j| load[j]).unwrap_or(0)
 }
 
 /// Balanced accept, shard `i`'s side: serves the connections placed in its inbox (shard 0
@@ -273,24 +318,26 @@ async fn serve_inbox(ctx: Arc<Ctx>, i: usize, feed: Feed, listener: Option<TcpLi
             Placed::Http(std) => (std, None),
             Placed::Pg(std, peer) => (std, Some(peer)),
         };
+        // Counted on this shard when it was placed.
+        let open = OpenConnection(spread.load[i].clone());
         match TcpStream::from_std(std) {
             Ok(stream) => {
-                let (ctx, spread) = (ctx.clone(), spread.clone());
+                let ctx = ctx.clone();
                 match (pg_peer, ctx.cfg.postgres.clone()) {
                     // PostgreSQL sessions are not drained (as with reuseport accept): an idle
                     // client may stay connected for hours.
                     (Some(peer), Some(pg)) => drop(tokio::spawn(async move {
                         crate::pg::run_session(&ctx, &pg, stream, peer).await;
-                        spread.load[i].fetch_sub(1, Ordering::Relaxed);
+                        drop(open);
                     })),
                     _ => drop(sessions.spawn(async move {
                         session::run(ctx, stream).await;
-                        spread.load[i].fetch_sub(1, Ordering::Relaxed);
+                        drop(open);
                     })),
                 }
             }
             Err(e) => {
-                spread.load[i].fetch_sub(1, Ordering::Relaxed);
+                drop(open);
                 tracing::warn!(error = %e, "could not register a client connection");
             }
         }
@@ -370,13 +417,9 @@ mod tests {
 
     #[test]
     fn balanced_accept_picks_the_least_loaded_shard() {
-        let load: Vec<AtomicUsize> = [3, 1, 2].into_iter().map(AtomicUsize::new).collect();
-        assert_eq!(least_loaded(&load), 1);
-        load[1].fetch_add(5, Ordering::Relaxed);
-        assert_eq!(least_loaded(&load), 2);
-        let even: Vec<AtomicUsize> = (0..2).map(|_| AtomicUsize::new(0)).collect();
-        assert_eq!(least_loaded(&even), 0, "ties go to the lowest shard");
-        even[0].fetch_add(1, Ordering::Relaxed);
-        assert_eq!(least_loaded(&even), 1, "two connections land on two shards");
+        assert_eq!(least_loaded(&[3, 1, 2]), 1);
+        assert_eq!(least_loaded(&[3, 6, 2]), 2);
+        assert_eq!(least_loaded(&[0, 0]), 0, "ties go to the lowest shard");
+        assert_eq!(least_loaded(&[1, 0]), 1, "two connections land on two shards");
     }
 }

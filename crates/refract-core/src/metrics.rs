@@ -51,6 +51,11 @@ struct EndLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabel {
+    shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: String,
 }
@@ -67,6 +72,7 @@ pub struct Metrics {
     pub bytes_to_client: Counter,
     /// Client connections accepted.
     pub connections: Counter,
+    open_connections: Family<ShardLabel, Gauge>,
     /// Time the event loops spent busy polling (`[listen] busy_poll_us`).
     pub busy_poll_seconds: Counter<f64, AtomicU64>,
     backend_up: Family<BackendLabel, Gauge>,
@@ -132,6 +138,12 @@ impl Metrics {
         let dir = |d: &str| bytes.get_or_create(&DirectionLabel { direction: d.into() }).clone();
         let connections = Counter::default();
         reg.register("client_connections", "Client connections accepted", connections.clone());
+        let open_connections = Family::<ShardLabel, Gauge>::default();
+        reg.register(
+            "client_connections_open",
+            "Open client connections (HTTP and PostgreSQL) per event loop",
+            open_connections.clone(),
+        );
         let busy_poll_seconds = Counter::<f64, AtomicU64>::default();
         reg.register(
             "busy_poll_seconds",
@@ -228,6 +240,7 @@ impl Metrics {
             bytes_to_backend: dir("to_backend"),
             bytes_to_client: dir("to_client"),
             connections,
+            open_connections,
             busy_poll_seconds,
             backend_up,
             backend_inflight,
@@ -297,6 +310,11 @@ impl Metrics {
     /// Sets how many PostgreSQL clients are in `state`.
     pub fn set_pg_clients(&self, state: &str, n: usize) {
         self.pg_clients.get_or_create(&StateLabel { state: state.into() }).set(n as i64);
+    }
+
+    /// The gauge of open client connections on event loop `shard`.
+    pub fn open_connections(&self, shard: usize) -> Gauge {
+        self.open_connections.get_or_create(&ShardLabel { shard: shard.to_string() }).clone()
     }
 
     /// Counts a hand-over attempt for `backend`: `result` is `ok` or the reason it failed.

@@ -190,6 +190,44 @@ fn balanced_accept_serves_concurrent_keep_alive_connections() {
     assert_eq!(stats(b2.addr)["reads"], 40, "every read served (by the replica)");
 }
 
+/// `refract_client_connections_open{shard="i"}` from the admin's `/metrics`, for shards 0 and 1.
+fn open_per_shard(admin: SocketAddr) -> [i64; 2] {
+    let text = String::from_utf8(get(admin, "/metrics").body).unwrap();
+    [0, 1].map(|i| {
+        let prefix = format!("refract_client_connections_open{{shard=\"{i}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map_or(0, |v| v.trim().parse().unwrap())
+    })
+}
+
+#[test]
+fn balanced_accept_does_not_count_connections_closed_before_they_spoke() {
+    // wrk and health checkers connect and close once before their real connection. Such
+    // probes, right before two real clients, must not push both clients onto one event loop.
+    let (_b1, _b2, d) = dispatcher_listening_with("accept = \"balanced\"");
+    for round in 0..5u64 {
+        let mut clients = Vec::new();
+        for seed in 0..2 {
+            drop(std::net::TcpStream::connect(d.proc.addr).unwrap());
+            drop(std::net::TcpStream::connect(d.proc.addr).unwrap());
+            let mut c = Client::connect(d.proc.addr);
+            c.send(&raw_request("GET", &format!("/blob?bytes=10&seed={seed}"), &[], b""));
+            assert_eq!(c.read_response(false).unwrap().status, 200);
+            clients.push(c);
+        }
+        assert_eq!(open_per_shard(d.admin), [1, 1], "round {round}: one client per event loop");
+        drop(clients);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while open_per_shard(d.admin) != [0, 0] {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "closed clients still counted: {:?}",
+                open_per_shard(d.admin)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
 #[test]
 fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
     let (_b1, b2, d) = dispatcher_listening_with("busy_poll_us = 500");

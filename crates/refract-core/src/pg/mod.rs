@@ -106,8 +106,13 @@ pub(crate) fn start_background(ctx: &Ctx, cfg: &PgConfig) {
 /// connections on its own loop.
 pub(crate) fn serve(ctx: &Ctx, cfg: &PgConfig, listener: TcpListener) -> std::io::Result<()> {
     let shared = shared(ctx, cfg);
+    let open = ctx.metrics.open_connections(crate::shard::current());
     accept_placing(ctx, cfg, listener, move |stream, peer| {
-        tokio::spawn(session::run(shared.clone(), stream, peer));
+        let (shared, open) = (shared.clone(), crate::dispatcher::OpenConnection::count(open.clone()));
+        tokio::spawn(async move {
+            session::run(shared, stream, peer).await;
+            drop(open);
+        });
     })
 }
 

@@ -415,7 +415,9 @@ async fn a_backend_passed_the_client_socket_writes_large_bodies_itself() {
 async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
     // A client with a small receive buffer reading slowly: when the blob server reports the
     // body written, megabytes of it are still in the socket, and the client needs far longer
-    // than `idle_ms` to take them before it can send its next request.
+    // than `idle_ms` to take them before it can send its next request. (`idle_ms` is long
+    // enough that the test's own thread, starved by a busy machine between two reads, does
+    // not look like a client that stopped reading.)
     let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let (socket, _srv) = unix_blob("slow").await;
     let path = agent_passing(identity, socket.clone(), "slow", true).await;
@@ -425,7 +427,7 @@ async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
     let mut client = s.connect(l.local_addr().unwrap()).await.unwrap();
     let (server, _) = l.accept().await.unwrap();
     let mut link = LocalLink::connect(&path).await.unwrap();
-    let (conn, idle_ms, size) = (14, 50, 4u64 << 20);
+    let (conn, idle_ms, size) = (14, 200, 4u64 << 20);
     let adopt = LocalMsg::Adopt { conn, epoch: 1, backend: identity, idle_ms, pending: get(size, 6).into_bytes() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
     assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn, epoch: 1 });
@@ -441,7 +443,7 @@ async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
                 break h.len;
             }
         }
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        tokio::time::sleep(Duration::from_millis(8)).await;
     };
     let took = started.elapsed();
     assert!(took > Duration::from_millis(4 * u64::from(idle_ms)), "read too fast to test anything: {took:?}");

@@ -264,10 +264,10 @@ pub struct Listen {
     #[serde(default)]
     pub runtime: RuntimeKind,
     /// With the per-core runtime, how new client connections are spread over the event loops:
-    /// `reuseport` (default: one `SO_REUSEPORT` listener per loop, the kernel hashes each
-    /// connection to one) or `balanced` (one listener; each connection goes to the loop with
-    /// the fewest open client connections, so a few long-lived connections never share a loop
-    /// while another idles).
+    /// `balanced` (default: one listener; each connection goes to the loop with the fewest
+    /// open client connections, so a few long-lived connections never share a loop while
+    /// another idles) or `reuseport` (one `SO_REUSEPORT` listener per loop, the kernel hashes
+    /// each connection to one).
     #[serde(default)]
     pub accept: AcceptMode,
     /// With the per-core runtime: after a read, an event loop keeps polling its sockets for
@@ -285,9 +285,9 @@ pub const MAX_BUSY_POLL_US: u64 = 10_000;
 #[serde(rename_all = "kebab-case")]
 pub enum AcceptMode {
     /// The kernel spreads them by hash over one `SO_REUSEPORT` listener per loop.
-    #[default]
     Reuseport,
     /// One listener; the loop with the fewest open client connections takes the next one.
+    #[default]
     Balanced,
 }
 

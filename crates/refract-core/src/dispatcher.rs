@@ -184,8 +184,9 @@ pub(crate) async fn accept_each(
     }
 }
 
-/// Runs the dispatcher with one single-threaded event loop per shard, each accepting on its
-/// own `SO_REUSEPORT` listener and keeping its own backend connections, like HAProxy's threads:
+/// Runs the dispatcher with one single-threaded event loop per shard, each serving the client
+/// connections placed on it (`accept = "balanced"`) or accepted on its own `SO_REUSEPORT`
+/// listener (`reuseport`) and keeping its own backend connections, like HAProxy's threads:
 /// a connection never changes thread, so no request pays a cross-thread wake-up. The
 /// PostgreSQL front end listens the same way on every shard; shard 0 also runs health checks,
 /// the PostgreSQL servers' probes and admin. Returns after `stop` and the drain.
@@ -356,8 +357,8 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
     rt.block_on(async move {
         let started = async {
             let listener = match &feed {
-                None => Some(reuseport_listener(ctx.cfg.listen.http)?),
-                Some(_) if i == 0 => Some(TcpListener::bind(ctx.cfg.listen.http).await?),
+                None => Some(bind(ctx.cfg.listen.http, true)?),
+                Some(_) if i == 0 => Some(bind(ctx.cfg.listen.http, false)?),
                 Some(_) => None,
             };
             if i == 0 {
@@ -365,10 +366,10 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
             }
             if let Some(pg) = &ctx.cfg.postgres {
                 match &feed {
-                    None => crate::pg::serve(&ctx, pg, reuseport_listener(pg.listen)?)?,
+                    None => crate::pg::serve(&ctx, pg, bind(pg.listen, true)?)?,
                     Some(f) if i == 0 => {
                         let spread = f.spread.clone();
-                        let listener = TcpListener::bind(pg.listen).await?;
+                        let listener = bind(pg.listen, false)?;
                         crate::pg::accept_placing(&ctx, pg, listener, move |s, peer| spread.place_pg(s, peer))?;
                     }
                     Some(_) => {}
@@ -402,11 +403,12 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
     });
 }
 
-/// A listener that shares its address with the other shards' (the kernel spreads connections).
-fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// A listener on `addr` with a backlog of 1024; with `reuseport` it shares its address with
+/// the other shards' (the kernel spreads connections).
+fn bind(addr: SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
-    socket.set_reuseport(true)?;
+    socket.set_reuseport(reuseport)?;
     socket.bind(addr)?;
     socket.listen(1024)
 }

@@ -69,6 +69,23 @@ fn get(bytes: u64, seed: u64) -> String {
     format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
 }
 
+/// The agent reports the client's next request, `GET /blob?bytes={bytes}&seed={seed}` as
+/// request `request` of `conn`; told to serve it, it answers the client with the pattern body.
+/// Returns the response head.
+async fn serve_next(
+    link: &mut LocalLink,
+    client: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    (conn, request): (u64, u64),
+    (bytes, seed): (u64, u64),
+) -> String {
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn, request, bytes: get(bytes, seed).into_bytes() });
+    link.send(&LocalMsg::Serve { conn, request }, None).await.unwrap();
+    let (head, body) = response(client, buf).await;
+    assert_eq!((body.len() as u64, pattern::first_mismatch(&body, 0, seed)), (bytes, None));
+    head
+}
+
 /// Reads one Content-Length response; returns its head and body.
 async fn response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
     loop {
@@ -372,10 +389,7 @@ async fn a_backend_reached_over_its_unix_socket_serves_byte_exact() {
     let (head, body) = response(&mut client, &mut buf).await;
     assert!(head.contains("x-refract-handover: 1"), "{head}");
     assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 3)), (5 << 20, None), "spliced from the Unix socket");
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 11, request: 1, bytes: get(777, 4).into_bytes() });
-    link.send(&LocalMsg::Serve { conn: 11, request: 1 }, None).await.unwrap();
-    let (_, body) = response(&mut client, &mut buf).await;
-    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 4)), (777, None));
+    serve_next(&mut link, &mut client, &mut buf, (11, 1), (777, 4)).await;
     assert_eq!(srv.stats.reads.load(std::sync::atomic::Ordering::Relaxed), 2);
     let _ = std::fs::remove_file(socket);
 }
@@ -394,18 +408,11 @@ async fn a_backend_passed_the_client_socket_writes_large_bodies_itself() {
     let passed = || srv.stats.passed.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(passed(), 1, "the backend wrote the large body itself");
     // A small result on the same backend connection, then a large one again.
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 12, request: 1, bytes: get(777, 4).into_bytes() });
-    link.send(&LocalMsg::Serve { conn: 12, request: 1 }, None).await.unwrap();
-    let (_, body) = response(&mut client, &mut buf).await;
-    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 4)), (777, None));
+    serve_next(&mut link, &mut client, &mut buf, (12, 1), (777, 4)).await;
     assert_eq!(passed(), 1, "a small result is not deferred");
     client.write_all(get(300_000, 5).as_bytes()).await.unwrap();
-    let (conn, request) = (12, 2);
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn, request, bytes: get(300_000, 5).into_bytes() });
-    link.send(&LocalMsg::Serve { conn, request }, None).await.unwrap();
-    let (head, body) = response(&mut client, &mut buf).await;
+    let head = serve_next(&mut link, &mut client, &mut buf, (12, 2), (300_000, 5)).await;
     assert!(head.contains("x-refract-handover: 1"), "{head}");
-    assert_eq!((body.len(), pattern::first_mismatch(&body, 0, 5)), (300_000, None));
     assert_eq!(passed(), 2);
     assert_eq!(srv.stats.reads.load(std::sync::atomic::Ordering::Relaxed), 3);
     let _ = std::fs::remove_file(socket);

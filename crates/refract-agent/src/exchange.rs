@@ -74,11 +74,12 @@ impl Held {
 }
 
 /// `request` (head of `head_len` bytes first) as the agent sends it to its backend: with
-/// `pass_socket`, asking the backend to defer bodies of at least `at_least` bytes. A
-/// `x-refract-defer` the client sent is dropped either way: only the agent asks for that.
+/// `pass_socket`, asking the backend to defer bodies of at least `at_least` bytes. The
+/// refract-internal headers the client sent (`x-refract-defer` among them: only the agent asks
+/// for that) are dropped either way.
 pub(crate) fn to_backend(pass_socket: bool, request: &[u8], head_len: usize, at_least: u64) -> Cow<'_, [u8]> {
     let head_len = head_len.min(request.len());
-    let mut out = match defer::without_header(&request[..head_len], defer::DEFER) {
+    let mut out = match refract_http::head::without_internal_headers(&request[..head_len]) {
         Some(mut clean) => {
             clean.extend_from_slice(&request[head_len..]);
             Cow::Owned(clean)
@@ -520,8 +521,8 @@ mod tests {
     }
 
     #[test]
-    fn only_the_agent_asks_the_backend_to_defer() {
-        let req = b"GET /blob?bytes=9 HTTP/1.1\r\nX-Refract-Defer: 1\r\nhost: t\r\n\r\n";
+    fn only_the_agent_asks_the_backend_to_defer_and_client_internal_headers_are_dropped() {
+        let req = b"GET /blob?bytes=9 HTTP/1.1\r\nX-Refract-Defer: 1\r\nhost: t\r\nx-refract-deadline-ms: 1\r\n\r\n";
         let plain = b"GET /blob?bytes=9 HTTP/1.1\r\nhost: t\r\n\r\n";
         assert_eq!(&*to_backend(false, req, req.len(), 5), plain, "the client's header is dropped");
         let asked = to_backend(true, req, req.len(), 65536);

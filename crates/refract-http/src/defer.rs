@@ -60,15 +60,25 @@ pub fn with_header(request: &[u8], head_len: usize, name: &str, value: &str) -> 
 
 /// The head `head` without its header lines named `name`, or `None` when it has none.
 pub fn without_header(head: &[u8], name: &str) -> Option<Vec<u8>> {
+    without_headers(head, &[name])
+}
+
+/// The head at the start of `head` without its header lines named any of `names` (compared
+/// case-insensitively), or `None` when it has none. Bytes after the head's empty line are
+/// kept as they are.
+pub fn without_headers(head: &[u8], names: &[&str]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(head.len());
     let mut found = false;
     let mut first = true;
+    let mut ended = false;
     for line in head.split_inclusive(|&b| b == b'\n') {
+        ended |= !first && matches!(line, b"\r\n" | b"\n");
         let named = !first
-            && line
-                .iter()
-                .position(|&b| b == b':')
-                .is_some_and(|colon| line[..colon].eq_ignore_ascii_case(name.as_bytes()));
+            && !ended
+            && line.iter().position(|&b| b == b':').is_some_and(|colon| {
+                let name = &line[..colon];
+                names.iter().any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+            });
         first = false;
         if named {
             found = true;
@@ -127,6 +137,14 @@ mod tests {
         let head = &HEAD[..HEAD.len() - 4];
         assert_eq!(without_header(head, DEFERRED).unwrap(), b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n");
         assert_eq!(without_header(b"HTTP/1.1 200 OK\r\n\r\n", DEFERRED), None);
+    }
+
+    #[test]
+    fn several_names_are_removed_and_the_body_is_left_alone() {
+        let req = b"POST /x-refract-defer: HTTP/1.1\r\nX-Refract-Defer: 1\r\nhost: a\r\nx-refract-handover: 2\r\n\r\nx-refract-defer: 3\r\n";
+        let out = without_headers(req, &[DEFER, "x-refract-handover"]).unwrap();
+        assert_eq!(out, b"POST /x-refract-defer: HTTP/1.1\r\nhost: a\r\n\r\nx-refract-defer: 3\r\n");
+        assert_eq!(without_headers(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n", &[DEFER, DEFERRED]), None);
     }
 
     #[test]

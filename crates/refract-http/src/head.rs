@@ -40,8 +40,24 @@ pub struct RequestHead {
     pub priority: Option<String>,
     /// `x-refract-user`: whose token bucket the request draws from.
     pub user: Option<String>,
+    /// The head has a header only refract's own hops may set ([`INTERNAL_HEADERS`]); whoever
+    /// sends the request on drops those lines first ([`without_internal_headers`]).
+    pub internal: bool,
     /// Length of the head in bytes, including the final CRLF CRLF.
     pub len: usize,
+}
+
+/// Request headers that only refract itself adds on the way to a backend: the deadline the
+/// dispatcher passes on, and the hand-over protocol's headers between an agent and its
+/// backend (`crate::defer`). A client's copy would be taken for refract's, so the dispatcher
+/// and the agent drop it; the client-facing `x-refract-*` headers (route, timeout, priority,
+/// user) are not in this list.
+pub const INTERNAL_HEADERS: [&str; 4] =
+    ["x-refract-deadline-ms", crate::defer::DEFER, crate::defer::DEFERRED, "x-refract-handover"];
+
+/// The request head `head` without its [`INTERNAL_HEADERS`] lines, or `None` when it has none.
+pub fn without_internal_headers(head: &[u8]) -> Option<Vec<u8>> {
+    crate::defer::without_headers(head, &INTERNAL_HEADERS)
 }
 
 /// The parts of a response head a proxy acts on.
@@ -68,6 +84,7 @@ struct Framing {
     timeout_ms: Option<u64>,
     priority: Option<String>,
     user: Option<String>,
+    internal: bool,
 }
 
 fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
@@ -94,6 +111,10 @@ fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
 }
 
 fn scan_refract_header(h: &httparse::Header<'_>, f: &mut Framing) -> Result<(), Error> {
+    if INTERNAL_HEADERS.iter().any(|n| n.eq_ignore_ascii_case(h.name)) {
+        f.internal = true;
+        return Ok(());
+    }
     let (name, slot) = match h.name[10..].to_ascii_lowercase().as_str() {
         "route" => ("x-refract-route", &mut f.route_hint),
         "priority" => ("x-refract-priority", &mut f.priority),
@@ -196,6 +217,7 @@ impl RequestHead {
             timeout_ms: f.timeout_ms,
             priority: f.priority,
             user: f.user,
+            internal: f.internal,
             len,
         }))
     }
@@ -261,6 +283,22 @@ mod tests {
         assert_eq!(h.body, BodyKind::None);
         assert!(h.keep_alive);
         assert_eq!(h.len, raw.len() - 4);
+    }
+
+    #[test]
+    fn internal_headers_are_flagged_and_dropped_but_client_ones_kept() {
+        let raw = b"GET / HTTP/1.1\r\nx-refract-route: read\r\nX-Refract-Deadline-Ms: 9\r\n\r\n";
+        let h = RequestHead::parse(raw, 1024).unwrap().unwrap();
+        assert!(h.internal);
+        assert_eq!(h.route_hint.as_deref(), Some("read"));
+        assert_eq!(without_internal_headers(raw).unwrap(), b"GET / HTTP/1.1\r\nx-refract-route: read\r\n\r\n");
+        for name in INTERNAL_HEADERS {
+            let raw = format!("GET / HTTP/1.1\r\n{name}: 1\r\n\r\n");
+            assert!(RequestHead::parse(raw.as_bytes(), 1024).unwrap().unwrap().internal, "{name}");
+        }
+        let plain = b"GET / HTTP/1.1\r\nx-refract-timeout-ms: 5\r\nx-refract-priority: low\r\n\r\n";
+        assert!(!RequestHead::parse(plain, 1024).unwrap().unwrap().internal);
+        assert_eq!(without_internal_headers(plain), None);
     }
 
     #[test]

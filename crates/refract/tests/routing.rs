@@ -246,3 +246,64 @@ fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
         .unwrap();
     assert!(polled > 0.0, "the event loops polled between requests");
 }
+
+/// A backend that answers every request with an empty 200 and sends each request head it
+/// received to the returned channel.
+fn recording_backend() -> (SocketAddr, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().unwrap();
+                let mut lines = BufReader::new(stream);
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if lines.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head += &line;
+                    if line == "\r\n" {
+                        let _ = tx.send(std::mem::take(&mut head));
+                        let _ = out.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[test]
+fn refract_internal_headers_from_a_client_never_reach_the_backend() {
+    let (addr, heads) = recording_backend();
+    let d = dispatcher(&[("b1", addr, "primary")], "");
+    let sent = [
+        ("x-refract-deadline-ms", "999999"),
+        ("X-Refract-Handover", "7"),
+        ("x-refract-defer", "1"),
+        ("x-refract-deferred", "1"),
+        ("x-refract-route", "write"),
+        ("x-refract-timeout-ms", "5000"),
+        ("x-test", "kept"),
+    ];
+    let r = request(d.proc.addr, "GET", "/internal", &sent, b"");
+    assert_eq!(r.status, 200, "{r:?}");
+    let head = heads.iter().find(|h| h.starts_with("GET /internal ")).unwrap().to_ascii_lowercase();
+    for internal in ["x-refract-handover", "x-refract-defer:", "x-refract-deferred"] {
+        assert!(!head.contains(internal), "{internal} reached the backend:\n{head}");
+    }
+    // Only the dispatcher's own deadline (time left of the client's 5000 ms) arrives.
+    let deadlines: Vec<&str> = head.lines().filter(|l| l.starts_with("x-refract-deadline-ms:")).collect();
+    assert_eq!(deadlines.len(), 1, "{head}");
+    let left: u64 = deadlines[0].split(':').nth(1).unwrap().trim().parse().unwrap();
+    assert!(left <= 5000, "the client's deadline header was passed on: {head}");
+    for kept in ["x-refract-route: write", "x-refract-timeout-ms: 5000", "x-test: kept"] {
+        assert!(head.contains(kept), "{kept} was dropped:\n{head}");
+    }
+}

@@ -64,6 +64,10 @@ pub enum BenchCmd {
     /// HAProxy at 1 Gbit/s and unshaped, hand-over figures, acceptance figures; writes its
     /// sections of docs/benchmarks.md (about 25 minutes with the defaults).
     Paper(crate::paper::PaperArgs),
+    /// Two targets in alternating short runs at the same sizes (pairs), with a confidence
+    /// interval on their ratio: for "performs alike" and "faster by" questions that single
+    /// runs are too noisy to decide; writes section `pairs:A-B-RATE` of docs/benchmarks.md.
+    Pairs(crate::paired::PairsArgs),
     /// Overload: goodput and latency from 0.25× to 3× capacity, a slow replica, retrying
     /// clients; refract with and without overload control, and HAProxy; writes docs/overload.md.
     Overload(OverloadArgs),
@@ -110,7 +114,8 @@ impl BenchCmd {
     pub fn run(self) -> Result<()> {
         match self {
             BenchCmd::Sweep(a) => bench::sweep(&a.into_options()),
-            BenchCmd::Paper(a) => crate::paper::run(&a.into_sweeps()),
+            BenchCmd::Paper(a) => crate::paper::run(&a.into_plan()),
+            BenchCmd::Pairs(a) => a.run(),
             BenchCmd::Overload(a) => crate::overload::run(&a.into_options()),
             BenchCmd::Pgbench(a) => crate::pgbench::run(&a.into_options()?).map(drop),
             BenchCmd::Loadgen(spec) => crate::loadgen::main(&spec),

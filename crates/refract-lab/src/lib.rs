@@ -17,7 +17,8 @@
 //! - [`wrk`], [`sweep`]: running wrk and parsing it; the sweep with progress and ETA;
 //!   [`switch`]: which steering dispatcher runs for a target; [`handover_stats`]: the
 //!   dispatchers' hand-over figures from `/metrics`; [`paper`] (`bench paper`): the whole
-//!   reproduction, both link settings, with its acceptance figures.
+//!   reproduction, both link settings, with its acceptance figures; [`paired`]: two targets
+//!   in alternating runs, with a confidence interval on their ratio.
 //! - [`report`], [`csv`], [`plot`], [`environment`]: the outputs.
 //! - [`demo`], [`http_client`]: the demo and its tiny HTTP client.
 //! - [`overload`] (`bench overload`), [`overload_args`]: the overload benchmark; [`rig`]: its
@@ -48,6 +49,7 @@ pub mod overload_args;
 pub mod overload_plot;
 pub mod overload_report;
 pub mod overload_results;
+pub mod paired;
 pub mod paper;
 pub mod pgbench;
 pub mod pgbench_report;

@@ -121,7 +121,7 @@ pub fn run(layout: &Layout, plan: &Plan) -> Result<Results> {
     check_targets(layout, &plan.targets)?;
     let reps = plan.repeat.max(1);
     let total = (plan.sizes.len() * plan.targets.len() + if plan.latency { plan.targets.len() } else { 0 }) * reps;
-    let mut progress = Progress::new(total, plan.duration);
+    let mut progress = Progress::new("sweep", total, plan.duration);
     let mut switch = Switch::new(layout);
     let mut results = Results::default();
     for &size in &plan.sizes {
@@ -197,7 +197,7 @@ impl Errors for LatencyRow {
 }
 
 /// Table 1 cell: every client at once, each to its own address for the target.
-fn measure(layout: &Layout, target: &str, size: ByteSize, duration: Duration) -> Result<Measurement> {
+pub(crate) fn measure(layout: &Layout, target: &str, size: ByteSize, duration: Duration) -> Result<Measurement> {
     interrupt::check()?;
     let addrs = layout.target_addrs(target).context("unknown target")?;
     let cmds = layout
@@ -222,7 +222,7 @@ fn measure_latency(layout: &Layout, target: &str, duration: Duration) -> Result<
 }
 
 /// Progress lines on stderr with an ETA.
-struct Progress {
+pub(crate) struct Progress {
     total: usize,
     done: usize,
     started: Instant,
@@ -230,14 +230,14 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(total: usize, per_run: Duration) -> Self {
+    pub(crate) fn new(what: &str, total: usize, per_run: Duration) -> Self {
         // wrk's start-up and the gap between runs add roughly a quarter of a second.
         let estimate = per_run + Duration::from_millis(250);
-        eprintln!("sweep: {total} measurements, about {}", eta(estimate * total as u32));
+        eprintln!("{what}: {total} measurements, about {}", eta(estimate * total as u32));
         Progress { total, done: 0, started: Instant::now(), estimate }
     }
 
-    fn done(&mut self, what: &str, note: &str, errors: u64) {
+    pub(crate) fn done(&mut self, what: &str, note: &str, errors: u64) {
         self.done += 1;
         let per = self.started.elapsed() / self.done as u32;
         let per = if self.done < 2 { per.max(self.estimate) } else { per };

@@ -1,0 +1,336 @@
+//! Paired runs: two targets measured in alternating short runs at the same sizes, for claims
+//! that two targets perform *alike* (hybrid vs relay at small sizes) or differ by a given
+//! factor. On this 2-core machine a single run of a small-payload cell moves by ±15 % from
+//! one run to the next for any target, so the medians of a few interleaved runs (the sweep)
+//! cannot decide a 5 % question. Here each pair runs A and B back to back (the order
+//! alternates from pair to pair), so slow drift of the machine hits both alike, and the
+//! per-pair log ratios give an estimate with a confidence interval, per size and pooled.
+
+use crate::environment::Environment;
+use crate::interrupt;
+use crate::lab::LabGuard;
+use crate::layout::Layout;
+use crate::sweep::{self, Progress};
+use crate::switch::Switch;
+use crate::units::{format_rate, sig3, ByteSize};
+use crate::units::{parse_duration, wrk_duration, Rate};
+use anyhow::{Context, Result};
+use clap::Args;
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Options of `bench pairs`.
+#[derive(Debug, Args)]
+pub struct PairsArgs {
+    /// The reference target (denominator): direct, refract, handover, hybrid, haproxy.
+    #[arg(long, default_value = "refract")]
+    a: String,
+    /// The compared target (numerator).
+    #[arg(long, default_value = "hybrid")]
+    b: String,
+    /// Payload sizes (K = 1024).
+    #[arg(long, default_value = "1,8,64,512,4K", value_delimiter = ',', value_parser = ByteSize::parse)]
+    sizes: Vec<ByteSize>,
+    /// Pairs per size.
+    #[arg(long, default_value_t = 16)]
+    pairs: usize,
+    /// wrk duration of each run.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Link rate (`1gbit`, …) or `none`.
+    #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
+    rate: Rate,
+    /// The markdown page; section `pairs:A-B-RATE` is replaced.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+}
+
+impl PairsArgs {
+    /// `bench pairs`: bring the lab up if needed, run the pairs, write the section.
+    pub fn run(self) -> Result<()> {
+        interrupt::install();
+        let plan = PairPlan {
+            a: self.a.clone(),
+            b: self.b.clone(),
+            sizes: self.sizes.clone(),
+            pairs: self.pairs,
+            duration: self.duration,
+        };
+        let guard = LabGuard::ensure(self.rate)?;
+        let mut switch = Switch::new(&guard.layout);
+        let cells = run(&guard.layout, &plan, &mut switch)?;
+        switch.finish(&guard.layout)?;
+        drop(guard);
+        let body = self.section(&plan, &cells);
+        let name = format!("{}-{}-{}", self.a, self.b, self.rate.label());
+        let existing = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let page = crate::report::replace_marked(&existing, "pairs", &name, &body, crate::report::PAGE_HEADER);
+        std::fs::write(&self.out, page).with_context(|| format!("writing {}", self.out.display()))?;
+        println!("{}", table(&plan, &cells));
+        eprintln!("wrote {} (section pairs:{name})", self.out.display());
+        Ok(())
+    }
+
+    fn section(&self, plan: &PairPlan, cells: &[PairedCell]) -> String {
+        let env = Environment::detect();
+        let sizes: Vec<String> = self.sizes.iter().map(ByteSize::to_string).collect();
+        format!(
+            "## Paired runs: `{b}` vs `{a}`, links {rate}\n\n\
+             Written by `refract bench pairs` (crates/refract-lab/src/paired.rs); do not edit by hand.\n\n\
+             - **Date:** {date}\n- **Machine:** {cores} cores ({cpu}), Linux {kernel}\n\
+             - **Load:** per pair one `{a}` and one `{b}` run, back to back, the order alternating from pair \
+             to pair; each run is 2 clients (rf-c1, rf-c2) × `wrk -t1 -c1 -d{d}` at once, requests/s summed. \
+             The paired estimate is the geometric mean of the per-pair ratios with a 90 % confidence interval \
+             (Student's t).\n- **Tools:** wrk {wrk}; {haproxy}; refract {refract}\n\
+             - **Rerun:** `sudo refract bench pairs --a {a} --b {b} --sizes {sizes} --pairs {n} --duration {d} \
+             --rate {rate} --out {out}`\n\n{table}",
+            a = self.a,
+            b = self.b,
+            rate = self.rate.label(),
+            date = env.date,
+            cores = env.cores,
+            cpu = env.cpu,
+            kernel = env.kernel,
+            d = wrk_duration(self.duration),
+            wrk = env.wrk,
+            haproxy = env.haproxy,
+            refract = env.refract,
+            sizes = sizes.join(","),
+            n = self.pairs,
+            out = self.out.display(),
+            table = table(plan, cells),
+        )
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct PairPlan {
+    /// The reference target (the ratio's denominator).
+    pub a: String,
+    /// The compared target (the numerator).
+    pub b: String,
+    /// Payload sizes.
+    pub sizes: Vec<ByteSize>,
+    /// Pairs per size.
+    pub pairs: usize,
+    /// wrk duration of each run.
+    pub duration: Duration,
+}
+
+/// One size: requests/s (summed over the clients) of each run, in pair order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairedCell {
+    /// Payload size.
+    pub size: ByteSize,
+    /// Target A's runs.
+    pub a: Vec<f64>,
+    /// Target B's runs, `b[i]` paired with `a[i]`.
+    pub b: Vec<f64>,
+    /// Non-2xx responses and socket errors over all runs.
+    pub errors: u64,
+}
+
+impl PairedCell {
+    /// `ln(b / a)` of each pair with both sides non-zero.
+    pub fn log_ratios(&self) -> Vec<f64> {
+        self.a.iter().zip(&self.b).filter(|(a, b)| **a > 0.0 && **b > 0.0).map(|(a, b)| (b / a).ln()).collect()
+    }
+}
+
+/// The ratio B/A with its confidence interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    /// Geometric mean of the per-pair ratios.
+    pub ratio: f64,
+    /// Lower end of the 90 % confidence interval.
+    pub lo: f64,
+    /// Upper end.
+    pub hi: f64,
+    /// Pairs behind it.
+    pub n: usize,
+}
+
+impl Estimate {
+    /// From per-pair log ratios (Student's t on their mean); `None` below two pairs. A 90 %
+    /// interval inside ±x is the two one-sided tests' (TOST) evidence, at 5 % each, that
+    /// the ratio is within ±x.
+    pub fn of(log_ratios: &[f64]) -> Option<Estimate> {
+        let n = log_ratios.len();
+        if n < 2 {
+            return None;
+        }
+        let mean = log_ratios.iter().sum::<f64>() / n as f64;
+        let var = log_ratios.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        let half = t90(n - 1) * (var / n as f64).sqrt();
+        Some(Estimate { ratio: mean.exp(), lo: (mean - half).exp(), hi: (mean + half).exp(), n })
+    }
+
+    /// Whether the whole interval lies within `1 ± tolerance`.
+    pub fn within(&self, tolerance: f64) -> bool {
+        self.lo >= 1.0 - tolerance && self.hi <= 1.0 + tolerance
+    }
+
+    /// `0.991× (90 % CI 0.962–1.02×, 20 pairs)`.
+    pub fn describe(&self) -> String {
+        format!("{}× (90 % CI {}–{}×, {} pairs)", sig3(self.ratio), sig3(self.lo), sig3(self.hi), self.n)
+    }
+}
+
+/// Student's t quantile for a two-sided 90 % interval (0.95 one-sided) with `df` degrees of
+/// freedom; between table rows the smaller df is used, which errs on the wide side.
+fn t90(df: usize) -> f64 {
+    const TABLE: [(usize, f64); 17] = [
+        (1, 6.314),
+        (2, 2.920),
+        (3, 2.353),
+        (4, 2.132),
+        (5, 2.015),
+        (6, 1.943),
+        (7, 1.895),
+        (8, 1.860),
+        (9, 1.833),
+        (10, 1.812),
+        (12, 1.782),
+        (15, 1.753),
+        (20, 1.725),
+        (30, 1.697),
+        (60, 1.671),
+        (120, 1.658),
+        (usize::MAX, 1.645),
+    ];
+    TABLE.iter().rev().find(|(d, _)| *d <= df.max(1)).map_or(6.314, |(_, t)| *t)
+}
+
+/// The pooled estimate over every size of `cells`.
+pub fn pooled(cells: &[PairedCell]) -> Option<Estimate> {
+    let all: Vec<f64> = cells.iter().flat_map(PairedCell::log_ratios).collect();
+    Estimate::of(&all)
+}
+
+/// Runs the plan in a lab that is up; progress on stderr. `switch` starts a steering target
+/// that is not running (hybrid and hand-over take turns).
+pub fn run(layout: &Layout, plan: &PairPlan, switch: &mut Switch) -> Result<Vec<PairedCell>> {
+    sweep::check_targets(layout, &[plan.a.clone(), plan.b.clone()])?;
+    let mut progress = Progress::new("pairs", plan.sizes.len() * plan.pairs * 2, plan.duration);
+    let mut cells = Vec::new();
+    for &size in &plan.sizes {
+        let mut cell = PairedCell { size, a: Vec::new(), b: Vec::new(), errors: 0 };
+        for i in 0..plan.pairs {
+            let order = if i % 2 == 0 { [&plan.a, &plan.b] } else { [&plan.b, &plan.a] };
+            for target in order {
+                interrupt::check()?;
+                switch.activate(layout, target)?;
+                let m = sweep::measure(layout, target, size, plan.duration)?;
+                let rps = m.effective_rps();
+                progress.done(&format!("pair {:>2} {target:<8} {size:>5}", i + 1), &format_rate(rps), m.errors());
+                cell.errors += m.errors();
+                if target == &plan.a {
+                    cell.a.push(rps);
+                } else {
+                    cell.b.push(rps);
+                }
+            }
+        }
+        cells.push(cell);
+    }
+    Ok(cells)
+}
+
+/// The markdown table: per size the mean requests/s of each target, B/A of the means, and the
+/// paired estimate; then the pooled estimate.
+pub fn table(plan: &PairPlan, cells: &[PairedCell]) -> String {
+    let (a, b) = (&plan.a, &plan.b);
+    let mut s = format!(
+        "| payload | pairs | {a} (mean req/s) | {b} (mean req/s) | {b}/{a} of means | paired {b}/{a} (90 % CI) | errors |\n\
+         |---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    for c in cells {
+        let (ma, mb) = (mean(&c.a), mean(&c.b));
+        let est = Estimate::of(&c.log_ratios()).map_or_else(|| "–".to_string(), |e| e.describe());
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {est} | {} |",
+            c.size.human(),
+            c.a.len().min(c.b.len()),
+            format_rate(ma),
+            format_rate(mb),
+            crate::report::ratio(mb, ma),
+            c.errors
+        );
+    }
+    if let Some(p) = pooled(cells) {
+        let _ = writeln!(s, "| **all sizes** | {} | | | | **{}** | |", p.n, p.describe());
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(size: u64, a: &[f64], b: &[f64]) -> PairedCell {
+        PairedCell { size: ByteSize(size), a: a.to_vec(), b: b.to_vec(), errors: 0 }
+    }
+
+    #[test]
+    fn equal_pairs_give_a_tight_interval_around_one() {
+        let c = cell(1, &[100.0, 200.0, 150.0], &[100.0, 200.0, 150.0]);
+        let e = Estimate::of(&c.log_ratios()).unwrap();
+        assert_eq!((e.ratio, e.lo, e.hi, e.n), (1.0, 1.0, 1.0, 3));
+        assert!(e.within(0.05));
+    }
+
+    #[test]
+    fn the_interval_follows_students_t() {
+        // ln ratios 0.1 and -0.1 and 0: mean 0, sd 0.1, se 0.1/√3, t(2) = 2.920.
+        let logs = [0.1f64, -0.1, 0.0];
+        let e = Estimate::of(&logs).unwrap();
+        let half = 2.920 * 0.1 / 3f64.sqrt();
+        assert!((e.hi.ln() - half).abs() < 1e-9 && (e.lo.ln() + half).abs() < 1e-9, "{e:?}");
+        assert!(!e.within(0.05), "a wide interval does not show equivalence");
+        assert_eq!(Estimate::of(&[0.1]), None);
+    }
+
+    #[test]
+    fn a_real_difference_is_not_called_equal() {
+        // B is 10 % faster in every pair, with a little noise.
+        let a = [100.0, 120.0, 90.0, 110.0, 105.0, 95.0];
+        let b: Vec<f64> = a.iter().enumerate().map(|(i, x)| x * (1.10 + 0.01 * (i % 2) as f64)).collect();
+        let e = Estimate::of(&cell(8, &a, &b).log_ratios()).unwrap();
+        assert!(e.lo > 1.09 && e.hi < 1.12, "{e:?}");
+        assert!(!e.within(0.05));
+    }
+
+    #[test]
+    fn t_quantiles_err_on_the_wide_side_between_rows() {
+        assert_eq!(t90(1), 6.314);
+        assert_eq!(t90(11), 1.812, "df 11 uses df 10's quantile");
+        assert_eq!(t90(99), 1.671);
+        assert_eq!(t90(10_000), 1.658);
+        assert_eq!(t90(0), 6.314);
+    }
+
+    #[test]
+    fn pooled_over_sizes_and_the_table() {
+        let cells = [cell(1, &[100.0, 100.0], &[99.0, 101.0]), cell(512, &[50.0, 60.0], &[50.0, 61.0])];
+        let p = pooled(&cells).unwrap();
+        assert_eq!(p.n, 4);
+        let plan = PairPlan {
+            a: "refract".into(),
+            b: "hybrid".into(),
+            sizes: vec![ByteSize(1), ByteSize(512)],
+            pairs: 2,
+            duration: Duration::from_secs(2),
+        };
+        let t = table(&plan, &cells);
+        assert!(
+            t.starts_with("| payload | pairs | refract (mean req/s) | hybrid (mean req/s) | hybrid/refract"),
+            "{t}"
+        );
+        assert!(t.contains("| 1 B | 2 | 100 | 100 | 1.00× |"), "{t}");
+        assert!(t.contains("| **all sizes** | 4 |"), "{t}");
+    }
+}

@@ -33,7 +33,7 @@ pub struct PairsArgs {
     #[arg(long, default_value = "1,8,64,512,4K", value_delimiter = ',', value_parser = ByteSize::parse)]
     sizes: Vec<ByteSize>,
     /// Pairs per size.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 20)]
     pairs: usize,
     /// wrk duration of each run.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]

@@ -43,7 +43,7 @@ pub struct PaperArgs {
     out: PathBuf,
     /// Paired runs (relay, hybrid back to back, order alternating) per size up to 4 KiB at
     /// 1 Gbit/s, for "hybrid within 5 % of the relay"; 0 skips them.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 20)]
     pairs: usize,
     /// wrk duration of each paired run.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
@@ -395,7 +395,7 @@ mod tests {
         assert!(plan.sweeps[1]
             .command
             .starts_with("sudo refract bench paper --rates 1gbit,none --duration 1s --repeat 2"));
-        assert!(plan.sweeps[1].command.contains("--pairs 16 --pair-duration 2s"), "{}", plan.sweeps[1].command);
+        assert!(plan.sweeps[1].command.contains("--pairs 20 --pair-duration 2s"), "{}", plan.sweeps[1].command);
         let pairs = plan.pairs.expect("pairs by default");
         assert_eq!(
             (pairs.a.as_str(), pairs.b.as_str(), pairs.sizes.clone()),

@@ -218,18 +218,20 @@ pub fn run(layout: &Layout, plan: &PairPlan, switch: &mut Switch) -> Result<Vec<
     for &size in &plan.sizes {
         let mut cell = PairedCell { size, a: Vec::new(), b: Vec::new(), errors: 0 };
         for i in 0..plan.pairs {
-            let order = if i % 2 == 0 { [&plan.a, &plan.b] } else { [&plan.b, &plan.a] };
-            for target in order {
+            // Sides by position, so that `--a X --b X` (an A/A check of the method) works too.
+            let order =
+                if i % 2 == 0 { [(false, &plan.a), (true, &plan.b)] } else { [(true, &plan.b), (false, &plan.a)] };
+            for (is_b, target) in order {
                 interrupt::check()?;
                 switch.activate(layout, target)?;
                 let m = sweep::measure(layout, target, size, plan.duration)?;
                 let rps = m.effective_rps();
                 progress.done(&format!("pair {:>2} {target:<8} {size:>5}", i + 1), &format_rate(rps), m.errors());
                 cell.errors += m.errors();
-                if target == &plan.a {
-                    cell.a.push(rps);
-                } else {
+                if is_b {
                     cell.b.push(rps);
+                } else {
+                    cell.a.push(rps);
                 }
             }
         }

@@ -12,8 +12,7 @@ use crate::lab::LabGuard;
 use crate::layout::Layout;
 use crate::sweep::{self, Progress};
 use crate::switch::Switch;
-use crate::units::{format_rate, sig3, ByteSize};
-use crate::units::{parse_duration, wrk_duration, Rate};
+use crate::units::{format_rate, parse_duration, sig3, wrk_duration, ByteSize, Rate};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::fmt::Write;
@@ -58,9 +57,7 @@ impl PairsArgs {
             duration: self.duration,
         };
         let guard = LabGuard::ensure(self.rate)?;
-        let mut switch = Switch::new(&guard.layout);
-        let cells = run(&guard.layout, &plan, &mut switch)?;
-        switch.finish(&guard.layout)?;
+        let Pairs { cells, .. } = run(&guard.layout, &plan)?;
         drop(guard);
         let body = self.section(&plan, &cells);
         let name = format!("{}-{}-{}", self.a, self.b, self.rate.label());
@@ -203,16 +200,30 @@ fn t90(df: usize) -> f64 {
     TABLE.iter().rev().find(|(d, _)| *d <= df.max(1)).map_or(6.314, |(_, t)| *t)
 }
 
+/// A plan's runs.
+#[derive(Debug, Clone)]
+pub struct Pairs {
+    /// What was run.
+    pub plan: PairPlan,
+    /// Per size.
+    pub cells: Vec<PairedCell>,
+    /// Hand-overs target B's dispatcher made meanwhile, if it hands over (for hybrid at small
+    /// sizes none are expected: nothing is that large).
+    pub handovers: Option<f64>,
+}
+
 /// The pooled estimate over every size of `cells`.
 pub fn pooled(cells: &[PairedCell]) -> Option<Estimate> {
     let all: Vec<f64> = cells.iter().flat_map(PairedCell::log_ratios).collect();
     Estimate::of(&all)
 }
 
-/// Runs the plan in a lab that is up; progress on stderr. `switch` starts a steering target
-/// that is not running (hybrid and hand-over take turns).
-pub fn run(layout: &Layout, plan: &PairPlan, switch: &mut Switch) -> Result<Vec<PairedCell>> {
+/// Runs the plan in a lab that is up; progress on stderr. A steering target that is not
+/// running is started for its runs (hybrid and hand-over take turns), and the cluster is put
+/// back as it was at the end.
+pub fn run(layout: &Layout, plan: &PairPlan) -> Result<Pairs> {
     sweep::check_targets(layout, &[plan.a.clone(), plan.b.clone()])?;
+    let mut switch = Switch::new(layout);
     let mut progress = Progress::new("pairs", plan.sizes.len() * plan.pairs * 2, plan.duration);
     let mut cells = Vec::new();
     for &size in &plan.sizes {
@@ -237,7 +248,8 @@ pub fn run(layout: &Layout, plan: &PairPlan, switch: &mut Switch) -> Result<Vec<
         }
         cells.push(cell);
     }
-    Ok(cells)
+    let handovers = switch.finish(layout)?.get(&plan.b).map(|h| h.handovers());
+    Ok(Pairs { plan: plan.clone(), cells, handovers })
 }
 
 /// The markdown table: per size the mean requests/s of each target, B/A of the means, and the

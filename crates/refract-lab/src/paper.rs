@@ -9,10 +9,9 @@
 use crate::bench::{self, SweepOptions};
 use crate::interrupt;
 use crate::lab::LabGuard;
-use crate::paired::{self, Estimate, PairPlan, PairedCell};
+use crate::paired::{self, Estimate, PairPlan, Pairs};
 use crate::report::{self, ratio, PAGE_HEADER};
 use crate::sweep::{Plan, Results};
-use crate::switch::Switch;
 use crate::units::{format_latency_us, parse_duration, sig3, wrk_duration, ByteSize, Rate};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -123,17 +122,6 @@ const GBIT: Rate = Rate::BitsPerSec(1_000_000_000);
 /// "Within 5 %".
 const TOLERANCE: f64 = 0.05;
 
-/// The paired runs' figures, for the summary.
-#[derive(Debug, Clone)]
-pub struct Pairs {
-    /// What was run.
-    pub plan: PairPlan,
-    /// Per size.
-    pub cells: Vec<PairedCell>,
-    /// Hand-overs the hybrid dispatcher made meanwhile (none expected: nothing is that large).
-    pub handovers: Option<f64>,
-}
-
 /// Run every sweep in the lab (brought up once, reshaped per sweep), write each section as it
 /// completes, then the summary.
 pub fn run(plan: &PaperPlan) -> Result<()> {
@@ -151,7 +139,7 @@ pub fn run(plan: &PaperPlan) -> Result<()> {
         let results = bench::measure(&lab.layout, opts)?;
         if let Some(p) = plan.pairs.as_ref().filter(|_| opts.rate == GBIT) {
             eprintln!("== paper: paired runs, {} vs {} up to 4 KiB at {}", p.a, p.b, opts.rate);
-            pairs = Some(run_pairs(&lab.layout, p)?);
+            pairs = Some(paired::run(&lab.layout, p)?);
         }
         drop(reshaped);
         bench::write_outputs(opts, &lab.layout, &results)?;
@@ -166,15 +154,6 @@ pub fn run(plan: &PaperPlan) -> Result<()> {
     println!("{}", checks_table(&acceptance(&done, pairs.as_ref())));
     eprintln!("paper: done in {:.1} min; wrote {} (sections paper-*)", took.as_secs_f64() / 60.0, first.out.display());
     Ok(())
-}
-
-/// The paired runs, with the hybrid dispatcher's hand-over count over them.
-fn run_pairs(layout: &crate::layout::Layout, plan: &PairPlan) -> Result<Pairs> {
-    let mut switch = Switch::new(layout);
-    let cells = paired::run(layout, plan, &mut switch)?;
-    let stats = switch.finish(layout)?;
-    let handovers = stats.get(&plan.b).map(|h| h.handovers());
-    Ok(Pairs { plan: plan.clone(), cells, handovers })
 }
 
 /// One acceptance figure.
@@ -347,6 +326,7 @@ fn pairs_section(p: &Pairs) -> String {
 mod tests {
     use super::*;
     use crate::handover_stats::HandoverStats;
+    use crate::paired::PairedCell;
     use crate::sweep::Measurement;
     use crate::wrk::WrkReport;
 

@@ -56,6 +56,16 @@ pub struct PgbenchArgs {
     /// The markdown page; the section between `<!-- pgbench:loopback -->` markers is replaced.
     #[arg(long, default_value = "docs/benchmarks.md")]
     out: PathBuf,
+    /// The targets to run, comma-separated (default: all of direct, direct-replica, refract,
+    /// pgbouncer, pgpool). A subset runs faster, for a closer look at two of them.
+    #[arg(long, value_delimiter = ',')]
+    targets: Vec<String>,
+    /// The pgbench modes to run, comma-separated (default: simple,prepared).
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Skip the read/write mix (Table P2).
+    #[arg(long)]
+    no_mix: bool,
     /// The refract binary to benchmark (default: this one).
     #[arg(long, hide = true)]
     refract_bin: Option<PathBuf>,
@@ -82,6 +92,12 @@ pub struct PgbenchOptions {
     pub out: PathBuf,
     /// The refract binary.
     pub refract_bin: PathBuf,
+    /// The `-S` targets, in [`TARGETS`] order.
+    pub targets: Vec<&'static str>,
+    /// The `-S` modes, in [`MODES`] order.
+    pub modes: Vec<&'static str>,
+    /// Run the read/write mix.
+    pub mix: bool,
     /// The command line that reruns it, for the report.
     pub command: String,
 }
@@ -99,6 +115,9 @@ impl PgbenchOptions {
             warmup: false,
             out,
             refract_bin,
+            targets: TARGETS.to_vec(),
+            modes: MODES.to_vec(),
+            mix: true,
             command: "sudo refract bench pgbench --quick".into(),
         }
     }
@@ -116,22 +135,35 @@ impl PgbenchArgs {
             Some(p) => p,
             None => std::env::current_exe().context("locating the refract binary")?,
         };
+        let targets = pick("target", &self.targets, &TARGETS)?;
+        let modes = pick("mode", &self.modes, &MODES)?;
+        let mut filters = String::new();
+        if targets.len() < TARGETS.len() {
+            filters.push_str(&format!(" --targets {}", targets.join(",")));
+        }
+        if modes.len() < MODES.len() {
+            filters.push_str(&format!(" --modes {}", modes.join(",")));
+        }
+        if self.no_mix {
+            filters.push_str(" --no-mix");
+        }
+        if self.out != Path::new("docs/benchmarks.md") {
+            filters.push_str(&format!(" --out {}", self.out.display()));
+        }
         if self.quick {
             let mut o = PgbenchOptions::quick(self.out.clone(), refract_bin);
             o.clients = self.clients;
             o.jobs = self.jobs;
-            if self.out != Path::new("docs/benchmarks.md") {
-                o.command.push_str(&format!(" --out {}", self.out.display()));
-            }
+            o.targets = targets;
+            o.modes = modes;
+            o.mix = !self.no_mix;
+            o.command.push_str(&filters);
             return Ok(o);
         }
-        let mut command = format!(
-            "sudo refract bench pgbench --duration {} --clients {} --jobs {} --repeat {} --scale {}",
+        let command = format!(
+            "sudo refract bench pgbench --duration {} --clients {} --jobs {} --repeat {} --scale {}{filters}",
             self.duration, self.clients, self.jobs, self.repeat, self.scale
         );
-        if self.out != Path::new("docs/benchmarks.md") {
-            command.push_str(&format!(" --out {}", self.out.display()));
-        }
         Ok(PgbenchOptions {
             seconds: self.duration.max(1),
             mix_seconds: self.duration.max(1),
@@ -142,9 +174,21 @@ impl PgbenchArgs {
             warmup: true,
             out: self.out,
             refract_bin,
+            targets,
+            modes,
+            mix: !self.no_mix,
             command,
         })
     }
+}
+
+/// The entries of `all` named in `asked` (all of them when none is), in `all`'s order; an
+/// unknown name is an error that lists the known ones.
+fn pick(what: &str, asked: &[String], all: &[&'static str]) -> Result<Vec<&'static str>> {
+    if let Some(bad) = asked.iter().find(|a| !all.contains(&a.as_str())) {
+        bail!("unknown {what} `{bad}` (known: {})", all.join(", "));
+    }
+    Ok(all.iter().copied().filter(|t| asked.is_empty() || asked.iter().any(|a| a == t)).collect())
 }
 
 /// One `-S` run.
@@ -221,6 +265,9 @@ pub struct Results {
     /// `/proc/loadavg`'s 1, 5 and 15 minute figures when the run started and when it ended:
     /// other work on the machine shows up here.
     pub loadavg: (String, String),
+    /// `kernel.sched_autogroup_enabled` when the run started (`1`: every session is one
+    /// scheduling group, which makes where each process runs part of the setup).
+    pub autogroup: String,
 }
 
 /// Measures, writes the report section and the CSV, prints the tables.
@@ -273,13 +320,20 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
         mix: vec![],
         unavailable: vec![],
         configs: vec![],
-        tps_load: MODES.iter().map(|m| Load::select_only(opts.clients, opts.jobs, opts.seconds, m).shown()).collect(),
+        tps_load: opts
+            .modes
+            .iter()
+            .map(|m| Load::select_only(opts.clients, opts.jobs, opts.seconds, m).shown())
+            .collect(),
         mix_load: Load::read_write_mix(opts.clients, opts.jobs, opts.mix_seconds).shown(),
         loadavg: (load_at_start, String::new()),
+        autogroup: std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|e| e.to_string()),
     };
 
     step(started, "starting refract, PgBouncer and pgpool-II");
-    let mut running = start_targets(&ctx, &mut results)?;
+    let mut running = start_targets(&ctx, &opts.targets, &mut results)?;
     results.configs =
         running.iter().filter(|t| !t.config.is_empty()).map(|t| (t.name.clone(), t.config.clone())).collect();
     if opts.warmup {
@@ -298,6 +352,7 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
     step(started, &format!("read/write mix: {}", results.mix_load));
     let available: Vec<&str> = ["refract", REFRACT_NO_RYW, "pgbouncer", "pgpool"]
         .into_iter()
+        .filter(|t| opts.mix && opts.targets.contains(&t.strip_suffix("-ryw-off").unwrap_or(t)))
         .filter(|t| !results.unavailable.iter().any(|(u, _)| u == t))
         .collect();
     for name in available {
@@ -393,9 +448,9 @@ fn initialise(cluster: &PgCluster, pgbench: &Path, scale: u32) -> Result<()> {
 }
 
 /// Starts every target; a pooler other than refract that fails is recorded as unavailable.
-fn start_targets(ctx: &TargetContext, results: &mut Results) -> Result<Vec<Target>> {
+fn start_targets(ctx: &TargetContext, names: &[&str], results: &mut Results) -> Result<Vec<Target>> {
     let mut running = vec![];
-    for name in TARGETS {
+    for &name in names {
         match targets::start(ctx, name) {
             Ok(t) => running.push(t),
             Err(e) if name == "pgbouncer" || name == "pgpool" => {
@@ -417,10 +472,10 @@ fn tps_runs(
     results: &mut Results,
     started: Instant,
 ) -> Result<()> {
-    let total = opts.repeat * MODES.len() * running.len();
+    let total = opts.repeat * opts.modes.len() * running.len();
     let mut done = 0;
     for run in 1..=opts.repeat {
-        for mode in MODES {
+        for &mode in &opts.modes {
             for t in turn_order(running.len(), run).map(|i| &running[i]) {
                 interrupt::check()?;
                 let load = Load::select_only(opts.clients, opts.jobs, opts.seconds, mode);
@@ -572,5 +627,18 @@ mod tests {
         assert_eq!(o.csv_path(), PathBuf::from("docs/pgbench.csv"));
         let q = Cli::parse_from(["x", "--quick", "--refract-bin", "/bin/true"]).args.into_options().expect("quick");
         assert_eq!((q.seconds, q.repeat, q.scale, q.warmup), (2, 1, 1, false));
+        assert_eq!((o.targets, o.modes, o.mix), (TARGETS.to_vec(), MODES.to_vec(), true));
+    }
+
+    #[test]
+    fn a_subset_of_targets_and_modes_keeps_report_order_and_is_in_the_rerun_line() {
+        let args =
+            ["x", "--refract-bin", "/bin/true", "--targets", "pgbouncer,refract", "--modes", "simple", "--no-mix"];
+        let o = Cli::parse_from(args).args.into_options().expect("options");
+        assert_eq!((o.targets, o.modes, o.mix), (vec!["refract", "pgbouncer"], vec!["simple"], false));
+        assert!(o.command.ends_with(" --targets refract,pgbouncer --modes simple --no-mix"), "{}", o.command);
+        let bad = Cli::parse_from(["x", "--refract-bin", "/bin/true", "--targets", "pgbouncr"]).args.into_options();
+        let e = bad.expect_err("an unknown target is refused").to_string();
+        assert!(e.contains("unknown target `pgbouncr`") && e.contains("pgpool"), "{e}");
     }
 }

@@ -62,11 +62,14 @@ fn header(out: &mut String, r: &Results) {
          - **Versions:** {}; {}; {}; {}; refract {}\n\
          - **Servers:** the refract-pg test kit's primary and streaming replica (`fsync = off`) with `{settings}`; \
          `pgbench -i -s {}` ({} accounts, in memory)\n\
-         - **Load:** `{}` and `{}`; each cell is the median of {} interleaved runs (the targets take turns, each round starting one later, so \
+         - **Load:** {}; each cell is the median of {} interleaved runs (the targets take turns, each round starting one later, so \
          drift in the machine's load hits all of them alike), after {}. TPS excludes connection time; \
          latency is pgbench's mean.\n\
          - **Pools:** {} server connections per server for every pooler: refract `pool_size`, PgBouncer \
          `default_pool_size`, pgpool-II `num_init_children` with `max_pool = 1`.\n\
+         - **Placement:** each PostgreSQL server (by `pg_ctl`) and each pooler (by `setsid`, as a \
+         service manager or `pgbouncer -d` would) runs in a session of its own, pgbench in the harness's; \
+         {}.\n\
          - **Rerun:** `{}`\n\n",
         e.date,
         e.cores,
@@ -81,11 +84,11 @@ fn header(out: &mut String, r: &Results) {
         e.refract,
         o.scale,
         o.scale as u64 * 100_000,
-        r.tps_load.first().map(String::as_str).unwrap_or(""),
-        r.tps_load.get(1).map(String::as_str).unwrap_or(""),
+        r.tps_load.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(" and "),
         o.repeat,
         if o.warmup { "a 2 s warm-up through every target" } else { "no warm-up" },
         o.clients,
+        autogroup_note(&r.autogroup),
         o.command
     );
     out.push_str(
@@ -98,6 +101,17 @@ fn header(out: &mut String, r: &Results) {
     );
     for (t, why) in &r.unavailable {
         let _ = writeln!(out, "⚠ `{t}` could not be started and is not part of this run: {}\n", one_line(why));
+    }
+}
+
+/// What `kernel.sched_autogroup_enabled` (as read at the start) means for the placement.
+fn autogroup_note(value: &str) -> String {
+    match value {
+        "1" => "`kernel.sched_autogroup_enabled = 1` here, so the scheduler shares the CPUs between \
+                sessions first and between the threads of a session second"
+            .into(),
+        "0" => "`kernel.sched_autogroup_enabled = 0` here, so sessions do not matter to the scheduler".into(),
+        other => format!("`kernel.sched_autogroup_enabled` could not be read ({other:?})"),
     }
 }
 
@@ -129,7 +143,9 @@ pub fn tables(r: &Results) -> String {
     for n in notes {
         let _ = writeln!(out, "{n}\n");
     }
-    mix_table(&mut out, r);
+    if r.opts.mix {
+        mix_table(&mut out, r);
+    }
     out
 }
 
@@ -358,6 +374,7 @@ mod tests {
             tps_load: vec!["pgbench -S".into()],
             mix_load: "pgbench -b".into(),
             loadavg: ("0.1 0.1 0.1".into(), "2.0 1.0 0.5".into()),
+            autogroup: "1".into(),
         }
     }
 
@@ -371,6 +388,7 @@ mod tests {
         assert!(text.contains("| direct-replica | **28.0k**, 1.00 ms | **28.0k**, 1.00 ms |"), "{text}");
         assert!(text.contains("| refract/direct-replica | 0.536× | 0.536× |"), "{text}");
         assert!(text.contains("PgBouncer 1.18 does not support"), "{text}");
+        assert!(text.contains("in a session of its own") && text.contains("`kernel.sched_autogroup_enabled = 1`"));
         assert!(text.contains("| refract | 5000 | 800 | 200 | 200 | 600 | 75.0 % | 1400 | 1200 |"), "{text}");
         assert!(text.contains("```ini\n[pgbouncer]\n```"));
         assert_eq!(replica_share(&r.mix[0]), 0.75);

@@ -10,7 +10,6 @@ use anyhow::{bail, Context, Result};
 use refract_pg::testkit::{DATABASE, PASSWORD, USER};
 use std::fmt::Write;
 use std::net::{Ipv4Addr, TcpListener};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -250,20 +249,31 @@ fn hand_over(ctx: &Setup, paths: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-/// Starts `c` in its own process group, output to `NAME.log`; `unprivileged` runs it as the
-/// run-as user when root.
+/// Starts `c` in its own session (so its own process group), output to `NAME.log`;
+/// `unprivileged` runs it as the run-as user when root.
+///
+/// Its own session, as `pg_ctl` gives each PostgreSQL server and as a service manager or
+/// `pgbouncer -d` gives a pooler: the kernel's scheduler (with `sched_autogroup`) then shares
+/// the CPUs between the servers and the load generator, instead of making the pooler under
+/// test share pgbench's share.
 fn spawn(ctx: &Setup, c: Command, name: &str, signal: &'static str, unprivileged: bool) -> Result<Proc> {
-    let mut c = match (&ctx.run_as, unprivileged) {
-        (Some((user, _, _)), true) => {
-            let mut r = Command::new("runuser");
-            r.args(["-u", user, "--"]).arg(c.get_program()).args(c.get_args());
-            r
-        }
-        _ => c,
-    };
+    let mut s = Command::new("setsid");
+    if let (Some((user, _, _)), true) = (&ctx.run_as, unprivileged) {
+        s.args(["runuser", "-u", user, "--"]);
+    }
+    s.arg(c.get_program()).args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => s.env(k, v),
+            None => s.env_remove(k),
+        };
+    }
+    let mut c = s;
     let log = ctx.dir.join(format!("{name}.log"));
     let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    c.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file).current_dir(&ctx.dir).process_group(0);
+    // setsid(1) makes the process a session and process group leader without forking (it is
+    // not a group leader when it starts), so its pid is the group [`Proc::stop`] signals.
+    c.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file).current_dir(&ctx.dir);
     let child = c.spawn().with_context(|| format!("cannot start `{}`", sh::show(&c)))?;
     Ok(Proc { child, signal, log })
 }

@@ -16,7 +16,7 @@
 
 use crate::environment::Environment;
 use crate::pgbench_run::{self, Load, Outcome};
-use crate::pgbench_targets::{self as targets, Setup as TargetContext, Target, REFRACT_NO_RYW, TARGETS};
+use crate::pgbench_targets::{self as targets, Placement, Setup as TargetContext, Target, REFRACT_NO_RYW, TARGETS};
 use crate::{interrupt, sh};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -66,6 +66,10 @@ pub struct PgbenchArgs {
     /// Skip the read/write mix (Table P2).
     #[arg(long)]
     no_mix: bool,
+    /// Where the poolers run: `own` (each in a session of its own, like the PostgreSQL servers)
+    /// or `shared` (in this command's session, with pgbench).
+    #[arg(long, value_enum, default_value_t = Placement::Own)]
+    placement: Placement,
     /// The refract binary to benchmark (default: this one).
     #[arg(long, hide = true)]
     refract_bin: Option<PathBuf>,
@@ -98,6 +102,8 @@ pub struct PgbenchOptions {
     pub modes: Vec<&'static str>,
     /// Run the read/write mix.
     pub mix: bool,
+    /// Where the poolers run.
+    pub placement: Placement,
     /// The command line that reruns it, for the report.
     pub command: String,
 }
@@ -118,6 +124,7 @@ impl PgbenchOptions {
             targets: TARGETS.to_vec(),
             modes: MODES.to_vec(),
             mix: true,
+            placement: Placement::Own,
             command: "sudo refract bench pgbench --quick".into(),
         }
     }
@@ -147,6 +154,9 @@ impl PgbenchArgs {
         if self.no_mix {
             filters.push_str(" --no-mix");
         }
+        if self.placement == Placement::Shared {
+            filters.push_str(" --placement shared");
+        }
         if self.out != Path::new("docs/benchmarks.md") {
             filters.push_str(&format!(" --out {}", self.out.display()));
         }
@@ -157,6 +167,7 @@ impl PgbenchArgs {
             o.targets = targets;
             o.modes = modes;
             o.mix = !self.no_mix;
+            o.placement = self.placement;
             o.command.push_str(&filters);
             return Ok(o);
         }
@@ -177,6 +188,7 @@ impl PgbenchArgs {
             targets,
             modes,
             mix: !self.no_mix,
+            placement: self.placement,
             command,
         })
     }
@@ -311,6 +323,7 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
         psql,
         dir: work.path().to_path_buf(),
         run_as,
+        placement: opts.placement,
     };
     let mut results = Results {
         opts: opts.clone(),
@@ -637,6 +650,10 @@ mod tests {
         let o = Cli::parse_from(args).args.into_options().expect("options");
         assert_eq!((o.targets, o.modes, o.mix), (vec!["refract", "pgbouncer"], vec!["simple"], false));
         assert!(o.command.ends_with(" --targets refract,pgbouncer --modes simple --no-mix"), "{}", o.command);
+        assert_eq!(o.placement, Placement::Own);
+        let shared = Cli::parse_from(["x", "--refract-bin", "/bin/true", "--placement", "shared"]).args;
+        let s = shared.into_options().expect("options");
+        assert_eq!((s.placement, s.command.ends_with(" --placement shared")), (Placement::Shared, true));
         let bad = Cli::parse_from(["x", "--refract-bin", "/bin/true", "--targets", "pgbouncr"]).args.into_options();
         let e = bad.expect_err("an unknown target is refused").to_string();
         assert!(e.contains("unknown target `pgbouncr`") && e.contains("pgpool"), "{e}");

@@ -4,7 +4,7 @@
 
 use crate::pgbench::{Mix, Results, Run, MODES, SERVER_SETTINGS};
 use crate::pgbench_run::Summary;
-use crate::pgbench_targets::{REFRACT_NO_RYW, TARGETS};
+use crate::pgbench_targets::{Placement, REFRACT_NO_RYW, TARGETS};
 use crate::report::{self, ratio};
 use crate::units::{format_rate, sig3};
 use anyhow::{Context, Result};
@@ -67,9 +67,7 @@ fn header(out: &mut String, r: &Results) {
          latency is pgbench's mean.\n\
          - **Pools:** {} server connections per server for every pooler: refract `pool_size`, PgBouncer \
          `default_pool_size`, pgpool-II `num_init_children` with `max_pool = 1`.\n\
-         - **Placement:** each PostgreSQL server (by `pg_ctl`) and each pooler (by `setsid`, as a \
-         service manager or `pgbouncer -d` would) runs in a session of its own, pgbench in the harness's; \
-         {}.\n\
+         - **Placement:** {}; {}.\n\
          - **Rerun:** `{}`\n\n",
         e.date,
         e.cores,
@@ -88,6 +86,7 @@ fn header(out: &mut String, r: &Results) {
         o.repeat,
         if o.warmup { "a 2 s warm-up through every target" } else { "no warm-up" },
         o.clients,
+        placement_note(o.placement),
         autogroup_note(&r.autogroup),
         o.command
     );
@@ -101,6 +100,20 @@ fn header(out: &mut String, r: &Results) {
     );
     for (t, why) in &r.unavailable {
         let _ = writeln!(out, "⚠ `{t}` could not be started and is not part of this run: {}\n", one_line(why));
+    }
+}
+
+/// Where the servers, the poolers and pgbench ran.
+fn placement_note(p: Placement) -> &'static str {
+    match p {
+        Placement::Own => {
+            "each PostgreSQL server (by `pg_ctl`) and each pooler (by `setsid`, as a service manager or \
+             `pgbouncer -d` would) runs in a session of its own, pgbench in the harness's"
+        }
+        Placement::Shared => {
+            "each PostgreSQL server (by `pg_ctl`) runs in a session of its own; the poolers run in the \
+             harness's session, with pgbench (`--placement shared`)"
+        }
     }
 }
 

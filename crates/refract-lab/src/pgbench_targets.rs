@@ -8,8 +8,10 @@
 use crate::sh;
 use anyhow::{bail, Context, Result};
 use refract_pg::testkit::{DATABASE, PASSWORD, USER};
+use std::ffi::OsStr;
 use std::fmt::Write;
 use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,6 +46,20 @@ pub struct Setup {
     pub dir: PathBuf,
     /// `(user, uid, gid)` to run PgBouncer and pgpool-II as (when root).
     pub run_as: Option<(String, u32, u32)>,
+    /// Where the poolers run, for the scheduler.
+    pub placement: Placement,
+}
+
+/// Where the poolers run, for the kernel's scheduler: with `sched_autogroup` on, every session
+/// is one scheduling group (the CPUs are shared between sessions first, then between the
+/// threads of a session).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    /// Each pooler in a session of its own (`setsid`), as a service manager or `pgbouncer -d`
+    /// runs it and as `pg_ctl` runs each PostgreSQL server.
+    Own,
+    /// The poolers in the harness's session, with pgbench (their own process groups only).
+    Shared,
 }
 
 /// A running target (or `direct`, which has no process).
@@ -249,19 +265,29 @@ fn hand_over(ctx: &Setup, paths: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-/// Starts `c` in its own session (so its own process group), output to `NAME.log`;
-/// `unprivileged` runs it as the run-as user when root.
+/// Starts `c` in its own process group, and in its own session with [`Placement::Own`],
+/// output to `NAME.log`; `unprivileged` runs it as the run-as user when root.
 ///
 /// Its own session, as `pg_ctl` gives each PostgreSQL server and as a service manager or
 /// `pgbouncer -d` gives a pooler: the kernel's scheduler (with `sched_autogroup`) then shares
 /// the CPUs between the servers and the load generator, instead of making the pooler under
 /// test share pgbench's share.
 fn spawn(ctx: &Setup, c: Command, name: &str, signal: &'static str, unprivileged: bool) -> Result<Proc> {
-    let mut s = Command::new("setsid");
-    if let (Some((user, _, _)), true) = (&ctx.run_as, unprivileged) {
-        s.args(["runuser", "-u", user, "--"]);
+    let own = ctx.placement == Placement::Own;
+    let mut words: Vec<&OsStr> = vec![];
+    if own {
+        words.push("setsid".as_ref());
     }
-    s.arg(c.get_program()).args(c.get_args());
+    if let (Some((user, _, _)), true) = (&ctx.run_as, unprivileged) {
+        words.extend(["runuser", "-u", user, "--"].map(|w| -> &OsStr { w.as_ref() }));
+    }
+    words.push(c.get_program());
+    words.extend(c.get_args());
+    let mut s = Command::new(words[0]);
+    s.args(&words[1..]);
+    if !own {
+        s.process_group(0);
+    }
     for (k, v) in c.get_envs() {
         match v {
             Some(v) => s.env(k, v),
@@ -272,7 +298,8 @@ fn spawn(ctx: &Setup, c: Command, name: &str, signal: &'static str, unprivileged
     let log = ctx.dir.join(format!("{name}.log"));
     let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     // setsid(1) makes the process a session and process group leader without forking (it is
-    // not a group leader when it starts), so its pid is the group [`Proc::stop`] signals.
+    // not a group leader when it starts), so, either way, its pid is the group [`Proc::stop`]
+    // signals.
     c.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file).current_dir(&ctx.dir);
     let child = c.spawn().with_context(|| format!("cannot start `{}`", sh::show(&c)))?;
     Ok(Proc { child, signal, log })
@@ -327,6 +354,7 @@ mod tests {
             psql: "psql".into(),
             dir: "/tmp/x".into(),
             run_as: None,
+            placement: Placement::Own,
         }
     }
 
@@ -347,5 +375,42 @@ mod tests {
         let p = pgpool_config(&ctx(), Path::new("/tmp/x/pgpool"), 7001, 7002);
         assert!(p.contains("backend_port0 = 5433") && p.contains("backend_port1 = 5434"));
         assert!(p.contains("num_init_children = 16") && p.contains("load_balance_mode = on"));
+    }
+
+    /// Fields 5 and 6 of `/proc/PID/stat`: process group and session.
+    fn group_and_session(pid: u32) -> (u32, u32) {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let after = &stat[stat.rfind(')').expect("comm") + 2..];
+        let f: Vec<u32> = after.split(' ').skip(2).take(2).map(|x| x.parse().expect("number")).collect();
+        (f[0], f[1])
+    }
+
+    #[test]
+    fn poolers_run_in_a_session_of_their_own_or_in_ours() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mine = group_and_session(std::process::id()).1;
+        for placement in [Placement::Own, Placement::Shared] {
+            let setup = Setup { dir: dir.path().to_path_buf(), placement, ..ctx() };
+            let mut c = Command::new("sleep");
+            c.arg("30").env("RUST_LOG", "warn");
+            let mut p = spawn(&setup, c, "sleeper", "TERM", false).expect("spawn");
+            let pid = p.child.id();
+            // setsid(1) runs its setsid() and exec() after fork: wait until it is `sleep`.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() != "sleep" {
+                assert!(Instant::now() < deadline, "{placement:?}: the child never became `sleep`");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let env = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+            assert!(env.split(|&b| b == 0).any(|kv| kv == b"RUST_LOG=warn"), "{placement:?}: env passed on");
+            let (group, session) = group_and_session(pid);
+            assert_eq!(group, pid, "{placement:?}: its own process group, which stop() signals");
+            match placement {
+                Placement::Own => assert_eq!(session, pid, "a session of its own"),
+                Placement::Shared => assert_eq!(session, mine, "our session"),
+            }
+            p.stop();
+            assert!(matches!(p.child.try_wait(), Ok(Some(_))), "{placement:?}: stopped");
+        }
     }
 }

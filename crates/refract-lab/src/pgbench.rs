@@ -365,7 +365,8 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
     step(started, &format!("read/write mix: {}", results.mix_load));
     let available: Vec<&str> = ["refract", REFRACT_NO_RYW, "pgbouncer", "pgpool"]
         .into_iter()
-        .filter(|t| opts.mix && opts.targets.contains(&t.strip_suffix("-ryw-off").unwrap_or(t)))
+        // refract-ryw-off runs when refract does.
+        .filter(|&t| opts.mix && opts.targets.contains(&if t == REFRACT_NO_RYW { "refract" } else { t }))
         .filter(|t| !results.unavailable.iter().any(|(u, _)| u == t))
         .collect();
     for name in available {

@@ -240,7 +240,7 @@ pub fn stop(layout: &Layout) {
 }
 
 /// The pid recorded for a daemon, if that process still runs one of our programs.
-fn pid_of(name: &str) -> Option<u32> {
+pub fn pid_of(name: &str) -> Option<u32> {
     let pid: u32 = state::read(&format!("{name}.pid"))?.trim().parse().ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let cmdline = String::from_utf8_lossy(&cmdline);

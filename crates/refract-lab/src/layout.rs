@@ -217,6 +217,15 @@ impl Layout {
         }
     }
 
+    /// The daemon (process, log and pid-file name) that dispatches for a target: `haproxy`,
+    /// a refract dispatcher's name, or `None` for `direct` and unknown targets.
+    pub fn daemon(&self, target: &str) -> Option<String> {
+        match target {
+            "haproxy" => self.haproxy.as_ref().map(|_| "haproxy".to_string()),
+            t => self.dispatcher(t).map(|d| d.name.to_string()),
+        }
+    }
+
     /// The targets this layout can measure, in report order.
     pub fn targets(&self) -> Vec<String> {
         let mut v = vec!["direct".to_string()];
@@ -351,6 +360,11 @@ mod tests {
         assert_eq!(l.target_addrs("nginx"), None);
         assert_eq!(l.targets(), ["direct", "refract", "hybrid", "handover", "haproxy"]);
         assert_eq!(l.client(), Client::Curl("rf-c1".into()));
+        let daemons: Vec<Option<String>> = l.targets().iter().map(|t| l.daemon(t)).collect();
+        let names = [None, Some("refract"), Some("refract-hybrid"), Some("refract-handover"), Some("haproxy")];
+        assert_eq!(daemons, names.map(|n| n.map(str::to_string)), "each target's process, none for direct");
+        assert!(names.iter().flatten().all(|n| l.all_procs().iter().any(|p| p.name == *n)), "daemons are processes");
+        assert_eq!(l.daemon("nginx"), None);
     }
 
     #[test]

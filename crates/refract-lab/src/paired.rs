@@ -6,13 +6,14 @@
 //! alternates from pair to pair), so slow drift of the machine hits both alike, and the
 //! per-pair log ratios give an estimate with a confidence interval, per size and pooled.
 
+use crate::cpu::{self, CpuUse, PerRequest};
 use crate::environment::Environment;
-use crate::interrupt;
 use crate::lab::LabGuard;
 use crate::layout::Layout;
 use crate::sweep::{self, Progress};
 use crate::switch::Switch;
 use crate::units::{format_rate, parse_duration, sig3, wrk_duration, ByteSize, Rate};
+use crate::{cluster, interrupt};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::fmt::Write;
@@ -81,7 +82,7 @@ impl PairsArgs {
              The paired estimate is the geometric mean of the per-pair ratios with a 90 % confidence interval \
              (Student's t).\n- **Tools:** wrk {wrk}; {haproxy}; refract {refract}\n\
              - **Rerun:** `sudo refract bench pairs --a {a} --b {b} --sizes {sizes} --pairs {n} --duration {d} \
-             --rate {rate} --out {out}`\n\n{table}",
+             --rate {rate} --out {out}`\n\n{table}{cpu_use}",
             a = self.a,
             b = self.b,
             rate = self.rate.label(),
@@ -97,8 +98,27 @@ impl PairsArgs {
             n = self.pairs,
             out = self.out.display(),
             table = table(plan, cells),
+            cpu_use = cpu_section(plan, cells, env.cores),
         )
     }
+}
+
+/// The CPU part of a pairs section: what the columns mean, then [`cpu_table`].
+fn cpu_section(plan: &PairPlan, cells: &[PairedCell], cores: usize) -> String {
+    let Some(t) = cpu_table(plan, cells, cores) else { return String::new() };
+    format!(
+        "\n### CPU per request\n\n\
+         Over each target's runs: the machine's CPU time from `/proc/stat` (all {cores} cores; busy = \
+         every process and the kernel, softirq networking included), the dispatcher's own from \
+         `/proc/PID/stat` (HAProxy or the refract process serving the target; none for `direct`), in \
+         clock ticks of {tick} ms, divided by the requests completed. The **ceiling** is the rate the same \
+         runs would reach if the dispatcher spent no user-space time and no CPU were idle, all other \
+         work per request (the clients, the backends, the kernel's networking, the dispatcher's system \
+         calls) staying as measured: {cores} cores ÷ (busy − dispatcher user) per request; an \
+         estimate of the most that any dispatcher with the same kernel work per request could reach \
+         on this machine, where the CPUs are the bottleneck at small sizes.\n\n{t}",
+        tick = sig3(1000.0 / cpu::ticks_per_sec()),
+    )
 }
 
 /// What to measure.
@@ -127,9 +147,18 @@ pub struct PairedCell {
     pub b: Vec<f64>,
     /// Non-2xx responses and socket errors over all runs.
     pub errors: u64,
+    /// CPU used during each of A's runs that `/proc` could account for.
+    pub cpu_a: Vec<CpuUse>,
+    /// The same for B.
+    pub cpu_b: Vec<CpuUse>,
 }
 
 impl PairedCell {
+    /// No runs yet (size 0).
+    pub fn empty() -> PairedCell {
+        PairedCell { size: ByteSize(0), a: Vec::new(), b: Vec::new(), errors: 0, cpu_a: Vec::new(), cpu_b: Vec::new() }
+    }
+
     /// `ln(b / a)` of each pair with both sides non-zero.
     pub fn log_ratios(&self) -> Vec<f64> {
         self.a.iter().zip(&self.b).filter(|(a, b)| **a > 0.0 && **b > 0.0).map(|(a, b)| (b / a).ln()).collect()
@@ -227,7 +256,7 @@ pub fn run(layout: &Layout, plan: &PairPlan) -> Result<Pairs> {
     let mut progress = Progress::new("pairs", plan.sizes.len() * plan.pairs * 2, plan.duration);
     let mut cells = Vec::new();
     for &size in &plan.sizes {
-        let mut cell = PairedCell { size, a: Vec::new(), b: Vec::new(), errors: 0 };
+        let mut cell = PairedCell { size, ..PairedCell::empty() };
         for i in 0..plan.pairs {
             // Sides by position, so that `--a X --b X` (an A/A check of the method) works too.
             let order =
@@ -235,15 +264,16 @@ pub fn run(layout: &Layout, plan: &PairPlan) -> Result<Pairs> {
             for (is_b, target) in order {
                 interrupt::check()?;
                 switch.activate(layout, target)?;
+                let pid = layout.daemon(target).and_then(|name| cluster::pid_of(&name));
+                let before = cpu::Before::take(pid);
                 let m = sweep::measure(layout, target, size, plan.duration)?;
+                let used = before.finish(m.reports.iter().map(|r| r.requests as f64).sum());
                 let rps = m.effective_rps();
                 progress.done(&format!("pair {:>2} {target:<8} {size:>5}", i + 1), &format_rate(rps), m.errors());
                 cell.errors += m.errors();
-                if is_b {
-                    cell.b.push(rps);
-                } else {
-                    cell.a.push(rps);
-                }
+                let (runs, cpu) = if is_b { (&mut cell.b, &mut cell.cpu_b) } else { (&mut cell.a, &mut cell.cpu_a) };
+                runs.push(rps);
+                cpu.extend(used);
             }
         }
         cells.push(cell);
@@ -281,12 +311,50 @@ pub fn table(plan: &PairPlan, cells: &[PairedCell]) -> String {
     s
 }
 
+/// The CPU table: per size and target, the machine's idle share, busy CPU per request, the
+/// dispatcher's user and system time per request and the ceiling they imply
+/// ([`PerRequest::ceiling`]), also as a multiple of A's mean rate. `None` if no run could be
+/// accounted for (no `/proc`).
+pub fn cpu_table(plan: &PairPlan, cells: &[PairedCell], cores: usize) -> Option<String> {
+    if cells.iter().all(|c| c.cpu_a.is_empty() && c.cpu_b.is_empty()) {
+        return None;
+    }
+    let mut s = format!(
+        "| payload | target | req/s (mean) | CPU idle | busy CPU per request | dispatcher user per request | \
+         dispatcher system per request | ceiling (req/s) | ceiling ÷ {a}'s req/s |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        a = plan.a
+    );
+    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let us = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |x| format!("{} µs", sig3(x)));
+    for c in cells {
+        let a_rate = mean(&c.a);
+        for (target, rates, runs) in [(&plan.a, &c.a, &c.cpu_a), (&plan.b, &c.b, &c.cpu_b)] {
+            let Some(pr) = PerRequest::of(runs) else { continue };
+            let ceiling = pr.ceiling(cores);
+            let _ = writeln!(
+                s,
+                "| {} | {target} | {} | {:.1} % | {} | {} | {} | {} | {} |",
+                c.size.human(),
+                format_rate(mean(rates)),
+                pr.idle_share * 100.0,
+                us(Some(pr.busy_us)),
+                us(pr.user_us),
+                us(pr.system_us),
+                ceiling.map_or_else(|| "–".to_string(), format_rate),
+                ceiling.map_or_else(|| "–".to_string(), |x| crate::report::ratio(x, a_rate)),
+            );
+        }
+    }
+    Some(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn cell(size: u64, a: &[f64], b: &[f64]) -> PairedCell {
-        PairedCell { size: ByteSize(size), a: a.to_vec(), b: b.to_vec(), errors: 0 }
+        PairedCell { size: ByteSize(size), a: a.to_vec(), b: b.to_vec(), ..PairedCell::empty() }
     }
 
     #[test]
@@ -325,6 +393,43 @@ mod tests {
         assert_eq!(t90(99), 1.671);
         assert_eq!(t90(10_000), 1.658);
         assert_eq!(t90(0), 6.314);
+    }
+
+    #[test]
+    fn the_cpu_table_gives_per_request_figures_and_the_ceiling_against_a() {
+        let plan = PairPlan {
+            a: "haproxy".into(),
+            b: "refract".into(),
+            sizes: vec![ByteSize(1)],
+            pairs: 2,
+            duration: Duration::from_secs(5),
+        };
+        let secs = Duration::from_secs;
+        // HAProxy: 100k requests per run, 6 s busy + 4 s idle, 0.5 s user and 2.5 s system.
+        let h =
+            CpuUse { requests: 100_000.0, busy: secs(6), idle: secs(4), dispatcher: Some((secs(1) / 2, secs(5) / 2)) };
+        // refract: 120k requests, 7.2 s busy, no idle, 0.6 s user, 3.6 s system.
+        let r = CpuUse {
+            requests: 120_000.0,
+            busy: Duration::from_millis(7200),
+            idle: Duration::ZERO,
+            dispatcher: Some((Duration::from_millis(600), Duration::from_millis(3600))),
+        };
+        let mut c = cell(1, &[20_000.0, 20_000.0], &[24_000.0, 24_000.0]);
+        c.cpu_a = vec![h, h];
+        c.cpu_b = vec![r, r];
+        let t = cpu_table(&plan, &[c], 2).unwrap();
+        assert!(t.contains("ceiling ÷ haproxy's req/s"), "{t}");
+        // HAProxy: busy 60 µs, user 5 µs → 2 cores / 55 µs = 36.4k, 1.82× its 20k.
+        assert!(t.contains("| 1 B | haproxy | 20.0k | 40.0 % | 60.0 µs | 5.00 µs | 25.0 µs | 36.4k | 1.82× |"), "{t}");
+        // refract: busy 60 µs, user 5 µs, system 30 µs, no idle.
+        assert!(t.contains("| 1 B | refract | 24.0k | 0.0 % | 60.0 µs | 5.00 µs | 30.0 µs | 36.4k | 1.82× |"), "{t}");
+        // Without CPU figures there is no table, and direct (no dispatcher) has no ceiling.
+        assert_eq!(cpu_table(&plan, &[cell(1, &[1.0], &[1.0])], 2), None);
+        let mut d = cell(1, &[1.0], &[1.0]);
+        d.cpu_a = vec![CpuUse { dispatcher: None, ..h }];
+        let t = cpu_table(&plan, &[d], 2).unwrap();
+        assert!(t.contains("| 1 B | haproxy | 1.00 | 40.0 % | 60.0 µs | – | – | – | – |"), "{t}");
     }
 
     #[test]

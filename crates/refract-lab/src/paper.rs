@@ -400,7 +400,7 @@ mod tests {
             size: ByteSize(size),
             a: vec![100.0, 110.0, 90.0],
             b: vec![101.0, 109.0, 90.0],
-            errors: 0,
+            ..PairedCell::empty()
         };
         let p = Pairs { plan: plan.clone(), cells: vec![close(1), close(64)], handovers: Some(0.0) };
         // The sweep's medians alone would fail it (0.80×); the pairs decide.
@@ -415,7 +415,7 @@ mod tests {
             size: ByteSize(size),
             a: vec![100.0, 110.0, 90.0],
             b: vec![80.0, 95.0, 70.0],
-            errors: 0,
+            ..PairedCell::empty()
         };
         let p = Pairs { plan, cells: vec![far(1), far(64)], handovers: None };
         let c = acceptance(&sweeps, Some(&p)).into_iter().find(|c| c.criterion.contains("≤ 4 KiB")).unwrap();

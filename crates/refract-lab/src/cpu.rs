@@ -63,14 +63,18 @@ impl ProcTicks {
 
 /// Clock ticks per second (`getconf CLK_TCK`; the kernel's `USER_HZ`, 100 on Linux's
 /// mainstream architectures, which is the fallback).
+/// Asked once per process.
 pub fn ticks_per_sec() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
-        .filter(|t| *t > 0.0)
-        .unwrap_or(100.0)
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+            .filter(|t| *t > 0.0)
+            .unwrap_or(100.0)
+    })
 }
 
 /// A sample taken before a run.

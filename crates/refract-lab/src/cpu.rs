@@ -174,8 +174,9 @@ impl PerRequest {
     /// The request rate these runs would have reached on `cores` CPUs if the dispatcher had
     /// spent no user-space time and no CPU had been idle, everything else per request (the
     /// kernel's networking, the clients, the backends, the dispatcher's system calls) staying
-    /// as measured: `cores / (busy - user)` per second. A ceiling for any dispatcher that makes
-    /// the same system calls on the same machine.
+    /// as measured: `cores / (busy - user)` per second. An estimate of the most a dispatcher
+    /// with the same kernel work per request could reach on the same machine when the CPUs are
+    /// the bottleneck.
     pub fn ceiling(&self, cores: usize) -> Option<f64> {
         let rest = self.busy_us - self.user_us?;
         (rest > 0.0).then(|| cores as f64 * 1e6 / rest)

@@ -229,6 +229,20 @@ fn t90(df: usize) -> f64 {
     TABLE.iter().rev().find(|(d, _)| *d <= df.max(1)).map_or(6.314, |(_, t)| *t)
 }
 
+#[cfg(test)]
+impl PairPlan {
+    /// A plan for tests: `a` against `b` at `sizes`, `pairs` runs of 2 s each.
+    pub(crate) fn for_test(a: &str, b: &str, sizes: &[u64], pairs: usize) -> PairPlan {
+        PairPlan {
+            a: a.into(),
+            b: b.into(),
+            sizes: sizes.iter().map(|&n| ByteSize(n)).collect(),
+            pairs,
+            duration: Duration::from_secs(2),
+        }
+    }
+}
+
 /// A plan's runs.
 #[derive(Debug, Clone)]
 pub struct Pairs {
@@ -282,6 +296,15 @@ pub fn run(layout: &Layout, plan: &PairPlan) -> Result<Pairs> {
     Ok(Pairs { plan: plan.clone(), cells, handovers })
 }
 
+/// The mean of `v`, 0 if empty.
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
 /// The markdown table: per size the mean requests/s of each target, B/A of the means, and the
 /// paired estimate; then the pooled estimate.
 pub fn table(plan: &PairPlan, cells: &[PairedCell]) -> String {
@@ -290,7 +313,6 @@ pub fn table(plan: &PairPlan, cells: &[PairedCell]) -> String {
         "| payload | pairs | {a} (mean req/s) | {b} (mean req/s) | {b}/{a} of means | paired {b}/{a} (90 % CI) | errors |\n\
          |---:|---:|---:|---:|---:|---:|---:|\n"
     );
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
     for c in cells {
         let (ma, mb) = (mean(&c.a), mean(&c.b));
         let est = Estimate::of(&c.log_ratios()).map_or_else(|| "–".to_string(), |e| e.describe());
@@ -325,7 +347,6 @@ pub fn cpu_table(plan: &PairPlan, cells: &[PairedCell], cores: usize) -> Option<
          |---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
         a = plan.a
     );
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
     let us = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |x| format!("{} µs", sig3(x)));
     for c in cells {
         let a_rate = mean(&c.a);
@@ -397,13 +418,7 @@ mod tests {
 
     #[test]
     fn the_cpu_table_gives_per_request_figures_and_the_ceiling_against_a() {
-        let plan = PairPlan {
-            a: "haproxy".into(),
-            b: "refract".into(),
-            sizes: vec![ByteSize(1)],
-            pairs: 2,
-            duration: Duration::from_secs(5),
-        };
+        let plan = PairPlan::for_test("haproxy", "refract", &[1], 2);
         let secs = Duration::from_secs;
         // HAProxy: 100k requests per run, 6 s busy + 4 s idle, 0.5 s user and 2.5 s system.
         let h =
@@ -437,13 +452,7 @@ mod tests {
         let cells = [cell(1, &[100.0, 100.0], &[99.0, 101.0]), cell(512, &[50.0, 60.0], &[50.0, 61.0])];
         let p = pooled(&cells).unwrap();
         assert_eq!(p.n, 4);
-        let plan = PairPlan {
-            a: "refract".into(),
-            b: "hybrid".into(),
-            sizes: vec![ByteSize(1), ByteSize(512)],
-            pairs: 2,
-            duration: Duration::from_secs(2),
-        };
+        let plan = PairPlan::for_test("refract", "hybrid", &[1, 512], 2);
         let t = table(&plan, &cells);
         assert!(
             t.starts_with("| payload | pairs | refract (mean req/s) | hybrid (mean req/s) | hybrid/refract"),

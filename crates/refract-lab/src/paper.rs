@@ -389,13 +389,7 @@ mod tests {
 
     #[test]
     fn the_small_size_criterion_comes_from_the_paired_runs_when_there_are_any() {
-        let plan = PairPlan {
-            a: "refract".into(),
-            b: "hybrid".into(),
-            sizes: vec![ByteSize(1), ByteSize(64)],
-            pairs: 3,
-            duration: Duration::from_secs(2),
-        };
+        let plan = PairPlan::for_test("refract", "hybrid", &[1, 64], 3);
         let close = |size| PairedCell {
             size: ByteSize(size),
             a: vec![100.0, 110.0, 90.0],

@@ -27,8 +27,9 @@ lint: deps
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
+# --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.
 test: lint release
-	$(CARGO) test --workspace --release -- --test-threads=2
+	$(CARGO) test --workspace --release --no-fail-fast -- --test-threads=2
 
 demo: release
 	./target/release/refract demo

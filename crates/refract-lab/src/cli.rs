@@ -21,6 +21,11 @@ pub enum LabCmd {
         /// refract relay-only (VIP:8081) and HAProxy in rf-d.
         #[arg(long)]
         cluster: bool,
+        /// TCP congestion control in every namespace (default: `$REFRACT_LAB_CC`, else
+        /// `cubic`). One the host does not allow is allowed for the lab's lifetime (`lab down`
+        /// restores the host's list); one the kernel lacks falls back to the host's default.
+        #[arg(long)]
+        cc: Option<String>,
     },
     /// Stop the cluster (agents included) and remove every rf-* namespace.
     Down,
@@ -40,7 +45,7 @@ impl LabCmd {
     /// Run the subcommand.
     pub fn run(self) -> Result<()> {
         match self {
-            LabCmd::Up { rate, cluster } => lab::up(rate, cluster),
+            LabCmd::Up { rate, cluster, cc } => lab::up(rate, cluster, &crate::congestion::requested(cc.as_deref())),
             LabCmd::Down => lab::down(),
             LabCmd::Status => lab::status(),
             LabCmd::Exec { host, cmd } => {

@@ -6,9 +6,9 @@ use crate::http_client::Client;
 use crate::lab::LabGuard;
 use crate::layout::Layout;
 use crate::report::{self, Section};
-use crate::sweep::{self, Plan};
+use crate::sweep::{self, Plan, Results};
 use crate::units::{ByteSize, Rate};
-use crate::{environment::Environment, haproxy, interrupt, sh};
+use crate::{environment::Environment, haproxy, interrupt, plot, sh};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::time::{Duration, Instant};
@@ -51,7 +51,14 @@ pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     let started = Instant::now();
     let cluster = start(force_loopback)?;
     let layout = cluster.layout();
-    println!("== cluster: {}", if layout.lab { "lab (network namespaces, 1 Gbit/s links)" } else { "loopback" });
+    if layout.lab {
+        println!(
+            "== cluster: lab (network namespaces, 1 Gbit/s links, TCP congestion control {})",
+            crate::congestion::describe()
+        );
+    } else {
+        println!("== cluster: loopback");
+    }
     println!("   refract on {}, backends {}\n", layout.refract_addr(), backend_list(layout));
     routing(layout)?;
     short_sweep(layout, quick)?;
@@ -60,21 +67,46 @@ pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     Ok(())
 }
 
+/// Why the lab cannot be built here, if it cannot: not root, no `ip`/`tc`, no namespaces.
+fn lab_unavailable() -> Option<String> {
+    if !sh::is_root() {
+        return Some("not root: the lab builds network namespaces, veth links and tc shaping, which need root".into());
+    }
+    for tool in ["ip", "tc"] {
+        if !sh::have(tool) {
+            return Some(format!("`{tool}` is not installed (Debian: iproute2)"));
+        }
+    }
+    if !std::path::Path::new("/proc/self/ns/net").exists() {
+        return Some("this kernel has no network namespaces".into());
+    }
+    None
+}
+
 fn backend_list(layout: &Layout) -> String {
     let v: Vec<String> =
         layout.config().backends.iter().map(|b| format!("{} {} ({})", b.name, b.addr, b.role)).collect();
     v.join(", ")
 }
 
-/// The lab when we may build it, loopback otherwise (or when the lab fails to come up).
+/// The lab when we may build it, loopback otherwise (or when the lab fails to come up), saying
+/// why and what to run instead.
 fn start(force_loopback: bool) -> Result<Cluster> {
-    if !force_loopback && sh::is_root() && sh::have("ip") {
-        match LabGuard::ensure(Rate::BitsPerSec(1_000_000_000)) {
-            Ok(g) => return Ok(Cluster::Lab(g)),
-            Err(e) => eprintln!("the lab did not come up ({e:#}); using loopback instead"),
+    if !force_loopback {
+        match lab_unavailable() {
+            None => match LabGuard::ensure(Rate::BitsPerSec(1_000_000_000)) {
+                Ok(g) => return Ok(Cluster::Lab(g)),
+                Err(e) => eprintln!(
+                    "the lab did not come up ({e:#}).\nRunning the demo on loopback instead: relay vs HAProxy only, \
+                     no hand-over (it needs the lab's separate hosts). `sudo refract lab up` shows the lab's own error; \
+                     `sudo refract lab down` clears a partial lab."
+                ),
+            },
+            Some(why) => eprintln!(
+                "{why}.\nRunning the demo on loopback instead: relay vs HAProxy only, no hand-over (it needs the \
+                 lab's separate hosts). For the paper's story run `sudo make demo`."
+            ),
         }
-    } else if !force_loopback {
-        eprintln!("not root: running the demo on loopback (127.0.0.1) instead of the lab");
     }
     interrupt::check()?;
     let layout = Layout::loopback(std::path::Path::new(haproxy::BINARY).exists())?;
@@ -170,30 +202,29 @@ pub fn form_encode(v: &str) -> String {
     out
 }
 
-/// A few sizes, about a second each, printed as Table 1 and 2.
+/// The demo's sizes: the paper's small and large ends.
+const LAB_SIZES: &str = "1,4K,1M,16M";
+/// Where the demo's plot goes (relative to the working directory, `make demo` runs at the root).
+pub const PLOT: &str = "target/demo.png";
+
+/// The paper's story in the lab: relay vs hybrid vs HAProxy on the shaped links, the hand-over
+/// counters and a PNG; on loopback a short relay vs HAProxy sweep.
 fn short_sweep(layout: &Layout, quick: bool) -> Result<()> {
-    let sizes = if quick { "64,64K,1M" } else { "1,4K,64K,1M,16M" };
-    let mut targets = vec!["direct".to_string(), "refract".to_string()];
-    if layout.haproxy.is_some() {
-        targets.push("haproxy".into());
-    }
-    let plan = Plan {
-        sizes: ByteSize::parse_list(sizes)?,
-        targets,
-        duration: Duration::from_secs(1),
-        latency: !quick,
-        repeat: 1,
-    };
+    let plan = sweep_plan(layout, quick)?;
     println!(
-        "== short sweep: {} clients × wrk -t1 -c1, 1 s per measurement (full sweep: `refract bench sweep`)\n",
-        layout.clients.len()
+        "== sweep: {} clients at once, each `wrk -t1 -c1`, {} s per measurement, sizes {} (the full \
+         paper: `sudo refract bench paper`)\n",
+        layout.clients.len(),
+        plan.duration.as_secs_f64(),
+        plan.sizes.iter().map(ByteSize::to_string).collect::<Vec<_>>().join(", ")
     );
     let results = sweep::run(layout, &plan)?;
     let env = Environment::default();
+    let shaping = if layout.lab { "1 Gbit/s tbf on every link" } else { "" };
     let section = Section {
         name: "demo",
-        shaping: "",
-        duration_s: 1.0,
+        shaping,
+        duration_s: plan.duration.as_secs_f64(),
         repeat: 1,
         command: "",
         env: &env,
@@ -206,7 +237,52 @@ fn short_sweep(layout: &Layout, quick: bool) -> Result<()> {
         targets_note: "",
     };
     println!("{}", report::tables(&section));
+    if let Some(line) = hybrid_line(&results, &plan.sizes) {
+        println!("{line}\n");
+    }
+    if layout.lab {
+        let path = std::path::Path::new(PLOT);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        plot::draw(path, "refract demo: relay, hybrid, HAProxy at 1 Gbit/s", &results, &plan.targets, &plan.sizes)?;
+        println!("plot: {}\n", path.display());
+    }
     Ok(())
+}
+
+/// In the lab: relay, hybrid, HAProxy at the paper's ends, 2 s each. On loopback (no
+/// hand-over across hosts): the relay and HAProxy against direct.
+fn sweep_plan(layout: &Layout, quick: bool) -> Result<Plan> {
+    let (sizes, targets): (&str, &[&str]) = match (layout.lab, quick) {
+        (true, false) => (LAB_SIZES, &["refract", "hybrid", "haproxy"]),
+        (true, true) => ("4K,16M", &["refract", "hybrid"]),
+        (false, false) => ("1,4K,64K,1M,16M", &["direct", "refract", "haproxy"]),
+        (false, true) => ("64,64K,1M", &["direct", "refract", "haproxy"]),
+    };
+    let targets =
+        targets.iter().filter(|t| **t != "haproxy" || layout.haproxy.is_some()).map(|t| t.to_string()).collect();
+    Ok(Plan {
+        sizes: ByteSize::parse_list(sizes)?,
+        targets,
+        duration: Duration::from_secs(if layout.lab { 2 } else { 1 }),
+        latency: false,
+        repeat: 1,
+    })
+}
+
+/// "hybrid / relay at 16 MiB: 1.97×" for the largest size both were measured at.
+pub fn hybrid_line(results: &Results, sizes: &[ByteSize]) -> Option<String> {
+    let size = *sizes.iter().rev().find(|s| results.cell(**s, "hybrid").is_some())?;
+    let relay = results.cell(size, "refract")?.throughput();
+    let hybrid = results.cell(size, "hybrid")?.throughput();
+    Some(format!(
+        "hybrid / relay at {}: {:.2}× (the relay carries every byte over the dispatcher's one \
+         link; the hybrid hands large results to the agents, which send them over the backends' \
+         own links)",
+        size.human(),
+        hybrid / relay
+    ))
 }
 
 #[cfg(test)]
@@ -229,5 +305,36 @@ mod tests {
         let t = stats_table(&layout, &[Stats::default(); 2], &after);
         assert!(t.contains("| b1 | primary | 15 | 10 | 1 |"), "{t}");
         assert!(t.contains("| b2 | replica | 15 | 0 | 1 |"), "{t}");
+    }
+
+    #[test]
+    fn the_lab_demo_runs_relay_hybrid_and_haproxy_at_the_papers_ends() {
+        let layout = Layout::lab().expect("lab");
+        let plan = sweep_plan(&layout, false).expect("plan");
+        assert_eq!(plan.targets, ["refract", "hybrid", "haproxy"]);
+        let sizes: Vec<String> = plan.sizes.iter().map(ByteSize::to_string).collect();
+        assert_eq!(sizes.join(","), "1,4K,1M,16M");
+        for t in &plan.targets {
+            assert!(layout.target_addrs(t).is_some(), "the lab has target {t}");
+        }
+    }
+
+    #[test]
+    fn the_hybrid_line_gives_the_ratio_at_the_largest_size() {
+        use crate::sweep::Measurement;
+        let m = |target: &str, size: u64, rps: f64| Measurement::for_test(target, ByteSize(size), rps);
+        // 100 requests per client: the cell's throughput is rps × size.
+        let results = Results {
+            throughput: vec![
+                m("refract", 4096, 100.0),
+                m("hybrid", 4096, 100.0),
+                m("refract", 1 << 24, 7.0),
+                m("hybrid", 1 << 24, 14.0),
+            ],
+            ..Results::default()
+        };
+        let line = hybrid_line(&results, &[ByteSize(4096), ByteSize(1 << 24)]).expect("line");
+        assert!(line.starts_with("hybrid / relay at 16 MiB: 2.00×"), "{line}");
+        assert!(hybrid_line(&Results::default(), &[ByteSize(4096)]).is_none());
     }
 }

@@ -2,9 +2,9 @@
 
 use crate::sh::{self, cmd};
 use crate::shaping::Tbf;
-use crate::state;
 use crate::topology::{self, Host, AGENT_HOSTS, BRIDGE, HOSTS, HOST_IF, NS_PREFIX, PREFIX, SWITCH_NS, VIP};
 use crate::units::Rate;
+use crate::{congestion, state};
 use anyhow::{Context, Result};
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
@@ -12,37 +12,32 @@ use std::time::{Duration, Instant};
 /// State file holding the rate the links are shaped at.
 const RATE_FILE: &str = "rate";
 
-/// The TCP congestion control of every lab namespace. A new namespace inherits the host's
-/// (`bbr` on some cloud images); the lab pins Linux's default so that figures do not depend on
-/// the host's setting. Measured with `bbr` on this 2-core machine: unshaped memory-speed paths
-/// at about half the speed, and link-rate runs spread ±2 %: docs/benchmarks.md, "Congestion
-/// control".
-pub const CONGESTION_CONTROL: &str = "cubic";
-
 /// Build the fabric, or repair it: a complete fabric is kept (only its shaping is re-applied),
-/// anything partial is torn down and rebuilt. Returns whether it was rebuilt.
+/// anything partial is torn down and rebuilt. Returns whether it was rebuilt. The TCP
+/// congestion control is the one asked for by `$REFRACT_LAB_CC`, else `cubic` (see
+/// [`congestion`]).
 pub fn up(rate: Rate) -> Result<bool> {
+    up_with(rate, &congestion::requested(None))
+}
+
+/// [`up`] with TCP congestion control `cc` in every namespace (allowed on the host for the
+/// lab's lifetime if needed; the host's default if the kernel lacks it).
+pub fn up_with(rate: Rate, cc: &str) -> Result<bool> {
     let rebuilt = !is_complete();
     if rebuilt {
         down()?;
         build().context("building the lab")?;
     }
-    pin_congestion_control()?;
+    pin_congestion_control(cc)?;
     shape(rate)?;
     Ok(rebuilt)
 }
 
-/// Sets [`CONGESTION_CONTROL`] in every host namespace (the sockets opened afterwards use it).
-fn pin_congestion_control() -> Result<()> {
-    let key = format!("net.ipv4.tcp_congestion_control={CONGESTION_CONTROL}");
+/// Sets the congestion control in every host namespace (the sockets opened afterwards use it).
+fn pin_congestion_control(wanted: &str) -> Result<()> {
+    let cc = congestion::prepare(wanted)?;
     for h in HOSTS {
-        sh::run(cmd(Some(&h.ns()), "sysctl", &["-q", "-w", &key])).with_context(|| {
-            format!(
-                "setting TCP congestion control {CONGESTION_CONTROL} in {} (is it in \
-                 /proc/sys/net/ipv4/tcp_available_congestion_control? `modprobe tcp_{CONGESTION_CONTROL}`)",
-                h.ns()
-            )
-        })?;
+        congestion::pin(&h.ns(), &cc)?;
     }
     Ok(())
 }
@@ -57,7 +52,7 @@ pub fn down() -> Result<()> {
         sh::ip(&["netns", "del", ns]).with_context(|| format!("removing {ns}"))?;
     }
     let _ = std::fs::remove_file(state::path(RATE_FILE));
-    Ok(())
+    congestion::restore()
 }
 
 /// Every existing namespace whose name starts with `rf-`.

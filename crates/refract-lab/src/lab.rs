@@ -9,14 +9,15 @@ use crate::{fabric, shaping, state};
 use anyhow::{bail, Result};
 
 /// `lab up`: build or repair the fabric, shape it, optionally start the cluster.
-pub fn up(rate: Rate, with_cluster: bool) -> Result<()> {
+pub fn up(rate: Rate, with_cluster: bool, cc: &str) -> Result<()> {
     require_root()?;
-    let rebuilt = fabric::up(rate)?;
+    let rebuilt = fabric::up_with(rate, cc)?;
     eprintln!(
-        "lab {}: {} hosts on one switch, {}",
+        "lab {}: {} hosts on one switch, {}, TCP congestion control {}",
         if rebuilt { "built" } else { "already up" },
         HOSTS.len(),
-        shaping::describe(rate)
+        shaping::describe(rate),
+        crate::congestion::describe()
     );
     if with_cluster {
         let layout = Layout::lab()?;

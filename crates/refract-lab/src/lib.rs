@@ -32,6 +32,7 @@
 pub mod bench;
 pub mod cli;
 pub mod cluster;
+pub mod congestion;
 pub mod cpu;
 pub mod csv;
 pub mod demo;

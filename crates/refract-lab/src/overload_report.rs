@@ -105,7 +105,7 @@ fn method(out: &mut String, ctx: &Page, res: &OverloadResults) {
     let _ = write!(
         out,
         "- **Date:** {}\n- **Machine:** {} cores ({}), Linux {}\n- **Links:** {}; TCP congestion \
-         control {} in every namespace (pinned by the lab)\n- **Tools:** {}; refract {}\n\
+         control {}\n- **Tools:** {}; refract {}\n\
          - **Rerun:** `{}`\n\n### Method\n\n\
          - **Backends:** blob servers b1 and b2 (`--delay-ms {} --concurrency {}`): each works on at most \
          {} requests at once, {} ms each. **Measured capacity: {:.0} req/s** ({}), by a {:.0} s closed loop \
@@ -129,7 +129,7 @@ fn method(out: &mut String, ctx: &Page, res: &OverloadResults) {
         e.cpu,
         e.kernel,
         ctx.links,
-        crate::fabric::CONGESTION_CONTROL,
+        crate::congestion::describe(),
         e.haproxy,
         e.refract,
         o.command,

@@ -328,11 +328,9 @@ mod tests {
     use crate::handover_stats::HandoverStats;
     use crate::paired::PairedCell;
     use crate::sweep::Measurement;
-    use crate::wrk::WrkReport;
 
     fn cell(target: &str, size: ByteSize, rps: f64) -> Measurement {
-        let r = WrkReport { requests: 100, requests_per_sec: rps, seconds: 4.0, ..Default::default() };
-        Measurement { target: target.into(), size, reports: vec![r] }
+        Measurement::for_test(target, size, rps)
     }
 
     #[test]

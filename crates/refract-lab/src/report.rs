@@ -95,7 +95,7 @@ fn environment(out: &mut String, s: &Section) {
     let _ = write!(
         out,
         "- **Date:** {}\n- **Machine:** {} cores ({}), Linux {}\n- **Links:** {}; TCP \
-         congestion control {} in every namespace (pinned by the lab)\n\
+         congestion control {}\n\
          - **Load:** 2 clients (rf-c1, rf-c2) at once, each `wrk -t1 -c1 -d{}s --timeout 30s \
          --latency`; each cell is the median of {} interleaved runs (the targets take turns, so \
          drift in the machine's load hits all of them alike)\n- **Tools:** {}; {}; refract {}\n\
@@ -105,7 +105,7 @@ fn environment(out: &mut String, s: &Section) {
         e.cpu,
         e.kernel,
         s.shaping,
-        crate::fabric::CONGESTION_CONTROL,
+        crate::congestion::describe(),
         s.duration_s,
         s.repeat,
         e.wrk,

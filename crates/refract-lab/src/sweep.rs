@@ -63,6 +63,13 @@ impl Measurement {
     pub fn errors(&self) -> u64 {
         self.reports.iter().map(|r| r.non_2xx + r.socket_errors).sum()
     }
+
+    /// A cell of one client's 4 s run of 100 requests at `rps`, for tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(target: &str, size: ByteSize, rps: f64) -> Measurement {
+        let r = WrkReport { requests: 100, requests_per_sec: rps, seconds: 4.0, ..Default::default() };
+        Measurement { target: target.into(), size, reports: vec![r] }
+    }
 }
 
 /// One client's payload throughput (see [`MIN_REQUESTS_FOR_RPS`]).

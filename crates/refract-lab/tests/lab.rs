@@ -1,9 +1,9 @@
 //! The lab itself (root only): up, reachability inside the namespaces, exec, repair after a
 //! partial failure, shaping, down leaving no `rf-*` namespace.
 
-use refract_lab::fabric;
 use refract_lab::sh::{self, cmd};
 use refract_lab::units::Rate;
+use refract_lab::{congestion, fabric};
 
 /// Tears the lab down however the test ends.
 struct Down;
@@ -53,16 +53,51 @@ fn qdisc(ns: &str, dev: &str) -> String {
     sh::run(cmd(Some(ns), "tc", &["qdisc", "show", "dev", dev])).expect("tc qdisc show")
 }
 
+/// Puts the host's allowed congestion controls back as the test found them.
+struct RestoreAllowed(String);
+
+impl Drop for RestoreAllowed {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(congestion::ALLOWED, &self.0) {
+            eprintln!("restoring {}: {e}", congestion::ALLOWED);
+        }
+    }
+}
+
+fn allowed() -> String {
+    std::fs::read_to_string(congestion::ALLOWED).expect("read allowed list").trim().to_string()
+}
+
+fn kernel_has(cc: &str) -> bool {
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+    available.split_whitespace().any(|a| a == cc)
+}
+
+/// The lab on a host that allows only `reno bbr` (a fresh cloud machine): it comes up with
+/// `cubic` in every namespace by allowing it for its lifetime, and `lab down` puts the host's
+/// list back; asked for the host's own default, it changes nothing on the host.
 #[test]
 fn lab_up_exec_repair_down() {
     if let Some(why) = skip_reason() {
         skip(&why);
         return;
     }
+    let _restore = RestoreAllowed(allowed());
+    std::fs::write(congestion::ALLOWED, "reno bbr").expect("set the allowed list to `reno bbr`");
+    let host_default = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").expect("default");
+    let host_default = host_default.trim();
     let _down = Down;
     let gbit = Rate::parse("1gbit").expect("rate");
-    assert!(fabric::up(gbit).expect("lab up"), "first up builds");
+    assert!(fabric::up_with(gbit, "cubic").expect("lab up"), "first up builds");
     assert!(fabric::is_complete());
+    let expected = if kernel_has("cubic") { "cubic" } else { host_default };
+    for ns in ["rf-c1", "rf-c2", "rf-d", "rf-b1", "rf-b2"] {
+        assert_eq!(congestion::in_namespace(ns).as_deref(), Some(expected), "congestion control in {ns}");
+    }
+    if expected == "cubic" {
+        assert_eq!(allowed(), "reno bbr cubic", "cubic allowed while the lab is up");
+    }
+    assert!(congestion::describe().contains(expected), "report header: {}", congestion::describe());
     assert!(!fabric::up(gbit).expect("second up"), "second up keeps the lab");
 
     for addr in ["198.18.0.100", "198.18.0.21", "198.18.0.2", "198.18.0.22"] {
@@ -86,4 +121,12 @@ fn lab_up_exec_repair_down() {
 
     fabric::down().expect("lab down");
     assert_eq!(fabric::lab_namespaces().expect("list"), Vec::<String>::new());
+    assert_eq!(allowed(), "reno bbr", "lab down restores the host's allowed list");
+
+    // The host's default needs no change on the host.
+    assert!(fabric::up_with(gbit, host_default).expect("lab up with the host default"));
+    assert_eq!(congestion::in_namespace("rf-d").as_deref(), Some(host_default));
+    assert_eq!(allowed(), "reno bbr", "nothing allowed for the host default");
+    fabric::down().expect("lab down");
+    assert_eq!(allowed(), "reno bbr");
 }

@@ -153,6 +153,11 @@ pub fn in_namespace(ns: &str) -> Option<String> {
     Some(out.trim().to_string()).filter(|s| !s.is_empty())
 }
 
+/// The host namespace's algorithm (loopback runs) for report headers: "`bbr` (the host's)".
+pub fn host() -> String {
+    format!("`{}` (the host's)", read(DEFAULT))
+}
+
 /// The algorithm of the lab for report headers: read from its client namespace, else the one
 /// this process pinned, else the host's (loopback runs).
 pub fn describe() -> String {

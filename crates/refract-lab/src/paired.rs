@@ -76,7 +76,7 @@ impl PairsArgs {
         format!(
             "## Paired runs: `{b}` vs `{a}`, links {rate}\n\n\
              Written by `refract bench pairs` (crates/refract-lab/src/paired.rs); do not edit by hand.\n\n\
-             - **Date:** {date}\n- **Machine:** {cores} cores ({cpu}), Linux {kernel}\n\
+             - **Date:** {date}\n- **Machine:** {cores} cores ({cpu}), Linux {kernel}; TCP congestion control {cc}\n\
              - **Load:** per pair one `{a}` and one `{b}` run, back to back, the order alternating from pair \
              to pair; each run is 2 clients (rf-c1, rf-c2) × `wrk -t1 -c1 -d{d}` at once, requests/s summed. \
              The paired estimate is the geometric mean of the per-pair ratios with a 90 % confidence interval \
@@ -90,6 +90,7 @@ impl PairsArgs {
             cores = env.cores,
             cpu = env.cpu,
             kernel = env.kernel,
+            cc = crate::congestion::describe(),
             d = wrk_duration(self.duration),
             wrk = env.wrk,
             haproxy = env.haproxy,

@@ -56,7 +56,8 @@ fn header(out: &mut String, r: &Results) {
         out,
         "- **Date:** {}\n\
          - **Machine:** {} cores ({}), Linux {}. Both PostgreSQL servers, the pooler under test and pgbench \
-         share these cores over loopback, so the figures compare CPU cost per transaction, not a network. \
+         share these cores over loopback (TCP congestion control {}), so the figures compare CPU cost per \
+         transaction, not a network. \
          Load average (1/5/15 min) at the start {}, at the end {}: anything above the benchmark's own \
          load means other work shared the cores.\n\
          - **Versions:** {}; {}; {}; {}; refract {}\n\
@@ -73,6 +74,7 @@ fn header(out: &mut String, r: &Results) {
         e.cores,
         e.cpu,
         e.kernel,
+        crate::congestion::host(),
         r.loadavg.0,
         r.loadavg.1,
         v.postgres,

@@ -35,7 +35,9 @@ func connect(ctx context.Context, mode pgx.QueryExecMode) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
-func conn(ctx context.Context) (*pgx.Conn, error) { return connect(ctx, pgx.QueryExecModeCacheStatement) }
+func conn(ctx context.Context) (*pgx.Conn, error) {
+	return connect(ctx, pgx.QueryExecModeCacheStatement)
+}
 
 func eq[T comparable](got, want T, what string) error {
 	if got != want {
@@ -78,8 +80,8 @@ func scalar[T any](ctx context.Context, c *pgx.Conn, sql string, args ...any) (T
 	return v, err
 }
 
-// prepared: explicit Prepare under a name every client uses with a text of its own, and the
-// statement cache (named by a hash of the text).
+// prepared: explicit Prepare under a name every client uses with a text of its own, the
+// statement cache (named by a hash of the text) and a batch.
 func prepared(ctx context.Context, i int) error {
 	c, err := conn(ctx)
 	if err != nil {
@@ -109,6 +111,28 @@ func prepared(ctx context.Context, i int) error {
 			return err
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+	// A batch: the statements' messages go out with one Sync.
+	for r := 0; r < 3; r++ {
+		b := &pgx.Batch{}
+		for j := 0; j < 3; j++ {
+			b.Queue(fmt.Sprintf("SELECT $1::int * 2 + %d", i*100+j), r)
+		}
+		br := c.SendBatch(ctx, b)
+		for j := 0; j < 3; j++ {
+			var v int32
+			if err := br.QueryRow().Scan(&v); err != nil {
+				br.Close()
+				return fmt.Errorf("batch %d, round %d: %w", j, r, err)
+			}
+			if err := eq(v, int32(r*2+i*100+j), fmt.Sprintf("batch %d, round %d", j, r)); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -277,7 +301,7 @@ func setConfig(ctx context.Context) error {
 		if _, err := a.Exec(ctx, "SELECT set_config('work_mem', $1, false)", "3333kB"); err != nil {
 			return err
 		}
-		for r := 0; r < 3; r++ {
+		for r := 0; r < 8; r++ {
 			v, err := scalar[string](ctx, b, "SHOW work_mem")
 			if err != nil {
 				return err
@@ -305,7 +329,7 @@ func tempTable(ctx context.Context) error {
 		if _, err := a.Exec(ctx, "INSERT INTO drv_tmp VALUES ($1, $2)", 1, name); err != nil {
 			return err
 		}
-		for r := 0; r < 3; r++ {
+		for r := 0; r < 8; r++ {
 			if _, err := b.Exec(ctx, "SELECT 1"); err != nil {
 				return err
 			}
@@ -354,7 +378,7 @@ func advisoryLock(ctx context.Context) error {
 		if err := step(a, "SELECT pg_try_advisory_lock($1)", true, "the holder takes the lock"); err != nil {
 			return err
 		}
-		for r := 0; r < 3; r++ {
+		for r := 0; r < 8; r++ {
 			if _, err := a.Exec(ctx, "SELECT 1"); err != nil {
 				return err
 			}

@@ -166,7 +166,7 @@ const checks = {
     await withChurn(2, async (a, b) => {
       const def = await one(b, 'SHOW work_mem')
       eq(await one(a, "SELECT set_config('work_mem', $1, false)", ['3333kB']), '3333kB', 'set_config')
-      for (let r = 0; r < 3; r++) {
+      for (let r = 0; r < 8; r++) {
         eq(await one(b, 'SHOW work_mem'), def, "another client's work_mem")
         eq(await one(a, 'SHOW work_mem'), '3333kB', `work_mem after set_config, round ${r}`)
       }
@@ -177,7 +177,7 @@ const checks = {
     await withChurn(2, async (a, b) => {
       await a.query('CREATE TEMP TABLE drv_tmp (k int, v text)')
       await a.query('INSERT INTO drv_tmp VALUES ($1, $2)', [1, NAME])
-      for (let r = 0; r < 3; r++) {
+      for (let r = 0; r < 8; r++) {
         await b.query('SELECT 1')
         eq(await one(a, 'SELECT v FROM drv_tmp WHERE k = $1', [1]), NAME, `read back, round ${r}`)
       }
@@ -194,7 +194,7 @@ const checks = {
       // try-lock, so that a lock some earlier client left on a pooled connection fails the
       // check instead of blocking it.
       eq(await one(a, 'SELECT pg_try_advisory_lock($1)', [key]), true, 'the holder takes the lock')
-      for (let r = 0; r < 3; r++) {
+      for (let r = 0; r < 8; r++) {
         await a.query('SELECT 1')
         eq(await one(b, 'SELECT pg_try_advisory_lock($1)', [key]), false, `another client takes the lock, round ${r}`)
       }

@@ -160,7 +160,7 @@ async def t_set_config():
         async with churn():
             default = await b.fetchval("SHOW work_mem")
             eq(await a.fetchval("SELECT set_config('work_mem', $1, false)", "3333kB"), "3333kB", "set_config")
-            for r in range(3):
+            for r in range(8):
                 eq(await b.fetchval("SHOW work_mem"), default, "another client's work_mem")
                 eq(await a.fetchval("SHOW work_mem"), "3333kB", f"work_mem after set_config, round {r}")
     finally:
@@ -174,7 +174,7 @@ async def t_temp_table():
         async with churn():
             await a.execute("CREATE TEMP TABLE drv_tmp (k int, v text)")
             await a.execute("INSERT INTO drv_tmp VALUES ($1, $2)", 1, NAME)
-            for r in range(3):
+            for r in range(8):
                 eq(await b.fetchval("SELECT 1"), 1, "another client's statement")
                 eq(await a.fetchval("SELECT v FROM drv_tmp WHERE k = $1", 1), NAME, f"read back, round {r}")
             try:
@@ -198,7 +198,7 @@ async def t_advisory_lock():
             # try-lock, so that a lock some earlier client left on a pooled connection fails
             # the check instead of blocking it.
             eq(await a.fetchval("SELECT pg_try_advisory_lock($1)", key), True, "the holder takes the lock")
-            for r in range(3):
+            for r in range(8):
                 eq(await a.fetchval("SELECT 1"), 1, "the holder's other statement")
                 eq(await b.fetchval("SELECT pg_try_advisory_lock($1)", key), False, f"another client takes the lock, round {r}")
             eq(await a.fetchval("SELECT pg_advisory_unlock($1)", key), True, "the holder unlocks")

@@ -92,7 +92,7 @@ def t_set_config():
     with Conn() as a, Conn() as b, h.churn(busy):
         default = b.one("SHOW work_mem")
         eq(a.one("SELECT set_config('work_mem', %s, false)", ("3333kB",)), "3333kB", "set_config")
-        for r in range(3):
+        for r in range(8):
             eq(b.one("SHOW work_mem"), default, "another client's work_mem")
             eq(a.one("SHOW work_mem"), "3333kB", f"work_mem after set_config, round {r}")
 
@@ -101,7 +101,7 @@ def t_temp_table():
     with Conn() as a, Conn() as b, h.churn(busy):
         a.run("CREATE TEMP TABLE drv_tmp (k int, v text)")
         a.run("INSERT INTO drv_tmp VALUES (%s, %s)", (1, NAME))
-        for r in range(3):
+        for r in range(8):
             eq(b.one("SELECT 1"), 1, "another client's statement")
             eq(a.one("SELECT v FROM drv_tmp WHERE k = %s", (1,)), NAME, f"read back, round {r}")
         try:
@@ -120,7 +120,7 @@ def t_advisory_lock():
         # try-lock, so that a lock some earlier client left on a pooled connection fails the
         # check instead of blocking it.
         eq(a.one("SELECT pg_try_advisory_lock(%s)", (key,)), True, "the holder takes the lock")
-        for r in range(3):
+        for r in range(8):
             eq(a.one("SELECT 1"), 1, "the holder's other statement")
             eq(b.one("SELECT pg_try_advisory_lock(%s)", (key,)), False, f"another client takes the lock, round {r}")
         eq(a.one("SELECT pg_advisory_unlock(%s)", (key,)), True, "the holder unlocks")

@@ -40,7 +40,8 @@ def t_prepared_concurrent():
     # psycopg names its server-side statements _pg3_0, _pg3_1, ... per connection, so every
     # client has statements of the same names with texts of its own: a statement mixed up
     # between clients gives another client's sum. j = 0: prepare=True (prepared at once);
-    # j = 1, 2: prepared automatically after prepare_threshold executions.
+    # j = 1, 2: prepared automatically after prepare_threshold executions; then the same in
+    # pipeline mode and executemany().
     def client(i):
         with connect(prepare_threshold=2) as c:
             for r in range(8):
@@ -49,6 +50,17 @@ def t_prepared_concurrent():
                     eq(got, r + i * 100 + j, f"statement {j}, round {r}")
                 time.sleep(0.002)
             eq(len(c._prepared._names), 3, "statements psycopg prepared")
+            # Pipeline mode: the (prepared) statements' messages go out with one Sync.
+            for r in range(3):
+                with c.pipeline():
+                    curs = [c.execute(f"SELECT %s::int + {i * 100 + j}", (r,)) for j in range(3)]
+                eq([cur.fetchone()[0] for cur in curs], [r + i * 100 + j for j in range(3)], f"pipeline, round {r}")
+            with c.cursor() as cur:
+                cur.executemany(f"SELECT %s::int * 2 + {i * 100}", [(k,) for k in range(5)], returning=True)
+                got = [cur.fetchone()[0]]
+                while cur.nextset():
+                    got.append(cur.fetchone()[0])
+                eq(got, [k * 2 + i * 100 for k in range(5)], "executemany")
 
     parallel(h.CLIENTS, client)
 
@@ -130,7 +142,7 @@ def t_set_config():
     with connect() as a, connect() as b, h.churn(busy):
         default = one(b, "SHOW work_mem")
         eq(one(a, "SELECT set_config('work_mem', %s, false)", ("3333kB",)), "3333kB", "set_config")
-        for r in range(3):
+        for r in range(8):
             eq(one(b, "SHOW work_mem"), default, "another client's work_mem")
             eq(one(a, "SHOW work_mem"), "3333kB", f"work_mem after set_config, round {r}")
 
@@ -139,7 +151,7 @@ def t_temp_table():
     with connect() as a, connect() as b, h.churn(busy):
         a.execute("CREATE TEMP TABLE drv_tmp (k int, v text)")
         a.execute("INSERT INTO drv_tmp VALUES (%s, %s)", (1, NAME))
-        for r in range(3):
+        for r in range(8):
             eq(one(b, "SELECT 1"), 1, "another client's statement")
             eq(one(a, "SELECT v FROM drv_tmp WHERE k = %s", (1,)), NAME, f"read back, round {r}")
             eq(one(a, "SELECT count(*) FROM drv_tmp"), 1, "count")
@@ -159,7 +171,7 @@ def t_advisory_lock():
         # try-lock, so that a lock some earlier client left on a pooled connection fails the
         # check instead of blocking it.
         eq(one(a, "SELECT pg_try_advisory_lock(%s)", (key,)), True, "the holder takes the lock")
-        for r in range(3):
+        for r in range(8):
             eq(one(a, "SELECT 1"), 1, "the holder's other statement")
             eq(one(b, "SELECT pg_try_advisory_lock(%s)", (key,)), False, f"another client takes the lock, round {r}")
         eq(one(a, "SELECT pg_advisory_unlock(%s)", (key,)), True, "the holder unlocks")

@@ -175,7 +175,7 @@ def t_temp_table():
         with eng.connect() as a, eng.connect() as b, h.churn(busy_on(eng)):
             meta.create_all(a)
             a.execute(tmp.insert(), [{"k": 1, "v": NAME}, {"k": 2, "v": "two"}])
-            for r in range(3):
+            for r in range(8):
                 eq(b.execute(text("SELECT 1")).scalar(), 1, "another client's statement")
                 eq(a.execute(select(tmp.c.v).where(tmp.c.k == 1)).scalar(), NAME, f"read back, round {r}")
             try:
@@ -196,7 +196,7 @@ def t_advisory_lock():
             # try-lock, so that a lock some earlier client left on a pooled connection fails
             # the check instead of blocking it.
             eq(a.execute(select(func.pg_try_advisory_lock(key))).scalar(), True, "the holder takes the lock")
-            for r in range(3):
+            for r in range(8):
                 eq(a.execute(text("SELECT 1")).scalar(), 1, "the holder's other statement")
                 got = b.execute(select(func.pg_try_advisory_lock(key))).scalar()
                 eq(got, False, f"another client takes the lock, round {r}")

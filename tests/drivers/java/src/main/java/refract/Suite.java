@@ -231,7 +231,7 @@ public final class Suite {
         try (Connection a = connect(); Connection b = connect(); Churn churn = new Churn()) {
             Object def = one(b, "SHOW work_mem");
             eq(one(a, "SELECT set_config('work_mem', ?, false)", "3333kB"), "3333kB", "set_config");
-            for (int r = 0; r < 3; r++) {
+            for (int r = 0; r < 8; r++) {
                 eq(one(b, "SHOW work_mem"), def, "another client's work_mem");
                 eq(one(a, "SHOW work_mem"), "3333kB", "work_mem after set_config, round " + r);
             }
@@ -246,7 +246,7 @@ public final class Suite {
                 ps.setString(2, NAME);
                 ps.executeUpdate();
             }
-            for (int r = 0; r < 3; r++) {
+            for (int r = 0; r < 8; r++) {
                 one(b, "SELECT 1");
                 eq(one(a, "SELECT v FROM drv_tmp WHERE k = ?", 1), NAME, "read back, round " + r);
             }
@@ -263,7 +263,7 @@ public final class Suite {
             // try-lock, so that a lock some earlier client left on a pooled connection fails the
             // check instead of blocking it.
             eq(one(a, "SELECT pg_try_advisory_lock(?)", key), true, "the holder takes the lock");
-            for (int r = 0; r < 3; r++) {
+            for (int r = 0; r < 8; r++) {
                 one(a, "SELECT 1");
                 eq(one(b, "SELECT pg_try_advisory_lock(?)", key), false, "another client takes the lock, round " + r);
             }

@@ -65,8 +65,10 @@ fn fixture() -> Arc<Fixture> {
     f
 }
 
+/// The repository (two levels above this crate).
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
+    krate.ancestors().nth(2).unwrap_or(krate).to_path_buf()
 }
 
 fn drivers_dir() -> PathBuf {
@@ -92,27 +94,16 @@ enum Needs {
 
 /// Whether the suite can run; panics (fails the test) when it is required and cannot.
 fn ready(driver: &str, needs: &Needs) -> bool {
-    let (missing, required, how) = match needs {
-        Needs::Python => {
-            let python = python();
-            let missing = !python.exists();
-            (
-                missing.then(|| python.display().to_string()),
-                !flag("REFRACT_DRIVERS_OPTIONAL", "1"),
-                "tests/drivers/setup-python.sh",
-            )
-        }
+    let (path, required, how) = match needs {
+        Needs::Python => (python(), !flag("REFRACT_DRIVERS_OPTIONAL", "1"), "tests/drivers/setup-python.sh"),
         Needs::Built(path) => {
-            let missing = !path.exists();
-            (
-                missing.then(|| path.display().to_string()),
-                flag("REFRACT_DRIVERS", "all"),
-                "tests/drivers/setup-all.sh (make test-drivers)",
-            )
+            (path.clone(), flag("REFRACT_DRIVERS", "all"), "tests/drivers/setup-all.sh (make test-drivers)")
         }
     };
-    let Some(missing) = missing else { return true };
-    let why = format!("{driver}: {missing} is missing; run {how}");
+    if path.exists() {
+        return true;
+    }
+    let why = format!("{driver}: {} is missing; run {how}", path.display());
     assert!(!required, "{why}");
     println!("skipped: {why}");
     false

@@ -68,6 +68,7 @@ async function withChurn(n, fn) {
 
 async function one(c, q, values) {
   const r = await c.query(q, values)
+  if (!r.rows.length) throw new Error(`${q}: no row`)
   return r.rows[0][r.fields[0].name]
 }
 

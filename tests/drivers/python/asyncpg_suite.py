@@ -244,6 +244,10 @@ async def t_copy_in():
     try:
         await c.execute(f"DROP TABLE IF EXISTS drv_copy_{NAME}")
         await c.execute(f"CREATE TABLE drv_copy_{NAME} (k int, v text)")
+        # asyncpg prepares `SELECT * FROM t LIMIT 1` (Parse+Describe+Flush, no Sync) and sends the
+        # COPY right after it; a second later the replica has the table too, so a read-only
+        # routing of that batch would run the COPY there.
+        await asyncio.sleep(1)
         n = await c.copy_records_to_table(f"drv_copy_{NAME}", records=[(k, f"row {k}") for k in range(20000)])
         eq(n, "COPY 20000", "command tag")
         eq(tuple(await c.fetchrow(f"SELECT count(*), sum(k) FROM drv_copy_{NAME}")), (20000, 199990000), "rows copied in")

@@ -30,7 +30,10 @@ class Conn:
 
     def one(self, sql, params=None):
         self.cur.execute(sql, params)
-        return self.cur.fetchone()[0]
+        row = self.cur.fetchone()
+        if row is None:
+            raise AssertionError(f"{sql}: no row")
+        return row[0]
 
     def run(self, sql, params=None):
         self.cur.execute(sql, params)

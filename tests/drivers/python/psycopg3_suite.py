@@ -20,7 +20,10 @@ def connect(**kw):
 
 
 def one(conn, sql, params=None, **kw):
-    return conn.execute(sql, params, **kw).fetchone()[0]
+    row = conn.execute(sql, params, **kw).fetchone()
+    if row is None:
+        raise AssertionError(f"{sql}: no row")
+    return row[0]
 
 
 def busy(stop):

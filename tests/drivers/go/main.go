@@ -277,6 +277,40 @@ func churn(ctx context.Context) func() {
 	}
 }
 
+// startupOptions: `options` (-c name=value) and application_name in the startup message,
+// each client its own.
+func startupOptions(ctx context.Context, i int) error {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cfg.RuntimeParams["options"] = fmt.Sprintf("-c work_mem=%dkB", 2049+i)
+	cfg.RuntimeParams["application_name"] = fmt.Sprintf("drv-start-%d", i)
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	for r := 0; r < 5; r++ {
+		v, err := scalar[string](ctx, c, "SHOW work_mem")
+		if err != nil {
+			return err
+		}
+		if err := eq(v, fmt.Sprintf("%dkB", 2049+i), fmt.Sprintf("work_mem, round %d", r)); err != nil {
+			return err
+		}
+		v, err = scalar[string](ctx, c, "SELECT current_setting($1)", "application_name")
+		if err != nil {
+			return err
+		}
+		if err := eq(v, fmt.Sprintf("drv-start-%d", i), "application_name"); err != nil {
+			return err
+		}
+		time.Sleep(3 * time.Millisecond)
+	}
+	return nil
+}
+
 func two(ctx context.Context, fn func(a, b *pgx.Conn) error) error {
 	a, err := conn(ctx)
 	if err != nil {
@@ -640,6 +674,7 @@ func main() {
 	check("sql_prepare_concurrent", limit, concurrent(sqlPrepare))
 	check("set_simple_concurrent", limit, concurrent(setSimple))
 	check("set_extended_concurrent", limit, concurrent(setExtended))
+	check("startup_options_concurrent", limit, concurrent(startupOptions))
 	check("set_config", limit, setConfig)
 	check("temp_table", limit, tempTable)
 	check("advisory_lock", limit, advisoryLock)

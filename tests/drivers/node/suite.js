@@ -27,8 +27,8 @@ function eq(got, want, what) {
   if (g !== w) throw new Error(`${what}: got ${g}, want ${w}`)
 }
 
-async function connect() {
-  const c = new pg.Client(config)
+async function connect(extra = {}) {
+  const c = new pg.Client({ ...config, ...extra })
   c.on('error', () => {})
   await c.connect()
   return c
@@ -161,6 +161,22 @@ const checks = {
         }
       })
     )
+  },
+
+  // Startup parameters: `options` (-c name=value) and application_name, each client its own.
+  async startup_options_concurrent() {
+    await parallel(CLIENTS, async (i) => {
+      const c = await connect({ options: `-c work_mem=${2049 + i}kB`, application_name: `drv-start-${i}` })
+      try {
+        for (let r = 0; r < 5; r++) {
+          eq(await one(c, 'SHOW work_mem'), `${2049 + i}kB`, `work_mem, round ${r}`)
+          eq(await one(c, 'SELECT current_setting($1)', ['application_name']), `drv-start-${i}`, 'application_name')
+          await sleep(3)
+        }
+      } finally {
+        await c.end().catch(() => {})
+      }
+    })
   },
 
   async set_config() {

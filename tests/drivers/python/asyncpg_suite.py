@@ -154,6 +154,21 @@ async def t_set_extended_concurrent():
     await gather(h.CLIENTS, client)
 
 
+async def t_startup_options_concurrent():
+    # Startup parameters (asyncpg's server_settings are sent as such), each client its own.
+    async def client(i):
+        c = await connect(server_settings={"work_mem": f"{2049 + i}kB", "application_name": f"drv-start-{i}"})
+        try:
+            for r in range(5):
+                eq(await c.fetchval("SHOW work_mem"), f"{2049 + i}kB", f"work_mem, round {r}")
+                eq(await c.fetchval("SELECT current_setting($1)", "application_name"), f"drv-start-{i}", "application_name")
+                await asyncio.sleep(0.003)
+        finally:
+            await c.close()
+
+    await gather(h.CLIENTS, client)
+
+
 async def t_set_config():
     a, b = await connect(), await connect()
     try:
@@ -327,6 +342,7 @@ check("unnamed_statement_concurrent", sync(t_unnamed_statement_concurrent))
 check("sql_prepare_concurrent", sync(t_sql_prepare_concurrent))
 check("set_simple_concurrent", sync(t_set_simple_concurrent))
 check("set_extended_concurrent", sync(t_set_extended_concurrent))
+check("startup_options_concurrent", sync(t_startup_options_concurrent))
 check("set_config", sync(t_set_config))
 check("temp_table", sync(t_temp_table))
 check("advisory_lock", sync(t_advisory_lock))

@@ -23,8 +23,8 @@ NAME = "psycopg2"
 class Conn:
     """An autocommit connection with a cursor."""
 
-    def __init__(self):
-        self.conn = psycopg2.connect(h.DSN)
+    def __init__(self, **kw):
+        self.conn = psycopg2.connect(h.DSN, **kw)
         self.conn.autocommit = True
         self.cur = self.conn.cursor()
 
@@ -87,6 +87,18 @@ def t_set_simple_concurrent():
                 time.sleep(0.003)
             c.run("RESET application_name")
             eq(c.one("SHOW application_name"), before, "after RESET")
+
+    parallel(h.CLIENTS, client)
+
+
+def t_startup_options_concurrent():
+    # Startup parameters: `options` (-c name=value) and application_name, each client its own.
+    def client(i):
+        with Conn(options=f"-c work_mem={2049 + i}kB", application_name=f"drv-start-{i}") as c:
+            for r in range(5):
+                eq(c.one("SHOW work_mem"), f"{2049 + i}kB", f"work_mem, round {r}")
+                eq(c.one("SHOW application_name"), f"drv-start-{i}", "application_name")
+                time.sleep(0.003)
 
     parallel(h.CLIENTS, client)
 
@@ -231,6 +243,7 @@ def t_errors():
 check("connect", t_connect)
 check("sql_prepare_concurrent", t_sql_prepare_concurrent)
 check("set_simple_concurrent", t_set_simple_concurrent)
+check("startup_options_concurrent", t_startup_options_concurrent)
 check("set_config", t_set_config)
 check("temp_table", t_temp_table)
 check("advisory_lock", t_advisory_lock)

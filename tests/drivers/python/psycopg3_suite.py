@@ -140,6 +140,18 @@ def t_set_extended_concurrent():
     parallel(h.CLIENTS, client)
 
 
+def t_startup_options_concurrent():
+    # Startup parameters: `options` (-c name=value) and application_name, each client its own.
+    def client(i):
+        with connect(options=f"-c work_mem={2049 + i}kB", application_name=f"drv-start-{i}") as c:
+            for r in range(5):
+                eq(one(c, "SHOW work_mem"), f"{2049 + i}kB", f"work_mem, round {r}")
+                eq(one(c, "SELECT current_setting(%s)", ("application_name",)), f"drv-start-{i}", "application_name")
+                time.sleep(0.003)
+
+    parallel(h.CLIENTS, client)
+
+
 def t_set_config():
     # set_config(name, value, false) is a session-wide SET made by a function.
     with connect() as a, connect() as b, h.churn(busy):
@@ -272,6 +284,7 @@ check("unnamed_statement_concurrent", t_unnamed_statement_concurrent)
 check("sql_prepare_concurrent", t_sql_prepare_concurrent)
 check("set_simple_concurrent", t_set_simple_concurrent)
 check("set_extended_concurrent", t_set_extended_concurrent)
+check("startup_options_concurrent", t_startup_options_concurrent)
 check("set_config", t_set_config)
 check("temp_table", t_temp_table)
 check("advisory_lock", t_advisory_lock)

@@ -227,6 +227,19 @@ public final class Suite {
         }
     }
 
+    // Startup parameters: `options` (-c name=value) and ApplicationName, each client its own.
+    static void startupOptionsConcurrent() throws Exception {
+        parallel(i -> {
+            try (Connection c = connect("options", "-c work_mem=" + (2049 + i) + "kB", "ApplicationName", "drv-start-" + i)) {
+                for (int r = 0; r < 5; r++) {
+                    eq(one(c, "SHOW work_mem"), (2049 + i) + "kB", "work_mem, round " + r);
+                    eq(one(c, "SELECT current_setting(?)", "application_name"), "drv-start-" + i, "application_name");
+                    Thread.sleep(3);
+                }
+            }
+        });
+    }
+
     static void setConfig() throws Exception {
         try (Connection a = connect(); Connection b = connect(); Churn churn = new Churn()) {
             Object def = one(b, "SHOW work_mem");
@@ -425,6 +438,7 @@ public final class Suite {
         check("sql_prepare_concurrent", Suite::sqlPrepareConcurrent);
         check("set_simple_concurrent", () -> setConcurrent("simple"));
         check("set_extended_concurrent", () -> setConcurrent("extended"));
+        check("startup_options_concurrent", Suite::startupOptionsConcurrent);
         check("set_config", Suite::setConfig);
         check("temp_table", Suite::tempTable);
         check("advisory_lock", Suite::advisoryLock);

@@ -537,6 +537,20 @@ func cancelSleep(ctx context.Context) error {
 		return err
 	}
 	defer c.Close(context.Background())
+	// A bystander's statement running meanwhile is not cancelled.
+	bystander, err := conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer bystander.Close(context.Background())
+	byDone := make(chan error, 1)
+	go func() {
+		v, err := scalar[string](ctx, bystander, "SELECT pg_sleep(1.5)::text || 'slept'")
+		if err == nil {
+			err = eq(v, "slept", "the bystander's statement")
+		}
+		byDone <- err
+	}()
 	start := time.Now()
 	timer := time.AfterFunc(500*time.Millisecond, func() {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -555,7 +569,13 @@ func cancelSleep(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the connection after the cancel: %w", err)
 	}
-	return eq(v, int32(1), "the connection after the cancel")
+	if err := eq(v, int32(1), "the connection after the cancel"); err != nil {
+		return err
+	}
+	if err := <-byDone; err != nil {
+		return fmt.Errorf("the bystander's statement: %w", err)
+	}
+	return nil
 }
 
 func result200MB(ctx context.Context) error {

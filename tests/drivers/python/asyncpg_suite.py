@@ -283,8 +283,10 @@ async def t_copy_out():
 
 
 async def t_cancel():
-    c = await connect()
+    # A bystander's statement running meanwhile is not cancelled.
+    c, bystander = await connect(), await connect()
     try:
+        by = asyncio.create_task(bystander.fetchval("SELECT pg_sleep(1.5)::text || 'slept'"))
         t0 = time.monotonic()
         try:
             await c.fetchval("SELECT pg_sleep(30)", timeout=0.5)  # asyncpg sends a CancelRequest
@@ -295,8 +297,10 @@ async def t_cancel():
         took = time.monotonic() - t0
         if took > 5:
             raise AssertionError(f"usable again after {took:.1f} s")
+        eq(await asyncio.wait_for(by, 5), "slept", "the bystander's statement")
     finally:
         await c.close()
+        await bystander.close()
 
 
 async def t_result_200mb():

@@ -194,9 +194,13 @@ def t_copy_out():
 
 
 def t_cancel():
-    with Conn() as c:
+    # A bystander's statement running meanwhile is not cancelled.
+    with Conn() as c, Conn() as bystander:
+        outcome = []
+        by = threading.Thread(target=lambda: outcome.append(bystander.one("SELECT pg_sleep(1.5)::text || 'slept'")))
         timer = threading.Timer(0.5, c.conn.cancel)
         t0 = time.monotonic()
+        by.start()
         timer.start()
         try:
             c.run("SELECT pg_sleep(30)")
@@ -207,6 +211,8 @@ def t_cancel():
         if took > 5:
             raise AssertionError(f"cancelled after {took:.1f} s")
         eq(c.one("SELECT 1"), 1, "the connection after the cancel")
+        by.join(5)
+        eq(outcome, ["slept"], "the bystander's statement")
 
 
 def t_result_200mb():

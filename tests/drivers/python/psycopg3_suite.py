@@ -232,9 +232,13 @@ def t_copy_out():
 
 
 def t_cancel():
-    with connect() as c:
+    # A bystander's statement running meanwhile is not cancelled.
+    with connect() as c, connect() as bystander:
+        outcome = []
+        by = threading.Thread(target=lambda: outcome.append(one(bystander, "SELECT pg_sleep(1.5)::text || 'slept'")))
         timer = threading.Timer(0.5, c.cancel)
         t0 = time.monotonic()
+        by.start()
         timer.start()
         try:
             c.execute("SELECT pg_sleep(30)")
@@ -245,6 +249,8 @@ def t_cancel():
         if took > 5:
             raise AssertionError(f"cancelled after {took:.1f} s")
         eq(one(c, "SELECT 1"), 1, "the connection after the cancel")
+        by.join(5)
+        eq(outcome, ["slept"], "the bystander's statement")
 
 
 def t_result_200mb():

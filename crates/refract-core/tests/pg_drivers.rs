@@ -30,7 +30,8 @@ const POSTGRES: &str = "pool_size = 4\n";
 /// Longest a suite may run before it is killed and its test fails.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(240);
 
-/// Checks of the psycopg 3 and asyncpg suites.
+/// Checks of the suites of drivers that offer every feature (psycopg 3, asyncpg, pgx, node-postgres,
+/// pgjdbc).
 const FULL: &[&str] = &[
     "connect",
     "prepared_concurrent",

@@ -43,3 +43,12 @@ fmt:
 
 clean:
 	$(CARGO) clean
+
+# Every driver suite of crates/refract-core/tests/pg_drivers.rs (psycopg 3, psycopg2, asyncpg,
+# SQLAlchemy, pgx v5, node-postgres, pgjdbc) through refract; installs the drivers first
+# (PyPI, Go module proxy, npm, Maven Central; needs go, node/npm, mvn, JDK 17). See
+# docs/postgres.md, "Drivers tested".
+.PHONY: test-drivers
+test-drivers:
+	tests/drivers/setup-all.sh
+	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-core --test pg_drivers -- --nocapture

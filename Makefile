@@ -28,7 +28,9 @@ lint: deps
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.
+# The Python driver suites (crates/refract-core/tests/pg_drivers.rs) need their venv first.
 test: lint release
+	tests/drivers/setup-python.sh
 	$(CARGO) test --workspace --release --no-fail-fast -- --test-threads=2
 
 demo: release

@@ -14,9 +14,6 @@ use refract_pg::startup::PROTOCOL_3_0;
 use refract_pg::{reply, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
 use std::time::Duration;
 
-/// Startup and authentication must finish within this time.
-const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
-
 /// Startup parameters that become session SETs (replayed on every server connection used).
 const TRACKED_PARAMS: &[&str] =
     &["application_name", "client_encoding", "datestyle", "timezone", "intervalstyle", "extra_float_digits"];
@@ -32,7 +29,8 @@ pub struct LoggedIn {
 
 /// Runs the startup phase; `None` if the connection ended (error already sent, or a cancel).
 pub async fn login(shared: &Shared, wire: &mut Wire) -> Option<LoggedIn> {
-    match tokio::time::timeout(LOGIN_TIMEOUT, login_inner(shared, wire)).await {
+    let limit = Duration::from_millis(shared.cfg.login_timeout_ms);
+    match tokio::time::timeout(limit, login_inner(shared, wire)).await {
         Ok(Ok(done)) => done,
         Ok(Err((code, message))) => {
             let _ = wire.send(&reply::fatal(code, &message)).await;
@@ -114,13 +112,23 @@ async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup
 
 /// Protocol 3.x with x > 0, or `_pq_.` options: say we speak 3.0 without them.
 async fn negotiate(wire: &mut Wire, startup: &Startup) -> Result<(), Refusal> {
+    match negotiation(startup) {
+        Some(msg) => wire.send(&msg.to_bytes()).await.map_err(refusal),
+        None => Ok(()),
+    }
+}
+
+/// PostgreSQL's answer to a StartupMessage asking for a newer minor version than it speaks or
+/// for `_pq_.` options (ProcessStartupPacket): NegotiateProtocolVersion with the newest version
+/// it speaks, whole (3.0 = 196608; libpq 18 reads a bare `0` as a downgrade to before 3.0 and
+/// gives up), and the options it did not recognise, in the client's order.
+fn negotiation(startup: &Startup) -> Option<BackendMessage> {
     let options: Vec<String> =
         startup.params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.clone()).collect();
-    if startup.protocol == PROTOCOL_3_0 && options.is_empty() {
-        return Ok(());
+    if startup.protocol <= PROTOCOL_3_0 && options.is_empty() {
+        return None;
     }
-    let msg = BackendMessage::NegotiateProtocolVersion { minor: 0, options };
-    wire.send(&msg.to_bytes()).await.map_err(refusal)
+    Some(BackendMessage::NegotiateProtocolVersion { version: PROTOCOL_3_0, options })
 }
 
 async fn authenticate(shared: &Shared, wire: &mut Wire, user: &str) -> Result<(), Refusal> {

@@ -369,3 +369,20 @@ fn libpq_18_with_max_protocol_version_latest_connects_as_to_postgresql() {
         assert_eq!(run(f.port, max), direct, "through refract, max_protocol_version={max}");
     }
 }
+
+/// A StartupMessage for protocol 4.0 is refused as PostgreSQL refuses it (FATAL 0A000).
+#[test]
+fn a_protocol_4_client_is_refused_as_postgresql_refuses_it() {
+    let f = shared();
+    let refusal = |addr| {
+        let (mut c, first) = start(addr, 4 << 16, &[]);
+        let mut rest = Vec::new();
+        let _ = c.stream.read_to_end(&mut rest);
+        let (msg, _) = BackendMessage::parse(&first, &refract_pg::Limits::default()).unwrap().unwrap();
+        let BackendMessage::ErrorResponse(e) = msg else { panic!("not an error: {msg:?}") };
+        (e.severity().map(str::to_owned), e.code().map(str::to_owned), e.message().map(str::to_owned), rest.len())
+    };
+    let direct = refusal(f.cluster.primary.addr());
+    assert_eq!(direct.1.as_deref(), Some("0A000"), "PostgreSQL itself: {direct:?}");
+    assert_eq!(refusal(f.addr()), direct);
+}

@@ -10,7 +10,7 @@ use super::Shared;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
 use refract_pg::notice::sqlstate;
-use refract_pg::startup::PROTOCOL_3_0;
+use refract_pg::startup::{CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};
 use refract_pg::{reply, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
 use std::time::Duration;
 
@@ -73,8 +73,9 @@ fn refusal(e: PgError) -> Refusal {
 async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup>, Refusal> {
     loop {
         let packet = loop {
-            let parsed = StartupPacket::parse(wire.buffered(), &Limits::default())
-                .map_err(|e| (sqlstate::PROTOCOL_VIOLATION, e.to_string()))?;
+            let parsed = StartupPacket::parse(wire.buffered(), &Limits::default()).map_err(|e| {
+                unsupported_version(wire.buffered()).unwrap_or((sqlstate::PROTOCOL_VIOLATION, e.to_string()))
+            })?;
             if let Some((p, n)) = parsed {
                 let _ = wire.buffered().split_to(n);
                 break p;
@@ -108,6 +109,17 @@ async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup
             StartupPacket::Startup(s) => return Ok(Some(s)),
         }
     }
+}
+
+/// A StartupMessage for a major version after 3 gets PostgreSQL's refusal (ProcessStartupPacket)
+/// rather than a generic protocol violation.
+fn unsupported_version(buf: &[u8]) -> Option<Refusal> {
+    let code = i32::from_be_bytes(buf.get(4..8)?.try_into().ok()?);
+    let (major, minor) = (code >> 16, code & 0xffff);
+    (major > 3 && code != SSL_REQUEST_CODE && code != GSSENC_REQUEST_CODE && code != CANCEL_REQUEST_CODE).then(|| {
+        let message = format!("unsupported frontend protocol {major}.{minor}: server supports 3.0 to 3.0");
+        (sqlstate::FEATURE_NOT_SUPPORTED, message)
+    })
 }
 
 /// Protocol 3.x with x > 0, or `_pq_.` options: say we speak 3.0 without them.

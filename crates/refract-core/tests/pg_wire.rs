@@ -386,3 +386,32 @@ fn a_protocol_4_client_is_refused_as_postgresql_refuses_it() {
     assert_eq!(direct.1.as_deref(), Some("0A000"), "PostgreSQL itself: {direct:?}");
     assert_eq!(refusal(f.addr()), direct);
 }
+
+/// The server connection dies while a large row streams through: the client's stream cannot be
+/// completed, so refract closes it (no ErrorResponse spliced into the half-sent row), and
+/// serves the next client.
+#[test]
+fn a_server_failing_mid_row_closes_the_client_and_nothing_else() {
+    let f = shared();
+    let c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    let mut s = c.stream;
+    let sql = "/* refract: route=primary */ SELECT 'mid-row victim', repeat('y', 100 * 1024 * 1024)";
+    let mut out = BytesMut::new();
+    FrontendMessage::Query(sql.into()).encode(&mut out);
+    s.write_all(&out).unwrap();
+    let mut head = vec![0u8; 2 * 1024 * 1024];
+    s.read_exact(&mut head).unwrap(); // RowDescription and the start of the DataRow
+    let mut direct = Client::connect(f.cluster.primary.addr(), USER, PASSWORD).unwrap();
+    let killed = direct.query(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE query LIKE '%mid-row victim%' AND pid <> pg_backend_pid()",
+    );
+    assert_eq!(killed.value(), "1");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(head.len() + rest.len() < 100 * 1024 * 1024, "the row was cut, the connection closed");
+    let tail = &rest[rest.len().saturating_sub(64)..];
+    assert!(tail.iter().all(|&b| b == b'y'), "nothing but row bytes before the close: {tail:?}");
+    let mut next = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert_eq!(next.query("/* refract: route=primary */ SELECT 7").value(), "7");
+}

@@ -162,8 +162,11 @@ pub enum BackendMessage {
     },
     /// `v`: the server does not support the requested minor version or options.
     NegotiateProtocolVersion {
-        /// Newest minor version the server supports.
-        minor: i32,
+        /// The newest protocol version the server speaks for the requested major version, whole
+        /// (`major << 16 | minor`: 196608 for 3.0), as PostgreSQL sends it. The protocol page
+        /// calls it the "newest minor version", but libpq reads the whole number and refuses a
+        /// "downgrade to pre-3.0" when it is a bare minor such as 0.
+        version: i32,
         /// Options it did not recognise.
         options: Vec<String>,
     },
@@ -285,8 +288,8 @@ impl BackendMessage {
                 wire::put_cstr(dst, channel);
                 wire::put_cstr(dst, payload);
             }
-            B::NegotiateProtocolVersion { minor, options } => {
-                dst.put_i32(*minor);
+            B::NegotiateProtocolVersion { version, options } => {
+                dst.put_i32(*version);
                 dst.put_i32(wire::len_i32(options.len()));
                 options.iter().for_each(|o| wire::put_cstr(dst, o));
             }
@@ -429,7 +432,7 @@ fn decode_notification(r: &mut Reader<'_>) -> Result<BackendMessage, Error> {
 }
 
 fn decode_negotiate(r: &mut Reader<'_>) -> Result<BackendMessage, Error> {
-    let minor = r.i32("minor version")?;
+    let version = r.i32("protocol version")?;
     let n = r.i32("option count")?;
     let n = usize::try_from(n).map_err(|_| Error::malformed(Side::Backend, "negative option count"))?;
     // Each option takes at least one byte, which bounds the allocation by the message size.
@@ -440,7 +443,7 @@ fn decode_negotiate(r: &mut Reader<'_>) -> Result<BackendMessage, Error> {
         }
         options.push(r.cstr("option")?);
     }
-    Ok(BackendMessage::NegotiateProtocolVersion { minor, options })
+    Ok(BackendMessage::NegotiateProtocolVersion { version, options })
 }
 
 #[cfg(test)]

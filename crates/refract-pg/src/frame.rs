@@ -63,12 +63,19 @@ fn read_i32(buf: &[u8]) -> i32 {
 /// The length is checked as soon as it is readable, so an oversized message is refused before
 /// its body is buffered.
 pub fn peek(buf: &[u8], from: Side, limits: &Limits) -> Result<Option<Header>, Error> {
+    let Some(h) = peek_head(buf, from, limits)? else { return Ok(None) };
+    Ok((buf.len() >= h.total).then_some(h))
+}
+
+/// The header of the typed message at the start of `buf` as soon as its tag and length are
+/// there, whether or not its body is (for relaying a large message in pieces, see
+/// [`crate::stream`]).
+pub fn peek_head(buf: &[u8], from: Side, limits: &Limits) -> Result<Option<Header>, Error> {
     if buf.len() < 5 {
         return Ok(None);
     }
     let len = check_len(read_i32(&buf[1..5]), limits.max_message_len, from)?;
-    let total = len + 1;
-    Ok((buf.len() >= total).then_some(Header { tag: buf[0], total }))
+    Ok(Some(Header { tag: buf[0], total: len + 1 }))
 }
 
 /// Frames the untyped startup-phase message at the start of `buf`; returns its total size.
@@ -104,6 +111,7 @@ mod tests {
         assert_eq!(h, Header { tag: b'Q', total: 7 });
         assert_eq!(h.body(), 5..7);
         assert_eq!(peek(b"S\0\0\0\x04", Side::Client, &l).unwrap().unwrap().total, 5);
+        assert_eq!(peek_head(b"Q\0\0\0\x06", Side::Client, &l), Ok(Some(Header { tag: b'Q', total: 7 })));
         assert_eq!(peek_startup(b"\0\0\0\x08\x04\xd2\x16\x2fmore", &l), Ok(Some(8)));
     }
 

@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - [`frame`]: where a message ends ([`frame::peek`]), size [`Limits`]; unknown types pass.
+//! - [`stream`]: [`stream::Splitter`], large messages as head and body pieces, for relaying.
 //! - [`startup`]: the untyped first message (StartupMessage, SSLRequest, CancelRequest, ...).
 //! - [`frontend`]: typed client messages ([`FrontendMessage`]).
 //! - [`backend`]: typed server messages ([`BackendMessage`]).
@@ -27,6 +28,7 @@ pub mod notice;
 pub mod reply;
 pub mod session;
 pub mod startup;
+pub mod stream;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod wire;

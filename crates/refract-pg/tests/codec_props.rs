@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use refract_pg::backend::{CopyResponse, FieldDescription};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::startup::{CancelRequest, Startup, PROTOCOL_3_0};
+use refract_pg::stream::{Piece, Splitter, HEAD_LEN};
 use refract_pg::{
     frame, Authentication, BackendMessage, ErrorFields, FrontendMessage, Limits, StartupPacket, TxStatus,
 };
@@ -136,7 +137,7 @@ fn backend() -> impl Strategy<Value = BackendMessage> {
             payload
         }),
         (any::<i32>(), prop::collection::vec(text(), 0..3))
-            .prop_map(|(minor, options)| B::NegotiateProtocolVersion { minor, options }),
+            .prop_map(|(version, options)| B::NegotiateProtocolVersion { version, options }),
         (unknown_tag(b"RSKZTDCIEN123nstGHWdcAv"), blob()).prop_map(|(tag, body)| B::Unknown { tag, body }),
     ]
 }
@@ -230,5 +231,87 @@ proptest! {
         }
         let _ = FrontendMessage::parse(&fb, &Limits::default());
         let _ = BackendMessage::parse(&bb, &Limits::default());
+    }
+}
+
+/// A message stream as a relay sees it: `(tag, body)` pairs, encoded back to back.
+fn stream_of_messages() -> impl Strategy<Value = Vec<(u8, Vec<u8>)>> {
+    let tag = prop_oneof![Just(b'D'), Just(b'd'), Just(b'T'), Just(b'Z'), any::<u8>()];
+    prop::collection::vec((tag, prop::collection::vec(any::<u8>(), 0..300)), 0..8)
+}
+
+/// Feeds `wire` to a splitter `chunks` bytes at a time, as reads would deliver it; returns the
+/// pieces with their bytes.
+fn split(wire: &[u8], chunks: &[usize], stream_above: usize) -> Result<Vec<(Piece, Vec<u8>)>, TestCaseError> {
+    let mut s = Splitter::new(refract_pg::Side::Backend, Limits::default(), stream_above);
+    let (mut buf, mut fed, mut out) = (Vec::new(), 0, Vec::new());
+    let mut sizes = chunks.iter().cycle();
+    loop {
+        match s.next(&buf, |t| t == b'D' || t == b'd').unwrap() {
+            Some(p) => {
+                prop_assert!(!p.is_empty() && p.len() <= buf.len());
+                out.push((p, buf.drain(..p.len()).collect()));
+            }
+            None if fed == wire.len() => {
+                prop_assert!(buf.is_empty() && !s.in_body(), "bytes left over");
+                return Ok(out);
+            }
+            None => {
+                let n = (*sizes.next().unwrap_or(&1)).min(wire.len() - fed);
+                buf.extend_from_slice(&wire[fed..fed + n]);
+                fed += n;
+            }
+        }
+    }
+}
+
+proptest! {
+    /// However the bytes arrive, the pieces put back together are the messages sent, in order;
+    /// only large messages of the streamed types come in pieces, and a piece never needs more
+    /// than what was buffered.
+    #[test]
+    fn splitter_pieces_reassemble_the_stream(
+        msgs in stream_of_messages(),
+        chunks in prop::collection::vec(1usize..400, 1..6),
+        stream_above in 0usize..200,
+    ) {
+        let mut wire = Vec::new();
+        for (tag, body) in &msgs {
+            wire.push(*tag);
+            wire.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
+            wire.extend_from_slice(body);
+        }
+        let pieces = split(&wire, &chunks, stream_above)?;
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let mut open: Option<Vec<u8>> = None;
+        for (p, bytes) in pieces {
+            match p {
+                Piece::Whole(h) => {
+                    prop_assert!(open.is_none());
+                    prop_assert!(h.total <= stream_above.max(HEAD_LEN) || !matches!(h.tag, b'D' | b'd'));
+                    got.push(bytes);
+                }
+                Piece::Head(h) => {
+                    prop_assert!(open.is_none());
+                    prop_assert!(matches!(h.tag, b'D' | b'd') && h.total > stream_above.max(HEAD_LEN));
+                    open = Some(bytes);
+                }
+                Piece::Body { last, .. } => {
+                    let Some(mut m) = open.take() else { return Err(TestCaseError::fail("body without head")) };
+                    m.extend_from_slice(&bytes);
+                    if last { got.push(m) } else { open = Some(m) }
+                }
+            }
+        }
+        let want: Vec<Vec<u8>> = msgs
+            .iter()
+            .map(|(tag, body)| {
+                let mut m = vec![*tag];
+                m.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
+                m.extend_from_slice(body);
+                m
+            })
+            .collect();
+        prop_assert_eq!(got, want);
     }
 }

@@ -56,6 +56,10 @@ pub struct PgSettings {
     /// Connect and login timeout towards servers.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// A client must finish startup and authentication within this time, else it gets
+    /// `FATAL 08P01` and is closed (a slot holder that never logs in is not kept).
+    #[serde(default = "default_login_timeout_ms")]
+    pub login_timeout_ms: u64,
     /// Health check and lag poll period.
     #[serde(default = "default_health_interval_ms")]
     pub health_interval_ms: u64,
@@ -183,6 +187,9 @@ fn default_checkout_timeout_ms() -> u64 {
 fn default_connect_timeout_ms() -> u64 {
     3_000
 }
+fn default_login_timeout_ms() -> u64 {
+    15_000
+}
 fn default_health_interval_ms() -> u64 {
     1_000
 }
@@ -283,6 +290,7 @@ impl PgSettings {
         let times = [
             ("checkout_timeout_ms", self.checkout_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
+            ("login_timeout_ms", self.login_timeout_ms),
             ("health_interval_ms", self.health_interval_ms),
         ];
         if let Some((key, _)) = times.iter().find(|(_, v)| *v == 0) {
@@ -344,8 +352,10 @@ mod tests {
     #[test]
     fn defaults_and_validation() {
         let c = parse("").map_err(|e| e.to_string());
-        let c = c.as_ref().map(|c| (c.pool_mode, c.pool_size, c.read_your_writes));
-        assert_eq!(c, Ok((PoolMode::Transaction, 20, true)));
+        let c = c.as_ref().map(|c| (c.pool_mode, c.pool_size, c.read_your_writes, c.login_timeout_ms));
+        assert_eq!(c, Ok((PoolMode::Transaction, 20, true, 15_000)));
+        assert!(parse("login_timeout_ms = 0").is_err());
+        assert!(parse("login_timeout_ms = 250").is_ok_and(|c| c.login_timeout_ms == 250));
         assert!(parse("pool_size = 0").is_err());
         assert!(parse("bogus = 1").is_err());
         assert!(parse("[[user]]\nname = \"a\"\n").is_err(), "password required for scram");

@@ -10,12 +10,9 @@ use super::Shared;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
 use refract_pg::notice::sqlstate;
-use refract_pg::startup::PROTOCOL_3_0;
+use refract_pg::startup::{CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};
 use refract_pg::{reply, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
 use std::time::Duration;
-
-/// Startup and authentication must finish within this time.
-const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Startup parameters that become session SETs (replayed on every server connection used).
 const TRACKED_PARAMS: &[&str] =
@@ -32,7 +29,8 @@ pub struct LoggedIn {
 
 /// Runs the startup phase; `None` if the connection ended (error already sent, or a cancel).
 pub async fn login(shared: &Shared, wire: &mut Wire) -> Option<LoggedIn> {
-    match tokio::time::timeout(LOGIN_TIMEOUT, login_inner(shared, wire)).await {
+    let limit = Duration::from_millis(shared.cfg.login_timeout_ms);
+    match tokio::time::timeout(limit, login_inner(shared, wire)).await {
         Ok(Ok(done)) => done,
         Ok(Err((code, message))) => {
             let _ = wire.send(&reply::fatal(code, &message)).await;
@@ -75,8 +73,9 @@ fn refusal(e: PgError) -> Refusal {
 async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup>, Refusal> {
     loop {
         let packet = loop {
-            let parsed = StartupPacket::parse(wire.buffered(), &Limits::default())
-                .map_err(|e| (sqlstate::PROTOCOL_VIOLATION, e.to_string()))?;
+            let parsed = StartupPacket::parse(wire.buffered(), &Limits::default()).map_err(|e| {
+                unsupported_version(wire.buffered()).unwrap_or((sqlstate::PROTOCOL_VIOLATION, e.to_string()))
+            })?;
             if let Some((p, n)) = parsed {
                 let _ = wire.buffered().split_to(n);
                 break p;
@@ -112,15 +111,36 @@ async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup
     }
 }
 
+/// A StartupMessage for a major version after 3 gets PostgreSQL's refusal (ProcessStartupPacket)
+/// rather than a generic protocol violation.
+fn unsupported_version(buf: &[u8]) -> Option<Refusal> {
+    let code = i32::from_be_bytes(buf.get(4..8)?.try_into().ok()?);
+    let (major, minor) = (code >> 16, code & 0xffff);
+    (major > 3 && code != SSL_REQUEST_CODE && code != GSSENC_REQUEST_CODE && code != CANCEL_REQUEST_CODE).then(|| {
+        let message = format!("unsupported frontend protocol {major}.{minor}: server supports 3.0 to 3.0");
+        (sqlstate::FEATURE_NOT_SUPPORTED, message)
+    })
+}
+
 /// Protocol 3.x with x > 0, or `_pq_.` options: say we speak 3.0 without them.
 async fn negotiate(wire: &mut Wire, startup: &Startup) -> Result<(), Refusal> {
+    match negotiation(startup) {
+        Some(msg) => wire.send(&msg.to_bytes()).await.map_err(refusal),
+        None => Ok(()),
+    }
+}
+
+/// PostgreSQL's answer to a StartupMessage asking for a newer minor version than it speaks or
+/// for `_pq_.` options (ProcessStartupPacket): NegotiateProtocolVersion with the newest version
+/// it speaks, whole (3.0 = 196608; libpq 18 reads a bare `0` as a downgrade to before 3.0 and
+/// gives up), and the options it did not recognise, in the client's order.
+fn negotiation(startup: &Startup) -> Option<BackendMessage> {
     let options: Vec<String> =
         startup.params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.clone()).collect();
-    if startup.protocol == PROTOCOL_3_0 && options.is_empty() {
-        return Ok(());
+    if startup.protocol <= PROTOCOL_3_0 && options.is_empty() {
+        return None;
     }
-    let msg = BackendMessage::NegotiateProtocolVersion { minor: 0, options };
-    wire.send(&msg.to_bytes()).await.map_err(refusal)
+    Some(BackendMessage::NegotiateProtocolVersion { version: PROTOCOL_3_0, options })
 }
 
 async fn authenticate(shared: &Shared, wire: &mut Wire, user: &str) -> Result<(), Refusal> {

@@ -6,6 +6,8 @@
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
+//! - `large`: large DataRow / CopyData relayed in pieces, never held whole.
+//! - `unreadable`: simple queries that are not UTF-8 (LATIN1, WIN1252 ...), relayed as sent.
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
@@ -17,6 +19,7 @@ mod cancel;
 mod clients;
 mod config;
 mod error;
+mod large;
 mod login;
 mod pool;
 mod reset;
@@ -24,6 +27,7 @@ mod server;
 mod servers;
 mod session;
 mod status;
+mod unreadable;
 mod wire;
 
 pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};

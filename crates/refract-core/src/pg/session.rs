@@ -9,6 +9,7 @@ use super::error::PgError;
 use super::login::{self, startup_sets};
 use super::pool::Guard;
 use super::servers::Server;
+use super::unreadable::is_unreadable_query;
 use super::wire::{Frame, Wire};
 use super::Shared;
 use bytes::BytesMut;
@@ -131,7 +132,15 @@ impl Session {
             if matches!(tag, b'Q' | b'S' | b'H') {
                 self.client.info.set_state(ClientState::Active);
             }
-            let msg = FrontendMessage::decode(tag, &frame[5..])?;
+            let msg = match FrontendMessage::decode(tag, &frame[5..]) {
+                Err(_) if tag == b'Q' && is_unreadable_query(&frame[5..]) => {
+                    if !self.discard_until_sync {
+                        self.simple_unreadable(frame).await?;
+                    }
+                    continue;
+                }
+                msg => msg?,
+            };
             if self.discard_until_sync {
                 if tag == b'S' {
                     self.discard_until_sync = false;
@@ -186,7 +195,12 @@ impl Session {
         self.settle(result).await
     }
 
-    async fn run_simple(&mut self, c: &Classification, frame: bytes::Bytes, route: Route) -> Result<(), PgError> {
+    pub(super) async fn run_simple(
+        &mut self,
+        c: &Classification,
+        frame: bytes::Bytes,
+        route: Route,
+    ) -> Result<(), PgError> {
         let in_tx_before = self.state.tx.in_transaction();
         let mut head = BytesMut::new();
         let mut prefixed = self.params_prefix(&mut head)?;
@@ -547,7 +561,9 @@ impl Session {
                 return Ok(f);
             }
             self.flush().await?;
-            self.conn()?.wire.fill().await?;
+            if !self.stream_from_server().await? {
+                self.conn()?.wire.fill().await?;
+            }
         }
     }
 
@@ -560,7 +576,9 @@ impl Session {
                     self.conn()?.wire.send(&buf).await?;
                     buf.clear();
                 }
-                self.wire.fill().await?;
+                if !self.stream_to_server().await? {
+                    self.wire.fill().await?;
+                }
                 continue;
             };
             buf.extend_from_slice(&frame);
@@ -579,6 +597,9 @@ impl Session {
         if !self.out.is_empty() {
             self.wire.send(&self.out).await?;
             self.out.clear();
+            if self.out.capacity() > super::wire::KEEP_CAPACITY {
+                self.out = BytesMut::new(); // grown for one large message: give it back
+            }
         }
         Ok(())
     }

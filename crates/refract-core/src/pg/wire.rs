@@ -1,8 +1,10 @@
 //! [`Wire`]: one PostgreSQL socket (plain TCP or TLS) and its read buffer, framed with
-//! refract-pg's `peek`.
+//! refract-pg's `peek`; large messages of the types a relay passes on unread go through in
+//! pieces ([`Wire::pipe_large`]), so no buffer holds them whole.
 
 use super::error::PgError;
 use bytes::{Bytes, BytesMut};
+use refract_pg::stream::{Piece, Splitter};
 use refract_pg::{frame, Limits, Side};
 use std::io;
 use std::pin::Pin;
@@ -34,6 +36,15 @@ enum Stream {
 /// A raw message: its type byte and its bytes (tag included).
 pub type Frame = (u8, Bytes);
 
+/// Messages longer than this (tag included) are relayed in pieces by [`Wire::pipe_large`]
+/// when their type allows it.
+pub const STREAM_ABOVE: usize = 64 * 1024;
+/// A buffer that grew past this for one large message is given back once the message is out,
+/// so a connection's memory follows its current message, not its largest one ever.
+pub const KEEP_CAPACITY: usize = 256 * 1024;
+/// How much a read may bring in while a large message streams through.
+const PIPE_READ: usize = 64 * 1024;
+
 impl Wire {
     /// Wraps a connected socket.
     pub fn new(stream: TcpStream, peer: Side) -> Self {
@@ -44,8 +55,52 @@ impl Wire {
     pub fn next_frame(&mut self) -> Result<Option<Frame>, PgError> {
         let limits = Limits::default();
         match frame::peek(&self.buf, self.peer, &limits)? {
-            Some(h) => Ok(Some((h.tag, self.buf.split_to(h.total).freeze()))),
+            Some(h) => {
+                let frame = self.buf.split_to(h.total).freeze();
+                if h.total > KEEP_CAPACITY {
+                    // The buffer still shares the large allocation with `frame`: start afresh.
+                    self.buf = BytesMut::from(&self.buf[..]);
+                }
+                Ok(Some((h.tag, frame)))
+            }
             None => Ok(None),
+        }
+    }
+
+    /// If the next message is longer than [`STREAM_ABOVE`] and `streamable` accepts its type,
+    /// sends it on to `to` piece by piece as it arrives and returns `true`; else consumes
+    /// nothing and returns `false` (also while its tag and length are not all in yet).
+    ///
+    /// Once the head is out the message cannot be taken back: if this side fails before its
+    /// end, the stream towards `to` is torn and the error is reported as `to` closing.
+    pub async fn pipe_large(&mut self, to: &mut Wire, streamable: fn(u8) -> bool) -> Result<bool, PgError> {
+        let mut split = Splitter::new(self.peer, Limits::default(), STREAM_ABOVE);
+        let Some(head @ Piece::Head(h)) = split.next(&self.buf, streamable)? else { return Ok(false) };
+        let head = self.buf.split_to(head.len());
+        to.send(&head).await?;
+        while split.in_body() {
+            match split.next(&self.buf, streamable)? {
+                Some(Piece::Body { len, .. }) => {
+                    let chunk = self.buf.split_to(len);
+                    to.send(&chunk).await?;
+                }
+                _ => self.fill_piece(h.tag, to.peer).await?,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads the next piece of a message being streamed (a bounded read).
+    async fn fill_piece(&mut self, tag: u8, to: Side) -> Result<(), PgError> {
+        if self.buf.capacity() - self.buf.len() < PIPE_READ / 4 {
+            self.buf.reserve(PIPE_READ);
+        }
+        match self.fill().await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "a '{}' message was cut off mid-way: closing its receiver", char::from(tag));
+                Err(PgError::Closed(to))
+            }
         }
     }
 

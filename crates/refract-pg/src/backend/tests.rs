@@ -112,8 +112,8 @@ fn copy_and_notifications() {
         BackendMessage::NotificationResponse { pid: 7, channel: "chan".into(), payload: "hi".into() },
     );
     round_trip(
-        b"v\0\0\0\x15\0\0\0\0\0\0\0\x01_pq_.foo\0",
-        BackendMessage::NegotiateProtocolVersion { minor: 0, options: vec!["_pq_.foo".into()] },
+        b"v\0\0\0\x15\0\x03\0\0\0\0\0\x01_pq_.foo\0",
+        BackendMessage::NegotiateProtocolVersion { version: 196_608, options: vec!["_pq_.foo".into()] },
     );
     assert!(parse(b"v\0\0\0\x0c\0\0\0\0\x7f\xff\xff\xff").is_err(), "huge option count");
 }

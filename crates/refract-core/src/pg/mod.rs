@@ -6,6 +6,7 @@
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
+//! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
@@ -18,6 +19,7 @@ mod clients;
 mod config;
 mod error;
 mod login;
+mod names;
 mod pool;
 mod reset;
 mod server;

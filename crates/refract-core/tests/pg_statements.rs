@@ -338,3 +338,35 @@ fn sql_prepared_names_belong_to_their_client() {
         assert_eq!(run(&mut a, &[bind("own", &[]), execute(), FrontendMessage::Sync]).value(), "a");
     }
 }
+
+/// A named statement whose Parse failed, or was skipped after an earlier error in its batch,
+/// does not exist (PostgreSQL: `26000` at its Bind), and a failed Parse of a name leaves no
+/// statement that refract would prepare again behind the client's back.
+#[test]
+fn a_named_statement_whose_parse_failed_or_was_skipped_does_not_exist() {
+    let f = fixture();
+    let mut outcomes = vec![];
+    for c in [&mut direct(&f), &mut connect(&f)] {
+        let failed = run(c, &[parse("n_bad", "SELEC 'n_bad'"), FrontendMessage::Sync]);
+        let bad = run(c, &[bind("n_bad", &[]), execute(), FrontendMessage::Sync]);
+        let skipped = run(
+            c,
+            &[
+                parse("n_first", "SELECT 1/0"),
+                bind("n_first", &[]),
+                execute(),
+                parse("n_skipped", "SELECT 'n_skipped'"),
+                FrontendMessage::Sync,
+            ],
+        );
+        let after = run(c, &[bind("n_skipped", &[]), execute(), FrontendMessage::Sync]);
+        outcomes.push((
+            failed.code().map(str::to_owned),
+            error_of(&bad),
+            skipped.code().map(str::to_owned),
+            error_of(&after),
+        ));
+    }
+    assert_eq!(outcomes[1], outcomes[0], "refract answers as PostgreSQL");
+    assert_eq!((outcomes[1].1 .0.as_deref(), outcomes[1].3 .0.as_deref()), (Some("26000"), Some("26000")));
+}

@@ -184,7 +184,7 @@ impl Session {
                     } else {
                         let g = self.identity(&ps);
                         plan.preparing.insert(g.clone());
-                        let made = Some(Made::Global(g.clone()));
+                        let made = Some(Made::Parse { global: Some(g.clone()), ps, previous });
                         plan.send(&FrontendMessage::Parse { name: g, query, param_types }, true, made);
                     }
                 }
@@ -255,7 +255,7 @@ impl Session {
                 b'N' | b'A' => self.out.extend_from_slice(&frame),
                 b'E' => {
                     self.out.extend_from_slice(&frame);
-                    self.unnamed_failed(&expect);
+                    self.parse_failed(&expect);
                     skip_to_sync(&mut expect);
                     self.skip_until_sync = expect.is_empty();
                 }

@@ -24,11 +24,14 @@ use std::sync::Arc;
 /// What a ParseComplete from the server establishes.
 #[derive(Debug, Clone)]
 pub(super) enum Made {
-    /// This global name is prepared on the connection.
+    /// This global name is prepared on the connection (refract prepared it silently).
     Global(String),
-    /// The connection's unnamed statement is `ps`. `own`: the client's own Parse, which
-    /// replaced `previous` as its unnamed statement (put back if the server skips the Parse).
-    Unnamed { ps: Arc<PreparedStatement>, own: bool, previous: Option<Arc<PreparedStatement>> },
+    /// The connection's unnamed statement is `ps` (parsed again silently).
+    Unnamed(Arc<PreparedStatement>),
+    /// The client's own Parse of `ps`, sent as `global` (`None`: the unnamed statement). It
+    /// replaced `previous` under that name in the client's registry, which is put back if
+    /// the server skips the Parse (an earlier error in the batch).
+    Parse { global: Option<String>, ps: Arc<PreparedStatement>, previous: Option<Arc<PreparedStatement>> },
 }
 
 impl Session {
@@ -70,7 +73,7 @@ impl Session {
         plan.out.extend_from_slice(&ps.prepare_message(""));
         plan.unnamed = Some(ps.clone());
         if !plan.skip {
-            let made = Made::Unnamed { ps, own, previous };
+            let made = if own { Made::Parse { global: None, ps, previous } } else { Made::Unnamed(ps) };
             plan.expect.push_back(Expect::Server { kind: Kind::Parse, relay: own, prepares: Some(made) });
         }
         Ok(())
@@ -112,27 +115,28 @@ impl Session {
     pub(super) fn made(&mut self, made: Made) -> Result<(), PgError> {
         let conn = self.conn()?;
         match made {
-            Made::Global(g) => {
+            Made::Global(g) | Made::Parse { global: Some(g), .. } => {
                 conn.prepared.insert(g);
             }
-            Made::Unnamed { ps, .. } => conn.unnamed = Some(ps),
+            Made::Unnamed(ps) | Made::Parse { global: None, ps, .. } => conn.unnamed = Some(ps),
         }
         Ok(())
     }
 
     /// An ErrorResponse came while `expect` was pending: the message at its front failed and
-    /// the server skips the rest up to Sync. A failed Parse of the unnamed statement leaves the
-    /// client none; a skipped one leaves it the one it had.
-    pub(super) fn unnamed_failed(&mut self, expect: &std::collections::VecDeque<Expect>) {
+    /// the server skips the rest up to Sync. A client's Parse that failed or was skipped did
+    /// not create its statement: the client keeps the one it had under that name, except that
+    /// a failed Parse of the unnamed statement leaves none (the server dropped it first).
+    pub(super) fn parse_failed(&mut self, expect: &std::collections::VecDeque<Expect>) {
         for (i, e) in expect.iter().enumerate() {
             let Expect::Server { kind, prepares, .. } = e else { continue };
             if *kind == Kind::Sync {
                 return;
             }
-            let Some(Made::Unnamed { ps, own: true, previous }) = prepares else { continue };
-            if self.state.prepared.get("").is_some_and(|cur| Arc::ptr_eq(cur, ps)) {
-                self.state.prepared.close("");
-                if let Some(prev) = previous.clone().filter(|_| i > 0) {
+            let Some(Made::Parse { global, ps, previous }) = prepares else { continue };
+            if self.state.prepared.get(&ps.name).is_some_and(|cur| Arc::ptr_eq(cur, ps)) {
+                self.state.prepared.close(&ps.name);
+                if let Some(prev) = previous.clone().filter(|_| i > 0 || global.is_some()) {
                     self.state.prepared.restore(prev);
                 }
             }

@@ -370,3 +370,38 @@ fn a_named_statement_whose_parse_failed_or_was_skipped_does_not_exist() {
     assert_eq!(outcomes[1], outcomes[0], "refract answers as PostgreSQL");
     assert_eq!((outcomes[1].1 .0.as_deref(), outcomes[1].3 .0.as_deref()), (Some("26000"), Some("26000")));
 }
+
+/// A Parse of a name the client already has a statement under is refused with `42P05`, the
+/// old statement staying, in and out of a transaction (which it fails), as on PostgreSQL.
+#[test]
+fn a_second_parse_of_a_name_is_42p05() {
+    let f = fixture();
+    let mut outcomes = vec![];
+    for c in [&mut direct(&f), &mut connect(&f)] {
+        let mut got = vec![];
+        let mut note = |a: Answer| got.push((error_of(&a), a.value().to_owned(), a.status));
+        note(run(c, &[parse("d", "SELECT 'd1'"), FrontendMessage::Sync]));
+        note(run(c, &[parse("d", "SELECT 'd2'"), FrontendMessage::Sync]));
+        note(run(c, &[bind("d", &[]), execute(), FrontendMessage::Sync]));
+        note(run(c, &[parse("e", "SELECT 'e1'"), parse("e", "SELECT 'e2'"), FrontendMessage::Sync]));
+        note(run(c, &[bind("e", &[]), execute(), FrontendMessage::Sync]));
+        note(c.query("BEGIN"));
+        note(run(c, &[parse("d", "SELECT 'd3'"), FrontendMessage::Sync]));
+        note(c.query("SELECT 1"));
+        note(c.query("ROLLBACK"));
+        note(c.query("PREPARE q AS SELECT 'q'"));
+        note(run(c, &[parse("q", "SELECT 'p'"), FrontendMessage::Sync]));
+        note(c.query("EXECUTE q"));
+        note(run(
+            c,
+            &[FrontendMessage::Close(Target::Statement, "d".into()), parse("d", "SELECT 'd4'"), FrontendMessage::Sync],
+        ));
+        note(run(c, &[bind("d", &[]), execute(), FrontendMessage::Sync]));
+        outcomes.push(got);
+    }
+    assert_eq!(outcomes[1], outcomes[0], "refract answers as PostgreSQL");
+    let codes: Vec<_> = outcomes[1].iter().map(|o| o.0 .0.as_deref()).collect();
+    assert_eq!(codes.iter().filter(|c| **c == Some("42P05")).count(), 4, "{:?}", outcomes[1]);
+    assert!(codes.contains(&Some("25P02")));
+    assert_eq!(outcomes[1].last().unwrap().1, "d4");
+}

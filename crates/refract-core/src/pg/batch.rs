@@ -60,8 +60,8 @@ impl Kind {
 pub(super) enum Expect {
     /// The server answers this message; relay it unless refract sent the message itself.
     Server { kind: Kind, relay: bool, prepares: Option<Made> },
-    /// refract answers in the server's place at this point.
-    Local(Bytes),
+    /// refract answers in the server's place at this point (for a Parse: what it made).
+    Local(Bytes, Option<Made>),
 }
 
 /// A batch being rewritten for one server connection.
@@ -87,9 +87,9 @@ impl Plan {
         self.expect.push_back(Expect::Server { kind, relay, prepares });
     }
 
-    fn local(&mut self, answer: Bytes) {
+    fn local(&mut self, answer: Bytes, made: Option<Made>) {
         if !self.skip {
-            self.expect.push_back(Expect::Local(answer));
+            self.expect.push_back(Expect::Local(answer, made));
         }
     }
 }
@@ -167,6 +167,10 @@ impl Session {
         for msg in msgs {
             match msg {
                 FrontendMessage::Parse { name, query, param_types } => {
+                    if !name.is_empty() && self.state.prepared.get(&name).is_some() {
+                        self.parse_duplicate(&mut plan, &name);
+                        continue;
+                    }
                     let c = self.shared.classifier.classify(&query);
                     let read = c.target(self.state.route) == Route::Read;
                     if c.statements.iter().any(|s| {
@@ -180,7 +184,8 @@ impl Session {
                     if name.is_empty() {
                         self.parse_unnamed(&mut plan, ps, previous)?;
                     } else if self.is_prepared(&ps, &plan)? {
-                        plan.local(BackendMessage::ParseComplete.to_bytes());
+                        let made = Made::Parse { global: Some(self.identity(&ps)), ps, previous };
+                        plan.local(BackendMessage::ParseComplete.to_bytes(), Some(made));
                     } else {
                         let g = self.identity(&ps);
                         plan.preparing.insert(g.clone());
@@ -199,7 +204,7 @@ impl Session {
                 FrontendMessage::Close(Target::Statement, name) if !name.is_empty() => {
                     // Other clients may share the server-side statement: it stays prepared.
                     self.state.prepared.close(&name);
-                    plan.local(BackendMessage::CloseComplete.to_bytes());
+                    plan.local(BackendMessage::CloseComplete.to_bytes(), None);
                 }
                 FrontendMessage::Close(Target::Statement, _) => self.close_unnamed(&mut plan, true)?,
                 msg => plan.send(&msg, true, None),
@@ -238,8 +243,8 @@ impl Session {
     /// Relays answers in order, inserting refract's own where due, until all are in.
     async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<(), PgError> {
         loop {
-            while let Some(Expect::Local(_)) = expect.front() {
-                if let Some(Expect::Local(b)) = expect.pop_front() {
+            while let Some(Expect::Local(..)) = expect.front() {
+                if let Some(Expect::Local(b, _)) = expect.pop_front() {
                     self.out.extend_from_slice(&b);
                 }
             }
@@ -254,8 +259,8 @@ impl Session {
                 }
                 b'N' | b'A' => self.out.extend_from_slice(&frame),
                 b'E' => {
+                    let frame = self.parse_failed(&expect).unwrap_or(frame);
                     self.out.extend_from_slice(&frame);
-                    self.parse_failed(&expect);
                     skip_to_sync(&mut expect);
                     self.skip_until_sync = expect.is_empty();
                 }

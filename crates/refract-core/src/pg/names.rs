@@ -14,11 +14,11 @@ use super::batch::{Expect, Kind, Plan};
 use super::error::PgError;
 use super::server::ServerConn;
 use super::session::Session;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Classification, Statement};
 use refract_pg::frontend::Target;
 use refract_pg::session::{Origin, PreparedStatement};
-use refract_pg::{BackendMessage, FrontendMessage};
+use refract_pg::{reply, BackendMessage, FrontendMessage, TxStatus};
 use std::sync::Arc;
 
 /// What a ParseComplete from the server establishes.
@@ -32,7 +32,13 @@ pub(super) enum Made {
     /// replaced `previous` under that name in the client's registry, which is put back if
     /// the server skips the Parse (an earlier error in the batch).
     Parse { global: Option<String>, ps: Arc<PreparedStatement>, previous: Option<Arc<PreparedStatement>> },
+    /// A stand-in for a Parse PostgreSQL refuses: it fails on the server, and the client gets
+    /// this error in place of the server's (`None`: the server's own).
+    Refused(Option<Bytes>),
 }
+
+/// PostgreSQL's `duplicate_prepared_statement`.
+const DUPLICATE_PSTATEMENT: &str = "42P05";
 
 impl Session {
     /// The `SET search_path` in force for this session (part of a statement's identity).
@@ -119,6 +125,7 @@ impl Session {
                 conn.prepared.insert(g);
             }
             Made::Unnamed(ps) | Made::Parse { global: None, ps, .. } => conn.unnamed = Some(ps),
+            Made::Refused(_) => {}
         }
         Ok(())
     }
@@ -127,20 +134,46 @@ impl Session {
     /// the server skips the rest up to Sync. A client's Parse that failed or was skipped did
     /// not create its statement: the client keeps the one it had under that name, except that
     /// a failed Parse of the unnamed statement leaves none (the server dropped it first).
-    pub(super) fn parse_failed(&mut self, expect: &std::collections::VecDeque<Expect>) {
+    /// Returns the error to relay in place of the server's, if refract owes its own.
+    pub(super) fn parse_failed(&mut self, expect: &std::collections::VecDeque<Expect>) -> Option<Bytes> {
+        let mut replacement = None;
         for (i, e) in expect.iter().enumerate() {
-            let Expect::Server { kind, prepares, .. } = e else { continue };
-            if *kind == Kind::Sync {
-                return;
-            }
-            let Some(Made::Parse { global, ps, previous }) = prepares else { continue };
-            if self.state.prepared.get(&ps.name).is_some_and(|cur| Arc::ptr_eq(cur, ps)) {
-                self.state.prepared.close(&ps.name);
-                if let Some(prev) = previous.clone().filter(|_| i > 0 || global.is_some()) {
-                    self.state.prepared.restore(prev);
+            let made = match e {
+                Expect::Server { kind: Kind::Sync, .. } => break,
+                Expect::Server { prepares, .. } => prepares,
+                Expect::Local(_, made) => made,
+            };
+            match made {
+                Some(Made::Refused(error)) if i == 0 => replacement = error.clone(),
+                Some(Made::Parse { global, ps, previous }) => {
+                    self.undo_parse(ps, previous.clone().filter(|_| i > 0 || global.is_some()));
                 }
+                _ => {}
             }
         }
+        replacement
+    }
+
+    /// The client's statement `ps` was not created after all: `previous` is its again.
+    fn undo_parse(&mut self, ps: &Arc<PreparedStatement>, previous: Option<Arc<PreparedStatement>>) {
+        if self.state.prepared.get(&ps.name).is_some_and(|cur| Arc::ptr_eq(cur, ps)) {
+            self.state.prepared.close(&ps.name);
+            previous.into_iter().for_each(|p| self.state.prepared.restore(p));
+        }
+    }
+
+    /// A Parse of a name the client already has a statement under: PostgreSQL refuses it with
+    /// `42P05` and keeps the old one. A Parse that fails on the server stands in for it, so the
+    /// server skips to Sync and fails an open transaction as PostgreSQL would, and the client
+    /// gets PostgreSQL's error in place of the server's. In a failed transaction PostgreSQL
+    /// answers `25P02` before it looks at the name; so does the stand-in, relayed as is.
+    pub(super) fn parse_duplicate(&mut self, plan: &mut Plan, name: &str) {
+        let failed_tx = self.state.tx.status() == TxStatus::Failed;
+        let query = if failed_tx { "SELECT 1" } else { "refract: duplicate prepared statement" };
+        let text = format!("prepared statement \"{name}\" already exists");
+        let error = (!failed_tx).then(|| reply::error(DUPLICATE_PSTATEMENT, &text));
+        let msg = FrontendMessage::Parse { name: "refract_duplicate".into(), query: query.into(), param_types: vec![] };
+        plan.send(&msg, true, Some(Made::Refused(error)));
     }
 
     /// Before a batch: SQL-prepared statements it binds or describes are put on the bound

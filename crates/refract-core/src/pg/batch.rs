@@ -4,6 +4,7 @@
 //! owes for messages it did not need to send (ParseComplete, CloseComplete) put in place.
 
 use super::error::PgError;
+use super::names::Made;
 use super::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Route, Statement};
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 /// What answer a message sent to the server ends with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Parse,
     Bind,
     Close,
@@ -56,25 +57,28 @@ impl Kind {
 
 /// An answer expected in the server's stream.
 #[derive(Debug)]
-enum Expect {
+pub(super) enum Expect {
     /// The server answers this message; relay it unless refract sent the message itself.
-    Server { kind: Kind, relay: bool, prepares: Option<String> },
-    /// refract answers in the server's place at this point.
-    Local(Bytes),
+    Server { kind: Kind, relay: bool, prepares: Option<Made> },
+    /// refract answers in the server's place at this point (for a Parse: what it made).
+    Local(Bytes, Option<Made>),
 }
 
 /// A batch being rewritten for one server connection.
 #[derive(Default)]
-struct Plan {
-    out: BytesMut,
-    expect: VecDeque<Expect>,
+pub(super) struct Plan {
+    pub out: BytesMut,
+    pub expect: VecDeque<Expect>,
     /// Global names this batch prepares (not yet confirmed).
-    preparing: HashSet<String>,
-    skip: bool,
+    pub preparing: HashSet<String>,
+    pub skip: bool,
+    /// The client statement the server's unnamed statement will be once the messages planned
+    /// so far have run (`None`: none, or not one refract knows).
+    pub unnamed: Option<Arc<PreparedStatement>>,
 }
 
 impl Plan {
-    fn send(&mut self, msg: &FrontendMessage, relay: bool, prepares: Option<String>) {
+    pub(super) fn send(&mut self, msg: &FrontendMessage, relay: bool, prepares: Option<Made>) {
         msg.encode(&mut self.out);
         let kind = Kind::of(msg);
         if matches!(msg, FrontendMessage::Flush) || (self.skip && kind != Kind::Sync) {
@@ -83,9 +87,9 @@ impl Plan {
         self.expect.push_back(Expect::Server { kind, relay, prepares });
     }
 
-    fn local(&mut self, answer: Bytes) {
+    fn local(&mut self, answer: Bytes, made: Option<Made>) {
         if !self.skip {
-            self.expect.push_back(Expect::Local(answer));
+            self.expect.push_back(Expect::Local(answer, made));
         }
     }
 }
@@ -109,6 +113,7 @@ impl Session {
     }
 
     async fn run_bound_batch(&mut self, msgs: Vec<FrontendMessage>, synced: bool, route: Route) -> Result<(), PgError> {
+        self.mirror_batch_names(&msgs).await?;
         let mut head = BytesMut::new();
         let prefixed = self.params_prefix(&mut head)?;
         let plan = self.plan(msgs)?;
@@ -157,10 +162,15 @@ impl Session {
 
     /// Rewrites the batch for the bound connection.
     fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
-        let mut plan = Plan { skip: self.skip_until_sync, ..Plan::default() };
+        let unnamed = self.conn()?.unnamed.clone();
+        let mut plan = Plan { skip: self.skip_until_sync, unnamed, ..Plan::default() };
         for msg in msgs {
             match msg {
                 FrontendMessage::Parse { name, query, param_types } => {
+                    if !name.is_empty() && self.state.prepared.get(&name).is_some() {
+                        self.parse_duplicate(&mut plan, &name);
+                        continue;
+                    }
                     let c = self.shared.classifier.classify(&query);
                     let read = c.target(self.state.route) == Route::Read;
                     if c.statements.iter().any(|s| {
@@ -169,15 +179,18 @@ impl Session {
                         // Not tracked through the extended protocol: whoever comes next resets.
                         self.note_untracked();
                     }
+                    let previous = self.state.prepared.get(&name).cloned();
                     let ps = self.state.prepared.parse(&name, &query, &param_types, read);
                     if name.is_empty() {
-                        plan.send(&FrontendMessage::Parse { name, query, param_types }, true, None);
+                        self.parse_unnamed(&mut plan, ps, previous)?;
                     } else if self.is_prepared(&ps, &plan)? {
-                        plan.local(BackendMessage::ParseComplete.to_bytes());
+                        let made = Made::Parse { global: Some(self.identity(&ps)), ps, previous };
+                        plan.local(BackendMessage::ParseComplete.to_bytes(), Some(made));
                     } else {
-                        let g = ps.global_name();
+                        let g = self.identity(&ps);
                         plan.preparing.insert(g.clone());
-                        plan.send(&FrontendMessage::Parse { name: g.clone(), query, param_types }, true, Some(g));
+                        let made = Some(Made::Parse { global: Some(g.clone()), ps, previous });
+                        plan.send(&FrontendMessage::Parse { name: g, query, param_types }, true, made);
                     }
                 }
                 FrontendMessage::Bind(mut b) => {
@@ -191,8 +204,9 @@ impl Session {
                 FrontendMessage::Close(Target::Statement, name) if !name.is_empty() => {
                     // Other clients may share the server-side statement: it stays prepared.
                     self.state.prepared.close(&name);
-                    plan.local(BackendMessage::CloseComplete.to_bytes());
+                    plan.local(BackendMessage::CloseComplete.to_bytes(), None);
                 }
+                FrontendMessage::Close(Target::Statement, _) => self.close_unnamed(&mut plan, true)?,
                 msg => plan.send(&msg, true, None),
             }
         }
@@ -200,19 +214,26 @@ impl Session {
     }
 
     fn is_prepared(&mut self, ps: &PreparedStatement, plan: &Plan) -> Result<bool, PgError> {
-        let g = ps.global_name();
+        let g = self.identity(ps);
         Ok(plan.preparing.contains(&g) || self.conn()?.prepared.contains(&g))
     }
 
-    /// The server-side name of a client's statement, preparing it first where it is missing.
+    /// The server-side name of a client's statement, preparing it first where it is missing;
+    /// a name the client has no statement under is made free on the server (so it answers
+    /// `26000` as PostgreSQL would, never with another client's statement).
     fn server_name(&mut self, name: &str, plan: &mut Plan) -> Result<String, PgError> {
-        let Some(ps) = self.state.prepared.get(name).cloned().filter(|_| !name.is_empty()) else {
+        if name.is_empty() {
+            self.use_unnamed(plan)?;
+            return Ok(String::new());
+        }
+        let Some(ps) = self.state.prepared.get(name).cloned() else {
+            self.close_missing(plan, name)?;
             return Ok(name.to_owned());
         };
         if !matches!(ps.origin, Origin::Protocol { .. }) {
-            return Ok(name.to_owned()); // SQL PREPARE: the name is the server's too
+            return Ok(name.to_owned()); // SQL PREPARE: the name is the server's too (mirrored)
         }
-        let g = ps.global_name();
+        let g = self.identity(&ps);
         if !self.is_prepared(&ps, plan)? {
             prepare_silently(plan, &ps, &g);
         }
@@ -222,8 +243,8 @@ impl Session {
     /// Relays answers in order, inserting refract's own where due, until all are in.
     async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<(), PgError> {
         loop {
-            while let Some(Expect::Local(_)) = expect.front() {
-                if let Some(Expect::Local(b)) = expect.pop_front() {
+            while let Some(Expect::Local(..)) = expect.front() {
+                if let Some(Expect::Local(b, _)) = expect.pop_front() {
                     self.out.extend_from_slice(&b);
                 }
             }
@@ -238,6 +259,7 @@ impl Session {
                 }
                 b'N' | b'A' => self.out.extend_from_slice(&frame),
                 b'E' => {
+                    let frame = self.parse_failed(&expect).unwrap_or(frame);
                     self.out.extend_from_slice(&frame);
                     skip_to_sync(&mut expect);
                     self.skip_until_sync = expect.is_empty();
@@ -261,8 +283,8 @@ impl Session {
         };
         let (kind, relay) = (*kind, *relay);
         if tag == b'1' {
-            if let Some(g) = prepares.clone() {
-                self.conn()?.prepared.insert(g);
+            if let Some(made) = prepares.clone() {
+                self.made(made)?;
             }
         }
         if tag == b'C' || tag == b'Z' {
@@ -286,7 +308,11 @@ fn prepare_silently(plan: &mut Plan, ps: &Arc<PreparedStatement>, g: &str) {
     plan.preparing.insert(g.to_owned());
     plan.out.extend_from_slice(&ps.prepare_message(g));
     if !plan.skip {
-        plan.expect.push_back(Expect::Server { kind: Kind::Parse, relay: false, prepares: Some(g.to_owned()) });
+        plan.expect.push_back(Expect::Server {
+            kind: Kind::Parse,
+            relay: false,
+            prepares: Some(Made::Global(g.to_owned())),
+        });
     }
 }
 

@@ -8,6 +8,7 @@
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
 //! - `large`: large DataRow / CopyData relayed in pieces, never held whole.
 //! - `unreadable`: simple queries that are not UTF-8 (LATIN1, WIN1252 ...), relayed as sent.
+//! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
@@ -21,6 +22,7 @@ mod config;
 mod error;
 mod large;
 mod login;
+mod names;
 mod pool;
 mod reset;
 mod server;

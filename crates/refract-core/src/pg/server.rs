@@ -5,11 +5,12 @@ use super::error::PgError;
 use super::wire::Wire;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{ClientAuth, ClientStep};
-use refract_pg::session::ParamTracker;
+use refract_pg::session::{ParamTracker, PreparedStatement};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::{BackendMessage, FrontendMessage, Side, Startup, StartupPacket};
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 
@@ -48,8 +49,13 @@ pub struct ServerConn {
     pub params: Vec<(String, String)>,
     /// Protocol-level statements prepared here (refract's global names).
     pub prepared: HashSet<String>,
-    /// SQL-level statements prepared here: name → PREPARE text.
+    /// Statements prepared here under a client's own name (SQL PREPARE, or a Parse that SQL
+    /// EXECUTE needed): name → the client statement's identity
+    /// ([`refract_pg::session::PreparedStatement::global_name`]).
     pub sql_prepared: std::collections::HashMap<String, String>,
+    /// The client statement this connection's unnamed statement is (`None`: none, or not one
+    /// refract knows); compared by identity, so a client never binds another's.
+    pub unnamed: Option<Arc<PreparedStatement>>,
     /// The session parameters clients put on this connection, as (name, SET statement) in
     /// the order applied, relative to the server's defaults (`Some(vec![])`: the defaults);
     /// `None`: unknown (an untracked change), so the next client starts with `RESET ALL`.
@@ -87,6 +93,7 @@ impl ServerConn {
             params: vec![],
             prepared: HashSet::new(),
             sql_prepared: Default::default(),
+            unnamed: None,
             applied: Some(vec![]),
             broken: false,
             home: crate::shard::current(),
@@ -127,6 +134,7 @@ impl ServerConn {
     pub async fn query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, PgError> {
         let mut out = BytesMut::new();
         FrontendMessage::Query(sql.to_owned()).encode(&mut out);
+        self.unnamed = None; // a simple query drops the unnamed statement
         self.wire.send(&out).await?;
         let mut rows = vec![];
         let mut error = None;

@@ -16,7 +16,7 @@ use bytes::BytesMut;
 use refract_http::RouteClass;
 use refract_pg::classify::{Classification, Route, Statement};
 use refract_pg::notice::sqlstate;
-use refract_pg::session::{Origin, SessionState, TxTracker};
+use refract_pg::session::{SessionState, TxTracker};
 use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -184,6 +184,7 @@ impl Session {
     /// A simple Query: classify, maybe answer locally, else bind, prepare the server, relay.
     async fn simple(&mut self, sql: &str, frame: bytes::Bytes) -> Result<(), PgError> {
         let c = self.shared.classifier.classify(sql);
+        self.state.prepared.close(""); // a simple query drops the unnamed statement
         if self.answer_locally(&c).await? {
             return Ok(());
         }
@@ -204,7 +205,10 @@ impl Session {
         let in_tx_before = self.state.tx.in_transaction();
         let mut head = BytesMut::new();
         let mut prefixed = self.params_prefix(&mut head)?;
-        let prepares = c.statements.iter().any(|s| matches!(s, Statement::Prepare { .. } | Statement::Execute { .. }));
+        let prepares = c
+            .statements
+            .iter()
+            .any(|s| matches!(s, Statement::Prepare { .. } | Statement::Execute { .. } | Statement::Deallocate { .. }));
         if prefixed && prepares {
             // PREPARE resolves names with the session's search_path: SET first.
             self.conn()?.wire.send(&head).await?;
@@ -212,7 +216,7 @@ impl Session {
             head.clear();
             prefixed = false;
         }
-        self.prepare_sql(c).await?;
+        self.before_query(c).await?;
         if prefixed {
             head.extend_from_slice(&frame);
             self.conn()?.wire.send(&head).await?;
@@ -233,6 +237,7 @@ impl Session {
             self.statements_done(c, in_tx_before);
             self.note_effects(c)?;
         }
+        self.sql_names_done(c, failed)?;
         let wrote = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
         self.after_ready(route == Route::Write && wrote).await
     }
@@ -305,7 +310,11 @@ impl Session {
     async fn answer_locally(&mut self, c: &Classification) -> Result<bool, PgError> {
         let tag = match c.statements.as_slice() {
             [Statement::RouteSetting(_)] => "SET",
-            [Statement::Deallocate { name: Some(_) }] if self.bound.is_none() => "DEALLOCATE",
+            [Statement::Deallocate { name: Some(n) }]
+                if self.bound.is_none() && self.state.prepared.get(n).is_some() =>
+            {
+                "DEALLOCATE"
+            }
             [Statement::Deallocate { name: None }] if self.bound.is_none() => "DEALLOCATE ALL",
             _ => return Ok(false),
         };
@@ -434,6 +443,7 @@ impl Session {
         b.synced = true;
         let params = &self.state.params;
         let Some(sql) = b.guard.params_sql(params) else { return Ok(false) };
+        b.guard.unnamed = None; // dropped by the SET query
         b.guard.applied = Some(params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect());
         FrontendMessage::Query(sql).encode(out);
         Ok(true)
@@ -456,35 +466,6 @@ impl Session {
         }
     }
 
-    /// SQL `EXECUTE name` needs `name` prepared on this connection; `PREPARE name` needs it free.
-    async fn prepare_sql(&mut self, c: &Classification) -> Result<(), PgError> {
-        for st in &c.statements {
-            let (name, text) = match st {
-                Statement::Prepare { name, .. } => (name, None),
-                Statement::Execute { name } => match self.state.prepared.get(name).map(|p| p.origin.clone()) {
-                    Some(Origin::Sql { text }) => (name, Some(text)),
-                    _ => continue,
-                },
-                _ => continue,
-            };
-            let conn = self.conn()?;
-            let have = conn.sql_prepared.get(name);
-            if text.is_some() && have == text.as_ref() {
-                continue;
-            }
-            if have.is_some() {
-                let _ = conn.query(&format!("DEALLOCATE \"{}\"", name.replace('"', "\"\""))).await;
-                conn.sql_prepared.remove(name);
-            }
-            if let Some(text) = text {
-                if conn.query(&text).await.is_ok() {
-                    conn.sql_prepared.insert(name.clone(), text);
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// After a statement succeeded: what it did to the server connection.
     fn note_effects(&mut self, c: &Classification) -> Result<(), PgError> {
         let Some(b) = self.bound.as_mut() else {
@@ -499,8 +480,6 @@ impl Session {
                     conn.prepared.clear();
                     conn.sql_prepared.clear();
                 }
-                Statement::Deallocate { name: Some(n) } => drop(conn.sql_prepared.remove(n)),
-                Statement::Prepare { name, text, .. } => drop(conn.sql_prepared.insert(name.clone(), text.clone())),
                 _ => {}
             }
         }

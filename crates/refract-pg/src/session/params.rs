@@ -89,6 +89,20 @@ impl ParamTracker {
         Some(self.session.iter().map(|(_, text)| text.as_str()).collect::<Vec<_>>().join("; "))
     }
 
+    /// The SET statement in force for `name` right now, changes of the open transaction
+    /// included (they apply on its server connection until it ends); `None`: the default.
+    pub fn current(&self, name: &str) -> Option<&str> {
+        if let Some(p) = &self.pending {
+            if let Some((_, text)) = p.changes.iter().rev().find(|(n, _)| n == name) {
+                return text.as_deref();
+            }
+            if p.reset_all {
+                return None;
+            }
+        }
+        self.session.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_str())
+    }
+
     /// Parameter names with their SET statements, in order.
     pub fn params(&self) -> impl Iterator<Item = (&str, &str)> {
         self.session.iter().map(|(n, t)| (n.as_str(), t.as_str()))
@@ -147,5 +161,21 @@ mod tests {
         assert_eq!(p.replay_sql().as_deref(), Some("SET b = 1"), "RESET ALL then SET, committed");
         p.end_transaction(true);
         assert_eq!(p.replay_sql().as_deref(), Some("SET b = 1"));
+    }
+
+    #[test]
+    fn current_value_includes_the_open_transaction() {
+        let mut p = ParamTracker::new();
+        p.apply(&set("search_path", "a"), false);
+        assert_eq!(p.current("search_path"), Some("SET search_path = a"));
+        p.apply(&set("search_path", "b"), true);
+        assert_eq!(p.current("search_path"), Some("SET search_path = b"), "in force on the server");
+        p.end_transaction(false);
+        assert_eq!(p.current("search_path"), Some("SET search_path = a"));
+        p.apply(&Statement::Reset { name: None }, true);
+        assert_eq!(p.current("search_path"), None);
+        p.apply(&set("search_path", "c"), true);
+        assert_eq!(p.current("search_path"), Some("SET search_path = c"));
+        assert_eq!(p.current("other"), None);
     }
 }

@@ -38,11 +38,18 @@ pub struct PreparedStatement {
 }
 
 impl PreparedStatement {
-    /// A server-side name derived from the content, so clients whose statements share a name
-    /// but not a query never collide on a shared server connection, and identical ones share.
-    pub fn global_name(&self) -> String {
+    /// A server-side name derived from what gives the statement its meaning: the query, its
+    /// declared parameter types and the `search_path` in force where it is prepared
+    /// (`search_path`: that SET statement, `None` for the default). So clients whose
+    /// statements share a name but not a meaning never collide on a shared server connection,
+    /// and identical ones share; a statement is only ever used under the `search_path` it was
+    /// prepared with, which schema-per-tenant applications rely on (one prepared under
+    /// another path would be re-planned, or fail with `0A000 cached plan must not change
+    /// result type`).
+    pub fn global_name(&self, search_path: Option<&str>) -> String {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.origin.hash(&mut h);
+        search_path.hash(&mut h);
         format!("refract_{:016x}", h.finish())
     }
 
@@ -90,6 +97,11 @@ impl PreparedRegistry {
         let s = Arc::new(PreparedStatement { name: name.to_owned(), origin, read });
         self.statements.insert(name.to_owned(), s.clone());
         s
+    }
+
+    /// Puts back a statement as it was (e.g. the unnamed one a skipped Parse would have replaced).
+    pub fn restore(&mut self, statement: Arc<PreparedStatement>) {
+        self.statements.insert(statement.name.clone(), statement);
     }
 
     /// A Close of a statement or `DEALLOCATE name`.
@@ -142,11 +154,11 @@ mod tests {
     fn prepares_again_elsewhere() {
         let mut r = PreparedRegistry::new();
         let s = r.parse("s1", "SELECT $1", &[23], true);
-        let bytes = s.prepare_message(&s.global_name());
+        let bytes = s.prepare_message(&s.global_name(None));
         let (msg, _) = FrontendMessage::parse(&bytes, &Limits::default()).unwrap().unwrap();
         assert_eq!(
             msg,
-            FrontendMessage::Parse { name: s.global_name(), query: "SELECT $1".into(), param_types: vec![23] }
+            FrontendMessage::Parse { name: s.global_name(None), query: "SELECT $1".into(), param_types: vec![23] }
         );
         let p = r.sql_prepare("p", "PREPARE p AS SELECT 1", true);
         assert_eq!(&p.prepare_message("ignored")[..], b"Q\0\0\0\x1aPREPARE p AS SELECT 1\0");
@@ -159,8 +171,13 @@ mod tests {
         let x = a.parse("s1", "SELECT 1", &[], true);
         let y = b.parse("other", "SELECT 1", &[], true);
         let z = b.parse("s1", "SELECT 2", &[], true);
-        assert_eq!(x.global_name(), y.global_name());
-        assert_ne!(x.global_name(), z.global_name());
-        assert!(x.global_name().starts_with("refract_"));
+        assert_eq!(x.global_name(None), y.global_name(None));
+        assert_ne!(x.global_name(None), z.global_name(None));
+        assert!(x.global_name(None).starts_with("refract_"));
+        let path = Some("SET search_path = tenant_1");
+        assert_ne!(x.global_name(None), x.global_name(path), "the search_path is part of it");
+        assert_eq!(x.global_name(path), y.global_name(path));
+        let typed = b.parse("t", "SELECT 1", &[23], true);
+        assert_ne!(typed.global_name(None), x.global_name(None), "so are the parameter types");
     }
 }

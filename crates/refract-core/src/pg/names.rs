@@ -1,0 +1,323 @@
+//! Prepared-statement names on shared server connections. A client's unnamed statement and
+//! its SQL-level names (PREPARE) are put on, or taken off, the server connection it runs on
+//! before they are used, so the server answers exactly as on a connection of the client's own
+//! (PostgreSQL's errors, `26000` and `42P05`, with their transaction effects) and never runs
+//! another client's statement.
+//!
+//! PostgreSQL's rules mirrored here: the unnamed statement lives until the next Parse of it, a
+//! Close of it or any simple Query (`exec_simple_query` drops it); a failed Parse of it leaves
+//! none. Protocol-level named statements live on the servers under content names
+//! ([`PreparedStatement::global_name`], with the `search_path` in force) and are prepared
+//! again wherever needed (`batch`); SQL-level ones keep the client's name on the server.
+
+use super::batch::{Expect, Kind, Plan};
+use super::error::PgError;
+use super::server::ServerConn;
+use super::session::Session;
+use bytes::{Bytes, BytesMut};
+use refract_pg::classify::{Classification, Statement};
+use refract_pg::frontend::Target;
+use refract_pg::session::{Origin, PreparedStatement};
+use refract_pg::{reply, BackendMessage, FrontendMessage, TxStatus};
+use std::sync::Arc;
+
+/// What a ParseComplete from the server establishes.
+#[derive(Debug, Clone)]
+pub(super) enum Made {
+    /// This global name is prepared on the connection (refract prepared it silently).
+    Global(String),
+    /// The connection's unnamed statement is `ps` (parsed again silently).
+    Unnamed(Arc<PreparedStatement>),
+    /// The client's own Parse of `ps`, sent as `global` (`None`: the unnamed statement). It
+    /// replaced `previous` under that name in the client's registry, which is put back if
+    /// the server skips the Parse (an earlier error in the batch).
+    Parse { global: Option<String>, ps: Arc<PreparedStatement>, previous: Option<Arc<PreparedStatement>> },
+    /// A stand-in for a Parse PostgreSQL refuses: it fails on the server, and the client gets
+    /// this error in place of the server's (`None`: the server's own).
+    Refused(Option<Bytes>),
+}
+
+/// PostgreSQL's `duplicate_prepared_statement`.
+const DUPLICATE_PSTATEMENT: &str = "42P05";
+
+impl Session {
+    /// The `SET search_path` in force for this session (part of a statement's identity).
+    fn search_path(&self) -> Option<&str> {
+        self.state.params.current("search_path")
+    }
+
+    /// The server-side identity of a client statement under the session's current settings.
+    pub(super) fn identity(&self, ps: &PreparedStatement) -> String {
+        ps.global_name(self.search_path())
+    }
+
+    /// The client's Parse of the unnamed statement, sent as is.
+    pub(super) fn parse_unnamed(
+        &mut self,
+        plan: &mut Plan,
+        ps: Arc<PreparedStatement>,
+        previous: Option<Arc<PreparedStatement>>,
+    ) -> Result<(), PgError> {
+        if plan.skip {
+            // The server ignores it (an earlier error, no Sync yet): the old one stays.
+            self.state.prepared.close("");
+            previous.into_iter().for_each(|p| self.state.prepared.restore(p));
+            return Ok(());
+        }
+        self.send_unnamed_parse(plan, ps, true, previous)
+    }
+
+    fn send_unnamed_parse(
+        &mut self,
+        plan: &mut Plan,
+        ps: Arc<PreparedStatement>,
+        own: bool,
+        previous: Option<Arc<PreparedStatement>>,
+    ) -> Result<(), PgError> {
+        // The server drops its unnamed statement as the Parse starts, even if the Parse fails.
+        self.conn()?.unnamed = None;
+        plan.out.extend_from_slice(&ps.prepare_message(""));
+        plan.unnamed = Some(ps.clone());
+        if !plan.skip {
+            let made = if own { Made::Parse { global: None, ps, previous } } else { Made::Unnamed(ps) };
+            plan.expect.push_back(Expect::Server { kind: Kind::Parse, relay: own, prepares: Some(made) });
+        }
+        Ok(())
+    }
+
+    /// A Close of the unnamed statement: the client's (`own`, answered) or refract's (silent).
+    pub(super) fn close_unnamed(&mut self, plan: &mut Plan, own: bool) -> Result<(), PgError> {
+        if own {
+            self.state.prepared.close("");
+        }
+        self.conn()?.unnamed = None;
+        plan.unnamed = None;
+        plan.send(&FrontendMessage::Close(Target::Statement, String::new()), own, None);
+        Ok(())
+    }
+
+    /// Before a Bind or Describe of the unnamed statement: the server's must be the client's,
+    /// parsed again if the server holds another (or none), or none if the client has none.
+    pub(super) fn use_unnamed(&mut self, plan: &mut Plan) -> Result<(), PgError> {
+        match self.state.prepared.get("").cloned() {
+            Some(ps) if plan.unnamed.as_ref().is_some_and(|u| Arc::ptr_eq(u, &ps)) => Ok(()),
+            Some(ps) => self.send_unnamed_parse(plan, ps, false, None),
+            None => self.close_unnamed(plan, false),
+        }
+    }
+
+    /// Before a Bind or Describe of a name the client has no statement under: whatever the
+    /// server connection holds under that name (another client's SQL PREPARE) is closed first.
+    pub(super) fn close_missing(&mut self, plan: &mut Plan, name: &str) -> Result<(), PgError> {
+        let conn = self.conn()?;
+        conn.prepared.remove(name);
+        conn.sql_prepared.remove(name);
+        plan.preparing.remove(name);
+        plan.send(&FrontendMessage::Close(Target::Statement, name.to_owned()), false, None);
+        Ok(())
+    }
+
+    /// A ParseComplete came for a message that prepares something.
+    pub(super) fn made(&mut self, made: Made) -> Result<(), PgError> {
+        let conn = self.conn()?;
+        match made {
+            Made::Global(g) | Made::Parse { global: Some(g), .. } => {
+                conn.prepared.insert(g);
+            }
+            Made::Unnamed(ps) | Made::Parse { global: None, ps, .. } => conn.unnamed = Some(ps),
+            Made::Refused(_) => {}
+        }
+        Ok(())
+    }
+
+    /// An ErrorResponse came while `expect` was pending: the message at its front failed and
+    /// the server skips the rest up to Sync. A client's Parse that failed or was skipped did
+    /// not create its statement: the client keeps the one it had under that name, except that
+    /// a failed Parse of the unnamed statement leaves none (the server dropped it first).
+    /// Returns the error to relay in place of the server's, if refract owes its own.
+    pub(super) fn parse_failed(&mut self, expect: &std::collections::VecDeque<Expect>) -> Option<Bytes> {
+        let mut replacement = None;
+        for (i, e) in expect.iter().enumerate() {
+            let made = match e {
+                Expect::Server { kind: Kind::Sync, .. } => break,
+                Expect::Server { prepares, .. } => prepares,
+                Expect::Local(_, made) => made,
+            };
+            match made {
+                Some(Made::Refused(error)) if i == 0 => replacement = error.clone(),
+                Some(Made::Parse { global, ps, previous }) => {
+                    self.undo_parse(ps, previous.clone().filter(|_| i > 0 || global.is_some()));
+                }
+                _ => {}
+            }
+        }
+        replacement
+    }
+
+    /// The client's statement `ps` was not created after all: `previous` is its again.
+    fn undo_parse(&mut self, ps: &Arc<PreparedStatement>, previous: Option<Arc<PreparedStatement>>) {
+        if self.state.prepared.get(&ps.name).is_some_and(|cur| Arc::ptr_eq(cur, ps)) {
+            self.state.prepared.close(&ps.name);
+            previous.into_iter().for_each(|p| self.state.prepared.restore(p));
+        }
+    }
+
+    /// A Parse of a name the client already has a statement under: PostgreSQL refuses it with
+    /// `42P05` and keeps the old one. A Parse that fails on the server stands in for it, so the
+    /// server skips to Sync and fails an open transaction as PostgreSQL would, and the client
+    /// gets PostgreSQL's error in place of the server's. In a failed transaction PostgreSQL
+    /// answers `25P02` before it looks at the name; so does the stand-in, relayed as is.
+    pub(super) fn parse_duplicate(&mut self, plan: &mut Plan, name: &str) {
+        let failed_tx = self.state.tx.status() == TxStatus::Failed;
+        let query = if failed_tx { "SELECT 1" } else { "refract: duplicate prepared statement" };
+        let text = format!("prepared statement \"{name}\" already exists");
+        let error = (!failed_tx).then(|| reply::error(DUPLICATE_PSTATEMENT, &text));
+        let msg = FrontendMessage::Parse { name: "refract_duplicate".into(), query: query.into(), param_types: vec![] };
+        plan.send(&msg, true, Some(Made::Refused(error)));
+    }
+
+    /// Before a batch: SQL-prepared statements it binds or describes are put on the bound
+    /// connection (a round trip each, after the session's SETs, which PREPARE resolves names
+    /// with).
+    pub(super) async fn mirror_batch_names(&mut self, msgs: &[FrontendMessage]) -> Result<(), PgError> {
+        let sql_named =
+            |name: &str| self.state.prepared.get(name).is_some_and(|p| matches!(p.origin, Origin::Sql { .. }));
+        let mut names: Vec<String> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                FrontendMessage::Bind(b) => Some(b.statement.as_str()),
+                FrontendMessage::Describe(Target::Statement, n) => Some(n.as_str()),
+                _ => None,
+            })
+            .filter(|n| sql_named(n))
+            .map(str::to_owned)
+            .collect();
+        names.dedup();
+        if names.is_empty() || self.skip_until_sync {
+            return Ok(()); // the server skips the batch's messages anyway
+        }
+        self.params_first().await?;
+        for name in names {
+            self.mirror_name(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the session's SETs to the bound connection now if they are due, as their own
+    /// round trip.
+    async fn params_first(&mut self) -> Result<(), PgError> {
+        let mut head = BytesMut::new();
+        if self.params_prefix(&mut head)? {
+            self.conn()?.unnamed = None;
+            self.conn()?.wire.send(&head).await?;
+            self.drain_prefix().await?;
+        }
+        Ok(())
+    }
+
+    /// Before a simple query (the session's SETs already applied): mirrors the names it
+    /// PREPAREs, EXECUTEs or DEALLOCATEs, so PREPARE of a name the client has fails with
+    /// `42P05` and EXECUTE or DEALLOCATE of one it has not with `26000`, on the server itself.
+    /// Also notes that the query will drop the connection's unnamed statement.
+    pub(super) async fn before_query(&mut self, c: &Classification) -> Result<(), PgError> {
+        self.conn()?.unnamed = None;
+        let mut names: Vec<&str> = c.statements.iter().filter_map(sql_name).collect();
+        names.dedup();
+        for name in names {
+            self.mirror_name(name).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives the bound connection the client's statement called `name`, or none.
+    async fn mirror_name(&mut self, name: &str) -> Result<(), PgError> {
+        let want = self.state.prepared.get(name).cloned();
+        let id = want.as_ref().map(|ps| self.identity(ps));
+        let conn = self.conn()?;
+        if id.is_some() && conn.sql_prepared.get(name) == id.as_ref() {
+            return Ok(());
+        }
+        conn.prepared.remove(name);
+        conn.sql_prepared.remove(name);
+        let mut out = BytesMut::new();
+        FrontendMessage::Close(Target::Statement, name.to_owned()).encode(&mut out);
+        let mut readies = 1;
+        match want.as_deref().map(|ps| &ps.origin) {
+            Some(Origin::Protocol { .. }) => out.extend_from_slice(&want_message(&want, name)),
+            Some(Origin::Sql { .. }) => readies += 1,
+            None => {}
+        }
+        FrontendMessage::Sync.encode(&mut out);
+        if readies > 1 {
+            out.extend_from_slice(&want_message(&want, name));
+            conn.unnamed = None;
+        }
+        if conn.silently(&out, readies).await? {
+            if let Some(id) = id {
+                conn.sql_prepared.insert(name.to_owned(), id);
+            }
+        }
+        Ok(())
+    }
+
+    /// After a simple query: what it did to the SQL-level names of the connection. After a
+    /// failure, names it touched are no longer known (they are closed and prepared again when
+    /// next used); a failed `DEALLOCATE ALL` / `DISCARD ALL` may or may not have run, so the
+    /// connection is not reused.
+    pub(super) fn sql_names_done(&mut self, c: &Classification, failed: bool) -> Result<(), PgError> {
+        let ids: Vec<Option<String>> = c
+            .statements
+            .iter()
+            .map(|st| match st {
+                Statement::Prepare { name, .. } => self.state.prepared.get(name).map(|ps| self.identity(ps)),
+                _ => None,
+            })
+            .collect();
+        let conn = self.conn()?;
+        for (st, id) in c.statements.iter().zip(ids) {
+            match (st, failed) {
+                (Statement::Deallocate { name: None } | Statement::Discard { all: true }, true) => conn.broken = true,
+                (st, true) => drop(sql_name(st).map(|n| conn.sql_prepared.remove(n))),
+                (Statement::Prepare { name, .. }, false) => {
+                    drop(id.map(|id| conn.sql_prepared.insert(name.clone(), id)))
+                }
+                (Statement::Deallocate { name: Some(n) }, false) => drop(conn.sql_prepared.remove(n)),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The name a statement PREPAREs, EXECUTEs or DEALLOCATEs.
+fn sql_name(st: &Statement) -> Option<&str> {
+    match st {
+        Statement::Prepare { name, .. } | Statement::Execute { name } => Some(name),
+        Statement::Deallocate { name: Some(name) } => Some(name),
+        _ => None,
+    }
+}
+
+fn want_message(want: &Option<Arc<PreparedStatement>>, name: &str) -> bytes::Bytes {
+    want.as_ref().map(|ps| ps.prepare_message(name)).unwrap_or_default()
+}
+
+impl ServerConn {
+    /// Runs refract's own messages, ending in `readies` ReadyForQuery, dropping the answers;
+    /// returns whether no error came.
+    pub(super) async fn silently(&mut self, out: &[u8], readies: usize) -> Result<bool, PgError> {
+        self.wire.send(out).await?;
+        let (mut left, mut ok) = (readies, true);
+        while left > 0 {
+            match self.recv_msg().await? {
+                BackendMessage::ErrorResponse(e) => {
+                    tracing::debug!(error = ?e, "preparing a statement name on a server connection failed");
+                    ok = false;
+                }
+                BackendMessage::ReadyForQuery(_) => left -= 1,
+                _ => {}
+            }
+        }
+        Ok(ok)
+    }
+}

@@ -173,6 +173,37 @@ fn prepared_statements_move_between_servers() {
     assert_eq!((a.value(), a.rows[0][1].as_deref()), ("42", Some("t")), "{a:?}");
 }
 
+/// asyncpg's `copy_records_to_table`: Parse + Describe of a read, Flush (no Sync), then a COPY
+/// on the same connection. The described read bound a replica; the COPY must still run on the
+/// primary (it failed with 25006 "cannot execute COPY during recovery").
+#[test]
+fn a_write_after_a_flushed_describe_of_a_read_runs_on_the_primary() {
+    let f = shared();
+    f.psql(&["CREATE TABLE t_flush_copy (a int, b text)"]).unwrap();
+    f.replicated();
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    for round in 0..3 {
+        let parse = FrontendMessage::Parse {
+            name: String::new(),
+            query: "SELECT * FROM t_flush_copy LIMIT 1".into(),
+            param_types: vec![],
+        };
+        c.send(&[parse, FrontendMessage::Describe(Target::Statement, String::new()), FrontendMessage::Flush]);
+        let tags: String = (0..3).map(|_| c.recv().expect("answer").tag() as char).collect();
+        assert_eq!(tags, "1tT", "round {round}: Parse, Describe answered before the COPY");
+        c.send(&[FrontendMessage::Query("COPY t_flush_copy FROM STDIN".into())]);
+        let first = c.recv().expect("answer to COPY");
+        assert_eq!(first.tag(), b'G', "round {round}: CopyInResponse, got {first:?}");
+        c.send(&[
+            FrontendMessage::CopyData(bytes::Bytes::from(format!("{round}\trow {round}\n"))),
+            FrontendMessage::CopyDone,
+        ]);
+        let a = c.until_ready();
+        assert_eq!(a.tags, "CZ", "round {round}: {a:?}");
+    }
+    assert_eq!(c.query("SELECT count(*), pg_is_in_recovery() FROM t_flush_copy").value(), "3");
+}
+
 fn bind_default() -> Bind {
     Bind {
         portal: String::new(),

@@ -107,6 +107,8 @@ impl Session {
         if let Err(e) = self.bind(route).await {
             return self.refuse(e, synced).await;
         }
+        let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
+        self.unsynced_executed = !synced && (self.unsynced_executed || executes);
         self.unsynced = !synced;
         let result = self.run_bound_batch(msgs, synced, route).await;
         self.settle(result).await

@@ -2,8 +2,11 @@
 //! statement) in transaction mode, [`Session::give_back`] at the end of a client session,
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
+use super::config::PgRole;
+use super::error::PgError;
 use super::session::Session;
-use refract_pg::TxStatus;
+use bytes::BytesMut;
+use refract_pg::{BackendMessage, FrontendMessage, TxStatus};
 use std::time::Duration;
 
 impl Session {
@@ -23,6 +26,38 @@ impl Session {
             b.guard.applied = Some(self.state.params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect());
         }
         b.guard.release();
+    }
+
+    /// Whether a write may leave the replica this session is bound to: outside a transaction,
+    /// after a batch that ended with Flush and executed nothing (drivers describe a statement
+    /// that way before running a write, e.g. asyncpg's `copy_records_to_table`), so that no
+    /// work of the client's is in the replica's implicit transaction.
+    pub(super) fn may_leave_replica(&self) -> bool {
+        let on_replica = self.bound.as_ref().is_some_and(|b| b.server.role == PgRole::Replica);
+        on_replica
+            && self.unsynced
+            && !self.unsynced_executed
+            && self.batch.is_empty()
+            && self.state.tx.status() == TxStatus::Idle
+    }
+
+    /// Ends the replica's implicit transaction with a Sync (its ReadyForQuery is refract's, not
+    /// relayed) and gives the connection back, so that the write binds the primary. The
+    /// client's unnamed statement is parsed again wherever it is used next.
+    pub(super) async fn leave_replica(&mut self) -> Result<(), PgError> {
+        let mut sync = BytesMut::new();
+        FrontendMessage::Sync.encode(&mut sync);
+        let conn = self.conn()?;
+        conn.wire.send(&sync).await?;
+        loop {
+            if let BackendMessage::ReadyForQuery(_) = conn.recv_msg().await? {
+                break;
+            }
+        }
+        self.unsynced = false;
+        self.skip_until_sync = false;
+        self.release().await;
+        Ok(())
     }
 
     /// The client left cleanly: a session-mode connection is reset (`DISCARD ALL`: temp tables,

@@ -66,6 +66,8 @@ pub(super) struct Session {
     discard_until_sync: bool,
     /// A batch ended with Flush: the server may hold an unsynced implicit transaction.
     pub unsynced: bool,
+    /// An Execute ran since the last Sync (the unsynced implicit transaction did work).
+    pub(super) unsynced_executed: bool,
     /// This client's pool mode (its user's, else `[postgres] pool_mode`).
     pub(super) pool_mode: PoolMode,
     /// Its entry in the admin views.
@@ -102,6 +104,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         skip_until_sync: false,
         discard_until_sync: false,
         unsynced: false,
+        unsynced_executed: false,
         pool_mode,
         client,
     };
@@ -339,7 +342,10 @@ impl Session {
     /// Binds a server connection for `route` unless one is bound already.
     pub(super) async fn bind(&mut self, route: Route) -> Result<(), PgError> {
         if self.bound.is_some() {
-            return Ok(());
+            if route != Route::Write || !self.may_leave_replica() {
+                return Ok(());
+            }
+            self.leave_replica().await?;
         }
         let servers = self.shared.servers.clone();
         let session_mode = self.pool_mode == PoolMode::Session;

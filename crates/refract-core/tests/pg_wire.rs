@@ -385,6 +385,19 @@ fn a_protocol_4_client_is_refused_as_postgresql_refuses_it() {
     let direct = refusal(f.cluster.primary.addr());
     assert_eq!(direct.1.as_deref(), Some("0A000"), "PostgreSQL itself: {direct:?}");
     assert_eq!(refusal(f.addr()), direct);
+    // A bare 9.0 packet (no parameters at all) too.
+    let bare = |addr| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&[0, 0, 0, 8, 0, 9, 0, 0]).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        let (msg, _) = BackendMessage::parse(&got, &refract_pg::Limits::default()).unwrap().unwrap();
+        let BackendMessage::ErrorResponse(e) = msg else { panic!("not an error: {msg:?}") };
+        (e.code().map(str::to_owned), e.message().map(str::to_owned))
+    };
+    let direct = bare(f.cluster.primary.addr());
+    assert_eq!(direct.0.as_deref(), Some("0A000"), "PostgreSQL itself: {direct:?}");
+    assert_eq!(bare(f.addr()), direct);
 }
 
 /// The server connection dies while a large row streams through: the client's stream cannot be

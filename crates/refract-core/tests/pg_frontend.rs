@@ -300,7 +300,7 @@ fn bad_input_gets_an_error_and_never_a_panic() {
     // Negative length, absurd length, unsupported protocol, truncated packet.
     assert_eq!(error_code(&raw_exchange(&f, &[0xff, 0xff, 0xff, 0xf0, 0, 3, 0, 0])).as_deref(), Some("08P01"));
     assert_eq!(error_code(&raw_exchange(&f, &[0x7f, 0, 0, 0, 0, 3, 0, 0])).as_deref(), Some("08P01"));
-    // Protocol 9.0: PostgreSQL's own answer, 0A000 "unsupported frontend protocol".
+    // Protocol 9.0: PostgreSQL's own refusal (pg_wire compares it with PostgreSQL's).
     assert_eq!(error_code(&raw_exchange(&f, &[0, 0, 0, 8, 0, 9, 0, 0])).as_deref(), Some("0A000"));
     assert!(raw_exchange(&f, &[0, 0, 0, 40, 0, 3, 0, 0, b'u']).is_empty(), "truncated: closed quietly");
     // SSLRequest is refused with 'N', then a bad startup.

@@ -385,6 +385,19 @@ fn a_protocol_4_client_is_refused_as_postgresql_refuses_it() {
     let direct = refusal(f.cluster.primary.addr());
     assert_eq!(direct.1.as_deref(), Some("0A000"), "PostgreSQL itself: {direct:?}");
     assert_eq!(refusal(f.addr()), direct);
+    // A bare 9.0 packet (no parameters at all) too.
+    let bare = |addr| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&[0, 0, 0, 8, 0, 9, 0, 0]).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        let (msg, _) = BackendMessage::parse(&got, &refract_pg::Limits::default()).unwrap().unwrap();
+        let BackendMessage::ErrorResponse(e) = msg else { panic!("not an error: {msg:?}") };
+        (e.code().map(str::to_owned), e.message().map(str::to_owned))
+    };
+    let direct = bare(f.cluster.primary.addr());
+    assert_eq!(direct.0.as_deref(), Some("0A000"), "PostgreSQL itself: {direct:?}");
+    assert_eq!(bare(f.addr()), direct);
 }
 
 /// The server connection dies while a large row streams through: the client's stream cannot be
@@ -414,4 +427,25 @@ fn a_server_failing_mid_row_closes_the_client_and_nothing_else() {
     assert!(tail.iter().all(|&b| b == b'y'), "nothing but row bytes before the close: {tail:?}");
     let mut next = Client::connect(f.addr(), USER, PASSWORD).unwrap();
     assert_eq!(next.query("/* refract: route=primary */ SELECT 7").value(), "7");
+}
+
+/// A client that leaves in the middle of a large CopyData (streamed to the server) ends its
+/// own session only: nothing is counted against the server, which keeps serving.
+#[test]
+fn a_client_leaving_mid_copy_data_is_not_the_servers_fault() {
+    let f = Fixture::start("");
+    f.psql(&["CREATE TABLE t_copy_cut (v text)"]).unwrap();
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    c.send(&[FrontendMessage::Query("COPY t_copy_cut FROM STDIN".into())]);
+    assert_eq!(c.recv().map(|m| m.tag()), Some(b'G'));
+    let mut msg = vec![b'd'];
+    msg.extend_from_slice(&(4 + 1024 * 1024i32).to_be_bytes());
+    msg.extend_from_slice(&[b'x'; 256 * 1024]);
+    c.stream.write_all(&msg).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    std::thread::sleep(Duration::from_millis(300));
+    let metrics = f.metrics();
+    assert!(!metrics.contains(r#"kind="pg_server""#), "counted as a server failure:\n{metrics}");
+    assert_eq!(f.psql(&["INSERT INTO t_copy_cut VALUES ('next') RETURNING v"]).unwrap(), "next");
 }

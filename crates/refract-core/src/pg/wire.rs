@@ -71,8 +71,10 @@ impl Wire {
     /// sends it on to `to` piece by piece as it arrives and returns `true`; else consumes
     /// nothing and returns `false` (also while its tag and length are not all in yet).
     ///
-    /// Once the head is out the message cannot be taken back: if this side fails before its
-    /// end, the stream towards `to` is torn and the error is reported as `to` closing.
+    /// Once the head is out the message cannot be taken back. If the server sends it and fails
+    /// before its end, the client's stream is torn: the failure is reported as the client's
+    /// (`Closed(Client)`), which ends the session without a word more to it and discards the
+    /// server connection with it. If the client sends it and fails, its own error does that.
     pub async fn pipe_large(&mut self, to: &mut Wire, streamable: fn(u8) -> bool) -> Result<bool, PgError> {
         let mut split = Splitter::new(self.peer, Limits::default(), STREAM_ABOVE);
         let Some(head @ Piece::Head(h)) = split.next(&self.buf, streamable)? else { return Ok(false) };
@@ -84,23 +86,24 @@ impl Wire {
                     let chunk = self.buf.split_to(len);
                     to.send(&chunk).await?;
                 }
-                _ => self.fill_piece(h.tag, to.peer).await?,
+                _ => self.fill_piece(h.tag).await?,
             }
         }
         Ok(true)
     }
 
     /// Reads the next piece of a message being streamed (a bounded read).
-    async fn fill_piece(&mut self, tag: u8, to: Side) -> Result<(), PgError> {
+    async fn fill_piece(&mut self, tag: u8) -> Result<(), PgError> {
         if self.buf.capacity() - self.buf.len() < PIPE_READ / 4 {
             self.buf.reserve(PIPE_READ);
         }
         match self.fill().await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                tracing::warn!(error = %e, "a '{}' message was cut off mid-way: closing its receiver", char::from(tag));
-                Err(PgError::Closed(to))
+            Err(e) if self.peer == Side::Backend => {
+                let tag = char::from(tag);
+                tracing::warn!(error = %e, "the server failed in the middle of a '{tag}' message: closing the client");
+                Err(PgError::Closed(Side::Client))
             }
+            result => result,
         }
     }
 

@@ -56,6 +56,7 @@ async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn
     if database != shared.cfg.database {
         return Err((sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
     }
+    options(&startup).map_err(|e| (e.code, e.message))?;
     negotiate(wire, &startup).await?;
     authenticate(shared, wire, user).await?;
     let key = shared.cancels.register();
@@ -206,14 +207,33 @@ async fn learn_server_params(shared: &Shared) -> Vec<(String, String)> {
     .collect()
 }
 
-/// The startup parameters to track as session SETs, as SET statements.
+/// The startup parameters to track as session SETs, as SET statements, then the settings of
+/// the startup `options` (as `set_config`, which takes the value as the server's `-c` does:
+/// `SET search_path = 'a,b'` would name one schema `a,b`).
 pub fn startup_sets(startup: &Startup) -> Vec<(String, String)> {
-    startup
+    let mut sets: Vec<(String, String)> = startup
         .params
         .iter()
         .filter(|(k, _)| TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str()))
-        .map(|(k, v)| (k.to_ascii_lowercase(), format!("SET {k} = '{}'", v.replace('\'', "''"))))
-        .collect()
+        .map(|(k, v)| (k.to_ascii_lowercase(), format!("SET {k} = {}", literal(v))))
+        .collect();
+    for (name, value) in options(startup).unwrap_or_default() {
+        let text = format!("SELECT pg_catalog.set_config({}, {}, false)", literal(&name), literal(&value));
+        sets.push((name, text));
+    }
+    sets
+}
+
+/// The startup packet's `options` as settings (refused as PostgreSQL refuses them).
+fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::session::OptionsError> {
+    match startup.params.iter().find(|(k, _)| k == "options") {
+        Some((_, v)) => refract_pg::session::parse_options(v),
+        None => Ok(vec![]),
+    }
+}
+
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// A malformed message after login: say so and close.

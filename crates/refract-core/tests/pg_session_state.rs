@@ -258,6 +258,12 @@ fn startup_options_become_session_settings() {
     assert_eq!(ok(&mut a, "SELECT current_setting('app.x')").value(), "a b");
     let mut b = connect(&f);
     assert_eq!(ok(&mut b, "SHOW statement_timeout").value(), "0");
-    let bad = Client::connect_with(f.addr(), USER, PASSWORD, &[("options", "-c statement_timeout")]);
-    assert_eq!(bad.err().and_then(|e| e.code().map(str::to_owned)).as_deref(), Some("42601"));
+    // Refused as PostgreSQL refuses them.
+    for (options, code) in
+        [("-c statement_timeout", "42601"), ("-c no_such_parameter=1", "42704"), ("-c statement_timeout=soon", "22023")]
+    {
+        let bad = Client::connect_with(f.addr(), USER, PASSWORD, &[("options", options)]);
+        assert_eq!(bad.err().and_then(|e| e.code().map(str::to_owned)).as_deref(), Some(code), "{options}");
+    }
+    assert_eq!(ok(&mut b, "SHOW statement_timeout").value(), "0", "nothing left behind");
 }

@@ -59,6 +59,7 @@ async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn
     options(&startup).map_err(|e| (e.code, e.message))?;
     negotiate(wire, &startup).await?;
     authenticate(shared, wire, user).await?;
+    check_options(shared, &startup).await?;
     let key = shared.cancels.register();
     let params = greeting_params(shared, &startup).await;
     wire.send(&reply::login_complete(&params, key.pid, key.secret)).await.map_err(refusal)?;
@@ -229,6 +230,34 @@ fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::sessi
     match startup.params.iter().find(|(k, _)| k == "options") {
         Some((_, v)) => refract_pg::session::parse_options(v),
         None => Ok(vec![]),
+    }
+}
+
+/// PostgreSQL refuses a login whose `options` name an unknown parameter or a bad value: they
+/// are tried on a server connection first, in a transaction rolled back (no server: not
+/// checked; their replay then fails on each connection).
+async fn check_options(shared: &Shared, startup: &Startup) -> Result<(), Refusal> {
+    if !matches!(options(startup), Ok(o) if !o.is_empty()) {
+        return Ok(());
+    }
+    let sets: Vec<String> = startup_sets(startup).into_iter().map(|(_, sql)| sql).collect();
+    let Some(server) = shared.servers.primary().or_else(|| shared.servers.list.first().cloned()) else { return Ok(()) };
+    let Ok(mut conn) = server.pool.get().await else { return Ok(()) };
+    let tried = conn.query(&format!("BEGIN; {}", sets.join("; "))).await;
+    if conn.query("ROLLBACK").await.is_ok() {
+        conn.release();
+    }
+    match tried {
+        Err(PgError::Server(e)) => {
+            let code = match e.code().unwrap_or_default() {
+                "42704" => "42704",
+                "42501" => "42501",
+                "55P02" => "55P02",
+                _ => "22023",
+            };
+            Err((code, e.message().unwrap_or("invalid startup options").to_owned()))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -70,6 +70,13 @@ impl Notifier {
         }
     }
 
+    /// Asks a running listener task to UNLISTEN `channel` (if nobody listens again meanwhile).
+    fn unlisten_later(&self, channel: String) {
+        if let Some(tx) = self.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            let _ = tx.send(Cmd::Unlisten(channel));
+        }
+    }
+
     fn listened_by_anyone(&self, channel: &str) -> bool {
         self.subscribers().get(channel).is_some_and(|s| !s.is_empty())
     }
@@ -231,7 +238,9 @@ pub(super) struct Listening {
 impl Drop for Listening {
     fn drop(&mut self) {
         for channel in std::mem::take(&mut self.channels) {
-            self.notifier.remove(&channel, self.client);
+            if self.notifier.remove(&channel, self.client) {
+                self.notifier.unlisten_later(channel);
+            }
         }
     }
 }
@@ -344,11 +353,9 @@ impl Session {
             Some(c) => l.channels.take(c).into_iter().collect(),
             None => std::mem::take(&mut l.channels).into_iter().collect(),
         };
-        let notifier = self.shared.notifier.clone();
         for channel in gone {
-            if notifier.remove(&channel, l.client) {
-                let task = notifier.task(&self.shared.servers, &self.shared.stop);
-                let _ = task.send(Cmd::Unlisten(channel));
+            if self.shared.notifier.remove(&channel, l.client) {
+                self.shared.notifier.unlisten_later(channel);
             }
         }
     }

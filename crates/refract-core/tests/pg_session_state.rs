@@ -266,4 +266,11 @@ fn startup_options_become_session_settings() {
         assert_eq!(bad.err().and_then(|e| e.code().map(str::to_owned)).as_deref(), Some(code), "{options}");
     }
     assert_eq!(ok(&mut b, "SHOW statement_timeout").value(), "0", "nothing left behind");
+    // Any other startup parameter is a setting too (asyncpg's `server_settings`).
+    let mut c = Client::connect_with(f.addr(), USER, PASSWORD, &[("work_mem", "2050kB")]).unwrap();
+    assert_eq!(ok(&mut c, "SHOW work_mem").value(), "2050kB");
+    assert_eq!(ok(&mut c, "BEGIN; SHOW work_mem; COMMIT").value(), "2050kB");
+    let bad = Client::connect_with(f.addr(), USER, PASSWORD, &[("no_such_parameter", "1")]);
+    assert_eq!(bad.err().and_then(|e| e.code().map(str::to_owned)).as_deref(), Some("42704"));
+    assert_eq!(ok(&mut b, "SHOW work_mem").value(), "4MB");
 }

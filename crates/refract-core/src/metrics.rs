@@ -83,6 +83,7 @@ pub struct Metrics {
     pg_pool_busy: Family<BackendLabel, Gauge>,
     pg_pool_waiting: Family<BackendLabel, Gauge>,
     pg_clients: Family<StateLabel, Gauge>,
+    pg_pinned_clients: Gauge,
     handover: Family<HandoverLabels, Counter>,
     handback: Family<BackendLabel, Counter>,
     handover_kept: Family<BackendLabel, Counter>,
@@ -174,6 +175,12 @@ impl Metrics {
         reg.register("pg_pool_waiting", "Statements waiting for a server connection", pg_pool_waiting.clone());
         let pg_clients = Family::<StateLabel, Gauge>::default();
         reg.register("pg_clients", "Logged-in PostgreSQL clients by state", pg_clients.clone());
+        let pg_pinned_clients = Gauge::default();
+        reg.register(
+            "pg_pinned_clients",
+            "PostgreSQL clients in transaction mode pinned to their server connection by session state",
+            pg_pinned_clients.clone(),
+        );
         let handover = Family::<HandoverLabels, Counter>::default();
         reg.register(
             "handover",
@@ -250,6 +257,7 @@ impl Metrics {
             pg_pool_busy,
             pg_pool_waiting,
             pg_clients,
+            pg_pinned_clients,
             handover,
             handback,
             handover_kept,
@@ -310,6 +318,11 @@ impl Metrics {
     /// Sets how many PostgreSQL clients are in `state`.
     pub fn set_pg_clients(&self, state: &str, n: usize) {
         self.pg_clients.get_or_create(&StateLabel { state: state.into() }).set(n as i64);
+    }
+
+    /// Sets how many PostgreSQL clients are pinned to their server connection.
+    pub fn set_pg_pinned_clients(&self, n: usize) {
+        self.pg_pinned_clients.set(n as i64);
     }
 
     /// The gauge of open client connections on event loop `shard`.

@@ -7,7 +7,7 @@ use super::error::PgError;
 use super::names::Made;
 use super::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
-use refract_pg::classify::{Route, Statement};
+use refract_pg::classify::{Classification, Route};
 use refract_pg::frontend::Target;
 use refract_pg::session::{Origin, PreparedStatement};
 use refract_pg::{reply, BackendMessage, FrontendMessage};
@@ -59,7 +59,8 @@ impl Kind {
 #[derive(Debug)]
 pub(super) enum Expect {
     /// The server answers this message; relay it unless refract sent the message itself.
-    Server { kind: Kind, relay: bool, prepares: Option<Made> },
+    /// `runs`: what an Execute runs (its SETs are tracked, `extended`).
+    Server { kind: Kind, relay: bool, prepares: Option<Made>, runs: Option<Arc<Classification>> },
     /// refract answers in the server's place at this point (for a Parse: what it made).
     Local(Bytes, Option<Made>),
 }
@@ -84,7 +85,15 @@ impl Plan {
         if matches!(msg, FrontendMessage::Flush) || (self.skip && kind != Kind::Sync) {
             return;
         }
-        self.expect.push_back(Expect::Server { kind, relay, prepares });
+        self.expect.push_back(Expect::Server { kind, relay, prepares, runs: None });
+    }
+
+    /// An Execute of a portal running `runs`.
+    pub(super) fn execute(&mut self, msg: &FrontendMessage, runs: Option<Arc<Classification>>) {
+        self.send(msg, true, None);
+        if let (false, Some(Expect::Server { runs: slot, .. })) = (self.skip, self.expect.back_mut()) {
+            *slot = runs;
+        }
     }
 
     fn local(&mut self, answer: Bytes, made: Option<Made>) {
@@ -98,6 +107,7 @@ impl Session {
     /// Runs the batch collected up to this Sync or Flush.
     pub(super) async fn run_batch(&mut self) -> Result<(), PgError> {
         let msgs = std::mem::take(&mut self.batch);
+        let Some(msgs) = self.listen_batch(msgs).await? else { return Ok(()) };
         let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
         if self.bound.is_none() && synced && msgs.len() == 1 {
             self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
@@ -166,6 +176,7 @@ impl Session {
     fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
         let unnamed = self.conn()?.unnamed.clone();
         let mut plan = Plan { skip: self.skip_until_sync, unnamed, ..Plan::default() };
+        let (mut parsed, mut portals) = (HashMap::new(), HashMap::new());
         for msg in msgs {
             match msg {
                 FrontendMessage::Parse { name, query, param_types } => {
@@ -175,12 +186,8 @@ impl Session {
                     }
                     let c = self.shared.classifier.classify(&query);
                     let read = c.target(self.state.route) == Route::Read;
-                    if c.statements.iter().any(|s| {
-                        matches!(s, Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { .. })
-                    }) {
-                        // Not tracked through the extended protocol: whoever comes next resets.
-                        self.note_untracked();
-                    }
+                    self.note_state(&c);
+                    parsed.insert(name.clone(), c);
                     let previous = self.state.prepared.get(&name).cloned();
                     let ps = self.state.prepared.parse(&name, &query, &param_types, read);
                     if name.is_empty() {
@@ -196,6 +203,10 @@ impl Session {
                     }
                 }
                 FrontendMessage::Bind(mut b) => {
+                    if let Some(c) = self.bound_statement(&b.statement, &parsed) {
+                        self.note_state(&c);
+                        portals.insert(b.portal.clone(), c);
+                    }
                     b.statement = self.server_name(&b.statement, &mut plan)?;
                     plan.send(&FrontendMessage::Bind(b), true, None);
                 }
@@ -209,6 +220,10 @@ impl Session {
                     plan.local(BackendMessage::CloseComplete.to_bytes(), None);
                 }
                 FrontendMessage::Close(Target::Statement, _) => self.close_unnamed(&mut plan, true)?,
+                FrontendMessage::Execute { ref portal, .. } => {
+                    let runs = portals.get(portal).cloned();
+                    plan.execute(&msg, runs);
+                }
                 msg => plan.send(&msg, true, None),
             }
         }
@@ -261,6 +276,7 @@ impl Session {
                 }
                 b'N' | b'A' => self.out.extend_from_slice(&frame),
                 b'E' => {
+                    self.held.ext_failed = true;
                     let frame = self.parse_failed(&expect).unwrap_or(frame);
                     self.out.extend_from_slice(&frame);
                     skip_to_sync(&mut expect);
@@ -280,7 +296,7 @@ impl Session {
     }
 
     fn answer(&mut self, tag: u8, frame: Bytes, expect: &mut VecDeque<Expect>) -> Result<(), PgError> {
-        let Some(Expect::Server { kind, relay, prepares }) = expect.front() else {
+        let Some(Expect::Server { kind, relay, prepares, runs }) = expect.front() else {
             return Err(PgError::Unavailable(format!("internal: unexpected server message '{}'", char::from(tag))));
         };
         let (kind, relay) = (*kind, *relay);
@@ -288,6 +304,12 @@ impl Session {
             if let Some(made) = prepares.clone() {
                 self.made(made)?;
             }
+        }
+        if let (b'C', Some(c)) = (tag, runs.clone()) {
+            self.executed(&c);
+        }
+        if tag == b'Z' {
+            self.synced();
         }
         if tag == b'C' || tag == b'Z' {
             self.observe(tag, &frame)?;
@@ -314,6 +336,7 @@ fn prepare_silently(plan: &mut Plan, ps: &Arc<PreparedStatement>, g: &str) {
             kind: Kind::Parse,
             relay: false,
             prepares: Some(Made::Global(g.to_owned())),
+            runs: None,
         });
     }
 }

@@ -66,6 +66,8 @@ pub struct ClientInfo {
     state: AtomicU8,
     /// Index + 1 in `Servers::list` of the server connection it holds; 0 = none.
     bound: AtomicUsize,
+    /// Why it is pinned to its server connection (`super::pin::Pins` bits); 0 = not pinned.
+    pinned: AtomicU8,
 }
 
 impl ClientInfo {
@@ -88,6 +90,7 @@ impl ClientInfo {
             shard: crate::shard::current(),
             state: AtomicU8::new(ClientState::Idle as u8),
             bound: AtomicUsize::new(0),
+            pinned: AtomicU8::new(0),
         }
     }
 
@@ -104,6 +107,16 @@ impl ClientInfo {
     /// Records the server (its index in `Servers::list`) whose connection the session holds.
     pub fn set_bound(&self, server: Option<usize>) {
         self.bound.store(server.map_or(0, |i| i + 1), Ordering::Relaxed);
+    }
+
+    /// Records why the session is pinned to its server connection (0: it is not).
+    pub fn set_pinned(&self, bits: u8) {
+        self.pinned.store(bits, Ordering::Relaxed);
+    }
+
+    /// Why the session is pinned (`super::pin::Pins` bits).
+    pub fn pinned(&self) -> u8 {
+        self.pinned.load(Ordering::Relaxed)
     }
 
     /// The index of the server whose connection the session holds.

@@ -56,8 +56,10 @@ async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn
     if database != shared.cfg.database {
         return Err((sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
     }
+    options(&startup).map_err(|e| (e.code, e.message))?;
     negotiate(wire, &startup).await?;
     authenticate(shared, wire, user).await?;
+    check_options(shared, &startup).await?;
     let key = shared.cancels.register();
     let params = greeting_params(shared, &startup).await;
     wire.send(&reply::login_complete(&params, key.pid, key.secret)).await.map_err(refusal)?;
@@ -206,14 +208,81 @@ async fn learn_server_params(shared: &Shared) -> Vec<(String, String)> {
     .collect()
 }
 
-/// The startup parameters to track as session SETs, as SET statements.
+/// The startup parameters to track as session SETs, as SET statements: the usual ones
+/// (`TRACKED_PARAMS`) as `SET`, any other setting (PostgreSQL takes every parameter but
+/// `user`, `database`, `options`, `replication` and `_pq_.*` as one, e.g. asyncpg's
+/// `server_settings`) and those of the startup `options` as `set_config`, which takes the value
+/// as the server's `-c` does (`SET search_path = 'a,b'` would name one schema `a,b`).
 pub fn startup_sets(startup: &Startup) -> Vec<(String, String)> {
-    startup
-        .params
-        .iter()
-        .filter(|(k, _)| TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str()))
-        .map(|(k, v)| (k.to_ascii_lowercase(), format!("SET {k} = '{}'", v.replace('\'', "''"))))
-        .collect()
+    let mut sets = vec![];
+    for (k, v) in &startup.params {
+        let name = k.to_ascii_lowercase();
+        if TRACKED_PARAMS.contains(&name.as_str()) {
+            sets.push((name, format!("SET {k} = {}", literal(v))));
+        } else if is_setting(k) {
+            sets.push((name.clone(), set_config(&name, v)));
+        }
+    }
+    for (name, value) in options(startup).unwrap_or_default() {
+        let text = set_config(&name, &value);
+        sets.push((name, text));
+    }
+    sets
+}
+
+fn set_config(name: &str, value: &str) -> String {
+    format!("SELECT pg_catalog.set_config({}, {}, false)", literal(name), literal(value))
+}
+
+/// Whether a startup parameter is a setting (not one of the protocol's own).
+fn is_setting(name: &str) -> bool {
+    !matches!(name, "user" | "database" | "options" | "replication") && !name.starts_with("_pq_.")
+}
+
+/// Settings in the startup packet beyond the usual ones (which the server's defaults cover).
+fn has_extra_settings(startup: &Startup) -> bool {
+    let extra = |k: &String| is_setting(k) && !TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str());
+    startup.params.iter().any(|(k, _)| extra(k)) || matches!(options(startup), Ok(o) if !o.is_empty())
+}
+
+/// The startup packet's `options` as settings (refused as PostgreSQL refuses them).
+fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::session::OptionsError> {
+    match startup.params.iter().find(|(k, _)| k == "options") {
+        Some((_, v)) => refract_pg::session::parse_options(v),
+        None => Ok(vec![]),
+    }
+}
+
+/// PostgreSQL refuses a login whose settings (parameters or `options`) name an unknown
+/// parameter or a bad value: they are tried on a server connection first, in a transaction
+/// rolled back (no server: not checked; their replay then fails on each connection).
+async fn check_options(shared: &Shared, startup: &Startup) -> Result<(), Refusal> {
+    if !has_extra_settings(startup) {
+        return Ok(());
+    }
+    let sets: Vec<String> = startup_sets(startup).into_iter().map(|(_, sql)| sql).collect();
+    let Some(server) = shared.servers.primary().or_else(|| shared.servers.list.first().cloned()) else { return Ok(()) };
+    let Ok(mut conn) = server.pool.get().await else { return Ok(()) };
+    let tried = conn.query(&format!("BEGIN; {}", sets.join("; "))).await;
+    if conn.query("ROLLBACK").await.is_ok() {
+        conn.release();
+    }
+    match tried {
+        Err(PgError::Server(e)) => {
+            let code = match e.code().unwrap_or_default() {
+                "42704" => "42704",
+                "42501" => "42501",
+                "55P02" => "55P02",
+                _ => "22023",
+            };
+            Err((code, e.message().unwrap_or("invalid startup options").to_owned()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// A malformed message after login: say so and close.

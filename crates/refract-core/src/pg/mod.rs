@@ -12,6 +12,9 @@
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
+//! - `pin`: pinning a transaction-mode client to its connection while session state lasts.
+//! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary).
+//! - `extended`: SETs run through the extended protocol, tracked at Sync.
 //! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
@@ -20,9 +23,12 @@ mod cancel;
 mod clients;
 mod config;
 mod error;
+mod extended;
 mod large;
 mod login;
 mod names;
+mod notify;
+mod pin;
 mod pool;
 mod reset;
 mod server;
@@ -62,6 +68,8 @@ pub(crate) struct Shared {
     tls: Option<TlsAcceptor>,
     /// The logged-in clients (admin views).
     clients: Arc<clients::Clients>,
+    /// LISTEN channels of transaction-mode clients.
+    notifier: Arc<notify::Notifier>,
 }
 
 /// The front end's shared state, built on first use (the pools need the shard count).
@@ -82,6 +90,7 @@ fn shared(ctx: &Ctx, cfg: &PgConfig) -> Arc<Shared> {
                 stop: ctx.stop.clone(),
                 tls: cfg.tls().cloned().map(TlsAcceptor::from),
                 clients: Arc::default(),
+                notifier: Arc::default(),
                 cfg: cfg.clone(),
             })
         })

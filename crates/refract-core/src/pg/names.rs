@@ -80,7 +80,7 @@ impl Session {
         plan.unnamed = Some(ps.clone());
         if !plan.skip {
             let made = if own { Made::Parse { global: None, ps, previous } } else { Made::Unnamed(ps) };
-            plan.expect.push_back(Expect::Server { kind: Kind::Parse, relay: own, prepares: Some(made) });
+            plan.expect.push_back(Expect::Server { kind: Kind::Parse, relay: own, prepares: Some(made), runs: None });
         }
         Ok(())
     }

@@ -7,6 +7,7 @@ use super::clients::{ClientInfo, ClientState, Registration};
 use super::config::{PgRole, PoolMode};
 use super::error::PgError;
 use super::login::{self, startup_sets};
+use super::pin::Held;
 use super::pool::Guard;
 use super::servers::Server;
 use super::unreadable::is_unreadable_query;
@@ -72,6 +73,8 @@ pub(super) struct Session {
     pub(super) pool_mode: PoolMode,
     /// Its entry in the admin views.
     pub(super) client: Registration,
+    /// Session state refract keeps for it (pinning, LISTEN channels, extended-protocol SETs).
+    pub(super) held: Held,
 }
 
 /// Serves one client connection to its end.
@@ -107,6 +110,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         unsynced_executed: false,
         pool_mode,
         client,
+        held: Held::default(),
     };
     match s.serve().await {
         Ok(()) => s.give_back().await,
@@ -127,7 +131,7 @@ impl Session {
     async fn serve(&mut self) -> Result<(), PgError> {
         loop {
             self.client.info.set_state(self.ready_state());
-            let (tag, frame) = match self.wire.recv().await {
+            let (tag, frame) = match self.recv_client().await {
                 Ok(f) => f,
                 Err(PgError::Closed(Side::Client)) => return Ok(()),
                 Err(e) => return Err(e),
@@ -188,9 +192,10 @@ impl Session {
     async fn simple(&mut self, sql: &str, frame: bytes::Bytes) -> Result<(), PgError> {
         let c = self.shared.classifier.classify(sql);
         self.state.prepared.close(""); // a simple query drops the unnamed statement
-        if self.answer_locally(&c).await? {
+        if self.answer_locally(&c).await? || self.answer_listen(&c.statements).await? {
             return Ok(());
         }
+        self.note_state(&c);
         let route = self.route(&c);
         if let Err(e) = self.bind(route).await {
             return self.refuse(e, true).await;
@@ -293,7 +298,7 @@ impl Session {
         }
         self.client.info.set_bound(None);
         self.key.set(None);
-        if self.pool_mode == PoolMode::Session {
+        if self.pool_mode == PoolMode::Session || self.held.pinned() {
             // The session's server-side state (temp tables, locks, cursors) is gone with the
             // connection: end the client session too, as PostgreSQL would, not silently go on.
             let message = format!("refract: the server connection of this session failed: {e}");
@@ -595,7 +600,10 @@ impl Session {
         if let Some(b) = self.bound.as_mut() {
             b.wrote |= wrote && b.server.role == PgRole::Primary;
         }
-        if self.state.tx.status() == TxStatus::Idle && self.pool_mode == PoolMode::Transaction {
+        if self.state.tx.status() == TxStatus::Idle
+            && self.pool_mode == PoolMode::Transaction
+            && !self.keep_pinned().await
+        {
             self.release().await;
         }
         Ok(())

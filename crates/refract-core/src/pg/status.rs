@@ -53,6 +53,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
                 "pool_mode": c.pool_mode.as_str(),
                 "state": c.state().as_str(),
                 "server": bound,
+                "pinned": super::pin::Pins(c.pinned()).names(),
                 "tls": c.tls,
                 "shard": c.shard,
             })
@@ -105,4 +106,6 @@ pub(crate) fn publish_metrics(shared: &Shared) {
     for (state, n) in ClientState::ALL.iter().zip(counts) {
         shared.metrics.set_pg_clients(state.as_str(), n);
     }
+    let pinned = shared.clients.snapshot().iter().filter(|c| c.pinned() != 0).count();
+    shared.metrics.set_pg_pinned_clients(pinned);
 }

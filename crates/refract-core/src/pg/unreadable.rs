@@ -40,7 +40,14 @@ pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
             }
         })
         .collect();
-    let c = Classification { route: Route::Write, statements, hint: c.hint, parse_error: None };
+    let c = Classification {
+        route: Route::Write,
+        statements,
+        hint: c.hint,
+        parse_error: None,
+        stateful: c.stateful || c.parse_error.is_some(),
+        set_config: c.set_config,
+    };
     (c, untracked)
 }
 
@@ -49,6 +56,7 @@ impl Session {
     pub(super) async fn simple_unreadable(&mut self, frame: Bytes) -> Result<(), PgError> {
         let lossy = String::from_utf8_lossy(&frame[5..frame.len() - 1]).into_owned();
         let (c, untracked) = conservative(&self.shared.classifier.classify_uncached(&lossy));
+        self.note_state(&c);
         let route = c.target(self.state.route);
         if let Err(e) = self.bind(route).await {
             return self.refuse(e, true).await;

@@ -4,12 +4,22 @@ use pg_query::protobuf::{self, a_const, RawStmt, TransactionStmt, VariableSetStm
 use pg_query::NodeEnum;
 use serde_json::Value;
 
+use super::state::Effects;
 use super::{RouteHint, Statement};
 
-/// Parses `sql` and describes each statement; `Err` carries the parser's message.
-pub(super) fn statements(sql: &str, write_functions: &[String]) -> Result<Vec<Statement>, String> {
+/// Parses `sql` and describes each statement, and whether any may leave session state
+/// behind (`super::state`); `Err` carries the parser's message.
+pub(super) fn statements(sql: &str, write_functions: &[String]) -> Result<(Vec<Statement>, Effects), String> {
     let parsed = pg_query::parse(sql, 0).map_err(|e| e.to_string())?;
-    parsed.protobuf.stmts.iter().map(|raw| statement(sql, raw, write_functions)).collect()
+    let mut all = Effects::default();
+    for node in parsed.protobuf.stmts.iter().filter_map(|raw| raw.stmt.as_ref().and_then(|n| n.node.as_ref())) {
+        let e = super::state::effects(node)?;
+        all.stateful |= e.stateful;
+        all.set_config |= e.set_config;
+    }
+    let statements: Result<Vec<_>, _> =
+        parsed.protobuf.stmts.iter().map(|raw| statement(sql, raw, write_functions)).collect();
+    Ok((statements?, all))
 }
 
 fn statement(sql: &str, raw: &RawStmt, write_functions: &[String]) -> Result<Statement, String> {
@@ -27,6 +37,10 @@ fn statement(sql: &str, raw: &RawStmt, write_functions: &[String]) -> Result<Sta
         NodeEnum::PrepareStmt(p) => prepare(p, text(sql, raw), write_functions)?,
         NodeEnum::ExecuteStmt(e) => Statement::Execute { name: e.name.clone() },
         NodeEnum::DeallocateStmt(d) => Statement::Deallocate { name: (!d.isall).then(|| d.name.clone()) },
+        NodeEnum::ListenStmt(l) => Statement::Listen { channel: l.conditionname.clone() },
+        NodeEnum::UnlistenStmt(u) => {
+            Statement::Unlisten { channel: Some(u.conditionname.clone()).filter(|c| !c.is_empty()) }
+        }
         _ => Statement::Write,
     })
 }

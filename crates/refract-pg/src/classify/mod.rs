@@ -10,6 +10,7 @@ mod analyze;
 mod cache;
 mod hint;
 mod shape;
+mod state;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -106,6 +107,16 @@ pub enum Statement {
     /// `SET refract.route = primary|replica|auto` (or `RESET refract.route`): for refract,
     /// not the server.
     RouteSetting(RouteHint),
+    /// `LISTEN channel`.
+    Listen {
+        /// The channel, as the parser folded it.
+        channel: String,
+    },
+    /// `UNLISTEN channel`, or `UNLISTEN *` (`None`).
+    Unlisten {
+        /// The channel.
+        channel: Option<String>,
+    },
 }
 
 impl Statement {
@@ -131,6 +142,13 @@ pub struct Classification {
     /// The parser's complaint, if it could not parse the text (the route is then Write, so the
     /// primary reports the error to the client).
     pub parse_error: Option<String>,
+    /// Some statement may leave session state on its server connection (a temp object, a
+    /// session advisory lock, `set_config(..., false)`, a `WITH HOLD` cursor, LISTEN, `DO`,
+    /// `CALL`): the session layer checks what is left and pins the client to the connection.
+    pub stateful: bool,
+    /// Some statement calls `set_config(..., false)` (or with a third argument other than the
+    /// keyword `true`): settings refract cannot track nor always see (custom `a.b` ones).
+    pub set_config: bool,
 }
 
 impl Classification {
@@ -254,13 +272,15 @@ impl Classifier {
     pub fn classify_uncached(&self, sql: &str) -> Classification {
         let hint = hint::find(sql);
         match analyze::statements(sql, &self.write_functions) {
-            Ok(statements) => {
+            Ok((statements, effects)) => {
                 let write = statements.iter().any(Statement::is_write);
                 Classification {
                     route: if write { Route::Write } else { Route::Read },
                     statements,
                     hint,
                     parse_error: None,
+                    stateful: effects.stateful,
+                    set_config: effects.set_config,
                 }
             }
             Err(e) => match hint::unquoted_route_setting(sql) {
@@ -269,8 +289,17 @@ impl Classifier {
                     statements: vec![Statement::RouteSetting(h)],
                     hint,
                     parse_error: None,
+                    stateful: false,
+                    set_config: false,
                 },
-                None => Classification { route: Route::Write, statements: vec![], hint, parse_error: Some(e) },
+                None => Classification {
+                    route: Route::Write,
+                    statements: vec![],
+                    hint,
+                    parse_error: Some(e),
+                    stateful: false,
+                    set_config: false,
+                },
             },
         }
     }

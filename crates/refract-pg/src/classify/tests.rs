@@ -322,3 +322,50 @@ fn shape_cache_agrees_with_the_parser() {
         }
     }
 }
+
+#[test]
+fn statements_that_may_leave_session_state() {
+    for sql in [
+        "CREATE TEMP TABLE t (x int)",
+        "CREATE TEMPORARY TABLE t AS SELECT 1",
+        "create temporary view v as select 1",
+        "CREATE TEMP SEQUENCE s",
+        "CREATE TABLE pg_temp.t (x int)",
+        "SELECT 1 INTO TEMP t",
+        "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT pg_try_advisory_lock(1, 2)",
+        "SELECT pg_advisory_lock_shared(1)",
+        "SELECT pg_advisory_unlock(1)",
+        "SELECT pg_catalog.pg_advisory_unlock_all()",
+        "SELECT set_config('a.b', 'c', false)",
+        "SELECT set_config('a.b', 'c', 'true')",
+        "SELECT set_config('a.b', 'c', $1)",
+        "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
+        "DO $$ BEGIN PERFORM 1; END $$",
+        "CALL p()",
+        "LISTEN x",
+        "SELECT 1; CREATE TEMP TABLE t (x int)",
+    ] {
+        assert!(classify(sql).stateful, "{sql}");
+    }
+    for sql in [
+        "SELECT 1",
+        "CREATE TABLE t (x int)",
+        "CREATE UNLOGGED TABLE t (x int)",
+        "SELECT pg_advisory_xact_lock(1)",
+        "SELECT pg_try_advisory_xact_lock(1)",
+        "SELECT set_config('a.b', 'c', true)",
+        "DECLARE c CURSOR FOR SELECT 1",
+        "SET search_path = a",
+        "INSERT INTO t VALUES (1)",
+    ] {
+        assert!(!classify(sql).stateful, "{sql}");
+    }
+    assert!(classify("SELECT 1, set_config('a.b', 'c', false)").set_config);
+    assert!(!classify("SELECT set_config('a.b', 'c', true)").set_config);
+    assert!(!classify("CREATE TEMP TABLE t (x int)").set_config);
+    assert_eq!(classify("LISTEN Chan").statements, vec![Statement::Listen { channel: "chan".into() }]);
+    assert_eq!(classify("UNLISTEN \"C\"").statements, vec![Statement::Unlisten { channel: Some("C".into()) }]);
+    assert_eq!(classify("UNLISTEN *").statements, vec![Statement::Unlisten { channel: None }]);
+}

@@ -1,10 +1,13 @@
 //! Session state a transaction-pooling proxy must carry from one server connection to the
-//! next: SET parameters, prepared statements, and where the transaction stands.
+//! next: SET parameters (also from startup `options`), prepared statements, and where the
+//! transaction stands.
 
+mod options;
 mod params;
 mod prepared;
 mod transaction;
 
+pub use options::{parse_options, OptionsError};
 pub use params::ParamTracker;
 pub use prepared::{Origin, PreparedRegistry, PreparedStatement};
 pub use transaction::{TxEvent, TxTracker};

@@ -1,0 +1,85 @@
+//! SET, RESET and DISCARD run through the extended protocol (Parse/Bind/Execute, as pgjdbc
+//! sends every statement): each Execute's statement is known from its portal, and the session
+//! statements that completed are applied to the session's state at Sync, if nothing failed
+//! before it (a failure rolls back the implicit transaction, SETs included).
+
+use super::session::Session;
+use refract_pg::classify::{Classification, Statement};
+use refract_pg::session::Origin;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+impl Session {
+    /// The classification of the statement a Bind names: parsed earlier in this batch
+    /// (`parsed`), or registered by an earlier Parse.
+    pub(super) fn bound_statement(
+        &self,
+        name: &str,
+        parsed: &HashMap<String, Arc<Classification>>,
+    ) -> Option<Arc<Classification>> {
+        if let Some(c) = parsed.get(name) {
+            return Some(c.clone());
+        }
+        match &self.state.prepared.get(name)?.origin {
+            Origin::Protocol { query, .. } => Some(self.shared.classifier.classify(query)),
+            Origin::Sql { .. } => None,
+        }
+    }
+
+    /// An Execute completed (CommandComplete) the statement of `c`.
+    pub(super) fn executed(&mut self, c: &Classification) {
+        for st in &c.statements {
+            match st {
+                Statement::Set { .. }
+                | Statement::Reset { .. }
+                | Statement::Discard { .. }
+                | Statement::Begin { .. }
+                | Statement::Commit
+                | Statement::Rollback => self.held.ext_done.push(st.clone()),
+                _ => {}
+            }
+            if let (Statement::Discard { all: true }, Some(b)) = (st, self.bound.as_mut()) {
+                // The server forgot every prepared statement: so does the connection's record.
+                b.guard.prepared.clear();
+                b.guard.sql_prepared.clear();
+            }
+        }
+    }
+
+    /// At a Sync's ReadyForQuery (before the transaction tracker sees it): applies the SETs
+    /// Execute ran since the last Sync, in order with the transaction control around them.
+    pub(super) fn synced(&mut self) {
+        let done = std::mem::take(&mut self.held.ext_done);
+        let failed = std::mem::take(&mut self.held.ext_failed);
+        if !done
+            .iter()
+            .any(|s| matches!(s, Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { .. }))
+        {
+            return;
+        }
+        if let Some(b) = self.bound.as_mut() {
+            b.touched = true;
+            if failed {
+                // Rolled back with the implicit transaction, unless a COMMIT came before the
+                // error: whoever comes next starts with RESET ALL.
+                b.untracked = true;
+                return;
+            }
+        }
+        let mut in_tx = self.state.tx.in_transaction();
+        for st in &done {
+            match st {
+                Statement::Begin { .. } => in_tx = true,
+                Statement::Commit | Statement::Rollback => {
+                    self.state.params.end_transaction(matches!(st, Statement::Commit));
+                    in_tx = false;
+                }
+                Statement::Discard { all: true } => {
+                    self.state.prepared.clear();
+                    self.state.params.apply(st, in_tx);
+                }
+                _ => self.state.params.apply(st, in_tx),
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Pinning a transaction-mode client to its server connection while session state it left
+//! there lasts (temporary objects, session advisory locks, `WITH HOLD` cursors, LISTEN,
+//! settings refract does not track): after a statement that may create or release such state,
+//! refract asks the server what is left, and keeps the connection bound until nothing is.
+
+use super::notify::Listening;
+use super::session::Session;
+use refract_pg::classify::{Classification, Statement};
+
+/// Why a client is pinned, as bits (shown in `/pg/clients`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Pins(pub u8);
+
+impl Pins {
+    const TEMP: u8 = 1;
+    const ADVISORY: u8 = 2;
+    const CURSORS: u8 = 4;
+    const LISTEN: u8 = 8;
+    const SETTINGS: u8 = 16;
+    /// The check itself failed: pinned until the client leaves or the check succeeds.
+    const UNKNOWN: u8 = 32;
+    const NAMES: [(u8, &'static str); 6] = [
+        (Pins::TEMP, "temp_objects"),
+        (Pins::ADVISORY, "advisory_locks"),
+        (Pins::CURSORS, "cursors"),
+        (Pins::LISTEN, "listen"),
+        (Pins::SETTINGS, "settings"),
+        (Pins::UNKNOWN, "unknown"),
+    ];
+
+    /// The reasons' names.
+    pub fn names(self) -> Vec<&'static str> {
+        Pins::NAMES.iter().filter(|(bit, _)| self.0 & bit != 0).map(|(_, name)| *name).collect()
+    }
+
+    fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// What session state a server connection carries: temporary relations, types or functions;
+/// advisory locks (only session ones outlive a transaction, and refract asks between
+/// transactions); holdable cursors; LISTEN channels; parameters set in the session (compared
+/// with the ones refract tracks).
+const PROBE: &str = "SELECT \
+    EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.pg_my_temp_schema()), \
+    EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), \
+    EXISTS (SELECT 1 FROM pg_catalog.pg_cursors WHERE is_holdable), \
+    EXISTS (SELECT 1 FROM pg_catalog.pg_listening_channels()), \
+    pg_catalog.array_to_string(ARRAY(SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings \
+    WHERE source = 'session'), ',')";
+
+/// A client's session state that refract keeps for it: why it is pinned, and (`notify`) the
+/// channels it listens on, (`extended`) the SETs run by Execute since the last Sync.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    pins: Pins,
+    /// A statement since the last check may have created or released state.
+    dirty: bool,
+    /// A `set_config(..., false)` ran since the last `RESET ALL` / `DISCARD ALL`: the server
+    /// does not show custom settings in `pg_settings`, so this pins until one of those.
+    set_config: bool,
+    /// Statements that Execute ran since the last Sync (session-relevant ones only).
+    pub ext_done: Vec<Statement>,
+    /// An error came since the last Sync.
+    pub ext_failed: bool,
+    /// The channels this client listens on (transaction mode).
+    pub listening: Option<Listening>,
+}
+
+impl Held {
+    /// Whether the client is pinned to its server connection.
+    pub fn pinned(&self) -> bool {
+        !self.pins.is_empty()
+    }
+}
+
+impl Session {
+    /// Notes a statement about to run: one that may create state, or (when pinned) any that is
+    /// not a plain read, makes refract check the connection when the transaction ends.
+    pub(super) fn note_state(&mut self, c: &Classification) {
+        let not_read = c.statements.is_empty() || c.statements.iter().any(|s| *s != Statement::Read);
+        self.held.dirty |= c.stateful || (self.held.pinned() && not_read);
+        let resets = c
+            .statements
+            .iter()
+            .any(|s| matches!(s, Statement::Reset { name: None } | Statement::Discard { all: true }));
+        self.held.set_config = c.set_config || (self.held.set_config && !resets);
+    }
+
+    /// Between transactions in transaction mode: whether the bound connection must stay bound
+    /// because of session state on it (asking the server when a statement may have changed it).
+    pub(super) async fn keep_pinned(&mut self) -> bool {
+        if !std::mem::take(&mut self.held.dirty) {
+            return self.held.pinned();
+        }
+        let Some(b) = self.bound.as_mut() else { return false };
+        let pins = match b.guard.query(PROBE).await {
+            Ok(rows) => self.read_probe(rows.first()),
+            Err(e) => {
+                tracing::debug!(error = %e, "checking a server connection's session state failed");
+                Pins(Pins::UNKNOWN)
+            }
+        };
+        self.held.pins = pins;
+        self.client.info.set_pinned(pins.0);
+        self.held.pinned()
+    }
+
+    fn read_probe(&self, row: Option<&Vec<Option<String>>>) -> Pins {
+        let Some(row) = row.filter(|r| r.len() == 5) else { return Pins(Pins::UNKNOWN) };
+        let mut bits = if self.held.set_config { Pins::SETTINGS } else { 0 };
+        for (i, bit) in [Pins::TEMP, Pins::ADVISORY, Pins::CURSORS, Pins::LISTEN].into_iter().enumerate() {
+            if row[i].as_deref() == Some("t") {
+                bits |= bit;
+            }
+        }
+        let settings = row[4].as_deref().unwrap_or_default();
+        let tracked: Vec<&str> = self.state.params.params().map(|(name, _)| name).collect();
+        if settings.split(',').any(|s| !s.is_empty() && !tracked.contains(&s)) {
+            bits |= Pins::SETTINGS;
+        }
+        Pins(bits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pins;
+
+    #[test]
+    fn names() {
+        assert_eq!(Pins(0).names(), Vec::<&str>::new());
+        assert_eq!(Pins(Pins::TEMP | Pins::SETTINGS).names(), vec!["temp_objects", "settings"]);
+    }
+}

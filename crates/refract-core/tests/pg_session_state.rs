@@ -1,0 +1,276 @@
+//! Session state under transaction pooling, against a real primary + streaming replica: state
+//! a statement leaves on its server connection (temp tables, `set_config(..., false)`, session
+//! advisory locks, `WITH HOLD` cursors) pins the client to that connection until released;
+//! LISTEN/NOTIFY through refract's own listener; SET through the extended protocol and
+//! startup `options` follow the client.
+//!
+//! Most tests use a pool of one connection per server, so that two clients would share one
+//! server connection if refract let them: the second client then either sees the first's state
+//! (the bug) or waits for the pinned connection and gets `53300` (pinning).
+#![allow(clippy::unwrap_used)]
+
+mod pg_common;
+
+use pg_common::{Answer, Client, Fixture};
+use refract_pg::frontend::Bind;
+use refract_pg::testkit::{PASSWORD, USER};
+use refract_pg::{BackendMessage, FrontendMessage};
+use std::time::{Duration, Instant};
+
+/// One connection per server; a checkout gives up quickly.
+fn pool_of_one() -> Fixture {
+    Fixture::start("pool_size = 1\nmin_idle = 1\ncheckout_timeout_ms = 300")
+}
+
+fn connect(f: &Fixture) -> Client {
+    Client::connect(f.addr(), USER, PASSWORD).unwrap()
+}
+
+fn ok(c: &mut Client, sql: &str) -> Answer {
+    let a = c.query(sql);
+    assert_eq!(a.error, None, "{sql}");
+    a
+}
+
+/// `sql` did not run: the only server connection is pinned by another client.
+fn waits_for_pinned(c: &mut Client, sql: &str) {
+    let a = c.query(sql);
+    assert_eq!(a.code(), Some("53300"), "{sql} must not run on another client's pinned connection: {a:?}");
+    assert!(a.rows.is_empty(), "{sql}: {a:?}");
+}
+
+fn bind_default() -> Bind {
+    Bind {
+        portal: String::new(),
+        statement: String::new(),
+        param_formats: vec![],
+        params: vec![],
+        result_formats: vec![],
+    }
+}
+
+/// Parse/Bind/Execute/Sync of `sql` as the unnamed statement (how pgjdbc sends everything).
+fn extended(c: &mut Client, sql: &str) -> Answer {
+    let parse = FrontendMessage::Parse { name: String::new(), query: sql.into(), param_types: vec![] };
+    let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+    c.send(&[parse, FrontendMessage::Bind(bind_default()), exec, FrontendMessage::Sync]);
+    c.until_ready()
+}
+
+#[test]
+fn a_temp_table_pins_the_client_until_discard_temp() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    ok(&mut a, "CREATE TEMP TABLE t_pin (x int)");
+    ok(&mut a, "INSERT INTO t_pin VALUES (40)");
+    assert_eq!(ok(&mut a, "SELECT x FROM t_pin").value(), "40", "a read goes where the temp table is");
+    waits_for_pinned(&mut b, "/* refract: route=primary */ SELECT x FROM t_pin");
+    assert_eq!(ok(&mut a, "BEGIN; SELECT count(*) FROM t_pin; COMMIT").value(), "1");
+    ok(&mut a, "DISCARD TEMP");
+    let got = b.query("/* refract: route=primary */ SELECT x FROM t_pin");
+    assert_eq!(got.code(), Some("42P01"), "released after DISCARD TEMP, without the table: {got:?}");
+}
+
+#[test]
+fn set_config_outside_a_transaction_pins_the_client_until_reset_all() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    ok(&mut a, "SELECT set_config('app.secret', 'a-secret', false)");
+    assert_eq!(ok(&mut a, "SELECT current_setting('app.secret', true)").value(), "a-secret");
+    waits_for_pinned(&mut b, "/* refract: route=primary */ SELECT current_setting('app.secret', true)");
+    // A transaction-local set_config leaves nothing behind.
+    ok(&mut a, "RESET ALL");
+    let got = ok(&mut b, "/* refract: route=primary */ SELECT coalesce(current_setting('app.secret', true), '')");
+    assert_eq!(got.value(), "", "another client never sees it");
+    ok(&mut a, "SELECT set_config('app.local', 'x', true)");
+    ok(&mut b, "/* refract: route=primary */ SELECT 1");
+}
+
+#[test]
+fn a_session_advisory_lock_pins_the_client_until_unlocked() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    assert_eq!(ok(&mut a, "SELECT pg_advisory_lock(4242)").rows.len(), 1);
+    waits_for_pinned(&mut b, "SELECT pg_try_advisory_xact_lock(4242)");
+    assert_eq!(ok(&mut a, "SELECT pg_advisory_unlock(4242)").value(), "t");
+    assert_eq!(ok(&mut b, "SELECT pg_try_advisory_xact_lock(4242)").value(), "t");
+    // A failed try does not pin; a successful one does, until pg_advisory_unlock_all().
+    assert_eq!(ok(&mut a, "SELECT pg_try_advisory_lock(4243)").value(), "t");
+    waits_for_pinned(&mut b, "SELECT pg_try_advisory_xact_lock(4243)");
+    ok(&mut a, "SELECT pg_advisory_unlock_all()");
+    assert_eq!(ok(&mut b, "SELECT pg_try_advisory_xact_lock(4243)").value(), "t");
+}
+
+#[test]
+fn a_with_hold_cursor_pins_the_client_until_closed() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    ok(&mut a, "DECLARE c_pin CURSOR WITH HOLD FOR SELECT generate_series(1, 3)");
+    assert_eq!(ok(&mut a, "FETCH 1 FROM c_pin").value(), "1");
+    waits_for_pinned(&mut b, "FETCH 1 FROM c_pin");
+    assert_eq!(ok(&mut a, "FETCH 1 FROM c_pin").value(), "2", "the cursor is the client's alone");
+    ok(&mut a, "CLOSE c_pin");
+    assert_eq!(b.query("FETCH 1 FROM c_pin").code(), Some("34000"), "released and gone");
+}
+
+#[test]
+fn a_pinned_client_that_leaves_hands_back_a_reset_connection() {
+    let f = pool_of_one();
+    let mut a = connect(&f);
+    ok(&mut a, "CREATE TEMP TABLE t_gone (x int)");
+    ok(&mut a, "SELECT pg_advisory_lock(77), set_config('app.left', 'behind', false)");
+    ok(&mut a, "DECLARE c_gone CURSOR WITH HOLD FOR SELECT 1");
+    a.send(&[FrontendMessage::Terminate]);
+    assert!(a.recv().is_none());
+    let mut b = connect(&f);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        let got = b.query(
+            "/* refract: route=primary */ SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()), \
+             (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), (SELECT count(*) FROM pg_cursors), \
+             coalesce(current_setting('app.left', true), '')",
+        );
+        if got.code() != Some("53300") || Instant::now() > deadline {
+            break got;
+        }
+    };
+    assert_eq!(got.error, None);
+    assert_eq!(got.rows, vec![vec![Some("0".into()), Some("0".into()), Some("0".into()), Some(String::new())]]);
+}
+
+#[test]
+fn pinned_clients_are_counted_and_shown() {
+    let f = pool_of_one();
+    // refract checks the connection right after relaying ReadyForQuery: allow it a moment.
+    let gauge = |f: &Fixture, want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let m = f.metrics();
+            let line = m.lines().find(|l| l.starts_with("refract_pg_pinned_clients ")).map(str::to_owned);
+            let got = line.and_then(|l| l.split_whitespace().nth(1).map(str::to_owned));
+            let got = got.unwrap_or_else(|| panic!("no gauge in {m}"));
+            if got == want || Instant::now() > deadline {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(gauge(&f, "0"), "0");
+    let mut a = connect(&f);
+    ok(&mut a, "CREATE TEMP TABLE t_count (x int)");
+    assert_eq!(gauge(&f, "1"), "1");
+    let clients = f.admin_json("/pg/clients");
+    let me = clients.as_array().unwrap().iter().find(|c| c["pinned"].as_array().is_some_and(|p| !p.is_empty()));
+    let me = me.unwrap_or_else(|| panic!("no pinned client in {clients}"));
+    assert_eq!(me["pinned"], serde_json::json!(["temp_objects"]));
+    assert_eq!(me["server"], "primary", "it keeps its connection between statements");
+    ok(&mut a, "DROP TABLE t_count");
+    assert_eq!(gauge(&f, "0"), "0");
+    let clients = f.admin_json("/pg/clients");
+    assert!(clients.as_array().unwrap().iter().all(|c| c["pinned"] == serde_json::json!([])), "{clients}");
+}
+
+/// The next NotificationResponse within `wait`, if any (other messages are an error).
+fn notification(c: &mut Client, wait: Duration) -> Option<(String, String)> {
+    c.stream.set_read_timeout(Some(wait)).unwrap();
+    let got = c.recv();
+    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    match got? {
+        BackendMessage::NotificationResponse { channel, payload, .. } => Some((channel, payload)),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn notifications_reach_only_the_clients_that_listen_even_while_idle() {
+    let f = pool_of_one();
+    let (mut a, mut b, mut c) = (connect(&f), connect(&f), connect(&f));
+    let got = ok(&mut a, "LISTEN chan_a");
+    assert_eq!(got.tags, "CZ");
+    for i in 0..5 {
+        ok(&mut c, &format!("NOTIFY chan_a, 'n{i}'"));
+        ok(&mut b, "/* refract: route=primary */ SELECT 1");
+        assert_eq!(ok(&mut b, "SELECT 2").tags, "TDCZ", "b never listened");
+        let got = notification(&mut a, Duration::from_secs(5));
+        assert_eq!(got, Some(("chan_a".to_owned(), format!("n{i}"))), "a gets it while idle");
+    }
+    assert_eq!(notification(&mut b, Duration::from_millis(300)), None);
+    ok(&mut c, "SELECT pg_notify('chan_a', 'by function')");
+    assert_eq!(notification(&mut a, Duration::from_secs(5)), Some(("chan_a".into(), "by function".into())));
+    ok(&mut c, "NOTIFY other_channel, 'not for a'");
+    assert_eq!(notification(&mut a, Duration::from_millis(300)), None);
+    // Its own NOTIFY comes back to it, as on PostgreSQL.
+    let mut got = a.query("NOTIFY chan_a, 'self'");
+    if got.tags.contains('A') {
+        got.tags.retain(|t| t != 'A');
+    } else {
+        assert_eq!(notification(&mut a, Duration::from_secs(5)), Some(("chan_a".into(), "self".into())));
+    }
+    assert_eq!(got.tags, "CZ");
+    // The extended protocol, as pgjdbc sends LISTEN.
+    let got = extended(&mut b, "LISTEN chan_b");
+    assert_eq!((got.tags.as_str(), got.error), ("12CZ", None));
+    ok(&mut c, "NOTIFY chan_b, 'to b'");
+    assert_eq!(notification(&mut b, Duration::from_secs(5)), Some(("chan_b".into(), "to b".into())));
+    assert_eq!(notification(&mut a, Duration::from_millis(300)), None);
+    assert_eq!(ok(&mut a, "UNLISTEN *").tags, "CZ");
+    ok(&mut c, "NOTIFY chan_a, 'after unlisten'");
+    assert_eq!(notification(&mut a, Duration::from_millis(500)), None);
+}
+
+#[test]
+fn set_through_the_extended_protocol_follows_the_client() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    let got = extended(&mut a, "SET statement_timeout = '4321ms'");
+    assert_eq!((got.tags.as_str(), got.error), ("12CZ", None));
+    assert_eq!(extended(&mut a, "SET search_path TO app_schema, public").error, None);
+    // A read: the replica's connection, not the one the SETs ran on.
+    assert_eq!(ok(&mut a, "SHOW statement_timeout").value(), "4321ms");
+    assert_eq!(ok(&mut a, "BEGIN; SHOW search_path; COMMIT").value(), "app_schema, public");
+    assert_eq!(ok(&mut b, "SHOW statement_timeout").value(), "0", "not another client's");
+    assert_eq!(ok(&mut b, "BEGIN; SHOW statement_timeout; COMMIT").value(), "0");
+    // A SET in a failed implicit transaction is rolled back, as on PostgreSQL.
+    let parse = |q: &str| FrontendMessage::Parse { name: String::new(), query: q.into(), param_types: vec![] };
+    let exec = || FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+    a.send(&[
+        parse("SET statement_timeout = '999ms'"),
+        FrontendMessage::Bind(bind_default()),
+        exec(),
+        parse("SELECT 1/0"),
+        FrontendMessage::Bind(bind_default()),
+        exec(),
+        FrontendMessage::Sync,
+    ]);
+    assert_eq!(a.until_ready().code(), Some("22012"));
+    assert_eq!(ok(&mut a, "SHOW statement_timeout").value(), "4321ms");
+    assert_eq!(ok(&mut a, "BEGIN; SHOW statement_timeout; COMMIT").value(), "4321ms");
+}
+
+#[test]
+fn startup_options_become_session_settings() {
+    let f = pool_of_one();
+    let options = [("options", "-c statement_timeout=1234ms --search_path=opt_schema,public -c app.x=a\\ b")];
+    let mut a = Client::connect_with(f.addr(), USER, PASSWORD, &options).unwrap();
+    assert_eq!(ok(&mut a, "SHOW statement_timeout").value(), "1234ms");
+    // As the server shows a `-c search_path=...` value: as given.
+    assert_eq!(ok(&mut a, "BEGIN; SHOW search_path; COMMIT").value(), "opt_schema,public");
+    assert_eq!(ok(&mut a, "SELECT current_setting('app.x')").value(), "a b");
+    let mut b = connect(&f);
+    assert_eq!(ok(&mut b, "SHOW statement_timeout").value(), "0");
+    // Refused as PostgreSQL refuses them.
+    for (options, code) in
+        [("-c statement_timeout", "42601"), ("-c no_such_parameter=1", "42704"), ("-c statement_timeout=soon", "22023")]
+    {
+        let bad = Client::connect_with(f.addr(), USER, PASSWORD, &[("options", options)]);
+        assert_eq!(bad.err().and_then(|e| e.code().map(str::to_owned)).as_deref(), Some(code), "{options}");
+    }
+    assert_eq!(ok(&mut b, "SHOW statement_timeout").value(), "0", "nothing left behind");
+    // Any other startup parameter is a setting too (asyncpg's `server_settings`).
+    let mut c = Client::connect_with(f.addr(), USER, PASSWORD, &[("work_mem", "2050kB")]).unwrap();
+    assert_eq!(ok(&mut c, "SHOW work_mem").value(), "2050kB");
+    assert_eq!(ok(&mut c, "BEGIN; SHOW work_mem; COMMIT").value(), "2050kB");
+    let bad = Client::connect_with(f.addr(), USER, PASSWORD, &[("no_such_parameter", "1")]);
+    assert_eq!(bad.err().and_then(|e| e.code().map(str::to_owned)).as_deref(), Some("42704"));
+    assert_eq!(ok(&mut b, "SHOW work_mem").value(), "4MB");
+}

@@ -304,7 +304,13 @@ impl Client {
                 return Some(msg);
             }
             let mut chunk = [0u8; 16384];
-            let n = self.stream.read(&mut chunk).unwrap_or(0);
+            let n = match self.stream.read(&mut chunk) {
+                Ok(n) => n,
+                // A signal (e.g. a child process of another test exiting) interrupts a read
+                // with a timeout even under SA_RESTART: not the end of the stream.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => 0,
+            };
             if n == 0 {
                 return None;
             }

@@ -339,6 +339,40 @@ fn sql_prepared_names_belong_to_their_client() {
     }
 }
 
+/// `EXECUTE q(...)` sent through the extended protocol (asyncpg's `fetchval("EXECUTE q(1)")`,
+/// a named Parse of that text, then Binds of it): each client runs its own `q`, also when the
+/// clients take turns on one server connection and share the server-side `EXECUTE` statement.
+#[test]
+fn execute_of_a_sql_name_through_the_extended_protocol_runs_the_clients_own() {
+    let f = fixture();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    assert_eq!(a.query("PREPARE xq (int) AS SELECT $1 + 100").code(), None);
+    assert_eq!(b.query("PREPARE xq (int) AS SELECT $1 + 200").code(), None);
+    for round in 0..3 {
+        for (c, base) in [(&mut a, 100), (&mut b, 200)] {
+            let got = run(
+                c,
+                &[
+                    parse("drv", &format!("EXECUTE xq ({round})")),
+                    FrontendMessage::Describe(Target::Statement, "drv".into()),
+                    FrontendMessage::Sync,
+                ],
+            );
+            assert_eq!(got.code(), None, "round {round}, Parse + Describe: {got:?}");
+            let got = run(c, &[bind("drv", &[]), execute(), FrontendMessage::Sync]);
+            assert_eq!(got.value(), (base + round).to_string(), "round {round}: {got:?}");
+            assert_eq!(
+                run(c, &[FrontendMessage::Close(Target::Statement, "drv".into()), FrontendMessage::Sync]).code(),
+                None
+            );
+        }
+    }
+    // Deallocated: the server itself refuses the EXECUTE (26000), as PostgreSQL does.
+    assert_eq!(a.query("DEALLOCATE xq").code(), None);
+    let got = run(&mut a, &[parse("", "EXECUTE xq (1)"), bind("", &[]), execute(), FrontendMessage::Sync]);
+    assert_eq!(got.code(), Some("26000"), "{got:?}");
+}
+
 /// A named statement whose Parse failed, or was skipped after an earlier error in its batch,
 /// does not exist (PostgreSQL: `26000` at its Bind), and a failed Parse of a name leaves no
 /// statement that refract would prepare again behind the client's back.

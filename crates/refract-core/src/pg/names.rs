@@ -192,6 +192,10 @@ impl Session {
             .filter(|n| sql_named(n))
             .map(str::to_owned)
             .collect();
+        // Names a text EXECUTEs are mirrored even when the client has none: whatever another
+        // client left under that name on the connection is closed, and the server says 26000.
+        names.extend(self.executed_sql_names(msgs));
+        names.sort();
         names.dedup();
         if names.is_empty() || self.skip_until_sync {
             return Ok(()); // the server skips the batch's messages anyway
@@ -201,6 +205,24 @@ impl Session {
             self.mirror_name(&name).await?;
         }
         Ok(())
+    }
+
+    /// The SQL-prepared names that the batch's query texts `EXECUTE` (a driver's Parse of
+    /// `EXECUTE q(1)`, or a Bind of a statement parsed earlier with such a text): the server
+    /// looks `q` up at Describe and Execute, so it must be this client's `q` there too.
+    fn executed_sql_names(&self, msgs: &[FrontendMessage]) -> Vec<String> {
+        let text_of = |m: &FrontendMessage| match m {
+            FrontendMessage::Parse { query, .. } => Some(query.clone()),
+            FrontendMessage::Bind(b) => match self.state.prepared.get(&b.statement).map(|p| &p.origin) {
+                Some(Origin::Protocol { query, .. }) => Some(query.clone()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let texts = msgs.iter().filter_map(text_of).filter(|q| mentions_execute(q));
+        texts
+            .flat_map(|q| self.shared.classifier.classify(&q).executes().map(str::to_owned).collect::<Vec<_>>())
+            .collect()
     }
 
     /// Sends the session's SETs to the bound connection now if they are due, as their own
@@ -320,4 +342,9 @@ impl ServerConn {
         }
         Ok(ok)
     }
+}
+
+/// A cheap test before classifying a query text: whether it may hold an `EXECUTE` statement.
+fn mentions_execute(query: &str) -> bool {
+    query.as_bytes().windows(7).any(|w| w.eq_ignore_ascii_case(b"execute"))
 }

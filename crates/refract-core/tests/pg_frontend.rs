@@ -204,6 +204,41 @@ fn a_write_after_a_flushed_describe_of_a_read_runs_on_the_primary() {
     assert_eq!(c.query("SELECT count(*), pg_is_in_recovery() FROM t_flush_copy").value(), "3");
 }
 
+/// RESET of a parameter the client gave at startup goes back to the client's value, as on
+/// PostgreSQL (pgjdbc: `RESET application_name` showed refract's own), by simple query and
+/// through the extended protocol, and RESET ALL / DISCARD ALL too; in the same transaction and
+/// in the next one.
+#[test]
+fn reset_goes_back_to_the_clients_startup_value() {
+    let f = shared();
+    let mut c = Client::connect_with(f.addr(), USER, PASSWORD, &[("application_name", "startup_app")]).unwrap();
+    let show = |c: &mut Client| c.query("SHOW application_name").value().to_string();
+    for reset in ["RESET application_name", "RESET ALL", "DISCARD ALL"] {
+        assert_eq!(c.query("SET application_name = 'changed'").code(), None);
+        assert_eq!(show(&mut c), "changed");
+        assert_eq!(c.query(reset).code(), None, "{reset}");
+        assert_eq!(show(&mut c), "startup_app", "after {reset}");
+        if reset == "DISCARD ALL" {
+            continue; // not allowed in a transaction block (25001)
+        }
+        assert_eq!(c.query("BEGIN").code(), None);
+        assert_eq!(c.query("SET application_name = 'in_tx'").code(), None);
+        assert_eq!(c.query(reset).code(), None, "{reset} in a transaction");
+        assert_eq!(show(&mut c), "startup_app", "after {reset} in the same transaction");
+        assert_eq!(c.query("COMMIT").code(), None);
+        assert_eq!(show(&mut c), "startup_app", "after {reset}, committed");
+    }
+    // Through the extended protocol.
+    assert_eq!(c.query("SET application_name = 'changed'").code(), None);
+    let parse =
+        FrontendMessage::Parse { name: String::new(), query: "RESET application_name".into(), param_types: vec![] };
+    let bind = FrontendMessage::Bind(Bind { statement: String::new(), ..bind_default() });
+    let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+    c.send(&[parse, bind, exec, FrontendMessage::Sync]);
+    assert!(c.until_ready().error.is_none());
+    assert_eq!(show(&mut c), "startup_app", "after an extended RESET");
+}
+
 fn bind_default() -> Bind {
     Bind {
         portal: String::new(),

@@ -78,7 +78,12 @@ impl Session {
                     self.state.prepared.clear();
                     self.state.params.apply(st, in_tx);
                 }
-                _ => self.state.params.apply(st, in_tx),
+                _ => {
+                    if let (true, Some(b)) = (self.state.params.resets_startup(st), self.bound.as_mut()) {
+                        super::session::resync_startup(b);
+                    }
+                    self.state.params.apply(st, in_tx)
+                }
             }
         }
     }

@@ -86,7 +86,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     };
     let mut state = SessionState::new();
     for (name, text) in startup_sets(&logged.startup) {
-        state.statement_done(&Statement::Set { name, local: false, text });
+        state.params.set_startup(&name, &text);
     }
     let id = shared.next_client.fetch_add(1, Ordering::Relaxed);
     let user = logged.startup.user().unwrap_or_default();
@@ -482,6 +482,9 @@ impl Session {
         let Some(b) = self.bound.as_mut() else {
             return Err(PgError::Unavailable("internal: no server bound".into()));
         };
+        if c.statements.iter().any(|st| self.state.params.resets_startup(st)) {
+            resync_startup(b);
+        }
         let conn = &mut *b.guard;
         for st in &c.statements {
             match st {
@@ -608,4 +611,13 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// A RESET of a startup parameter ran on the connection: the server went back to the
+/// connection's own startup value, so the client's SETs are applied again (`RESET ALL` and
+/// them) before its next statement on it, and its next client starts with `RESET ALL` too.
+pub(super) fn resync_startup(b: &mut Bound) {
+    b.synced = false;
+    b.untracked = true;
+    b.guard.applied = None;
 }

@@ -19,6 +19,9 @@ struct Pending {
 #[derive(Debug, Clone, Default)]
 pub struct ParamTracker {
     session: Vec<(String, String)>,
+    /// The session's defaults, from its startup packet: what RESET and RESET ALL go back to,
+    /// as on PostgreSQL (whose reset values include the client's startup parameters).
+    startup: Vec<(String, String)>,
     pending: Option<Pending>,
     generation: u64,
 }
@@ -27,6 +30,30 @@ impl ParamTracker {
     /// An empty tracker (a fresh session).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Records a parameter of the client's startup packet, as its SET: in force now, and what
+    /// RESET of it (or RESET ALL, DISCARD ALL) goes back to.
+    pub fn set_startup(&mut self, name: &str, text: &str) {
+        self.startup.retain(|(n, _)| n != name);
+        self.startup.push((name.to_owned(), text.to_owned()));
+        self.commit(Change::One(name.to_owned(), Some(text.to_owned())));
+    }
+
+    /// Whether `stmt` resets a parameter the client set at startup: on the server it goes back
+    /// to the server connection's own startup value, not the client's, so the client's SET must
+    /// be applied again.
+    pub fn resets_startup(&self, stmt: &Statement) -> bool {
+        match stmt {
+            Statement::Reset { name: Some(name) } => self.startup_text(name).is_some(),
+            Statement::Reset { name: None } | Statement::Discard { all: true } => !self.startup.is_empty(),
+            _ => false,
+        }
+    }
+
+    /// The startup SET of `name`, if the client gave one.
+    fn startup_text(&self, name: &str) -> Option<&str> {
+        self.startup.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_str())
     }
 
     /// Records a statement that succeeded; `in_transaction` says whether it ran inside an
@@ -57,12 +84,19 @@ impl ParamTracker {
     fn commit(&mut self, change: Change) {
         self.generation += 1;
         match change {
-            Change::All => self.session.clear(),
-            Change::One(name, None) => self.session.retain(|(n, _)| *n != name),
-            Change::One(name, Some(text)) => match self.session.iter_mut().find(|(n, _)| *n == name) {
-                Some(slot) => slot.1 = text,
-                None => self.session.push((name, text)),
+            Change::All => self.session = self.startup.clone(),
+            Change::One(name, None) => match self.startup_text(&name).map(str::to_owned) {
+                Some(text) => self.commit_set(name, text),
+                None => self.session.retain(|(n, _)| *n != name),
             },
+            Change::One(name, Some(text)) => self.commit_set(name, text),
+        }
+    }
+
+    fn commit_set(&mut self, name: String, text: String) {
+        match self.session.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = text,
+            None => self.session.push((name, text)),
         }
     }
 
@@ -94,10 +128,10 @@ impl ParamTracker {
     pub fn current(&self, name: &str) -> Option<&str> {
         if let Some(p) = &self.pending {
             if let Some((_, text)) = p.changes.iter().rev().find(|(n, _)| n == name) {
-                return text.as_deref();
+                return text.as_deref().or_else(|| self.startup_text(name));
             }
             if p.reset_all {
-                return None;
+                return self.startup_text(name);
             }
         }
         self.session.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_str())
@@ -177,5 +211,24 @@ mod tests {
         p.apply(&set("search_path", "c"), true);
         assert_eq!(p.current("search_path"), Some("SET search_path = c"));
         assert_eq!(p.current("other"), None);
+    }
+
+    #[test]
+    fn reset_goes_back_to_the_startup_value() {
+        let mut p = ParamTracker::new();
+        p.set_startup("application_name", "SET application_name = 'app'");
+        assert_eq!(p.current("application_name"), Some("SET application_name = 'app'"));
+        p.apply(&set("application_name", "'x'"), false);
+        p.apply(&set("search_path", "s"), false);
+        let reset = Statement::Reset { name: Some("application_name".into()) };
+        assert!(p.resets_startup(&reset));
+        assert!(!p.resets_startup(&Statement::Reset { name: Some("search_path".into()) }));
+        p.apply(&reset, true);
+        assert_eq!(p.current("application_name"), Some("SET application_name = 'app'"), "in the transaction");
+        p.end_transaction(true);
+        assert_eq!(p.current("application_name"), Some("SET application_name = 'app'"));
+        p.apply(&Statement::Reset { name: None }, false);
+        let all: Vec<_> = p.params().collect();
+        assert_eq!(all, [("application_name", "SET application_name = 'app'")], "RESET ALL keeps the startup SETs");
     }
 }

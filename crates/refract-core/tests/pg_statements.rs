@@ -373,6 +373,32 @@ fn execute_of_a_sql_name_through_the_extended_protocol_runs_the_clients_own() {
     assert_eq!(got.code(), Some("26000"), "{got:?}");
 }
 
+/// SQL `PREPARE` / `DEALLOCATE` sent through the extended protocol (pgjdbc sends every
+/// statement so): tracked like the simple-protocol ones, so clients taking turns on one server
+/// connection each have their own `ep`, and the errors are PostgreSQL's (42P05, 26000).
+#[test]
+fn prepare_and_deallocate_through_the_extended_protocol_are_the_clients_own() {
+    let f = fixture();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    let extended =
+        |c: &mut Client, sql: &str| run(c, &[parse("", sql), bind("", &[]), execute(), FrontendMessage::Sync]);
+    for (c, v) in [(&mut a, "a"), (&mut b, "b")] {
+        let got = extended(c, &format!("PREPARE ep AS SELECT '{v}'"));
+        assert_eq!(got.code(), None, "{v}: PREPARE: {got:?}");
+    }
+    for _ in 0..2 {
+        for (c, v) in [(&mut a, "a"), (&mut b, "b")] {
+            assert_eq!(c.query("EXECUTE ep").value(), v);
+            assert_eq!(extended(c, "EXECUTE ep").value(), v);
+        }
+    }
+    assert_eq!(extended(&mut a, "PREPARE ep AS SELECT 'again'").code(), Some("42P05"));
+    assert_eq!(extended(&mut a, "DEALLOCATE ep").code(), None);
+    assert_eq!(extended(&mut a, "EXECUTE ep").code(), Some("26000"));
+    assert_eq!(a.query("EXECUTE ep").code(), Some("26000"));
+    assert_eq!(b.query("EXECUTE ep").value(), "b", "b's own is untouched");
+}
+
 /// A named statement whose Parse failed, or was skipped after an earlier error in its batch,
 /// does not exist (PostgreSQL: `26000` at its Bind), and a failed Parse of a name leaves no
 /// statement that refract would prepare again behind the client's back.

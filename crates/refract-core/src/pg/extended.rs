@@ -29,6 +29,9 @@ impl Session {
     /// An Execute completed (CommandComplete) the statement of `c`.
     pub(super) fn executed(&mut self, c: &Classification) {
         for st in &c.statements {
+            if let Err(e) = self.sql_name_executed(st) {
+                tracing::debug!(error = %e, "no connection to note a prepared name on");
+            }
             match st {
                 Statement::Set { .. }
                 | Statement::Reset { .. }

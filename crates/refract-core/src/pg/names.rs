@@ -207,9 +207,10 @@ impl Session {
         Ok(())
     }
 
-    /// The SQL-prepared names that the batch's query texts `EXECUTE` (a driver's Parse of
-    /// `EXECUTE q(1)`, or a Bind of a statement parsed earlier with such a text): the server
-    /// looks `q` up at Describe and Execute, so it must be this client's `q` there too.
+    /// The SQL-prepared names that the batch's query texts `PREPARE`, `EXECUTE` or
+    /// `DEALLOCATE` (a driver's Parse of `EXECUTE q(1)` or `PREPARE q AS ...`, as asyncpg and
+    /// pgjdbc send them, or a Bind of a statement parsed earlier with such a text): the server
+    /// looks `q` up when it runs them, so it must be this client's `q` there too (or none).
     fn executed_sql_names(&self, msgs: &[FrontendMessage]) -> Vec<String> {
         let text_of = |m: &FrontendMessage| match m {
             FrontendMessage::Parse { query, .. } => Some(query.clone()),
@@ -220,9 +221,11 @@ impl Session {
             _ => None,
         };
         let texts = msgs.iter().filter_map(text_of).filter(|q| mentions_execute(q));
-        texts
-            .flat_map(|q| self.shared.classifier.classify(&q).executes().map(str::to_owned).collect::<Vec<_>>())
-            .collect()
+        let names_in = |q: &str| -> Vec<String> {
+            let c = self.shared.classifier.classify(q);
+            c.statements.iter().filter_map(sql_name).map(str::to_owned).collect()
+        };
+        texts.flat_map(|q| names_in(&q)).collect()
     }
 
     /// Sends the session's SETs to the bound connection now if they are due, as their own
@@ -286,6 +289,29 @@ impl Session {
     /// failure, names it touched are no longer known (they are closed and prepared again when
     /// next used); a failed `DEALLOCATE ALL` / `DISCARD ALL` may or may not have run, so the
     /// connection is not reused.
+    /// An Execute (extended protocol) completed `st`: a SQL `PREPARE` or `DEALLOCATE` changes
+    /// the client's statements and the connection's, as the same statement by simple query does.
+    pub(super) fn sql_name_executed(&mut self, st: &Statement) -> Result<(), PgError> {
+        if !matches!(st, Statement::Prepare { .. } | Statement::Deallocate { .. }) {
+            return Ok(());
+        }
+        self.state.statement_done(st);
+        let id = match st {
+            Statement::Prepare { name, .. } => self.state.prepared.get(name).map(|ps| self.identity(ps)),
+            _ => None,
+        };
+        let conn = self.conn()?;
+        match st {
+            Statement::Prepare { name, .. } => drop(id.map(|id| conn.sql_prepared.insert(name.clone(), id))),
+            Statement::Deallocate { name: Some(n) } => drop(conn.sql_prepared.remove(n)),
+            _ => {
+                conn.prepared.clear();
+                conn.sql_prepared.clear();
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn sql_names_done(&mut self, c: &Classification, failed: bool) -> Result<(), PgError> {
         let ids: Vec<Option<String>> = c
             .statements
@@ -344,7 +370,9 @@ impl ServerConn {
     }
 }
 
-/// A cheap test before classifying a query text: whether it may hold an `EXECUTE` statement.
+/// A cheap test before classifying a query text: whether it may hold a `PREPARE`, `EXECUTE`
+/// or `DEALLOCATE` statement.
 fn mentions_execute(query: &str) -> bool {
-    query.as_bytes().windows(7).any(|w| w.eq_ignore_ascii_case(b"execute"))
+    let has = |word: &[u8]| query.as_bytes().windows(word.len()).any(|w| w.eq_ignore_ascii_case(word));
+    has(b"execute") || has(b"prepare") || has(b"deallocate")
 }

@@ -4,7 +4,6 @@
 //! owes for messages it did not need to send (ParseComplete, CloseComplete) put in place.
 
 use super::error::PgError;
-use super::names::Made;
 use super::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Classification, Route};
@@ -53,6 +52,22 @@ impl Kind {
             Kind::Other => tag == b'V',
         }
     }
+}
+
+/// What a ParseComplete from the server establishes.
+#[derive(Debug, Clone)]
+pub(super) enum Made {
+    /// This global name is prepared on the connection (refract prepared it silently).
+    Global(String),
+    /// The connection's unnamed statement is `ps` (parsed again silently).
+    Unnamed(Arc<PreparedStatement>),
+    /// The client's own Parse of `ps`, sent as `global` (`None`: the unnamed statement). It
+    /// replaced `previous` under that name in the client's registry, which is put back if
+    /// the server skips the Parse (an earlier error in the batch).
+    Parse { global: Option<String>, ps: Arc<PreparedStatement>, previous: Option<Arc<PreparedStatement>> },
+    /// A stand-in for a Parse PostgreSQL refuses: it fails on the server, and the client gets
+    /// this error in place of the server's (`None`: the server's own).
+    Refused(Option<Bytes>),
 }
 
 /// An answer expected in the server's stream.

@@ -10,7 +10,7 @@
 //! ([`PreparedStatement::global_name`], with the `search_path` in force) and are prepared
 //! again wherever needed (`batch`); SQL-level ones keep the client's name on the server.
 
-use super::batch::{Expect, Kind, Plan};
+use super::batch::{Expect, Kind, Made, Plan};
 use super::error::PgError;
 use super::server::ServerConn;
 use super::session::Session;
@@ -20,22 +20,6 @@ use refract_pg::frontend::Target;
 use refract_pg::session::{Origin, PreparedStatement};
 use refract_pg::{reply, BackendMessage, FrontendMessage, TxStatus};
 use std::sync::Arc;
-
-/// What a ParseComplete from the server establishes.
-#[derive(Debug, Clone)]
-pub(super) enum Made {
-    /// This global name is prepared on the connection (refract prepared it silently).
-    Global(String),
-    /// The connection's unnamed statement is `ps` (parsed again silently).
-    Unnamed(Arc<PreparedStatement>),
-    /// The client's own Parse of `ps`, sent as `global` (`None`: the unnamed statement). It
-    /// replaced `previous` under that name in the client's registry, which is put back if
-    /// the server skips the Parse (an earlier error in the batch).
-    Parse { global: Option<String>, ps: Arc<PreparedStatement>, previous: Option<Arc<PreparedStatement>> },
-    /// A stand-in for a Parse PostgreSQL refuses: it fails on the server, and the client gets
-    /// this error in place of the server's (`None`: the server's own).
-    Refused(Option<Bytes>),
-}
 
 /// PostgreSQL's `duplicate_prepared_statement`.
 const DUPLICATE_PSTATEMENT: &str = "42P05";

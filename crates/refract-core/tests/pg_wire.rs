@@ -336,11 +336,19 @@ fn a_100_mib_copy_line_goes_both_ways_in_bounded_memory() {
 }
 
 /// libpq 18 asking for the newest protocol (3.2) through refract, as psycopg runs it. Needs a
-/// Python whose psycopg has libpq 18 or newer (`pip install "psycopg[binary]"`): the one named
-/// by `REFRACT_TEST_PYTHON`, else `python3`; skipped, saying so, without one.
+/// Python whose psycopg has libpq 18 or newer: the one named by `REFRACT_TEST_PYTHON`, else the
+/// driver venv `make test` sets up (`target/pyenv`, psycopg 3.3 with libpq 18), else `python3`;
+/// skipped, saying so, without one.
 #[test]
 fn libpq_18_with_max_protocol_version_latest_connects_as_to_postgresql() {
-    let python = std::env::var("REFRACT_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python");
+    let python = std::env::var("REFRACT_TEST_PYTHON").unwrap_or_else(|_| {
+        if venv.exists() {
+            venv.display().to_string()
+        } else {
+            "python3".into()
+        }
+    });
     let probe = std::process::Command::new(&python)
         .args(["-c", "import psycopg; print(psycopg.pq.version())"])
         .output()

@@ -92,7 +92,7 @@ fn sessions_taking_turns_on_one_connection_keep_their_own_settings() {
             param_types: vec![],
         };
         let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
-        c.send(&[parse, FrontendMessage::Bind(bind_default()), exec, FrontendMessage::Sync]);
+        c.send(&[parse, FrontendMessage::Bind(Bind::default()), exec, FrontendMessage::Sync]);
         let got = c.until_ready();
         assert_eq!(got.error, None);
         got.value().to_owned()
@@ -149,7 +149,7 @@ fn prepared_statements_move_between_servers() {
         FrontendMessage::Parse { name: "s1".into(), query: "SELECT pg_is_in_recovery()".into(), param_types: vec![] };
     c.send(&[parse, FrontendMessage::Describe(Target::Statement, "s1".into()), FrontendMessage::Sync]);
     assert_eq!(c.until_ready().tags, "1tTZ");
-    let bind = || FrontendMessage::Bind(Bind { statement: "s1".into(), ..bind_default() });
+    let bind = || FrontendMessage::Bind(Bind { statement: "s1".into(), ..Bind::default() });
     let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
     for _ in 0..3 {
         c.send(&[bind(), exec.clone(), FrontendMessage::Sync]);
@@ -232,21 +232,11 @@ fn reset_goes_back_to_the_clients_startup_value() {
     assert_eq!(c.query("SET application_name = 'changed'").code(), None);
     let parse =
         FrontendMessage::Parse { name: String::new(), query: "RESET application_name".into(), param_types: vec![] };
-    let bind = FrontendMessage::Bind(Bind { statement: String::new(), ..bind_default() });
+    let bind = FrontendMessage::Bind(Bind { statement: String::new(), ..Bind::default() });
     let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
     c.send(&[parse, bind, exec, FrontendMessage::Sync]);
     assert!(c.until_ready().error.is_none());
     assert_eq!(show(&mut c), "startup_app", "after an extended RESET");
-}
-
-fn bind_default() -> Bind {
-    Bind {
-        portal: String::new(),
-        statement: String::new(),
-        param_formats: vec![],
-        params: vec![],
-        result_formats: vec![],
-    }
 }
 
 #[test]

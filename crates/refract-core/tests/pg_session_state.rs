@@ -39,21 +39,11 @@ fn waits_for_pinned(c: &mut Client, sql: &str) {
     assert!(a.rows.is_empty(), "{sql}: {a:?}");
 }
 
-fn bind_default() -> Bind {
-    Bind {
-        portal: String::new(),
-        statement: String::new(),
-        param_formats: vec![],
-        params: vec![],
-        result_formats: vec![],
-    }
-}
-
 /// Parse/Bind/Execute/Sync of `sql` as the unnamed statement (how pgjdbc sends everything).
 fn extended(c: &mut Client, sql: &str) -> Answer {
     let parse = FrontendMessage::Parse { name: String::new(), query: sql.into(), param_types: vec![] };
     let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
-    c.send(&[parse, FrontendMessage::Bind(bind_default()), exec, FrontendMessage::Sync]);
+    c.send(&[parse, FrontendMessage::Bind(Bind::default()), exec, FrontendMessage::Sync]);
     c.until_ready()
 }
 
@@ -235,10 +225,10 @@ fn set_through_the_extended_protocol_follows_the_client() {
     let exec = || FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
     a.send(&[
         parse("SET statement_timeout = '999ms'"),
-        FrontendMessage::Bind(bind_default()),
+        FrontendMessage::Bind(Bind::default()),
         exec(),
         parse("SELECT 1/0"),
-        FrontendMessage::Bind(bind_default()),
+        FrontendMessage::Bind(Bind::default()),
         exec(),
         FrontendMessage::Sync,
     ]);

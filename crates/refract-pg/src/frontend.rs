@@ -33,7 +33,7 @@ impl Target {
 }
 
 /// A Bind message: parameters for a prepared statement, creating a portal.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Bind {
     /// Destination portal ("" is the unnamed portal).
     pub portal: String,

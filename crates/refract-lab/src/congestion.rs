@@ -93,18 +93,18 @@ pub fn extended(allowed: &str, name: &str) -> String {
 /// and return the algorithm to pin there. Runs in the host namespace before the lab's sockets
 /// open.
 pub fn prepare(wanted: &str) -> Result<String> {
-    match decide(wanted, &read(ALLOWED), &read(AVAILABLE), &read(DEFAULT)) {
+    let host_default = read(DEFAULT);
+    match decide(wanted, &read(ALLOWED), &read(AVAILABLE), &host_default) {
         Decision::Pin(name) => Ok(name),
         Decision::Allow(name) => match allow(&name) {
             Ok(()) => Ok(name),
-            Err(e) => Ok(fall_back(&format!("{e:#}"))),
+            Err(e) => Ok(fall_back(host_default, &format!("{e:#}"))),
         },
-        Decision::HostDefault { why, .. } => Ok(fall_back(&why)),
+        Decision::HostDefault { name, why } => Ok(fall_back(name, &why)),
     }
 }
 
-fn fall_back(why: &str) -> String {
-    let name = read(DEFAULT);
+fn fall_back(name: String, why: &str) -> String {
     eprintln!("note: the lab keeps the host's TCP congestion control `{name}`: {why}");
     name
 }

@@ -3,7 +3,8 @@
 //! over the authenticated control channel; the agent restores it, serves the pending requests
 //! byte-exact from a real blob server (asking with `Next` about the pipelined one), and hands
 //! the connection back (`HandBack` with the TCP
-//! state and the partial request); the dispatcher restores it and answers on it.
+//! state and the partial request); the dispatcher restores it and answers on it. The guard
+//! sits on `lo` as it sits on an agent host's interface.
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
@@ -14,7 +15,7 @@ use std::time::Duration;
 use refract_agent::{serve_with, LocalOptions};
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
 use refract_handover::control::{AppState, ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
-use refract_handover::{discard, restore, snapshot, FlowKey};
+use refract_handover::{discard, restore, snapshot, FlowKey, Guard};
 
 const KEY: &str = "agent test key, sixteen+ bytes";
 
@@ -75,6 +76,10 @@ fn a_restored_connection_is_served_and_handed_back() {
 }
 
 async fn scenario() {
+    // The agent host's guard, as in production: a client segment that arrives between the
+    // agent's discard and the stand-in dispatcher's restore (a window update while the client
+    // still reads) finds no socket here, and must be dropped, not answered with RST.
+    let guard = Guard::attach("lo", std::net::Ipv4Addr::LOCALHOST, 16).unwrap();
     let bl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = bl.local_addr().unwrap();
     tokio::spawn(blob_serve(bl, BlobServer::new("b1".into(), 0, 0)));
@@ -147,4 +152,5 @@ async fn scenario() {
     for h in heads {
         assert!(h.contains("x-refract-handover: 1"), "{h}");
     }
+    drop(guard);
 }

@@ -166,7 +166,7 @@ impl Session {
     }
 
     /// A batch is a read if every statement it parses or binds is one.
-    fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
+    pub(super) fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
         let mut parsed: HashMap<&str, bool> = HashMap::new();
         let mut write = false;
         for m in msgs {

@@ -17,6 +17,7 @@
 //! A client that leaves in the middle of the Bind ends its session; the server connection,
 //! holding half a message, is dropped (closed), never given back to the pool.
 
+use super::config::PgRole;
 use super::error::PgError;
 use super::session::Session;
 use super::wire::STREAM_ABOVE;
@@ -40,17 +41,29 @@ impl Session {
         if self.discard_until_sync {
             return self.wire.pass_on(None, rest).await;
         }
+        let queued = std::mem::take(&mut self.batch);
         if let Err(e) = self.bind(Route::Write).await {
             self.wire.pass_on(None, rest).await?;
             return self.refuse(e, false).await;
         }
-        let queued = std::mem::take(&mut self.batch);
         let bind = FrontendMessage::Bind(Bind { portal, statement, ..Bind::default() });
+        let writes = self.batch_route(&queued) == Route::Write;
         let result = match self.before_bind(queued).await {
-            Ok(()) => self.stream_bind(bind, rest).await,
+            Ok(()) => {
+                self.note_write(writes || self.batch_route(std::slice::from_ref(&bind)) == Route::Write);
+                self.stream_bind(bind, rest).await
+            }
             Err(e) => self.wire.pass_on(None, rest).await.and(Err(e)),
         };
         self.settle(result).await
+    }
+
+    /// Read-your-writes: the batch writes on the primary (its Sync's route does not say so,
+    /// since the Bind is not part of what follows it).
+    fn note_write(&mut self, writes: bool) {
+        if let Some(b) = self.bound.as_mut() {
+            b.wrote |= writes && b.server.role == PgRole::Primary;
+        }
     }
 
     /// Reads a large Bind's head and its portal and statement names (which must come within

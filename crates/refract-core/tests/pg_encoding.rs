@@ -112,7 +112,8 @@ fn latin1_client(addr: SocketAddr) -> TcpStream {
 }
 
 /// Runs the same messages straight on the primary and through refract; both answers, which must
-/// be equal.
+/// be equal. (The shared fixture lives while a test holds it: a test that creates a table
+/// holds it too.)
 fn both(msgs: &[Vec<u8>], readies: usize) -> Raw {
     let f = shared();
     let (mut direct, mut through) = (latin1_client(f.cluster.primary.addr()), latin1_client(f.addr()));
@@ -164,7 +165,8 @@ fn a_statement_name_with_a_latin1_byte_is_prepared_run_and_closed() {
 
 #[test]
 fn copy_fail_with_latin1_text_fails_the_copy_and_the_session_goes_on() {
-    shared().psql(&["CREATE TABLE IF NOT EXISTS t_copy_fail (v text)"]).unwrap();
+    let f = shared(); // held: the table lives in this fixture's cluster
+    f.psql(&["CREATE TABLE IF NOT EXISTS t_copy_fail (v text)"]).unwrap();
     let got = both(&[query(b"COPY t_copy_fail FROM STDIN"), msg(b'd', &[b"x\n"]), msg(b'f', &[b"abandon \xe9\0"])], 1);
     let message = b"COPY from stdin failed: abandon \xe9".to_vec();
     assert_eq!(got.errors, vec![(b"57014".to_vec(), message)]);

@@ -167,6 +167,7 @@ fn a_statement_name_with_a_latin1_byte_is_prepared_run_and_closed() {
 fn copy_fail_with_latin1_text_fails_the_copy_and_the_session_goes_on() {
     let f = shared(); // held: the table lives in this fixture's cluster
     f.psql(&["CREATE TABLE IF NOT EXISTS t_copy_fail (v text)"]).unwrap();
+    f.replicated(); // the count below may run on the replica
     let got = both(&[query(b"COPY t_copy_fail FROM STDIN"), msg(b'd', &[b"x\n"]), msg(b'f', &[b"abandon \xe9\0"])], 1);
     let message = b"COPY from stdin failed: abandon \xe9".to_vec();
     assert_eq!(got.errors, vec![(b"57014".to_vec(), message)]);

@@ -342,15 +342,42 @@ pub struct Timeouts {
     pub connect_ms: u64,
     /// From the request sent to the response head, and between two reads of a response body.
     pub request_ms: u64,
-    /// How long a client connection may sit idle between requests.
+    /// Keep-alive idle: how long a client connection may wait, between requests, before the
+    /// first byte of the next one (then it is closed without a word).
     pub client_idle_ms: u64,
     /// On SIGINT/SIGTERM, how long in-flight requests may take to finish.
     pub drain_ms: u64,
+    /// Inactivity while a request head arrives (no byte for this long): 408 and close.
+    pub head_ms: u64,
+    /// Inactivity while a request body arrives: 408 if nothing was answered yet, and close.
+    pub body_ms: u64,
+    /// No progress writing a response to the client for this long: the client connection is
+    /// reset and its backend connection and slot freed.
+    pub write_stall_ms: u64,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { connect_ms: 1000, request_ms: 30_000, client_idle_ms: 60_000, drain_ms: 10_000 }
+        Timeouts {
+            connect_ms: 1000,
+            request_ms: 30_000,
+            client_idle_ms: 60_000,
+            drain_ms: 10_000,
+            head_ms: 10_000,
+            body_ms: 30_000,
+            write_stall_ms: 30_000,
+        }
+    }
+}
+
+impl Timeouts {
+    /// The client-side timeouts must be set (a zero would fail every request).
+    fn validate_client(&self, text: &str) -> Result<(), String> {
+        let keys = [("head_ms", self.head_ms), ("body_ms", self.body_ms), ("write_stall_ms", self.write_stall_ms)];
+        match keys.iter().find(|(_, v)| *v == 0) {
+            Some((key, _)) => Err(format!("line {}: [timeouts] {key} must be > 0", find_key_line(text, key))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -458,6 +485,7 @@ impl Config {
                 return Err(format!("line {}: [timeouts] {key} must be > 0", find_key_line(text, key)));
             }
         }
+        self.timeouts.validate_client(text)?;
         if self.health.interval_ms == 0 || self.health.timeout_ms == 0 {
             return Err(format!("line {}: [health] times must be > 0", find_key_line(text, "health")));
         }
@@ -624,6 +652,17 @@ mod tests {
         let e = Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = 1001\n{agents}")).unwrap_err();
         assert!(e.contains("idle_ms must be at most 1000"), "{e}");
         assert!(Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = -1\n{agents}")).is_err());
+    }
+
+    #[test]
+    fn client_timeouts_default_and_must_be_set() {
+        let t = Config::parse(MIN).unwrap().timeouts;
+        assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms, t.client_idle_ms), (10_000, 30_000, 30_000, 60_000));
+        let c = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 1500\nbody_ms = 2000\nwrite_stall_ms = 2500\n"));
+        let t = c.unwrap().timeouts;
+        assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms), (1500, 2000, 2500));
+        let e = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 10\nwrite_stall_ms = 0\n")).unwrap_err();
+        assert_eq!(e, "line 5: [timeouts] write_stall_ms must be > 0");
     }
 
     #[test]

@@ -178,11 +178,11 @@ async fn exchange_within(
         if !rh.is_interim() {
             break rh;
         }
-        let mut sink = Sink::new(&mut conn.stream);
+        let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write);
         sink.pass(&mut bc, rh.len).await.map_err(|err| Failure { err, touched: true })?;
         written += sink.written;
     };
-    let mut sink = Sink::new(&mut conn.stream);
+    let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write);
     let result = sink.response(&mut bc, &rh, timeout, &b.name).await;
     written += sink.written;
     ctx.metrics.bytes_to_client.inc_by(written);

@@ -91,19 +91,28 @@ pub struct Sink<'a, W> {
     out: &'a mut W,
     /// Bytes written so far.
     pub written: u64,
+    /// Longest wait for a write to make progress (a client); `None` for a buffer.
+    stall: Option<Duration>,
 }
 
 impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
-    /// A sink over `out`.
+    /// A sink over a buffer (fan-out), which never stalls.
     pub fn new(out: &'a mut W) -> Self {
-        Sink { out, written: 0 }
+        Sink { out, written: 0, stall: None }
+    }
+
+    /// A sink over a client socket: a write that makes no progress for `stall` fails the
+    /// response with [`Error::ClientStalled`], so that a client that stops reading frees the
+    /// backend connection and its slot within that time.
+    pub fn client(out: &'a mut W, stall: Duration) -> Self {
+        Sink { out, written: 0, stall: Some(stall) }
     }
 
     async fn put(&mut self, bytes: &[u8]) -> Result<(), Error> {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.out.write_all(bytes).await.map_err(Error::ClientIo)?;
+        crate::conn::write_within(self.out, bytes, self.stall).await?;
         self.written += bytes.len() as u64;
         Ok(())
     }

@@ -207,7 +207,10 @@ mod tests {
         let d = Error::DeadlineExceeded { backend: "b1".into() };
         assert_eq!((d.status(), d.side(), d.is_retryable(), d.marks_down()), (504, Side::Client, false, false));
         let slow = Error::ClientTimeout { what: "body", ms: 1000 };
-        assert_eq!((slow.status(), slow.side(), slow.is_retryable(), slow.kind()), (408, Side::Client, false, "client_timeout"));
+        assert_eq!(
+            (slow.status(), slow.side(), slow.is_retryable(), slow.kind()),
+            (408, Side::Client, false, "client_timeout")
+        );
         let stalled = Error::ClientStalled { ms: 1000 };
         assert_eq!((stalled.side(), stalled.is_retryable(), stalled.marks_down()), (Side::Client, false, false));
     }

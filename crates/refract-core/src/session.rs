@@ -72,7 +72,12 @@ pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
     Box::pin(conn.close_gracefully()).await;
 }
 
-async fn serve(ctx: &Ctx, conn: &mut ClientConn, ho: &mut Option<Box<crate::handover::Session>>, head: RequestHead) -> Next {
+async fn serve(
+    ctx: &Ctx,
+    conn: &mut ClientConn,
+    ho: &mut Option<Box<crate::handover::Session>>,
+    head: RequestHead,
+) -> Next {
     let mut head_bytes = conn.buf.split_to(head.len).freeze();
     if head.internal {
         // Only refract's own hops set these (a client's deadline header would be taken for

@@ -68,7 +68,9 @@ fn ends_within(s: &mut TcpStream, cap: usize) -> bool {
         match s.read(&mut buf) {
             Ok(0) => return true,
             Ok(n) => total += n,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return false
+            }
             Err(_) => return true,
         }
     }

@@ -7,9 +7,9 @@
 mod guard;
 
 use crate::config::BackendConfig;
-use crate::membership::AddError;
 use crate::conn::ClientConn;
 use crate::dispatcher::Ctx;
+use crate::membership::AddError;
 use bytes::Bytes;
 use refract_http::{reply, RequestHead};
 use std::sync::Arc;
@@ -62,7 +62,12 @@ async fn connection(ctx: &Ctx, mut conn: ClientConn) {
         let answer = match guard::check(&ctx.cfg.admin, &head, &raw) {
             Ok(()) => route(ctx, &head, &body, close),
             Err(refusal) => {
-                tracing::warn!(path = head.path(), status = refusal.status, reason = refusal.message, "admin request refused");
+                tracing::warn!(
+                    path = head.path(),
+                    status = refusal.status,
+                    reason = refusal.message,
+                    "admin request refused"
+                );
                 refusal.reply(close)
             }
         };
@@ -103,7 +108,9 @@ fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
             Ok(changes) => json(200, serde_json::json!({ "reloaded": changes })),
             Err(e) => reply::error(400, &format!("reload refused, the old configuration stays: {e}"), &[], close),
         },
-        ("POST", path) if path.starts_with("/backends/") && (path.ends_with("/drain") || path.ends_with("/undrain")) => {
+        ("POST", path)
+            if path.starts_with("/backends/") && (path.ends_with("/drain") || path.ends_with("/undrain")) =>
+        {
             let (name, action) = path["/backends/".len()..].rsplit_once('/').unwrap_or_default();
             match ctx.members.set_drained(name, action == "drain") {
                 Some(_) => json(200, serde_json::json!({ "backend": name, "drained": action == "drain" })),

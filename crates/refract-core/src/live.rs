@@ -91,7 +91,8 @@ impl std::ops::Deref for LiveClassifier {
 mod tests {
     use super::*;
 
-    const TEXT: &str = "[listen]\nhttp = \"127.0.0.1:1\"\n[[backend]]\nname = \"a\"\naddr = \"127.0.0.1:2\"\nrole = \"primary\"\n";
+    const TEXT: &str =
+        "[listen]\nhttp = \"127.0.0.1:1\"\n[[backend]]\nname = \"a\"\naddr = \"127.0.0.1:2\"\nrole = \"primary\"\n";
 
     #[test]
     fn readers_see_the_replacement_and_two_lives_never_mix() {

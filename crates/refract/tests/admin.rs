@@ -36,7 +36,7 @@ fn status_codes_are_the_documented_ones() {
     let (b1, b2) = (blob("b1"), blob("b2"));
     let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
     let post = |def: String| admin(d.admin, "POST", "/backends", def.as_bytes());
-    let second = post(format!(r#"{{"name":"p2","addr":"127.0.0.1:9","role":"primary"}}"#));
+    let second = post(r#"{"name":"p2","addr":"127.0.0.1:9","role":"primary"}"#.into());
     assert_eq!(second.status, 409, "{second:?}");
     assert!(String::from_utf8_lossy(&second.body).contains("already a primary"), "{second:?}");
     assert_eq!(post(format!(r#"{{"name":"b9","addr":"{}","role":"replica"}}"#, b2.addr)).status, 409);
@@ -59,8 +59,7 @@ fn the_admin_api_needs_the_token_json_writes_and_no_foreign_origin() {
     let def = br#"{"name":"b1","addr":"127.0.0.1:9","role":"primary"}"#;
     let delete = request(d.admin, "DELETE", "/backends/b1", &[], b"");
     assert_eq!(delete.status, 401, "no token, no removal");
-    let plain =
-        request(d.admin, "POST", "/backends", &[("authorization", &auth), ("content-type", "text/plain")], def);
+    let plain = request(d.admin, "POST", "/backends", &[("authorization", &auth), ("content-type", "text/plain")], def);
     assert_eq!(plain.status, 415, "{plain:?}");
     let form = [("authorization", auth.as_str()), ("content-type", "application/x-www-form-urlencoded")];
     assert_eq!(request(d.admin, "POST", "/backends/b2/drain", &form, b"").status, 415);
@@ -100,7 +99,10 @@ fn a_drained_backend_takes_no_new_requests_until_undrained() {
     assert_eq!(metric(d.admin, r#"refract_backend_drained{backend="b3"}"#), 1);
     let served: Vec<_> = slow.iter_mut().map(|c| c.read_response(false).unwrap()).collect();
     assert!(served.iter().all(|r| r.status == 200 && r.body.len() == 100), "{served:?}");
-    assert!(served.iter().any(|r| r.header("x-served-by").as_deref() == Some("b3")), "the read in flight on b3 finished");
+    assert!(
+        served.iter().any(|r| r.header("x-served-by").as_deref() == Some("b3")),
+        "the read in flight on b3 finished"
+    );
     assert_eq!(admin(d.admin, "POST", "/backends/b3/undrain", b"").status, 200);
     let mut seen = std::collections::HashSet::new();
     for _ in 0..6 {

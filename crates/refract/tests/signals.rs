@@ -63,7 +63,8 @@ fn sighup_applies_a_new_backend_list_while_a_long_response_streams_on() {
     // b2 out, b3 in, a route added; the long response (from b2) is not read meanwhile.
     let b2_line = format!("[[backend]]\nname = \"b2\"\naddr = \"{}\"\nrole = \"replica\"\n", b2.addr);
     let b3_line = format!("[[backend]]\nname = \"b3\"\naddr = \"{}\"\nrole = \"replica\"\n", b3.addr);
-    let next = text.replace(&b2_line, &b3_line) + "[[route]]\nmethod = \"GET\"\npath_prefix = \"/stats\"\nclass = \"write\"\n";
+    let next =
+        text.replace(&b2_line, &b3_line) + "[[route]]\nmethod = \"GET\"\npath_prefix = \"/stats\"\nclass = \"write\"\n";
     std::fs::write(d.config_path(), next).unwrap();
     d.proc.signal("HUP");
     wait_for("the reload took effect", || {
@@ -76,7 +77,8 @@ fn sighup_applies_a_new_backend_list_while_a_long_response_streams_on() {
     assert_eq!(metric(d.admin, writes), 0);
     assert_eq!(get(d.proc.addr, "/stats").status, 200);
     assert_eq!(metric(d.admin, writes), 1, "the new route sent GET /stats to the primary as a write");
-    let names: Vec<_> = admin_get(d.admin, "/backends").json().as_array().unwrap().iter().map(|b| b["name"].to_string()).collect();
+    let names: Vec<_> =
+        admin_get(d.admin, "/backends").json().as_array().unwrap().iter().map(|b| b["name"].to_string()).collect();
     assert_eq!(names, ["\"b1\"", "\"b3\""]);
     check_body(&mut long, 1 << 20, N, 7);
     long.send(&raw_request("GET", "/blob?bytes=5", &[], b""));

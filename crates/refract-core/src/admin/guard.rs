@@ -132,7 +132,10 @@ mod tests {
         let ok = "authorization: Bearer 0123456789abcdef\r\n";
         let host = "host: 127.0.0.1:8081\r\n";
         assert_eq!(run(&cfg, &format!("GET /backends HTTP/1.1\r\n{host}\r\n")), Err(401));
-        assert_eq!(run(&cfg, &format!("GET /backends HTTP/1.1\r\n{host}authorization: Bearer 0123456789abcdeX\r\n\r\n")), Err(401));
+        assert_eq!(
+            run(&cfg, &format!("GET /backends HTTP/1.1\r\n{host}authorization: Bearer 0123456789abcdeX\r\n\r\n")),
+            Err(401)
+        );
         assert_eq!(run(&cfg, &format!("GET /backends HTTP/1.1\r\n{host}{ok}\r\n")), Ok(()));
         assert_eq!(run(&cfg, &format!("GET /metrics HTTP/1.1\r\n{host}\r\n")), Ok(()), "metrics stay open");
         let post = format!("POST /backends HTTP/1.1\r\n{host}{ok}content-length: 2\r\n");

@@ -60,7 +60,8 @@ impl AdminConfig {
 mod tests {
     use crate::Config;
 
-    const HEAD: &str = "[[backend]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n[listen]\nhttp = \"127.0.0.1:8080\"\n";
+    const HEAD: &str =
+        "[[backend]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n[listen]\nhttp = \"127.0.0.1:8080\"\n";
 
     fn parse(admin: &str, section: &str) -> Result<Config, String> {
         Config::parse(&format!("{HEAD}admin = \"{admin}\"\n[admin]\n{section}"))

@@ -38,9 +38,7 @@ fn key_line(text: &str, section: &str, key: &str) -> usize {
         let line = line.trim_start();
         if let Some(header) = line.strip_prefix('[') {
             current = header.trim_start_matches('[').split(']').next().unwrap_or("").trim();
-        } else if current == section
-            && line.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
-        {
+        } else if current == section && line.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('=')) {
             return i + 1;
         }
     }
@@ -77,7 +75,10 @@ fn backends(cfg: &Config, text: &str) -> Result<(), String> {
         let (name, addr) = (&b.get_ref().name, b.get_ref().addr);
         if let Some(o) = cfg.backends[..i].iter().find(|o| o.get_ref().addr == addr) {
             let at = line_of(text, b.span().start);
-            return Err(format!("line {at}: backend {name:?} has the address {addr} of backend {:?}", o.get_ref().name));
+            return Err(format!(
+                "line {at}: backend {name:?} has the address {addr} of backend {:?}",
+                o.get_ref().name
+            ));
         }
     }
     Ok(())

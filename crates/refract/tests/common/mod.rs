@@ -84,9 +84,8 @@ pub const TOKEN: &str = "test-token-0123456789";
 /// The config for a dispatcher on fresh ports in front of `backends` (name, addr, role);
 /// `extra` is appended verbatim.
 pub fn config(http: SocketAddr, admin: SocketAddr, backends: &[(&str, SocketAddr, &str)], extra: &str) -> String {
-    let mut text = format!(
-        "[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nworkers = 2\n[admin]\ntoken = \"{TOKEN}\"\n"
-    );
+    let mut text =
+        format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nworkers = 2\n[admin]\ntoken = \"{TOKEN}\"\n");
     for (name, addr, role) in backends {
         text += &format!("[[backend]]\nname = \"{name}\"\naddr = \"{addr}\"\nrole = \"{role}\"\n");
     }

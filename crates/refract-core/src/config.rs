@@ -7,6 +7,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use toml::Spanned;
 
+mod admin;
+mod checks;
+pub use admin::{AdminConfig, MIN_TOKEN_LEN};
+pub use checks::{MAX_COUNT, MAX_MS, MAX_WORKERS};
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +45,9 @@ pub struct Config {
     /// Connection hand-over to agents on the backends' hosts; absent = off.
     #[serde(default)]
     pub handover: Option<HandoverConfig>,
+    /// Who may drive the admin listener (docs/operations.md).
+    #[serde(default)]
+    pub admin: AdminConfig,
 }
 
 /// `[handover]`: hand a client connection to the agent in front of a backend, which answers
@@ -455,12 +463,21 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError { path: path.display().to_string(), message: e.to_string() })?;
-        Config::parse(&text).map_err(|message| ConfigError { path: path.display().to_string(), message })
+        let base = path.parent().unwrap_or(Path::new("."));
+        Config::parse_in(&text, base).map_err(|message| ConfigError { path: path.display().to_string(), message })
     }
 
-    /// Parses and validates configuration text; the error names the line.
+    /// Parses and validates configuration text; the error names the line. Relative paths in
+    /// it (`[admin] token_file`) are taken from the current directory.
     pub fn parse(text: &str) -> Result<Config, String> {
-        let cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
+        Config::parse_in(text, Path::new("."))
+    }
+
+    /// Parses and validates configuration text whose relative paths start at `base`.
+    pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
+        checks::all(&cfg, text)?;
+        cfg.admin.resolve(cfg.listen.admin, base, find_key_line(text, "admin"))?;
         cfg.validate(text)
     }
 
@@ -571,7 +588,9 @@ fn find_key_line(text: &str, key: &str) -> usize {
 mod tests {
     use super::*;
 
-    const MIN: &str = "[listen]\nhttp = \"127.0.0.1:8080\"\n";
+    /// A replica, then `[listen]` (so that tests append `[listen]` keys); 7 lines.
+    const MIN: &str =
+        "[[backend]]\nname = \"r0\"\naddr = \"127.0.0.1:9\"\nrole = \"replica\"\n\n[listen]\nhttp = \"127.0.0.1:8080\"\n";
 
     #[test]
     fn busy_polling_is_bounded_and_needs_the_per_core_runtime() {
@@ -579,9 +598,9 @@ mod tests {
         let on = Config::parse(&format!("{MIN}busy_poll_us = 200\n")).unwrap();
         assert_eq!(on.listen.busy_poll_us, 200);
         let long = Config::parse(&format!("{MIN}busy_poll_us = 20000\n")).unwrap_err();
-        assert!(long.contains("line 3") && long.contains("busy_poll_us must be ≤ 10000"), "{long}");
+        assert!(long.contains("line 8") && long.contains("busy_poll_us must be ≤ 10000"), "{long}");
         let ws = Config::parse(&format!("{MIN}runtime = \"work-stealing\"\nbusy_poll_us = 200\n")).unwrap_err();
-        assert!(ws.contains("line 4") && ws.contains("per-core"), "{ws}");
+        assert!(ws.contains("line 9") && ws.contains("per-core"), "{ws}");
     }
 
     #[test]
@@ -589,13 +608,13 @@ mod tests {
         let c = Config::parse(MIN).unwrap();
         assert_eq!(c.timeouts.connect_ms, 1000);
         assert_eq!(c.balance.policy, Policy::PeakEwma);
-        assert!(c.backends.is_empty());
+        assert_eq!(c.backends.len(), 1);
     }
 
     #[test]
     fn unknown_key_names_the_line() {
         let e = Config::parse(&format!("{MIN}colour = 3\n")).unwrap_err();
-        assert!(e.starts_with("line 3:"), "{e}");
+        assert!(e.starts_with("line 8:"), "{e}");
         assert!(e.contains("colour"), "{e}");
     }
 
@@ -613,7 +632,7 @@ mod tests {
         );
         let e = Config::parse(&text).unwrap_err();
         assert!(e.contains("used twice"), "{e}");
-        assert!(e.starts_with("line 7:") || e.starts_with("line 8:"), "{e}");
+        assert!(e.starts_with("line 12:") || e.starts_with("line 13:"), "{e}");
     }
 
     #[test]
@@ -645,7 +664,7 @@ mod tests {
         let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"nowhere\" }}\n")).unwrap_err();
         assert!(e.contains("unix:/path"), "{e}");
         let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"sometimes\"\n")).unwrap_err();
-        assert!(e.starts_with("line 8:"), "{e}");
+        assert!(e.starts_with("line 13:"), "{e}");
         let agents = "agents = { b1 = \"unix:/a\" }\n";
         let c = Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = 0\n{agents}")).unwrap();
         assert_eq!(c.handover.unwrap().idle_ms, 0);
@@ -668,6 +687,6 @@ mod tests {
     #[test]
     fn zero_timeout_refused() {
         let e = Config::parse(&format!("{MIN}[timeouts]\nconnect_ms = 0\n")).unwrap_err();
-        assert_eq!(e, "line 4: [timeouts] connect_ms must be > 0");
+        assert_eq!(e, "line 9: [timeouts] connect_ms must be > 0");
     }
 }

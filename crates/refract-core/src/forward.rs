@@ -183,7 +183,13 @@ async fn exchange_within(
         written += sink.written;
     };
     let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write);
-    let result = sink.response(&mut bc, &rh, timeout, &b.name).await;
+    // Draining: this is the connection's last response, and its head says so.
+    let closing = ctx.stop.is_cancelled();
+    let result = if closing {
+        sink.response_closing(&mut bc, &rh, timeout, &b.name).await
+    } else {
+        sink.response(&mut bc, &rh, timeout, &b.name).await
+    };
     written += sink.written;
     ctx.metrics.bytes_to_client.inc_by(written);
     let reuse = result.map_err(|err| Failure { err, touched: written > 0 })?;
@@ -191,7 +197,7 @@ async fn exchange_within(
     if reuse {
         b.checkin(bc);
     }
-    Ok(Done { go_on: rh.body != BodyKind::UntilClose, status: rh.status })
+    Ok(Done { go_on: rh.body != BodyKind::UntilClose && !closing, status: rh.status })
 }
 
 /// Resolves when the client has closed its side (or failed) while its request is being

@@ -124,6 +124,21 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
         Ok(())
     }
 
+    /// Relays a whole response like [`Sink::response`], its head saying `Connection: close`:
+    /// the dispatcher is draining and closes the client connection after it, and a client
+    /// told so beforehand does not send another request into the close.
+    pub async fn response_closing(
+        &mut self,
+        bc: &mut BackendConn,
+        rh: &ResponseHead,
+        timeout: Duration,
+        backend: &str,
+    ) -> Result<bool, Error> {
+        self.put(&closing_head(&bc.buf[..rh.len])).await?;
+        bc.buf.advance(rh.len);
+        self.response(bc, &ResponseHead { len: 0, ..rh.clone() }, timeout, backend).await
+    }
+
     /// Relays a whole response whose head `rh` starts `bc`'s buffer. Returns whether the
     /// backend connection may be reused.
     pub async fn response(
@@ -185,5 +200,38 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
             self.pass(bc, take).await?;
         }
         Ok(())
+    }
+}
+
+/// A complete response head with its `Connection` and `Keep-Alive` headers replaced by
+/// `connection: close`.
+pub fn closing_head(head: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len() + 19);
+    for (i, line) in head.split_inclusive(|&c| c == b'\n').enumerate() {
+        if line == b"\r\n" || line == b"\n" {
+            out.extend_from_slice(b"connection: close\r\n");
+        } else if i > 0 && is_connection_header(line) {
+            continue;
+        }
+        out.extend_from_slice(line);
+    }
+    out
+}
+
+fn is_connection_header(line: &[u8]) -> bool {
+    let name = line.split(|&c| c == b':').next().unwrap_or_default().trim_ascii();
+    name.eq_ignore_ascii_case(b"connection") || name.eq_ignore_ascii_case(b"keep-alive")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::closing_head;
+
+    #[test]
+    fn closing_head_replaces_connection_headers() {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n";
+        assert_eq!(closing_head(head), b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nconnection: close\r\n\r\n");
+        let bare = b"HTTP/1.1 204 No Content\r\n\r\n";
+        assert_eq!(closing_head(bare), b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n");
     }
 }

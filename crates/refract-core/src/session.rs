@@ -182,6 +182,7 @@ async fn reply_error(ctx: &Ctx, conn: &mut ClientConn, err: &Error, keep: bool) 
         None => tracing::debug!(error = %err, "request refused"),
     }
     let extra: Vec<(&str, &str)> = err.backend().map(|b| ("backend", b)).into_iter().collect();
+    let keep = keep && !ctx.stop.is_cancelled();
     let bytes = reply::error(err.status(), &err.to_string(), &extra, !keep);
     match conn.reply(&bytes).await {
         Ok(()) if keep => Next::Continue,

@@ -249,7 +249,7 @@ fn reads_go_through_the_agent_and_the_connection_comes_back() {
     assert_eq!(metric(d.admin, r#"refract_bytes_direct_total{backend="b2"}"#), sent_direct);
     assert_eq!(metric(d.admin, "refract_handover_seconds_count"), 4);
     assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
-    let backends = common::get(d.admin, "/backends").json();
+    let backends = common::admin_get(d.admin, "/backends").json();
     let b2 = backends.as_array().unwrap().iter().find(|b| b["name"] == "b2").unwrap();
     let want = serde_json::json!({"handovers": 4, "handbacks": 4, "bytes_direct": sent_direct});
     assert_eq!(b2["handover"], want, "{backends}");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 const ONE_SLOT: &str = "[overload]\nmax_concurrency = 1\ninitial_concurrency = 1\n";
 
 fn in_flight(d: &Dispatcher, name: &str) -> u64 {
-    let list = get(d.admin, "/backends").json();
+    let list = admin_get(d.admin, "/backends").json();
     list.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()["in_flight"].as_u64().unwrap()
 }
 
@@ -110,7 +110,7 @@ fn a_deadline_that_runs_out_at_the_backend_is_not_blamed_on_the_backend() {
         assert_eq!(r.status, 504, "{r:?}");
         assert!(r.json()["error"].as_str().unwrap().contains("deadline"), "{r:?}");
     }
-    let list = get(d.admin, "/backends").json();
+    let list = admin_get(d.admin, "/backends").json();
     for b in list.as_array().unwrap() {
         assert_eq!(b["state"], "up", "short client deadlines must not eject a backend: {b}");
     }

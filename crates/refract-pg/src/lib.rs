@@ -8,6 +8,7 @@
 //! - [`frame`]: where a message ends ([`frame::peek`]), size [`Limits`]; unknown types pass.
 //! - [`stream`]: [`stream::Splitter`], large messages as head and body pieces, for relaying.
 //! - [`startup`]: the untyped first message (StartupMessage, SSLRequest, CancelRequest, ...).
+//! - [`text`]: message text in any client encoding, held losslessly (non-UTF-8 bytes escaped).
 //! - [`frontend`]: typed client messages ([`FrontendMessage`]).
 //! - [`backend`]: typed server messages ([`BackendMessage`]).
 //! - [`notice`]: ErrorResponse/NoticeResponse fields and SQLSTATE codes.
@@ -31,6 +32,7 @@ pub mod startup;
 pub mod stream;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod text;
 mod wire;
 
 pub use backend::{Authentication, BackendMessage, TxStatus};

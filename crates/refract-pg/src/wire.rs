@@ -54,13 +54,13 @@ impl<'a> Reader<'a> {
         usize::try_from(n).map_err(|_| Error::malformed(self.from, format!("negative {what}")))
     }
 
-    /// A NUL-terminated UTF-8 string.
+    /// A NUL-terminated string, in whatever encoding: bytes that are not UTF-8 are kept as
+    /// escapes ([`crate::text`]).
     pub(crate) fn cstr(&mut self, what: &str) -> Result<String, Error> {
         let end = self.buf.iter().position(|&b| b == 0).ok_or_else(|| self.short(what))?;
-        let s = std::str::from_utf8(&self.buf[..end])
-            .map_err(|_| Error::malformed(self.from, format!("{what} is not UTF-8")))?;
+        let s = crate::text::decode(&self.buf[..end]);
         self.buf = &self.buf[end + 1..];
-        Ok(s.to_owned())
+        Ok(s)
     }
 
     /// A value prefixed by an i32 length, where -1 means NULL.
@@ -92,9 +92,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Writes a NUL-terminated string.
+/// Writes a NUL-terminated string (escaped bytes as they were, [`crate::text`]).
 pub(crate) fn put_cstr(dst: &mut BytesMut, s: &str) {
-    dst.put_slice(s.as_bytes());
+    crate::text::encode(s, dst);
     dst.put_u8(0);
 }
 

@@ -91,6 +91,8 @@ pub(super) struct Plan {
     /// The client statement the server's unnamed statement will be once the messages planned
     /// so far have run (`None`: none, or not one refract knows).
     pub unnamed: Option<Arc<PreparedStatement>>,
+    /// Where the last Bind starts in `out` (a large Bind's head replaces it: `bind`).
+    pub bind_at: Option<usize>,
 }
 
 impl Plan {
@@ -139,7 +141,12 @@ impl Session {
         self.settle(result).await
     }
 
-    async fn run_bound_batch(&mut self, msgs: Vec<FrontendMessage>, synced: bool, route: Route) -> Result<(), PgError> {
+    pub(super) async fn run_bound_batch(
+        &mut self,
+        msgs: Vec<FrontendMessage>,
+        synced: bool,
+        route: Route,
+    ) -> Result<(), PgError> {
         self.mirror_batch_names(&msgs).await?;
         let mut head = BytesMut::new();
         let prefixed = self.params_prefix(&mut head)?;
@@ -159,7 +166,7 @@ impl Session {
     }
 
     /// A batch is a read if every statement it parses or binds is one.
-    fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
+    pub(super) fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
         let mut parsed: HashMap<&str, bool> = HashMap::new();
         let mut write = false;
         for m in msgs {
@@ -184,11 +191,11 @@ impl Session {
     }
 
     fn is_read(&self, query: &str) -> bool {
-        self.shared.classifier.classify(query).target(self.state.route) == Route::Read
+        self.classify_text(query).0.target(self.state.route) == Route::Read
     }
 
     /// Rewrites the batch for the bound connection.
-    fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
+    pub(super) fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
         let unnamed = self.conn()?.unnamed.clone();
         let mut plan = Plan { skip: self.skip_until_sync, unnamed, ..Plan::default() };
         let (mut parsed, mut portals) = (HashMap::new(), HashMap::new());
@@ -199,7 +206,10 @@ impl Session {
                         self.parse_duplicate(&mut plan, &name);
                         continue;
                     }
-                    let c = self.shared.classifier.classify(&query);
+                    let (c, untracked) = self.classify_text(&query);
+                    if untracked {
+                        self.note_untracked();
+                    }
                     let read = c.target(self.state.route) == Route::Read;
                     self.note_state(&c);
                     parsed.insert(name.clone(), c);
@@ -223,6 +233,7 @@ impl Session {
                         portals.insert(b.portal.clone(), c);
                     }
                     b.statement = self.server_name(&b.statement, &mut plan)?;
+                    plan.bind_at = Some(plan.out.len());
                     plan.send(&FrontendMessage::Bind(b), true, None);
                 }
                 FrontendMessage::Describe(Target::Statement, name) => {
@@ -273,7 +284,7 @@ impl Session {
     }
 
     /// Relays answers in order, inserting refract's own where due, until all are in.
-    async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<(), PgError> {
+    pub(super) async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<(), PgError> {
         loop {
             while let Some(Expect::Local(..)) = expect.front() {
                 if let Some(Expect::Local(b, _)) = expect.pop_front() {

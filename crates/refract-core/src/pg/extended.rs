@@ -11,19 +11,22 @@ use std::sync::Arc;
 
 impl Session {
     /// The classification of the statement a Bind names: parsed earlier in this batch
-    /// (`parsed`), or registered by an earlier Parse.
+    /// (`parsed`), or registered by an earlier Parse (text refract cannot read may change
+    /// parameters it does not track: the connection is marked so).
     pub(super) fn bound_statement(
-        &self,
+        &mut self,
         name: &str,
         parsed: &HashMap<String, Arc<Classification>>,
     ) -> Option<Arc<Classification>> {
         if let Some(c) = parsed.get(name) {
             return Some(c.clone());
         }
-        match &self.state.prepared.get(name)?.origin {
-            Origin::Protocol { query, .. } => Some(self.shared.classifier.classify(query)),
-            Origin::Sql { .. } => None,
+        let Origin::Protocol { query, .. } = &self.state.prepared.get(name)?.origin else { return None };
+        let (c, untracked) = self.classify_text(query);
+        if untracked {
+            self.note_untracked();
         }
+        Some(c)
     }
 
     /// An Execute completed (CommandComplete) the statement of `c`.

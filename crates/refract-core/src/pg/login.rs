@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
 use refract_pg::notice::sqlstate;
 use refract_pg::startup::{CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};
-use refract_pg::{reply, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
+use refract_pg::{reply, text, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
 use std::time::Duration;
 
 /// Startup parameters that become session SETs (replayed on every server connection used).
@@ -217,7 +217,9 @@ pub fn startup_sets(startup: &Startup) -> Vec<(String, String)> {
     let mut sets = vec![];
     for (k, v) in &startup.params {
         let name = k.to_ascii_lowercase();
-        if TRACKED_PARAMS.contains(&name.as_str()) {
+        if text::is_raw(v) && is_setting(k) {
+            sets.push((name.clone(), set_raw(startup, &name, v)));
+        } else if TRACKED_PARAMS.contains(&name.as_str()) {
             sets.push((name, format!("SET {k} = {}", literal(v))));
         } else if is_setting(k) {
             sets.push((name.clone(), set_config(&name, v)));
@@ -230,6 +232,18 @@ pub fn startup_sets(startup: &Startup) -> Vec<(String, String)> {
     sets
 }
 
+/// A startup value that is not UTF-8, as a `set_config` whose value the server reads in the
+/// client's `client_encoding` from hex digits: the statement is ASCII, so it means the same
+/// whatever encoding the connection replaying it is in (PostgreSQL itself takes such a value
+/// unconverted; the text is the same when the encoding is the server's). Without a
+/// `client_encoding` the value must be valid in the server's, or the login is refused.
+fn set_raw(startup: &Startup, name: &str, value: &str) -> String {
+    let hex: String = text::to_bytes(value).iter().map(|b| format!("{b:02x}")).collect();
+    let encoding = startup.param("client_encoding").map_or("pg_catalog.getdatabaseencoding()".into(), literal);
+    let value = format!("pg_catalog.convert_from(pg_catalog.decode('{hex}', 'hex'), {encoding})");
+    format!("SELECT pg_catalog.set_config({}, {value}, false)", literal(name))
+}
+
 fn set_config(name: &str, value: &str) -> String {
     format!("SELECT pg_catalog.set_config({}, {}, false)", literal(name), literal(value))
 }
@@ -239,10 +253,12 @@ fn is_setting(name: &str) -> bool {
     !matches!(name, "user" | "database" | "options" | "replication") && !name.starts_with("_pq_.")
 }
 
-/// Settings in the startup packet beyond the usual ones (which the server's defaults cover).
+/// Settings in the startup packet beyond the usual ones (which the server's defaults cover), or
+/// with bytes that are not UTF-8 (which the server must be able to read in their encoding).
 fn has_extra_settings(startup: &Startup) -> bool {
     let extra = |k: &String| is_setting(k) && !TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str());
-    startup.params.iter().any(|(k, _)| extra(k)) || matches!(options(startup), Ok(o) if !o.is_empty())
+    let raw = |v: &String| text::is_raw(v);
+    startup.params.iter().any(|(k, v)| extra(k) || raw(v)) || matches!(options(startup), Ok(o) if !o.is_empty())
 }
 
 /// The startup packet's `options` as settings (refused as PostgreSQL refuses them).
@@ -273,6 +289,7 @@ async fn check_options(shared: &Shared, startup: &Startup) -> Result<(), Refusal
                 "42704" => "42704",
                 "42501" => "42501",
                 "55P02" => "55P02",
+                "22021" => "22021",
                 _ => "22023",
             };
             Err((code, e.message().unwrap_or("invalid startup options").to_owned()))

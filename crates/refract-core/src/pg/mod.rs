@@ -7,7 +7,9 @@
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
 //! - `large`: large DataRow / CopyData relayed in pieces, never held whole.
-//! - `unreadable`: simple queries that are not UTF-8 (LATIN1, WIN1252 ...), relayed as sent.
+//! - `bind`: large Bind messages relayed in pieces, as a dispatch point of their batch.
+//! - `unreadable`: text that is not UTF-8 (LATIN1, WIN1252 ...): relayed as sent, classified
+//!   conservatively.
 //! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
@@ -19,6 +21,7 @@
 //! - `error`: the error type.
 
 mod batch;
+mod bind;
 mod cancel;
 mod clients;
 mod config;

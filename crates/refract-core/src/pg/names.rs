@@ -30,9 +30,19 @@ impl Session {
         self.state.params.current("search_path")
     }
 
-    /// The server-side identity of a client statement under the session's current settings.
+    /// The server-side identity of a client statement under the session's current settings:
+    /// the `search_path`, and for non-ASCII text the `client_encoding` too (the same bytes are
+    /// other characters in another encoding, so the server would hold another statement).
     pub(super) fn identity(&self, ps: &PreparedStatement) -> String {
-        ps.global_name(self.search_path())
+        let text = match &ps.origin {
+            Origin::Protocol { query, .. } => query,
+            Origin::Sql { text } => text,
+        };
+        if text.is_ascii() {
+            return ps.global_name(self.search_path());
+        }
+        let encoding = self.state.params.current("client_encoding");
+        ps.global_name(Some(&format!("{:?} {encoding:?}", self.search_path())))
     }
 
     /// The client's Parse of the unnamed statement, sent as is.
@@ -206,7 +216,7 @@ impl Session {
         };
         let texts = msgs.iter().filter_map(text_of).filter(|q| mentions_execute(q));
         let names_in = |q: &str| -> Vec<String> {
-            let c = self.shared.classifier.classify(q);
+            let (c, _) = self.classify_text(q);
             c.statements.iter().filter_map(sql_name).map(str::to_owned).collect()
         };
         texts.flat_map(|q| names_in(&q)).collect()

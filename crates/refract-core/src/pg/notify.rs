@@ -3,12 +3,13 @@
 //! to the clients that listen on its channel ([`Listening`]), also while they are idle.
 //! A client's LISTEN/UNLISTEN (simple or extended protocol) is answered by refract.
 
+use super::bind::streamed_from_client;
 use super::config::PoolMode;
 use super::error::PgError;
 use super::server::ServerConn;
 use super::servers::Servers;
 use super::session::Session;
-use super::wire::Frame;
+use super::wire::{Frame, Incoming};
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::Statement;
 use refract_pg::frontend::Target;
@@ -256,12 +257,15 @@ impl Listening {
 }
 
 impl Session {
-    /// The client's next message; while it is idle between transactions, notifications for
-    /// its channels are sent to it as they come.
-    pub(super) async fn recv_client(&mut self) -> Result<Frame, PgError> {
+    /// The client's next message (or the head of a large Bind, relayed in pieces by `bind`);
+    /// while it is idle between transactions, notifications for its channels are sent to it as
+    /// they come.
+    pub(super) async fn recv_client(&mut self) -> Result<Incoming, PgError> {
         loop {
             let idle = self.batch.is_empty() && self.state.tx.status() == TxStatus::Idle;
-            let Some(l) = self.held.listening.as_mut().filter(|_| idle) else { return self.wire.recv().await };
+            let Some(l) = self.held.listening.as_mut().filter(|_| idle) else {
+                return self.wire.recv_unless_large(streamed_from_client).await;
+            };
             while let Ok(n) = l.rx.try_recv() {
                 if l.wants(&n) {
                     self.out.extend_from_slice(&n);
@@ -274,7 +278,7 @@ impl Session {
             }
             tokio::select! {
                 biased;
-                f = self.wire.recv() => return f,
+                f = self.wire.recv_unless_large(streamed_from_client) => return f,
                 n = l.rx.recv() => {
                     if let Some(n) = n.filter(|n| l.wants(n)) {
                         self.wire.send(&n).await?;
@@ -446,7 +450,7 @@ impl Session {
     }
 
     fn listen_query(&self, query: &str) -> Option<Statement> {
-        match self.shared.classifier.classify(query).statements.as_slice() {
+        match self.classify_text(query).0.statements.as_slice() {
             [st @ (Statement::Listen { .. } | Statement::Unlisten { .. })] => Some(st.clone()),
             _ => None,
         }

@@ -10,15 +10,14 @@ use super::login::{self, startup_sets};
 use super::pin::Held;
 use super::pool::Guard;
 use super::servers::Server;
-use super::unreadable::is_unreadable_query;
-use super::wire::{Frame, Wire};
+use super::wire::{Frame, Incoming, Wire};
 use super::Shared;
 use bytes::BytesMut;
 use refract_http::RouteClass;
 use refract_pg::classify::{Classification, Route, Statement};
 use refract_pg::notice::sqlstate;
 use refract_pg::session::{SessionState, TxTracker};
-use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
+use refract_pg::{reply, text, BackendMessage, FrontendMessage, Side, TxStatus};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -64,7 +63,7 @@ pub(super) struct Session {
     /// The server failed a message of an unsynced batch: it ignores everything until Sync.
     pub skip_until_sync: bool,
     /// refract refused an unsynced batch: drop the client's messages until Sync.
-    discard_until_sync: bool,
+    pub(super) discard_until_sync: bool,
     /// A batch ended with Flush: the server may hold an unsynced implicit transaction.
     pub unsynced: bool,
     /// An Execute ran since the last Sync (the unsynced implicit transaction did work).
@@ -132,22 +131,19 @@ impl Session {
         loop {
             self.client.info.set_state(self.ready_state());
             let (tag, frame) = match self.recv_client().await {
-                Ok(f) => f,
+                Ok(Incoming::Whole(f)) => f,
+                Ok(Incoming::Large(h)) => {
+                    self.client.info.set_state(ClientState::Active);
+                    self.large_bind(h).await?;
+                    continue;
+                }
                 Err(PgError::Closed(Side::Client)) => return Ok(()),
                 Err(e) => return Err(e),
             };
             if matches!(tag, b'Q' | b'S' | b'H') {
                 self.client.info.set_state(ClientState::Active);
             }
-            let msg = match FrontendMessage::decode(tag, &frame[5..]) {
-                Err(_) if tag == b'Q' && is_unreadable_query(&frame[5..]) => {
-                    if !self.discard_until_sync {
-                        self.simple_unreadable(frame).await?;
-                    }
-                    continue;
-                }
-                msg => msg?,
-            };
+            let msg = FrontendMessage::decode(tag, &frame[5..])?;
             if self.discard_until_sync {
                 if tag == b'S' {
                     self.discard_until_sync = false;
@@ -156,6 +152,7 @@ impl Session {
                 continue;
             }
             match msg {
+                FrontendMessage::Query(sql) if text::is_raw(&sql) => self.simple_unreadable(&sql, frame).await?,
                 FrontendMessage::Query(sql) => self.simple(&sql, frame).await?,
                 FrontendMessage::Sync | FrontendMessage::Flush => {
                     self.batch.push(msg);

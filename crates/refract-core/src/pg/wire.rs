@@ -36,6 +36,16 @@ enum Stream {
 /// A raw message: its type byte and its bytes (tag included).
 pub type Frame = (u8, Bytes);
 
+/// What [`Wire::recv_unless_large`] found at the front of the buffer.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A whole message.
+    Whole(Frame),
+    /// The header of a large message of a type the caller relays in pieces; nothing of it has
+    /// been consumed.
+    Large(frame::Header),
+}
+
 /// Messages longer than this (tag included) are relayed in pieces by [`Wire::pipe_large`]
 /// when their type allows it.
 pub const STREAM_ABOVE: usize = 64 * 1024;
@@ -90,6 +100,40 @@ impl Wire {
             }
         }
         Ok(true)
+    }
+
+    /// The next message, or the header alone of one longer than [`STREAM_ABOVE`] whose type
+    /// `large` accepts, as soon as its tag and length are in (so it is never read whole).
+    pub async fn recv_unless_large(&mut self, large: fn(u8) -> bool) -> Result<Incoming, PgError> {
+        loop {
+            if let Some(h) = frame::peek_head(&self.buf, self.peer, &Limits::default())? {
+                if h.total > STREAM_ABOVE && large(h.tag) {
+                    return Ok(Incoming::Large(h));
+                }
+            }
+            if let Some(f) = self.next_frame()? {
+                return Ok(Incoming::Whole(f));
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Passes the next `left` bytes of this stream on to `to` (or drops them, with `None`) as
+    /// they arrive, a bounded read at a time. If `to` fails, the bytes are still read to the end,
+    /// so that this stream stays framed, and `to`'s error is returned then.
+    pub async fn pass_on(&mut self, mut to: Option<&mut Wire>, mut left: usize) -> Result<(), PgError> {
+        let mut failed = None;
+        while left > 0 {
+            if self.buf.is_empty() {
+                self.fill_piece(0).await?;
+            }
+            let chunk = self.buf.split_to(left.min(self.buf.len()));
+            left -= chunk.len();
+            if let (None, Some(to)) = (&failed, to.as_deref_mut()) {
+                failed = to.send(&chunk).await.err();
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Reads the next piece of a message being streamed (a bounded read).

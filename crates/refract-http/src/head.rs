@@ -323,7 +323,8 @@ impl ResponseHead {
             (false, false, Some(n)) => BodyKind::Length(n),
             (false, false, None) => BodyKind::UntilClose,
         };
-        let keep_alive = keep_alive(minor, &f) && body != BodyKind::UntilClose;
+        // After a 101 the connection speaks another protocol: never pooled, never reused.
+        let keep_alive = keep_alive(minor, &f) && body != BodyKind::UntilClose && status != 101;
         Ok(Some(ResponseHead { status, body, keep_alive, len }))
     }
 
@@ -439,6 +440,9 @@ mod tests {
         assert!(c.unwrap().is_interim());
         let n = ResponseHead::parse(b"HTTP/1.1 204 No Content\r\n\r\n", 1024, false).unwrap();
         assert_eq!(n.unwrap().body, BodyKind::None);
+        let up = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n";
+        let up = ResponseHead::parse(up, 1024, false).unwrap().unwrap();
+        assert_eq!((up.body, up.keep_alive, up.is_interim()), (BodyKind::None, false, false));
     }
 
     #[test]

@@ -46,6 +46,8 @@ struct Recorder {
     log: Arc<Mutex<Vec<Seen>>>,
     /// Answer with bare-LF heads (a broken backend).
     bare_lf: Arc<AtomicBool>,
+    /// Answer `101 Switching Protocols` (the connection then speaks another protocol).
+    upgrade: Arc<AtomicBool>,
 }
 
 impl Recorder {
@@ -53,16 +55,16 @@ impl Recorder {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
-        let bare_lf = Arc::new(AtomicBool::new(false));
+        let (bare_lf, upgrade) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         let ids = Arc::new(AtomicUsize::new(0));
-        let (l, b) = (log.clone(), bare_lf.clone());
+        let (l, b, u) = (log.clone(), bare_lf.clone(), upgrade.clone());
         std::thread::spawn(move || {
             for s in listener.incoming().flatten() {
-                let (l, b, id) = (l.clone(), b.clone(), ids.fetch_add(1, Relaxed));
-                std::thread::spawn(move || serve(s, id, name, &l, &b));
+                let (l, b, u, id) = (l.clone(), b.clone(), u.clone(), ids.fetch_add(1, Relaxed));
+                std::thread::spawn(move || serve(s, id, name, &l, [&b, &u]));
             }
         });
-        Recorder { addr, log, bare_lf }
+        Recorder { addr, log, bare_lf, upgrade }
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -74,7 +76,7 @@ impl Recorder {
     }
 }
 
-fn serve(mut s: TcpStream, conn: usize, name: &str, log: &Mutex<Vec<Seen>>, bare_lf: &AtomicBool) {
+fn serve(mut s: TcpStream, conn: usize, name: &str, log: &Mutex<Vec<Seen>>, [bare_lf, upgrade]: [&AtomicBool; 2]) {
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 65536];
@@ -84,7 +86,11 @@ fn serve(mut s: TcpStream, conn: usize, name: &str, log: &Mutex<Vec<Seen>>, bare
                 let raw: Vec<u8> = buf.drain(..n).collect();
                 log.lock().unwrap().push(Seen::Request { conn, raw });
                 let eol = if bare_lf.load(Relaxed) { "\n" } else { "\r\n" };
-                let reply = format!("HTTP/1.1 200 OK{eol}content-length: 2{eol}x-recorder: {name}{eol}{eol}ok");
+                let reply = if upgrade.load(Relaxed) {
+                    "HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n".to_string()
+                } else {
+                    format!("HTTP/1.1 200 OK{eol}content-length: 2{eol}x-recorder: {name}{eol}{eol}ok")
+                };
                 if s.write_all(reply.as_bytes()).is_err() {
                     return;
                 }
@@ -401,4 +407,20 @@ fn a_backend_answering_with_bare_lf_gets_502() {
     assert_eq!(status, 502);
     let (status, _c) = status_of(d.proc.addr, b"POST /blob HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
     assert_eq!(status, 502);
+}
+
+#[test]
+fn a_connection_upgraded_by_a_101_is_never_reused() {
+    let (p, r, d) = rig();
+    p.upgrade.store(true, Relaxed);
+    let mut c = Client::connect(d.proc.addr);
+    c.send(b"POST /blob HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: upgrade\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 101);
+    assert!(c.is_closed(), "refract relays no tunnel: the client connection ends after the 101");
+    p.upgrade.store(false, Relaxed);
+    let upgraded = seen(&p, &r)[0].conn();
+    let post = "POST /blob HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nz";
+    let after = forwarded(&p, &r, d.proc.addr, post.as_bytes(), 1);
+    assert_eq!(requests(&after), [post]);
+    assert_ne!(after[0].conn(), upgraded, "the next request went on the upgraded connection");
 }

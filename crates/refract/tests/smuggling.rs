@@ -378,7 +378,11 @@ fn broken_stream(p: &Recorder, r: &Recorder, addr: SocketAddr, first: &str, rest
     assert_eq!(res.header("connection").as_deref(), Some("close"));
     assert!(c.is_closed());
     let s = wait_seen(p, r, |s| !s.is_empty());
-    assert_eq!(s, vec![Seen::Half { conn: s[0].conn(), raw: format!("{head}{half}").into_bytes() }], "{first}{rest}");
+    // `half` went on before the error, unless (on a loaded machine) refract read both sends
+    // at once: then nothing after the head did.
+    let Some(Seen::Half { raw, .. }) = s.first().filter(|_| s.len() == 1) else { panic!("{first}{rest}: {s:?}") };
+    let sent = format!("{head}{half}");
+    assert!(raw.starts_with(head.as_bytes()) && sent.as_bytes().starts_with(raw), "{first}{rest}: {}", text(raw));
     // The next request goes on another backend connection.
     let post = "POST /blob HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nz";
     let after = forwarded(p, r, addr, post.as_bytes(), 1);

@@ -161,7 +161,7 @@ impl ClientConn {
         self.read_more(BODY_CHUNK, self.timeouts.body, "body").await
     }
 
-    /// Reads a whole body as it is on the wire (chunked stays chunked), at most `limit` bytes.
+    /// Reads a whole body as it goes on (chunked stays chunked, re-encoded), at most `limit` bytes.
     pub async fn read_body(&mut self, kind: BodyKind, limit: usize) -> Result<Bytes, Error> {
         match kind {
             BodyKind::None | BodyKind::UntilClose => Ok(Bytes::new()),
@@ -176,13 +176,15 @@ impl ClientConn {
         }
     }
 
+    /// A whole chunked body, re-encoded as it goes on (extensions and trailers dropped).
     async fn read_chunked(&mut self, limit: usize) -> Result<Bytes, Error> {
         let mut dec = ChunkedDecoder::new();
-        let mut seen = 0;
+        let (mut seen, mut out) = (0, Vec::new());
         loop {
-            seen += dec.advance(&self.buf[seen..])?;
+            seen += dec.normalize(&self.buf[seen..], &mut out)?;
             if dec.is_done() {
-                return Ok(self.buf.split_to(seen).freeze());
+                self.consume(seen);
+                return Ok(out.into());
             }
             if seen > limit {
                 return Err(Error::BodyTooLarge(limit));

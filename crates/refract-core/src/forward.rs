@@ -197,7 +197,8 @@ async fn exchange_within(
     if reuse {
         b.checkin(bc);
     }
-    Ok(Done { go_on: rh.body != BodyKind::UntilClose && !closing, status: rh.status })
+    // refract relays no tunnel: after a 101 the client's next bytes are not HTTP to it.
+    Ok(Done { go_on: rh.body != BodyKind::UntilClose && rh.status != 101 && !closing, status: rh.status })
 }
 
 /// Resolves when the client has closed its side (or failed) while its request is being

@@ -35,12 +35,17 @@ pub async fn request_body(
             conn.fill().await?;
         },
         BodyKind::Chunked => {
+            // Re-encoded (extensions and trailers dropped). A broken encoding is an error
+            // before its bytes go out; the caller then drops the backend connection with the
+            // half-request on it, never pooling it.
             let mut dec = ChunkedDecoder::new();
+            let mut out = Vec::new();
             loop {
-                let take = dec.advance(&conn.buf)?;
-                bc.stream.write_all(&conn.buf[..take]).await.map_err(io)?;
+                out.clear();
+                let take = dec.normalize(&conn.buf, &mut out)?;
+                bc.stream.write_all(&out).await.map_err(io)?;
                 conn.consume(take);
-                sent += take as u64;
+                sent += out.len() as u64;
                 if dec.is_done() {
                     break;
                 }

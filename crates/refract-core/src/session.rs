@@ -79,12 +79,11 @@ async fn serve(
     head: RequestHead,
 ) -> Next {
     let mut head_bytes = conn.buf.split_to(head.len).freeze();
-    if head.internal {
-        // Only refract's own hops set these (a client's deadline header would be taken for
-        // the dispatcher's by the backend): dropped, like HAProxy's `del-header`.
-        if let Some(clean) = refract_http::head::without_internal_headers(&head_bytes) {
-            head_bytes = clean.into();
-        }
+    // Origin form, no leading empty lines, and no header only refract's own hops set (a
+    // client's deadline header would be taken for the dispatcher's): like HAProxy's
+    // `del-header`, and so that the backend reads the path the rules routed.
+    if let Some(clean) = head.forwarded(&head_bytes) {
+        head_bytes = clean.into();
     }
     let started = Instant::now();
     let (class, body) = match prepare(ctx, conn, &head).await {

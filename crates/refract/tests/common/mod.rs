@@ -359,7 +359,7 @@ pub fn writes(b: &Proc) -> u64 {
 /// nothing.
 pub fn check_pipelined_write(c: &mut Client, admin: SocketAddr, b1: &Proc, b2: &Proc) {
     let get = |n: u64, seed: u64| format!("GET /blob?bytes={n}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n");
-    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
+    let post = b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc";
     c.send(&[get(1 << 20, 3).as_bytes(), post].concat());
     let r = c.read_response(false).unwrap();
     assert_eq!((r.status, r.body.len(), r.header("x-refract-handover").as_deref()), (200, 1 << 20, Some("1")));

@@ -83,7 +83,7 @@ fn a_drained_backend_takes_no_new_requests_until_undrained() {
         &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")],
         "[balance]\npolicy = \"round-robin\"\n",
     );
-    // Two reads at once: round robin puts one on b3 (600 ms), in flight when b3 is drained.
+    // Two reads at once: round robin puts one on b3 (800 ms), in flight when b3 is drained.
     let mut slow: Vec<Client> = (0..2).map(|_| Client::connect(d.proc.addr)).collect();
     for c in &mut slow {
         c.send(&raw_request("GET", "/blob?bytes=100&seed=3", &[], b""));

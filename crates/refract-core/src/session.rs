@@ -8,7 +8,7 @@ use crate::dispatcher::Ctx;
 use crate::error::Error;
 use crate::fanout;
 use crate::forward::{self, Request};
-use crate::overload::Priority;
+use crate::overload::{Arrival, Priority};
 use bytes::Bytes;
 use refract_http::chunked::decode_all;
 use refract_http::{reply, BodyKind, RequestHead, RouteClass};
@@ -48,6 +48,9 @@ impl Failure {
 pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
     let mut conn = ClientConn::new(stream);
     let mut handover = crate::handover::Session::new();
+    // Whether the next request was already pipelined behind the last one: refract reads it
+    // only when that exchange ended, so its arrival is paced by refract, not new demand.
+    let mut paced = false;
     let limits = &ctx.cfg.limits;
     let idle = Duration::from_millis(ctx.cfg.timeouts.client_idle_ms);
     loop {
@@ -59,14 +62,23 @@ pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
                 break;
             }
         };
-        if serve(&ctx, &mut conn, &mut handover, head).await == Next::Close || ctx.stop.is_cancelled() {
+        let arrival = if paced { Arrival::Paced } else { Arrival::Fresh };
+        let next = serve(&ctx, &mut conn, &mut handover, head, arrival).await;
+        if next == Next::Close || ctx.stop.is_cancelled() {
             break;
         }
+        paced = !conn.buf.is_empty();
     }
     conn.close_gracefully().await;
 }
 
-async fn serve(ctx: &Ctx, conn: &mut ClientConn, ho: &mut crate::handover::Session, head: RequestHead) -> Next {
+async fn serve(
+    ctx: &Ctx,
+    conn: &mut ClientConn,
+    ho: &mut crate::handover::Session,
+    head: RequestHead,
+    arrival: Arrival,
+) -> Next {
     let mut head_bytes = conn.buf.split_to(head.len).freeze();
     if head.internal {
         // Only refract's own hops set these (a client's deadline header would be taken for
@@ -97,7 +109,7 @@ async fn serve(ctx: &Ctx, conn: &mut ClientConn, ho: &mut crate::handover::Sessi
     let result = match &body {
         ReqBody::Buffered(b) if class == RouteClass::All => fanout::run(ctx, conn, &head_bytes, &head, b).await,
         _ => {
-            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority };
+            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority, arrival };
             forward::forward(ctx, conn, &req).await
         }
     };

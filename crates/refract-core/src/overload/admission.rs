@@ -614,7 +614,7 @@ mod tests {
         assert!(late.len() >= 40, "goodput held: {}", late.len());
         let slow = late.iter().filter(|w| ***w > Duration::from_millis(20)).count();
         assert!(slow * 20 <= late.len(), "{slow} of {} served late in the second half", late.len());
-        assert!(ends.iter().any(|r| *r == Err(Refusal::Shed)), "stale waiters were shed");
+        assert!(ends.contains(&Err(Refusal::Shed)), "stale waiters were shed");
     }
 
     #[tokio::test(start_paused = true)]
@@ -623,7 +623,7 @@ mod tests {
         let ends = drive(&a, Duration::from_millis(2), Duration::from_millis(400)).await;
         assert!(a.view().shed > 0);
         let later = &ends[ends.len() / 2..];
-        assert!(!later.iter().any(|r| *r == Err(Refusal::QueueFull)), "newcomers were queued, the oldest pushed out");
+        assert!(!later.contains(&Err(Refusal::QueueFull)), "newcomers were queued, the oldest pushed out");
     }
 
     #[tokio::test(start_paused = true)]

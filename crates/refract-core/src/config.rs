@@ -180,9 +180,8 @@ pub struct Overload {
     pub queue_target_ms: u64,
     /// CoDel interval: how long the wait may stay above target before overload mode.
     pub queue_interval_ms: u64,
-    /// Outside overload mode, a request expected to wait longer than this is refused at once
-    /// (bursts up to this much queueing are absorbed; a standing queue is not). Default 10 ms,
-    /// twice the target: the most a waiter may wait once overload is recognised.
+    /// The longest a request waits in the queue (503 past it); 0 (default) = only its deadline
+    /// bounds the wait. A load the backends carry queues for as long as its population needs.
     pub max_queue_wait_ms: u64,
     /// Deadline for requests that carry none (`x-refract-timeout-ms`); 0 = none.
     pub default_timeout_ms: u64,
@@ -238,12 +237,12 @@ impl Default for Overload {
         Overload {
             enabled: true,
             max_concurrency: 256,
-            initial_concurrency: 16,
+            initial_concurrency: 4,
             min_concurrency: 1,
             max_queue: 1024,
             queue_target_ms: 5,
             queue_interval_ms: 100,
-            max_queue_wait_ms: 10,
+            max_queue_wait_ms: 0,
             default_timeout_ms: 0,
             retry_budget_ratio: 0.2,
             retry_budget_floor: 10.0,

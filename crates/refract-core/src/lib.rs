@@ -13,7 +13,9 @@
 //! - [`backend`]: one backend, its health and its connection pool.
 //! - `handover`: handing a client connection to a backend's agent and taking it back.
 //! - `health`: active health checks.
-//! - `admin`: `/backends`, `/metrics`.
+//! - `admin`: `/backends`, drain, `/reload`, `/metrics`; who may use it (`admin/guard.rs`).
+//! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
+//! - `live`: the configuration in force, swapped whole by a reload.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`pg`]: the PostgreSQL front end.
 //! - [`overload`]: admission limits, queues, deadlines, retry budget (being wired in).

@@ -159,18 +159,24 @@ impl Membership {
         self.snapshot().iter().find(|b| b.role == Role::Primary).cloned()
     }
 
-    /// The backend for one request of `class` (not `All`), avoiding those in `exclude`.
-    pub fn pick(&self, class: RouteClass, exclude: &[Arc<Backend>]) -> Option<Arc<Backend>> {
+    /// The backend for one request of `class` (not `All`), avoiding those that `failed` it and
+    /// those that refused it as `saturated`.
+    pub fn pick(&self, class: RouteClass, failed: &[Arc<Backend>], saturated: &[Arc<Backend>]) -> Option<Arc<Backend>> {
         let list = self.snapshot();
-        let usable = |b: &&Arc<Backend>| b.is_available() && !exclude.iter().any(|e| Arc::ptr_eq(e, b));
+        let is_in = |set: &[Arc<Backend>], b: &Arc<Backend>| set.iter().any(|e| Arc::ptr_eq(e, b));
+        let usable = |b: &&Arc<Backend>| b.is_available() && !is_in(failed, b) && !is_in(saturated, b);
         let primary = || list.iter().filter(usable).find(|b| b.role == Role::Primary).cloned();
         if class != RouteClass::Read {
             return primary();
         }
-        let readers: Vec<&Arc<Backend>> =
-            list.iter().filter(usable).filter(|b| b.role == Role::Replica || self.balance.read_from_primary).collect();
+        let reads = |b: &&Arc<Backend>| b.role == Role::Replica || self.balance.read_from_primary;
+        let readers: Vec<&Arc<Backend>> = list.iter().filter(usable).filter(reads).collect();
         if readers.is_empty() {
-            return if self.balance.read_fallback_to_primary { primary() } else { None };
+            // The primary takes reads only when no replica can: none is up, or each one up
+            // failed this request. A replica that is merely saturated (its admission refused)
+            // keeps reads off the primary, whose capacity the writes need.
+            let replica_left = list.iter().filter(reads).any(|b| b.is_available() && !is_in(failed, b));
+            return if self.balance.read_fallback_to_primary && !replica_left { primary() } else { None };
         }
         Some(self.choose(&readers).clone())
     }
@@ -216,8 +222,8 @@ mod tests {
     #[test]
     fn writes_go_to_primary_reads_rotate_over_replicas() {
         let m = three(Policy::RoundRobin);
-        assert_eq!(m.pick(RouteClass::Write, &[]).unwrap().name, "p");
-        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[]).unwrap().name.clone()).collect();
+        assert_eq!(m.pick(RouteClass::Write, &[], &[]).unwrap().name, "p");
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[], &[]).unwrap().name.clone()).collect();
         assert_eq!(names, ["r1", "r2", "r1", "r2"]);
     }
 
@@ -226,12 +232,25 @@ mod tests {
         let m = three(Policy::LeastOutstanding);
         let list = m.snapshot();
         list[1].set_up(false);
-        assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+        assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         list[2].set_up(false);
-        assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "p");
+        assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "p");
         list[0].set_up(false);
-        assert!(m.pick(RouteClass::Read, &[]).is_none());
-        assert!(m.pick(RouteClass::Write, &[]).is_none());
+        assert!(m.pick(RouteClass::Read, &[], &[]).is_none());
+        assert!(m.pick(RouteClass::Write, &[], &[]).is_none());
+    }
+
+    #[test]
+    fn reads_do_not_spill_onto_the_primary_while_a_replica_is_up() {
+        let m = three(Policy::RoundRobin);
+        let list = m.snapshot();
+        let saturated = [list[1].clone(), list[2].clone()];
+        assert!(m.pick(RouteClass::Read, &[], &saturated).is_none(), "both replicas saturated: no primary");
+        assert_eq!(m.pick(RouteClass::Read, &saturated, &[]).unwrap().name, "p", "both failed: the primary");
+        list[1].set_up(false);
+        assert!(m.pick(RouteClass::Read, &[], &saturated).is_none(), "one replica still up");
+        list[2].set_up(false);
+        assert_eq!(m.pick(RouteClass::Read, &[], &saturated).unwrap().name, "p", "no replica up: the primary");
     }
 
     #[test]
@@ -241,7 +260,7 @@ mod tests {
         list[1].latency.observe(std::time::Duration::from_millis(100));
         list[2].latency.observe(std::time::Duration::from_millis(1));
         for _ in 0..20 {
-            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         }
     }
 
@@ -253,16 +272,16 @@ mod tests {
         assert!(m.try_eject(&list[1], 1000));
         assert!(!m.try_eject(&list[2], 1000), "at most half of two replicas");
         for _ in 0..4 {
-            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         }
     }
 
     #[test]
     fn exclusion_for_retries() {
         let m = three(Policy::RoundRobin);
-        let first = m.pick(RouteClass::Read, &[]).unwrap();
+        let first = m.pick(RouteClass::Read, &[], &[]).unwrap();
         for _ in 0..4 {
-            assert!(!Arc::ptr_eq(&m.pick(RouteClass::Read, std::slice::from_ref(&first)).unwrap(), &first));
+            assert!(!Arc::ptr_eq(&m.pick(RouteClass::Read, std::slice::from_ref(&first), &[]).unwrap(), &first));
         }
     }
 
@@ -272,7 +291,7 @@ mod tests {
         let busy = m.snapshot()[1].clone();
         let _guards: Vec<_> = (0..5).map(|_| busy.begin()).collect();
         for _ in 0..20 {
-            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         }
     }
 
@@ -313,7 +332,7 @@ mod tests {
         assert_eq!(m.snapshot().len(), 4);
         assert!(m.remove("r1"));
         assert!(!m.remove("r1"));
-        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[]).unwrap().name.clone()).collect();
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[], &[]).unwrap().name.clone()).collect();
         assert!(names.iter().all(|n| n == "r2" || n == "r3"), "{names:?}");
     }
 }

@@ -8,7 +8,7 @@ use crate::dispatcher::Ctx;
 use crate::error::Error;
 use crate::fanout;
 use crate::forward::{self, Request};
-use crate::overload::Priority;
+use crate::overload::{Arrival, Priority};
 use bytes::Bytes;
 use refract_http::chunked::decode_all;
 use refract_http::{reply, BodyKind, RequestHead, RouteClass};
@@ -55,6 +55,9 @@ pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
     // Hand-over state exists only once a hand-over is considered (`[handover]` set).
     let mut handover: Option<Box<crate::handover::Session>> = None;
     let max_head = ctx.cfg.limits.max_head_bytes;
+    // Whether the next request was already pipelined behind the last one: refract reads it
+    // only when that exchange ended, so its arrival is paced by refract, not new demand.
+    let mut paced = false;
     loop {
         let head = match conn.read_head(max_head, conn.timeouts.idle, &ctx.stop).await {
             Ok(Ok(h)) => h,
@@ -64,10 +67,12 @@ pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
                 break;
             }
         };
-        let next = Box::pin(serve(&ctx, &mut conn, &mut handover, head)).await;
+        let arrival = if paced { Arrival::Paced } else { Arrival::Fresh };
+        let next = Box::pin(serve(&ctx, &mut conn, &mut handover, head, arrival)).await;
         if next == Next::Close || ctx.stop.is_cancelled() {
             break;
         }
+        paced = !conn.buf.is_empty();
     }
     Box::pin(conn.close_gracefully()).await;
 }
@@ -77,6 +82,7 @@ async fn serve(
     conn: &mut ClientConn,
     ho: &mut Option<Box<crate::handover::Session>>,
     head: RequestHead,
+    arrival: Arrival,
 ) -> Next {
     let mut head_bytes = conn.buf.split_to(head.len).freeze();
     // Origin form, no leading empty lines, and no header only refract's own hops set (a
@@ -110,7 +116,7 @@ async fn serve(
     let result = match &body {
         ReqBody::Buffered(b) if class == RouteClass::All => fanout::run(ctx, conn, &head_bytes, &head, b).await,
         _ => {
-            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority };
+            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority, arrival };
             forward::forward(ctx, conn, &req).await
         }
     };

@@ -78,17 +78,21 @@ fn the_admin_api_needs_the_token_json_writes_and_no_foreign_origin() {
 
 #[test]
 fn a_drained_backend_takes_no_new_requests_until_undrained() {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob_at("b3", 0, &["--delay-ms", "600"]));
+    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob_at("b3", 0, &["--delay-ms", "800"]));
     let d = dispatcher(
         &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")],
         "[balance]\npolicy = \"round-robin\"\n",
     );
-    // Two reads at once: round robin puts one on b3 (600 ms), in flight when b3 is drained.
+    // Two reads at once: round robin puts one on b3 (800 ms), in flight when b3 is drained.
     let mut slow: Vec<Client> = (0..2).map(|_| Client::connect(d.proc.addr)).collect();
     for c in &mut slow {
         c.send(&raw_request("GET", "/blob?bytes=100&seed=3", &[], b""));
     }
-    std::thread::sleep(std::time::Duration::from_millis(150));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while admin_get(d.admin, "/backends").json()[2]["in_flight"] != 1 {
+        assert!(std::time::Instant::now() < deadline, "no read in flight on b3");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let r = admin(d.admin, "POST", "/backends/b3/drain", b"");
     assert_eq!(r.status, 200, "{r:?}");
     for _ in 0..8 {

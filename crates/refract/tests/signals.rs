@@ -42,6 +42,11 @@ fn check_body(c: &mut Client, mut offset: u64, n: u64, seed: u64) {
     }
 }
 
+/// Waits until the replica b2 has a request in flight.
+fn wait_in_flight_on_b2(d: &Dispatcher) {
+    wait_for("a request in flight on b2", || admin_get(d.admin, "/backends").json()[1]["in_flight"] == 1);
+}
+
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !ok() {
@@ -116,11 +121,11 @@ fn an_invalid_config_on_reload_keeps_the_old_one_and_says_why() {
 
 #[test]
 fn a_response_finished_during_the_drain_says_connection_close() {
-    let (b1, b2) = (blob("b1"), blob_at("b2", 0, &["--delay-ms", "800"]));
+    let (b1, b2) = (blob("b1"), blob_at("b2", 0, &["--delay-ms", "1000"]));
     let (mut d, _) = logged(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", "/blob?bytes=10", &[], b""));
-    std::thread::sleep(Duration::from_millis(200));
+    wait_in_flight_on_b2(&d);
     d.proc.signal("TERM");
     let r = c.read_response(false).unwrap();
     assert_eq!((r.status, r.body.len()), (200, 10));
@@ -135,7 +140,7 @@ fn a_drain_that_times_out_exits_3() {
     let (mut d, _) = logged(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "[timeouts]\ndrain_ms = 300\n");
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", "/blob?bytes=10", &[], b""));
-    std::thread::sleep(Duration::from_millis(200));
+    wait_in_flight_on_b2(&d);
     d.proc.signal("TERM");
     assert_eq!(d.wait_exit(), Some(3));
     assert!(d.log().contains("drain timeout"), "{}", d.log());

@@ -195,9 +195,14 @@ fn chunked_len(buf: &[u8]) -> Option<Result<usize, ()>> {
 
 /// A primary and a replica (both recorders) behind refract; GET `/fresh…` is routed as a write.
 fn rig() -> (Recorder, Recorder, Dispatcher) {
+    rig_with("")
+}
+
+/// [`rig`] with `extra` TOML appended to its config.
+fn rig_with(extra: &str) -> (Recorder, Recorder, Dispatcher) {
     let (p, r) = (Recorder::start("p"), Recorder::start("r"));
     let route = "[[route]]\nmethod = \"GET\"\npath_prefix = \"/fresh\"\nclass = \"write\"\n";
-    let d = dispatcher(&[("p", p.addr, "primary"), ("r", r.addr, "replica")], route);
+    let d = dispatcher(&[("p", p.addr, "primary"), ("r", r.addr, "replica")], &format!("{route}{extra}"));
     (p, r, d)
 }
 
@@ -208,7 +213,12 @@ fn seen(p: &Recorder, r: &Recorder) -> Vec<Seen> {
 
 /// Waits (at most 10 s) until `cond` holds for what the recorders saw; returns that.
 fn wait_seen(p: &Recorder, r: &Recorder, cond: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    wait_seen_within(p, r, Duration::from_secs(10), cond)
+}
+
+/// [`wait_seen`] waiting at most `within`.
+fn wait_seen_within(p: &Recorder, r: &Recorder, within: Duration, cond: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
+    let deadline = Instant::now() + within;
     loop {
         let s = seen(p, r);
         if cond(&s) || Instant::now() > deadline {
@@ -361,8 +371,10 @@ fn absolute_form_becomes_origin_form_and_is_routed_by_its_path() {
 }
 
 /// Sends a chunked POST head with `first`, then (after a pause, so the head has reached the
-/// backend) `rest`: the client must get 400 with `connection: close` and be closed, and the
-/// backend must have seen its half-request end with the connection (never reused).
+/// backend) `rest`: the client must get 400 with `connection: close` and be closed. An error
+/// in what came with the head may be found while the body is read ahead (`[limits]
+/// max_buffered_body`), before any backend is chosen: then no backend sees the request.
+/// Otherwise the backend must have seen its half-request (`half`) end with the connection.
 fn broken_stream(p: &Recorder, r: &Recorder, addr: SocketAddr, first: &str, rest: &str, half: &str) {
     p.clear();
     r.clear();
@@ -377,21 +389,32 @@ fn broken_stream(p: &Recorder, r: &Recorder, addr: SocketAddr, first: &str, rest
     assert_eq!(res.status, 400, "{first}{rest}: {}", res.head);
     assert_eq!(res.header("connection").as_deref(), Some("close"));
     assert!(c.is_closed());
-    let s = wait_seen(p, r, |s| !s.is_empty());
+    let post = "POST /blob HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nz";
+    let s = if half.is_empty() {
+        wait_seen_within(p, r, Duration::from_secs(1), |s| !s.is_empty())
+    } else {
+        wait_seen(p, r, |s| !s.is_empty())
+    };
+    if s.is_empty() {
+        // Found while read ahead (for a split body: refract read both sends at once on a
+        // loaded machine): nothing was forwarded, and the next request goes on intact.
+        assert_eq!(requests(&forwarded(p, r, addr, post.as_bytes(), 1)), [post]);
+        return;
+    }
     // `half` went on before the error, unless (on a loaded machine) refract read both sends
     // at once: then nothing after the head did.
     let Some(Seen::Half { raw, .. }) = s.first().filter(|_| s.len() == 1) else { panic!("{first}{rest}: {s:?}") };
     let sent = format!("{head}{half}");
     assert!(raw.starts_with(head.as_bytes()) && sent.as_bytes().starts_with(raw), "{first}{rest}: {}", text(raw));
     // The next request goes on another backend connection.
-    let post = "POST /blob HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nz";
     let after = forwarded(p, r, addr, post.as_bytes(), 1);
     assert!(after.iter().all(|x| x.conn() != s[0].conn()), "{after:?}");
 }
 
 #[test]
 fn a_broken_chunked_body_never_leaves_a_half_request_on_a_reused_connection() {
-    let (p, r, d) = rig();
+    // Bodies past 8 bytes stream: the last two cases' errors come after the head went on.
+    let (p, r, d) = rig_with("[limits]\nmax_buffered_body = 8\n");
     let addr = d.proc.addr;
     broken_stream(&p, &r, addr, "5;a=\0\r\nhello\r\n0\r\n\r\n", "", "");
     broken_stream(&p, &r, addr, "5;a\nb\r\nhello\r\n0\r\n\r\n", "", "");

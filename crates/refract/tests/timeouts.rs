@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 const SLACK: Duration = Duration::from_millis(2500);
 
 fn in_flight(d: &Dispatcher, name: &str) -> u64 {
-    let list = get(d.admin, "/backends").json();
+    let list = admin_get(d.admin, "/backends").json();
     list.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()["in_flight"].as_u64().unwrap()
 }
 

@@ -315,10 +315,10 @@ mod tests {
         assert_eq!(m.set_drained("r1", true), Some(false));
         assert_eq!(m.set_drained("nope", true), None);
         for _ in 0..4 {
-            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         }
         m.set_drained("r1", false);
-        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[]).unwrap().name.clone()).collect();
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[], &[]).unwrap().name.clone()).collect();
         assert!(names.contains(&"r1".to_string()), "{names:?}");
     }
 

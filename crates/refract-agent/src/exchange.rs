@@ -501,20 +501,23 @@ mod tests {
         let get = b"GET /blob?bytes=1 HTTP/1.1\r\nhost: x\r\n\r\n";
         assert_eq!(whole_request(get).map(|(n, _)| n), Some(get.len()));
         assert!(whole_request(&get[..10]).is_none());
-        let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nab";
+        let post = b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nab";
         assert!(whole_request(post).is_none());
-        let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabcGET";
+        let post = b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabcGET";
         assert_eq!(whole_request(post).map(|(n, _)| n), Some(post.len() - 3));
-        assert!(whole_request(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n").is_none());
+        assert!(whole_request(b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n").is_none());
     }
 
     #[test]
     fn waiting_is_only_for_requests_that_can_be_asked_about() {
         assert!(may_complete(b""));
         assert!(may_complete(b"GET /blob?bytes=1 HT"));
-        assert!(may_complete(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nab"));
-        assert!(!may_complete(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"), "chunked: hand back");
-        let huge = format!("POST /blob HTTP/1.1\r\ncontent-length: {MAX_PENDING}\r\n\r\n");
+        assert!(may_complete(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nab"));
+        assert!(
+            !may_complete(b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"),
+            "chunked: hand back"
+        );
+        let huge = format!("POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: {MAX_PENDING}\r\n\r\n");
         assert!(!may_complete(huge.as_bytes()), "a body beyond the bound: hand back");
         assert!(!may_complete(b"\x00\x01 not http\r\n\r\n"), "garbage: the dispatcher answers it");
         assert!(!may_complete(&vec![b'a'; MAX_PENDING]));
@@ -528,10 +531,10 @@ mod tests {
         let asked = to_backend(true, req, req.len(), 65536);
         assert_eq!(&*asked, b"GET /blob?bytes=9 HTTP/1.1\r\nhost: t\r\nx-refract-defer: 65536\r\n\r\n");
         assert!(matches!(to_backend(false, plain, plain.len(), 5), Cow::Borrowed(_)), "no copy without one");
-        let post = b"POST /blob HTTP/1.1\r\ncontent-length: 2\r\n\r\nab";
+        let post = b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\nab";
         assert_eq!(
             &*to_backend(true, post, post.len() - 2, 7),
-            b"POST /blob HTTP/1.1\r\ncontent-length: 2\r\nx-refract-defer: 7\r\n\r\nab"
+            b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\nx-refract-defer: 7\r\n\r\nab"
         );
     }
 

@@ -162,7 +162,7 @@ async fn stats(backend: SocketAddr) -> String {
 async fn a_returned_request_goes_back_unserved() {
     let backend = blob().await;
     let path = agent(backend, "return").await;
-    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc".to_vec();
+    let post = b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc".to_vec();
     let pending = [get(100_000, 2).into_bytes(), post.clone()].concat();
     let (mut client, _server, mut link) = adopted(&path, backend, 4, 5000, pending).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
@@ -229,7 +229,7 @@ async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
 async fn connection_close_ends_with_closed() {
     let backend = blob().await;
     let path = agent(backend, "close").await;
-    let req = "GET /blob?bytes=100&seed=3 HTTP/1.1\r\nconnection: close\r\n\r\n";
+    let req = "GET /blob?bytes=100&seed=3 HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
     let (mut client, _server, mut link) = adopted(&path, backend, 2, 0, req.as_bytes().to_vec()).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(pattern::first_mismatch(&body, 0, 3), None);

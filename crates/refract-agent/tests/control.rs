@@ -12,7 +12,7 @@ use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg}
 use refract_handover::Error;
 
 /// What the dispatcher had read from the client when it handed the connection off.
-const PENDING: &[u8] = b"GET /blob?bytes=1 HTTP/1.1\r\n\r\n";
+const PENDING: &[u8] = b"GET /blob?bytes=1 HTTP/1.1\r\nhost: t\r\n\r\n";
 
 const KEY: &str = "agent test key, sixteen+ bytes";
 

@@ -1,11 +1,15 @@
 //! The admin listener: `GET /backends`, `POST /backends`, `DELETE /backends/NAME`,
-//! `GET /metrics` (Prometheus text), `GET /health`, and with `[postgres]` `GET /pg/pools`,
-//! `GET /pg/clients`, `GET /pg/servers` (JSON). It runs on its own address so that
-//! operators reach it even when the client listener is saturated.
+//! `POST /backends/NAME/drain` and `/undrain`, `POST /reload`, `GET /metrics` (Prometheus
+//! text), `GET /health`, and with `[postgres]` `GET /pg/pools`, `GET /pg/clients`,
+//! `GET /pg/servers` (JSON). It runs on its own address so that operators reach it even when
+//! the client listener is saturated; `guard` decides who may use it (docs/operations.md).
+
+mod guard;
 
 use crate::config::BackendConfig;
 use crate::conn::ClientConn;
 use crate::dispatcher::Ctx;
+use crate::membership::AddError;
 use bytes::Bytes;
 use refract_http::{reply, RequestHead};
 use std::sync::Arc;
@@ -46,7 +50,7 @@ async fn connection(ctx: &Ctx, mut conn: ClientConn) {
                 break;
             }
         };
-        conn.consume(head.len);
+        let raw = conn.buf.split_to(head.len).freeze();
         let body = match conn.read_body(head.body, MAX_ADMIN_BODY).await {
             Ok(b) => b,
             Err(e) => {
@@ -55,7 +59,19 @@ async fn connection(ctx: &Ctx, mut conn: ClientConn) {
             }
         };
         let close = !head.keep_alive;
-        if conn.reply(&route(ctx, &head, &body, close)).await.is_err() || close {
+        let answer = match guard::check(&ctx.cfg.admin, &head, &raw) {
+            Ok(()) => route(ctx, &head, &body, close),
+            Err(refusal) => {
+                tracing::warn!(
+                    path = head.path(),
+                    status = refusal.status,
+                    reason = refusal.message,
+                    "admin request refused"
+                );
+                refusal.reply(close)
+            }
+        };
+        if conn.reply(&answer).await.is_err() || close {
             break;
         }
     }
@@ -84,11 +100,24 @@ fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
             Err(e) => reply::error(400, &format!("bad backend definition: {e}"), &[], close),
             Ok(cfg) => match ctx.members.add(cfg.clone()) {
                 Ok(()) => json(201, serde_json::json!({ "added": cfg.name })),
-                Err(e) if e.contains("already") => reply::error(409, &e, &[], close),
-                Err(e) => reply::error(400, &e, &[], close),
+                Err(AddError::Conflict(e)) => reply::error(409, &e, &[], close),
+                Err(AddError::Invalid(e)) => reply::error(400, &e, &[], close),
             },
         },
-        ("DELETE", path) if path.starts_with("/backends/") => {
+        ("POST", "/reload") => match crate::reload::reload_logged(ctx) {
+            Ok(changes) => json(200, serde_json::json!({ "reloaded": changes })),
+            Err(e) => reply::error(400, &format!("reload refused, the old configuration stays: {e}"), &[], close),
+        },
+        ("POST", path)
+            if path.starts_with("/backends/") && (path.ends_with("/drain") || path.ends_with("/undrain")) =>
+        {
+            let (name, action) = path["/backends/".len()..].rsplit_once('/').unwrap_or_default();
+            match ctx.members.set_drained(name, action == "drain") {
+                Some(_) => json(200, serde_json::json!({ "backend": name, "drained": action == "drain" })),
+                None => reply::error(404, "no such backend", &[("backend", name)], close),
+            }
+        }
+        ("DELETE", path) if path.starts_with("/backends/") && !path["/backends/".len()..].contains('/') => {
             let name = &path["/backends/".len()..];
             if ctx.members.remove(name) {
                 json(200, serde_json::json!({ "removed": name }))
@@ -99,6 +128,7 @@ fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
         ("GET", "/metrics") => {
             for b in ctx.members.snapshot().iter() {
                 ctx.metrics.set_backend(&b.name, b.is_up(), b.inflight());
+                ctx.metrics.set_drained(&b.name, b.is_drained());
             }
             if let Some(pg) = ctx.pg.get() {
                 crate::pg::publish_metrics(pg);

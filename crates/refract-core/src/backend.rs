@@ -26,6 +26,9 @@ pub struct Backend {
     pub role: Role,
     up: AtomicBool,
     removed: AtomicBool,
+    drained: AtomicBool,
+    /// Its own cap on requests in flight, as configured (reload compares it).
+    pub max_concurrency: Option<usize>,
     inflight: AtomicUsize,
     served: AtomicU64,
     errors: AtomicU64,
@@ -87,6 +90,8 @@ pub struct BackendView {
     pub errors: u64,
     /// Idle pooled connections.
     pub idle_connections: usize,
+    /// Whether an operator drained it (`POST /backends/NAME/drain`).
+    pub drained: bool,
 }
 
 /// Counts a request in flight on a backend for as long as it lives.
@@ -112,6 +117,8 @@ impl Backend {
             role: cfg.role,
             up: AtomicBool::new(true),
             removed: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+            max_concurrency: cfg.max_concurrency,
             inflight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             errors: AtomicU64::new(0),
@@ -131,9 +138,24 @@ impl Backend {
         until != 0 && now_ms() < until
     }
 
-    /// Whether it may take a new request: up, not removed, not ejected.
+    /// Whether it may take a new request: up, not removed, not ejected, not drained.
     pub fn is_available(&self) -> bool {
-        self.is_up() && !self.is_ejected()
+        self.is_up() && !self.is_ejected() && !self.is_drained()
+    }
+
+    /// Whether an operator drained it (no new requests; those in flight finish).
+    pub fn is_drained(&self) -> bool {
+        self.drained.load(Relaxed)
+    }
+
+    /// Drains it (`true`: no new requests or connections, idle ones closed) or undrains it;
+    /// returns whether that changed anything.
+    pub fn set_drained(&self, drained: bool) -> bool {
+        let was = self.drained.swap(drained, Relaxed);
+        if drained {
+            self.clear_idle();
+        }
+        was != drained
     }
 
     /// Counts a success (resets the failure streak) or a failure; returns true when this
@@ -235,7 +257,7 @@ impl Backend {
 
     /// Returns a connection whose exchange is complete to the idle pool.
     pub fn checkin(&self, mut conn: BackendConn) {
-        if !conn.buf.is_empty() || !self.is_up() {
+        if !conn.buf.is_empty() || !self.is_up() || self.is_drained() {
             return;
         }
         conn.reused = true;
@@ -263,6 +285,7 @@ impl Backend {
             in_flight: self.inflight(),
             served: self.served.load(Relaxed),
             errors: self.errors.load(Relaxed),
+            drained: self.is_drained(),
             idle_connections: self.idle.iter().map(|p| p.lock().unwrap_or_else(|e| e.into_inner()).len()).sum(),
         }
     }

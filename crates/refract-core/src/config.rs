@@ -7,6 +7,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use toml::Spanned;
 
+mod admin;
+mod checks;
+pub use admin::{AdminConfig, MIN_TOKEN_LEN};
+pub use checks::{MAX_COUNT, MAX_MS, MAX_WORKERS};
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +45,9 @@ pub struct Config {
     /// Connection hand-over to agents on the backends' hosts; absent = off.
     #[serde(default)]
     pub handover: Option<HandoverConfig>,
+    /// Who may drive the admin listener (docs/operations.md).
+    #[serde(default)]
+    pub admin: AdminConfig,
 }
 
 /// `[handover]`: hand a client connection to the agent in front of a backend, which answers
@@ -172,9 +180,8 @@ pub struct Overload {
     pub queue_target_ms: u64,
     /// CoDel interval: how long the wait may stay above target before overload mode.
     pub queue_interval_ms: u64,
-    /// Outside overload mode, a request expected to wait longer than this is refused at once
-    /// (bursts up to this much queueing are absorbed; a standing queue is not). Default 10 ms,
-    /// twice the target: the most a waiter may wait once overload is recognised.
+    /// The longest a request waits in the queue (503 past it); 0 (default) = only its deadline
+    /// bounds the wait. A load the backends carry queues for as long as its population needs.
     pub max_queue_wait_ms: u64,
     /// Deadline for requests that carry none (`x-refract-timeout-ms`); 0 = none.
     pub default_timeout_ms: u64,
@@ -230,12 +237,12 @@ impl Default for Overload {
         Overload {
             enabled: true,
             max_concurrency: 256,
-            initial_concurrency: 16,
+            initial_concurrency: 4,
             min_concurrency: 1,
             max_queue: 1024,
             queue_target_ms: 5,
             queue_interval_ms: 100,
-            max_queue_wait_ms: 10,
+            max_queue_wait_ms: 0,
             default_timeout_ms: 0,
             retry_budget_ratio: 0.2,
             retry_budget_floor: 10.0,
@@ -342,15 +349,42 @@ pub struct Timeouts {
     pub connect_ms: u64,
     /// From the request sent to the response head, and between two reads of a response body.
     pub request_ms: u64,
-    /// How long a client connection may sit idle between requests.
+    /// Keep-alive idle: how long a client connection may wait, between requests, before the
+    /// first byte of the next one (then it is closed without a word).
     pub client_idle_ms: u64,
     /// On SIGINT/SIGTERM, how long in-flight requests may take to finish.
     pub drain_ms: u64,
+    /// Inactivity while a request head arrives (no byte for this long): 408 and close.
+    pub head_ms: u64,
+    /// Inactivity while a request body arrives: 408 if nothing was answered yet, and close.
+    pub body_ms: u64,
+    /// No progress writing a response to the client for this long: the client connection is
+    /// reset and its backend connection and slot freed.
+    pub write_stall_ms: u64,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { connect_ms: 1000, request_ms: 30_000, client_idle_ms: 60_000, drain_ms: 10_000 }
+        Timeouts {
+            connect_ms: 1000,
+            request_ms: 30_000,
+            client_idle_ms: 60_000,
+            drain_ms: 10_000,
+            head_ms: 10_000,
+            body_ms: 30_000,
+            write_stall_ms: 30_000,
+        }
+    }
+}
+
+impl Timeouts {
+    /// The client-side timeouts must be set (a zero would fail every request).
+    fn validate_client(&self, text: &str) -> Result<(), String> {
+        let keys = [("head_ms", self.head_ms), ("body_ms", self.body_ms), ("write_stall_ms", self.write_stall_ms)];
+        match keys.iter().find(|(_, v)| *v == 0) {
+            Some((key, _)) => Err(format!("line {}: [timeouts] {key} must be > 0", find_key_line(text, key))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -428,12 +462,21 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError { path: path.display().to_string(), message: e.to_string() })?;
-        Config::parse(&text).map_err(|message| ConfigError { path: path.display().to_string(), message })
+        let base = path.parent().unwrap_or(Path::new("."));
+        Config::parse_in(&text, base).map_err(|message| ConfigError { path: path.display().to_string(), message })
     }
 
-    /// Parses and validates configuration text; the error names the line.
+    /// Parses and validates configuration text; the error names the line. Relative paths in
+    /// it (`[admin] token_file`) are taken from the current directory.
     pub fn parse(text: &str) -> Result<Config, String> {
-        let cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
+        Config::parse_in(text, Path::new("."))
+    }
+
+    /// Parses and validates configuration text whose relative paths start at `base`.
+    pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
+        checks::all(&cfg, text)?;
+        cfg.admin.resolve(cfg.listen.admin, base, find_key_line(text, "admin"))?;
         cfg.validate(text)
     }
 
@@ -458,6 +501,7 @@ impl Config {
                 return Err(format!("line {}: [timeouts] {key} must be > 0", find_key_line(text, key)));
             }
         }
+        self.timeouts.validate_client(text)?;
         if self.health.interval_ms == 0 || self.health.timeout_ms == 0 {
             return Err(format!("line {}: [health] times must be > 0", find_key_line(text, "health")));
         }
@@ -543,7 +587,9 @@ fn find_key_line(text: &str, key: &str) -> usize {
 mod tests {
     use super::*;
 
-    const MIN: &str = "[listen]\nhttp = \"127.0.0.1:8080\"\n";
+    /// A replica, then `[listen]` (so that tests append `[listen]` keys); 7 lines.
+    const MIN: &str =
+        "[[backend]]\nname = \"r0\"\naddr = \"127.0.0.1:9\"\nrole = \"replica\"\n\n[listen]\nhttp = \"127.0.0.1:8080\"\n";
 
     #[test]
     fn busy_polling_is_bounded_and_needs_the_per_core_runtime() {
@@ -551,9 +597,9 @@ mod tests {
         let on = Config::parse(&format!("{MIN}busy_poll_us = 200\n")).unwrap();
         assert_eq!(on.listen.busy_poll_us, 200);
         let long = Config::parse(&format!("{MIN}busy_poll_us = 20000\n")).unwrap_err();
-        assert!(long.contains("line 3") && long.contains("busy_poll_us must be ≤ 10000"), "{long}");
+        assert!(long.contains("line 8") && long.contains("busy_poll_us must be ≤ 10000"), "{long}");
         let ws = Config::parse(&format!("{MIN}runtime = \"work-stealing\"\nbusy_poll_us = 200\n")).unwrap_err();
-        assert!(ws.contains("line 4") && ws.contains("per-core"), "{ws}");
+        assert!(ws.contains("line 9") && ws.contains("per-core"), "{ws}");
     }
 
     #[test]
@@ -561,13 +607,13 @@ mod tests {
         let c = Config::parse(MIN).unwrap();
         assert_eq!(c.timeouts.connect_ms, 1000);
         assert_eq!(c.balance.policy, Policy::PeakEwma);
-        assert!(c.backends.is_empty());
+        assert_eq!(c.backends.len(), 1);
     }
 
     #[test]
     fn unknown_key_names_the_line() {
         let e = Config::parse(&format!("{MIN}colour = 3\n")).unwrap_err();
-        assert!(e.starts_with("line 3:"), "{e}");
+        assert!(e.starts_with("line 8:"), "{e}");
         assert!(e.contains("colour"), "{e}");
     }
 
@@ -585,7 +631,7 @@ mod tests {
         );
         let e = Config::parse(&text).unwrap_err();
         assert!(e.contains("used twice"), "{e}");
-        assert!(e.starts_with("line 7:") || e.starts_with("line 8:"), "{e}");
+        assert!(e.starts_with("line 12:") || e.starts_with("line 13:"), "{e}");
     }
 
     #[test]
@@ -617,7 +663,7 @@ mod tests {
         let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"nowhere\" }}\n")).unwrap_err();
         assert!(e.contains("unix:/path"), "{e}");
         let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"sometimes\"\n")).unwrap_err();
-        assert!(e.starts_with("line 8:"), "{e}");
+        assert!(e.starts_with("line 13:"), "{e}");
         let agents = "agents = { b1 = \"unix:/a\" }\n";
         let c = Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = 0\n{agents}")).unwrap();
         assert_eq!(c.handover.unwrap().idle_ms, 0);
@@ -627,8 +673,19 @@ mod tests {
     }
 
     #[test]
+    fn client_timeouts_default_and_must_be_set() {
+        let t = Config::parse(MIN).unwrap().timeouts;
+        assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms, t.client_idle_ms), (10_000, 30_000, 30_000, 60_000));
+        let c = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 1500\nbody_ms = 2000\nwrite_stall_ms = 2500\n"));
+        let t = c.unwrap().timeouts;
+        assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms), (1500, 2000, 2500));
+        let e = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 10\nwrite_stall_ms = 0\n")).unwrap_err();
+        assert_eq!(e, "line 5: [timeouts] write_stall_ms must be > 0");
+    }
+
+    #[test]
     fn zero_timeout_refused() {
         let e = Config::parse(&format!("{MIN}[timeouts]\nconnect_ms = 0\n")).unwrap_err();
-        assert_eq!(e, "line 4: [timeouts] connect_ms must be > 0");
+        assert_eq!(e, "line 9: [timeouts] connect_ms must be > 0");
     }
 }

@@ -2,12 +2,12 @@
 //! drains in-flight requests on shutdown.
 
 use crate::config::{AcceptMode, Config};
+use crate::live::{Live, LiveClassifier, LiveConfig};
 use crate::membership::Membership;
 use crate::metrics::Metrics;
 use crate::overload::{RetryBudget, UserLimits};
 use crate::{admin, health, session};
 use prometheus_client::metrics::gauge::Gauge;
-use refract_http::Classifier;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,14 +18,14 @@ use tokio_util::task::TaskTracker;
 
 /// What every session shares.
 pub struct Ctx {
-    /// The configuration.
-    pub cfg: Config,
+    /// The configuration in force (a reload swaps it whole; see `live`).
+    pub cfg: LiveConfig,
     /// The backends.
     pub members: Membership,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Request classification.
-    pub classifier: Classifier,
+    /// Request classification (from the configuration in force).
+    pub classifier: LiveClassifier,
     /// Cancelled when the dispatcher starts draining.
     pub stop: CancellationToken,
     /// Retries allowed (shared by all sessions).
@@ -34,6 +34,10 @@ pub struct Ctx {
     pub users: UserLimits,
     /// The PostgreSQL front end's shared state, once it runs (for the admin `/pg/*` views).
     pub(crate) pg: std::sync::OnceLock<Arc<crate::pg::Shared>>,
+    /// The file the configuration came from, which a reload reads again.
+    pub config_path: std::sync::OnceLock<std::path::PathBuf>,
+    /// Set when a drain ended with sessions still open.
+    pub drain_timed_out: std::sync::atomic::AtomicBool,
 }
 
 /// A running dispatcher.
@@ -58,9 +62,25 @@ impl Ctx {
         let o = &cfg.overload;
         let budget = RetryBudget::new(o.retry_budget_ratio, o.retry_budget_floor, 100.0);
         let users = UserLimits::new(o.users.iter().map(|u| (u.name.as_str(), u.rate, u.burst)));
-        let classifier = Classifier::new(cfg.routes.clone());
         let (stop, pg) = (CancellationToken::new(), std::sync::OnceLock::new());
-        Arc::new(Ctx { cfg, members, metrics, classifier, stop, budget, users, pg })
+        let live = Live::new(cfg);
+        let (cfg, classifier) = (LiveConfig(live.clone()), LiveClassifier(live));
+        let (config_path, drain_timed_out) = (Default::default(), Default::default());
+        Arc::new(Ctx { cfg, members, metrics, classifier, stop, budget, users, pg, config_path, drain_timed_out })
+    }
+
+    /// Puts a validated configuration in force (a reload has already applied its membership
+    /// and kept the parts that need a restart).
+    pub(crate) fn replace_config(&self, cfg: Config) {
+        self.cfg.0.replace(cfg);
+    }
+
+    /// Notes a drain that ended with `left` sessions still open.
+    fn drain_ended(&self, left: usize, shard: Option<usize>) {
+        if left > 0 {
+            self.drain_timed_out.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(?shard, left, "drain timeout: closing remaining connections");
+        }
     }
 
     /// Starts the side services on the current runtime: health checks, the PostgreSQL front
@@ -75,7 +95,7 @@ impl Ctx {
             None => {}
         }
         let Some(addr) = self.cfg.listen.admin else { return Ok(None) };
-        let listener = TcpListener::bind(addr).await?;
+        let listener = TcpListener::bind(addr).await.map_err(named("[listen] admin", addr))?;
         let bound = listener.local_addr()?;
         tokio::spawn(admin::serve(self.clone(), listener));
         Ok(Some(bound))
@@ -86,7 +106,8 @@ impl Dispatcher {
     /// Binds the listeners and starts serving on the current runtime.
     pub async fn start(cfg: Config) -> std::io::Result<Dispatcher> {
         let ctx = Ctx::new(cfg);
-        let listener = TcpListener::bind(ctx.cfg.listen.http).await?;
+        let http = ctx.cfg.listen.http;
+        let listener = TcpListener::bind(http).await.map_err(named("[listen] http", http))?;
         let http_addr = listener.local_addr()?;
         let admin_addr = ctx.start_services(false).await?;
         let sessions = TaskTracker::new();
@@ -117,9 +138,7 @@ impl Dispatcher {
         self.sessions.close();
         let drain = Duration::from_millis(self.ctx.cfg.timeouts.drain_ms);
         let drained = tokio::time::timeout(drain, self.sessions.wait()).await.is_ok();
-        if !drained {
-            tracing::warn!(left = self.sessions.len(), "drain timeout: closing remaining connections");
-        }
+        self.ctx.drain_ended(self.sessions.len(), None);
         drained
     }
 }
@@ -357,8 +376,8 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
     rt.block_on(async move {
         let started = async {
             let listener = match &feed {
-                None => Some(bind(ctx.cfg.listen.http, true)?),
-                Some(_) if i == 0 => Some(bind(ctx.cfg.listen.http, false)?),
+                None => Some(bind("[listen] http", ctx.cfg.listen.http, true)?),
+                Some(_) if i == 0 => Some(bind("[listen] http", ctx.cfg.listen.http, false)?),
                 Some(_) => None,
             };
             if i == 0 {
@@ -366,10 +385,10 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
             }
             if let Some(pg) = &ctx.cfg.postgres {
                 match &feed {
-                    None => crate::pg::serve(&ctx, pg, bind(pg.listen, true)?)?,
+                    None => crate::pg::serve(&ctx, pg, bind("[postgres] listen", pg.listen, true)?)?,
                     Some(f) if i == 0 => {
                         let spread = f.spread.clone();
-                        let listener = bind(pg.listen, false)?;
+                        let listener = bind("[postgres] listen", pg.listen, false)?;
                         crate::pg::accept_placing(&ctx, pg, listener, move |s, peer| spread.place_pg(s, peer))?;
                     }
                     Some(_) => {}
@@ -397,15 +416,24 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
         }
         sessions.close();
         let drain = Duration::from_millis(ctx.cfg.timeouts.drain_ms);
-        if tokio::time::timeout(drain, sessions.wait()).await.is_err() {
-            tracing::warn!(shard = i, left = sessions.len(), "drain timeout: closing remaining connections");
-        }
+        let _ = tokio::time::timeout(drain, sessions.wait()).await;
+        ctx.drain_ended(sessions.len(), Some(i));
     });
 }
 
-/// A listener on `addr` with a backlog of 1024; with `reuseport` it shares its address with
-/// the other shards' (the kernel spreads connections).
-fn bind(addr: SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
+/// Turns a bind error into one that names the config key and the address: "Address already
+/// in use" alone does not say which listener.
+pub(crate) fn named(key: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> std::io::Error {
+    move |e| std::io::Error::new(e.kind(), format!("{key} {addr}: {e}"))
+}
+
+/// A listener for config key `key` on `addr` with a backlog of 1024; with `reuseport` it
+/// shares its address with the other shards' (the kernel spreads connections).
+fn bind(key: &'static str, addr: SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
+    bind_plain(addr, reuseport).map_err(named(key, addr))
+}
+
+fn bind_plain(addr: SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
     socket.set_reuseport(reuseport)?;

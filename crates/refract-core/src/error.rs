@@ -25,6 +25,21 @@ pub enum Error {
     /// Reading from or writing to the client failed.
     #[error("client i/o: {0}")]
     ClientIo(io::Error),
+    /// The client sent part of a request, then nothing for too long (`[timeouts] head_ms`
+    /// or `body_ms`).
+    #[error("the client sent no more of its request {what} for {ms} ms")]
+    ClientTimeout {
+        /// `head` or `body`.
+        what: &'static str,
+        /// The timeout that passed.
+        ms: u64,
+    },
+    /// The client took no byte of its response for too long (`[timeouts] write_stall_ms`).
+    #[error("the client read nothing of its response for {ms} ms")]
+    ClientStalled {
+        /// The timeout that passed.
+        ms: u64,
+    },
     /// No backend can take this request.
     #[error("no backend available for {0} requests")]
     NoBackend(&'static str),
@@ -100,6 +115,7 @@ impl Error {
     pub fn side(&self) -> Side {
         match self {
             Error::Request(_) | Error::BodyTooLarge(_) | Error::ClientIo(_) | Error::ClientGone => Side::Client,
+            Error::ClientTimeout { .. } | Error::ClientStalled { .. } => Side::Client,
             Error::NoBackend(_) | Error::Overloaded { .. } => Side::Internal,
             Error::RateLimited(_) | Error::DeadlineExceeded { .. } => Side::Client,
             _ => Side::Backend,
@@ -142,7 +158,8 @@ impl Error {
         match self {
             Error::Request(e) => e.status(),
             Error::BodyTooLarge(_) => 413,
-            Error::ClientIo(_) | Error::ClientGone => 400,
+            Error::ClientIo(_) | Error::ClientGone | Error::ClientStalled { .. } => 400,
+            Error::ClientTimeout { .. } => 408,
             Error::NoBackend(_) | Error::Overloaded { .. } => 503,
             Error::RateLimited(_) => 429,
             Error::ConnectTimeout { .. } | Error::ResponseTimeout { .. } | Error::DeadlineExceeded { .. } => 504,
@@ -158,6 +175,8 @@ impl Error {
             Error::BodyTooLarge(_) => "body_too_large",
             Error::ClientIo(_) => "client_io",
             Error::ClientGone => "client_gone",
+            Error::ClientTimeout { .. } => "client_timeout",
+            Error::ClientStalled { .. } => "client_stalled",
             Error::Overloaded { .. } => "overloaded",
             Error::RateLimited(_) => "rate_limited",
             Error::NoBackend(_) => "no_backend",
@@ -187,5 +206,12 @@ mod tests {
         assert_eq!(t.backend(), Some("b1"));
         let d = Error::DeadlineExceeded { backend: "b1".into() };
         assert_eq!((d.status(), d.side(), d.is_retryable(), d.marks_down()), (504, Side::Client, false, false));
+        let slow = Error::ClientTimeout { what: "body", ms: 1000 };
+        assert_eq!(
+            (slow.status(), slow.side(), slow.is_retryable(), slow.kind()),
+            (408, Side::Client, false, "client_timeout")
+        );
+        let stalled = Error::ClientStalled { ms: 1000 };
+        assert_eq!((stalled.side(), stalled.is_retryable(), stalled.marks_down()), (Side::Client, false, false));
     }
 }

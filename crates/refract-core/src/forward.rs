@@ -8,7 +8,7 @@ use crate::backend::{Backend, BackendConn};
 use crate::conn::ClientConn;
 use crate::dispatcher::Ctx;
 use crate::error::Error;
-use crate::overload::{Outcome, Priority, Refusal};
+use crate::overload::{Arrival, Outcome, Permit, Priority, Refusal};
 use crate::relay::{self, Sink};
 use crate::session::{Failure, ReqBody};
 use bytes::Bytes;
@@ -26,6 +26,8 @@ pub(crate) struct Request<'a> {
     pub body: &'a ReqBody,
     pub deadline: Option<Instant>,
     pub priority: Priority,
+    /// Whether it is new demand (or a pipelined request, paced by refract).
+    pub arrival: Arrival,
 }
 
 /// How an exchange ended: whether the client connection can go on, and the status sent.
@@ -38,21 +40,25 @@ struct Done {
 pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>) -> Result<bool, Failure> {
     ctx.budget.deposit();
     let mut tried: Vec<Arc<Backend>> = Vec::new();
+    let mut saturated: Vec<Arc<Backend>> = Vec::new();
     let mut last = None;
     loop {
-        let Some(b) = ctx.members.pick(req.class, &tried) else {
+        let Some(first) = ctx.members.pick(req.class, &tried, &saturated) else {
             return Err(last.unwrap_or(Failure::untouched(Error::NoBackend(req.class.as_str()))));
         };
-        let permit = match b.admission.acquire(req.priority, req.deadline).await {
-            Ok(p) => p,
-            // A read refused by one replica's admission may still be admitted by another:
-            // nothing was sent, so this is balancing, not a retry (no budget is spent).
-            Err(r) if req.class == RouteClass::Read => {
-                tried.push(b.clone());
-                last = Some(refused(&b, r));
-                continue;
-            }
-            Err(r) => return Err(refused(&b, r)),
+        let (b, permit) = match admit_now(ctx, req, first, &tried, &saturated) {
+            Ok(x) => x,
+            Err(q) => match q.admission.acquire_as(req.priority, req.deadline, req.arrival).await {
+                Ok(p) => (q, p),
+                // A read refused by one replica's admission may still be admitted by another:
+                // nothing was sent, so this is balancing, not a retry (no budget is spent).
+                Err(r) if req.class == RouteClass::Read => {
+                    saturated.push(q.clone());
+                    last = Some(refused(&q, r));
+                    continue;
+                }
+                Err(r) => return Err(refused(&q, r)),
+            },
         };
         let started = Instant::now();
         let result = exchange(ctx, conn, &b, req).await;
@@ -83,12 +89,42 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
     }
 }
 
+/// Where a request goes: a slot free right now on the balancer's choice or, for a read, on
+/// another replica (a read should not queue at one replica while another has a slot free);
+/// else the queue with the shortest expected wait among them (`Err`).
+fn admit_now(
+    ctx: &Ctx,
+    req: &Request<'_>,
+    first: Arc<Backend>,
+    failed: &[Arc<Backend>],
+    saturated: &[Arc<Backend>],
+) -> Result<(Arc<Backend>, Permit), Arc<Backend>> {
+    if let Some(p) = first.admission.try_acquire(req.arrival) {
+        return Ok((first, p));
+    }
+    if req.class != RouteClass::Read {
+        return Err(first);
+    }
+    let mut busy: Vec<Arc<Backend>> = saturated.iter().cloned().chain([first.clone()]).collect();
+    let mut best = (first.admission.expected_wait(), first);
+    while let Some(b) = ctx.members.pick(req.class, failed, &busy) {
+        if let Some(p) = b.admission.try_acquire(req.arrival) {
+            return Ok((b, p));
+        }
+        if b.admission.expected_wait() < best.0 {
+            best = (b.admission.expected_wait(), b.clone());
+        }
+        busy.push(b);
+    }
+    Err(best.1)
+}
+
 fn refused(b: &Backend, r: Refusal) -> Failure {
     let reason = match r {
         Refusal::QueueFull => "queue full",
         Refusal::Shed => "shed by queue management",
         Refusal::Deadline => "cannot finish before the request's deadline",
-        Refusal::WaitTooLong => "expected queue wait too long",
+        Refusal::WaitTooLong => "waited in the queue as long as max_queue_wait_ms allows",
     };
     Failure::untouched(Error::Overloaded { backend: b.name.clone(), reason })
 }
@@ -178,12 +214,18 @@ async fn exchange_within(
         if !rh.is_interim() {
             break rh;
         }
-        let mut sink = Sink::new(&mut conn.stream);
+        let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write);
         sink.pass(&mut bc, rh.len).await.map_err(|err| Failure { err, touched: true })?;
         written += sink.written;
     };
-    let mut sink = Sink::new(&mut conn.stream);
-    let result = sink.response(&mut bc, &rh, timeout, &b.name).await;
+    let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write);
+    // Draining: this is the connection's last response, and its head says so.
+    let closing = ctx.stop.is_cancelled();
+    let result = if closing {
+        sink.response_closing(&mut bc, &rh, timeout, &b.name).await
+    } else {
+        sink.response(&mut bc, &rh, timeout, &b.name).await
+    };
     written += sink.written;
     ctx.metrics.bytes_to_client.inc_by(written);
     let reuse = result.map_err(|err| Failure { err, touched: written > 0 })?;
@@ -191,7 +233,8 @@ async fn exchange_within(
     if reuse {
         b.checkin(bc);
     }
-    Ok(Done { go_on: rh.body != BodyKind::UntilClose, status: rh.status })
+    // refract relays no tunnel: after a 101 the client's next bytes are not HTTP to it.
+    Ok(Done { go_on: rh.body != BodyKind::UntilClose && rh.status != 101 && !closing, status: rh.status })
 }
 
 /// Resolves when the client has closed its side (or failed) while its request is being

@@ -13,7 +13,9 @@
 //! - [`backend`]: one backend, its health and its connection pool.
 //! - `handover`: handing a client connection to a backend's agent and taking it back.
 //! - `health`: active health checks.
-//! - `admin`: `/backends`, `/metrics`.
+//! - `admin`: `/backends`, drain, `/reload`, `/metrics`; who may use it (`admin/guard.rs`).
+//! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
+//! - `live`: the configuration in force, swapped whole by a reload.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`pg`]: the PostgreSQL front end.
 //! - [`overload`]: admission limits, queues, deadlines, retry budget (being wired in).
@@ -31,11 +33,13 @@ mod fanout;
 mod forward;
 mod handover;
 mod health;
+mod live;
 pub mod membership;
 pub mod metrics;
 pub mod overload;
 pub mod pg;
 mod relay;
+mod reload;
 mod session;
 pub mod shard;
 pub mod spin;
@@ -46,8 +50,37 @@ pub use error::Error;
 
 use std::path::Path;
 
-/// Loads the configuration, runs the dispatcher until SIGINT/SIGTERM, then drains.
-pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<()> {
+/// How a dispatcher run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Every session finished within `drain_ms`.
+    Drained,
+    /// The drain timed out with sessions still open (they were cut).
+    DrainTimedOut,
+}
+
+impl Exit {
+    /// The process exit code (docs/operations.md): 0 drained, 3 the drain timed out.
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Drained => 0,
+            Exit::DrainTimedOut => 3,
+        }
+    }
+
+    fn of(ctx: &dispatcher::Ctx) -> Exit {
+        match ctx.drain_timed_out.load(std::sync::atomic::Ordering::Relaxed) {
+            true => Exit::DrainTimedOut,
+            false => Exit::Drained,
+        }
+    }
+}
+
+pub use reload::request as request_reload;
+
+/// Loads the configuration and runs the dispatcher until SIGINT/SIGTERM, reloading it on
+/// SIGHUP; then drains and says whether the drain finished in time.
+pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<Exit> {
     let cfg = Config::load(path)?;
     let workers = match cfg.listen.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -56,36 +89,65 @@ pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<()> {
     if cfg.listen.runtime == config::RuntimeKind::PerCore {
         shard::set_count(workers);
         let ctx = dispatcher::Ctx::new(cfg);
+        let _ = ctx.config_path.set(path.to_path_buf());
+        // Handlers are installed before any listener opens: a SIGHUP must never find the
+        // default action (terminate) in place.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let signals = {
+            let _in = rt.enter();
+            Signals::install()?
+        };
         let stopper = ctx.clone();
         std::thread::Builder::new().name("refract-signals".into()).spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            if let Ok(rt) = rt {
-                if rt.block_on(wait_for_signal()).is_ok() {
-                    tracing::info!("signal received: draining");
-                }
-            }
+            rt.block_on(signals.serve(&stopper));
             stopper.stop.cancel();
         })?;
-        return Ok(dispatcher::run_sharded(ctx, workers)?);
+        dispatcher::run_sharded(ctx.clone(), workers)?;
+        return Ok(Exit::of(&ctx));
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.worker_threads(workers);
     rt.enable_all().build()?.block_on(async move {
+        let signals = Signals::install()?;
         let dispatcher = Dispatcher::start(cfg).await?;
-        wait_for_signal().await?;
-        tracing::info!("signal received: draining");
+        let ctx = dispatcher.ctx().clone();
+        let _ = ctx.config_path.set(path.to_path_buf());
+        signals.serve(&ctx).await;
         dispatcher.shutdown().await;
-        Ok(())
+        Ok(Exit::of(&ctx))
     })
 }
 
-async fn wait_for_signal() -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+/// The signals the dispatcher acts on.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (on the current runtime).
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
     }
-    Ok(())
+
+    /// Reloads on every SIGHUP; returns at SIGTERM or SIGINT (time to drain).
+    async fn serve(mut self, ctx: &dispatcher::Ctx) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => break,
+                _ = self.int.recv() => break,
+                _ = self.hup.recv() => {
+                    tracing::info!("SIGHUP: reloading the configuration");
+                    let _ = reload::reload_logged(ctx);
+                }
+            }
+        }
+        tracing::info!("signal received: draining");
+    }
 }

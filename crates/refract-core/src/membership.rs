@@ -11,6 +11,18 @@ use refract_http::RouteClass;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 
+/// Why a backend could not be added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddError {
+    /// The definition itself is wrong (admin: 400).
+    #[error("{0}")]
+    Invalid(String),
+    /// It clashes with the current membership: its name or address is taken, or it is a second
+    /// primary (admin: 409; the same request succeeds once the other backend is removed).
+    #[error("{0}")]
+    Conflict(String),
+}
+
 /// The current backends.
 pub struct Membership {
     list: RwLock<Arc<Vec<Arc<Backend>>>>,
@@ -67,15 +79,18 @@ impl Membership {
         self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Adds a backend; refuses a bad definition, a duplicate name or a second primary.
-    pub fn add(&self, cfg: BackendConfig) -> Result<(), String> {
-        validate_backend(&cfg)?;
+    /// Adds a backend; refuses a bad definition, a duplicate name or address, a second primary.
+    pub fn add(&self, cfg: BackendConfig) -> Result<(), AddError> {
+        validate_backend(&cfg).map_err(AddError::Invalid)?;
         let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
         if guard.iter().any(|b| b.name == cfg.name) {
-            return Err(format!("backend {} already exists", cfg.name));
+            return Err(AddError::Conflict(format!("backend {} already exists", cfg.name)));
+        }
+        if let Some(b) = guard.iter().find(|b| b.addr == cfg.addr) {
+            return Err(AddError::Conflict(format!("backend {} already has the address {}", b.name, cfg.addr)));
         }
         if cfg.role == Role::Primary && guard.iter().any(|b| b.role == Role::Primary) {
-            return Err("there is already a primary; remove it first".into());
+            return Err(AddError::Conflict("there is already a primary; remove it first".into()));
         }
         let mut next = guard.as_ref().clone();
         let counters = self.metrics.backend(&cfg.name);
@@ -99,23 +114,69 @@ impl Membership {
         true
     }
 
+    /// Drains (`true`) or undrains a backend by name; `None` when there is no such backend,
+    /// else whether that changed anything.
+    pub fn set_drained(&self, name: &str, drained: bool) -> Option<bool> {
+        let b = self.snapshot().iter().find(|b| b.name == name).cloned()?;
+        let changed = b.set_drained(drained);
+        self.metrics.set_drained(name, drained);
+        if changed {
+            tracing::info!(backend = %name, drained, "backend drain changed by the admin API");
+        }
+        Some(changed)
+    }
+
+    /// Makes the membership `cfgs` (a reload): backends whose definition is unchanged stay as
+    /// they are (pool, counters, drain), others are added, replaced or removed; requests in
+    /// flight on a replaced or removed backend finish. Returns what changed, for the log.
+    pub fn apply(&self, cfgs: &[BackendConfig]) -> Vec<String> {
+        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
+        let mut changes = Vec::new();
+        let next: Vec<Arc<Backend>> = cfgs
+            .iter()
+            .map(|c| match guard.iter().find(|b| b.name == c.name) {
+                Some(b) if b.addr == c.addr && b.role == c.role && b.max_concurrency == c.max_concurrency => b.clone(),
+                old => {
+                    changes.push(format!("{} {}", if old.is_some() { "changed" } else { "added" }, c.name));
+                    let counters = self.metrics.backend(&c.name);
+                    Arc::new(Backend::new(c, self.max_idle, counters, self.admission.clone()))
+                }
+            })
+            .collect();
+        for old in guard.iter().filter(|o| !next.iter().any(|n| Arc::ptr_eq(n, o))) {
+            old.retire();
+            if !next.iter().any(|n| n.name == old.name) {
+                self.metrics.remove_backend(&old.name);
+                changes.push(format!("removed {}", old.name));
+            }
+        }
+        *guard = Arc::new(next);
+        changes
+    }
+
     /// The primary, if there is one.
     pub fn primary(&self) -> Option<Arc<Backend>> {
         self.snapshot().iter().find(|b| b.role == Role::Primary).cloned()
     }
 
-    /// The backend for one request of `class` (not `All`), avoiding those in `exclude`.
-    pub fn pick(&self, class: RouteClass, exclude: &[Arc<Backend>]) -> Option<Arc<Backend>> {
+    /// The backend for one request of `class` (not `All`), avoiding those that `failed` it and
+    /// those that refused it as `saturated`.
+    pub fn pick(&self, class: RouteClass, failed: &[Arc<Backend>], saturated: &[Arc<Backend>]) -> Option<Arc<Backend>> {
         let list = self.snapshot();
-        let usable = |b: &&Arc<Backend>| b.is_available() && !exclude.iter().any(|e| Arc::ptr_eq(e, b));
+        let is_in = |set: &[Arc<Backend>], b: &Arc<Backend>| set.iter().any(|e| Arc::ptr_eq(e, b));
+        let usable = |b: &&Arc<Backend>| b.is_available() && !is_in(failed, b) && !is_in(saturated, b);
         let primary = || list.iter().filter(usable).find(|b| b.role == Role::Primary).cloned();
         if class != RouteClass::Read {
             return primary();
         }
-        let readers: Vec<&Arc<Backend>> =
-            list.iter().filter(usable).filter(|b| b.role == Role::Replica || self.balance.read_from_primary).collect();
+        let reads = |b: &&Arc<Backend>| b.role == Role::Replica || self.balance.read_from_primary;
+        let readers: Vec<&Arc<Backend>> = list.iter().filter(usable).filter(reads).collect();
         if readers.is_empty() {
-            return if self.balance.read_fallback_to_primary { primary() } else { None };
+            // The primary takes reads only when no replica can: none is up, or each one up
+            // failed this request. A replica that is merely saturated (its admission refused)
+            // keeps reads off the primary, whose capacity the writes need.
+            let replica_left = list.iter().filter(reads).any(|b| b.is_available() && !is_in(failed, b));
+            return if self.balance.read_fallback_to_primary && !replica_left { primary() } else { None };
         }
         Some(self.choose(&readers).clone())
     }
@@ -161,8 +222,8 @@ mod tests {
     #[test]
     fn writes_go_to_primary_reads_rotate_over_replicas() {
         let m = three(Policy::RoundRobin);
-        assert_eq!(m.pick(RouteClass::Write, &[]).unwrap().name, "p");
-        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[]).unwrap().name.clone()).collect();
+        assert_eq!(m.pick(RouteClass::Write, &[], &[]).unwrap().name, "p");
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[], &[]).unwrap().name.clone()).collect();
         assert_eq!(names, ["r1", "r2", "r1", "r2"]);
     }
 
@@ -171,12 +232,25 @@ mod tests {
         let m = three(Policy::LeastOutstanding);
         let list = m.snapshot();
         list[1].set_up(false);
-        assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+        assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         list[2].set_up(false);
-        assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "p");
+        assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "p");
         list[0].set_up(false);
-        assert!(m.pick(RouteClass::Read, &[]).is_none());
-        assert!(m.pick(RouteClass::Write, &[]).is_none());
+        assert!(m.pick(RouteClass::Read, &[], &[]).is_none());
+        assert!(m.pick(RouteClass::Write, &[], &[]).is_none());
+    }
+
+    #[test]
+    fn reads_do_not_spill_onto_the_primary_while_a_replica_is_up() {
+        let m = three(Policy::RoundRobin);
+        let list = m.snapshot();
+        let saturated = [list[1].clone(), list[2].clone()];
+        assert!(m.pick(RouteClass::Read, &[], &saturated).is_none(), "both replicas saturated: no primary");
+        assert_eq!(m.pick(RouteClass::Read, &saturated, &[]).unwrap().name, "p", "both failed: the primary");
+        list[1].set_up(false);
+        assert!(m.pick(RouteClass::Read, &[], &saturated).is_none(), "one replica still up");
+        list[2].set_up(false);
+        assert_eq!(m.pick(RouteClass::Read, &[], &saturated).unwrap().name, "p", "no replica up: the primary");
     }
 
     #[test]
@@ -186,7 +260,7 @@ mod tests {
         list[1].latency.observe(std::time::Duration::from_millis(100));
         list[2].latency.observe(std::time::Duration::from_millis(1));
         for _ in 0..20 {
-            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         }
     }
 
@@ -198,16 +272,16 @@ mod tests {
         assert!(m.try_eject(&list[1], 1000));
         assert!(!m.try_eject(&list[2], 1000), "at most half of two replicas");
         for _ in 0..4 {
-            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         }
     }
 
     #[test]
     fn exclusion_for_retries() {
         let m = three(Policy::RoundRobin);
-        let first = m.pick(RouteClass::Read, &[]).unwrap();
+        let first = m.pick(RouteClass::Read, &[], &[]).unwrap();
         for _ in 0..4 {
-            assert!(!Arc::ptr_eq(&m.pick(RouteClass::Read, std::slice::from_ref(&first)).unwrap(), &first));
+            assert!(!Arc::ptr_eq(&m.pick(RouteClass::Read, std::slice::from_ref(&first), &[]).unwrap(), &first));
         }
     }
 
@@ -217,8 +291,35 @@ mod tests {
         let busy = m.snapshot()[1].clone();
         let _guards: Vec<_> = (0..5).map(|_| busy.begin()).collect();
         for _ in 0..20 {
-            assert_eq!(m.pick(RouteClass::Read, &[]).unwrap().name, "r2");
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
         }
+    }
+
+    #[test]
+    fn apply_keeps_unchanged_backends_and_replaces_the_rest() {
+        let m = three(Policy::RoundRobin);
+        let before = m.snapshot();
+        let changes = m.apply(&[cfg("p", 1, Role::Primary), cfg("r1", 5, Role::Replica), cfg("r3", 4, Role::Replica)]);
+        assert_eq!(changes, ["changed r1", "added r3", "removed r2"]);
+        let after = m.snapshot();
+        assert!(Arc::ptr_eq(&before[0], &after[0]), "p is unchanged: same backend, same pool");
+        assert!(before[1].view().state == "up" && !before[1].is_available(), "the old r1 is retired");
+        assert!(!before[2].is_available(), "r2 is retired");
+        assert_eq!(after[1].addr.port(), 5);
+    }
+
+    #[test]
+    fn a_drained_backend_takes_no_reads_until_undrained() {
+        let m = three(Policy::RoundRobin);
+        assert_eq!(m.set_drained("r1", true), Some(true));
+        assert_eq!(m.set_drained("r1", true), Some(false));
+        assert_eq!(m.set_drained("nope", true), None);
+        for _ in 0..4 {
+            assert_eq!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r2");
+        }
+        m.set_drained("r1", false);
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[], &[]).unwrap().name.clone()).collect();
+        assert!(names.contains(&"r1".to_string()), "{names:?}");
     }
 
     #[test]
@@ -231,7 +332,7 @@ mod tests {
         assert_eq!(m.snapshot().len(), 4);
         assert!(m.remove("r1"));
         assert!(!m.remove("r1"));
-        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[]).unwrap().name.clone()).collect();
+        let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[], &[]).unwrap().name.clone()).collect();
         assert!(names.iter().all(|n| n == "r2" || n == "r3"), "{names:?}");
     }
 }

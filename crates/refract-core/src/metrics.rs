@@ -76,6 +76,7 @@ pub struct Metrics {
     /// Time the event loops spent busy polling (`[listen] busy_poll_us`).
     pub busy_poll_seconds: Counter<f64, AtomicU64>,
     backend_up: Family<BackendLabel, Gauge>,
+    backend_drained: Family<BackendLabel, Gauge>,
     backend_inflight: Family<BackendLabel, Gauge>,
     pg_replica_lag: Family<BackendLabel, Gauge>,
     pg_replica_lag_seconds: Family<BackendLabel, Gauge<f64, AtomicU64>>,
@@ -153,6 +154,8 @@ impl Metrics {
         );
         let backend_up = Family::<BackendLabel, Gauge>::default();
         reg.register("backend_up", "1 when the backend is taking requests", backend_up.clone());
+        let backend_drained = Family::<BackendLabel, Gauge>::default();
+        reg.register("backend_drained", "1 when an operator drained the backend", backend_drained.clone());
         let backend_inflight = Family::<BackendLabel, Gauge>::default();
         reg.register("backend_in_flight", "Requests in flight per backend", backend_inflight.clone());
         let pg_replica_lag = Family::<BackendLabel, Gauge>::default();
@@ -250,6 +253,7 @@ impl Metrics {
             open_connections,
             busy_poll_seconds,
             backend_up,
+            backend_drained,
             backend_inflight,
             pg_replica_lag,
             pg_replica_lag_seconds,
@@ -293,8 +297,14 @@ impl Metrics {
     /// Sets a backend's state gauges (called at scrape time).
     pub fn set_backend(&self, name: &str, up: bool, inflight: usize) {
         let l = BackendLabel { backend: name.into() };
+        drop(self.backend_drained.get_or_create(&l));
         self.backend_up.get_or_create(&l).set(i64::from(up));
         self.backend_inflight.get_or_create(&l).set(inflight as i64);
+    }
+
+    /// Sets whether backend `name` is drained (`refract_backend_drained`).
+    pub fn set_drained(&self, name: &str, drained: bool) {
+        self.backend_drained.get_or_create(&BackendLabel { backend: name.into() }).set(i64::from(drained));
     }
 
     /// Sets a PostgreSQL replica's lag gauge (WAL bytes behind the primary).
@@ -399,6 +409,7 @@ impl Metrics {
     pub fn remove_backend(&self, name: &str) {
         let l = BackendLabel { backend: name.into() };
         self.backend_up.remove(&l);
+        self.backend_drained.remove(&l);
         self.backend_inflight.remove(&l);
     }
 

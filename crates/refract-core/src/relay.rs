@@ -35,12 +35,17 @@ pub async fn request_body(
             conn.fill().await?;
         },
         BodyKind::Chunked => {
+            // Re-encoded (extensions and trailers dropped). A broken encoding is an error
+            // before its bytes go out; the caller then drops the backend connection with the
+            // half-request on it, never pooling it.
             let mut dec = ChunkedDecoder::new();
+            let mut out = Vec::new();
             loop {
-                let take = dec.advance(&conn.buf)?;
-                bc.stream.write_all(&conn.buf[..take]).await.map_err(io)?;
+                out.clear();
+                let take = dec.normalize(&conn.buf, &mut out)?;
+                bc.stream.write_all(&out).await.map_err(io)?;
                 conn.consume(take);
-                sent += take as u64;
+                sent += out.len() as u64;
                 if dec.is_done() {
                     break;
                 }
@@ -91,19 +96,28 @@ pub struct Sink<'a, W> {
     out: &'a mut W,
     /// Bytes written so far.
     pub written: u64,
+    /// Longest wait for a write to make progress (a client); `None` for a buffer.
+    stall: Option<Duration>,
 }
 
 impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
-    /// A sink over `out`.
+    /// A sink over a buffer (fan-out), which never stalls.
     pub fn new(out: &'a mut W) -> Self {
-        Sink { out, written: 0 }
+        Sink { out, written: 0, stall: None }
+    }
+
+    /// A sink over a client socket: a write that makes no progress for `stall` fails the
+    /// response with [`Error::ClientStalled`], so that a client that stops reading frees the
+    /// backend connection and its slot within that time.
+    pub fn client(out: &'a mut W, stall: Duration) -> Self {
+        Sink { out, written: 0, stall: Some(stall) }
     }
 
     async fn put(&mut self, bytes: &[u8]) -> Result<(), Error> {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.out.write_all(bytes).await.map_err(Error::ClientIo)?;
+        crate::conn::write_within(self.out, bytes, self.stall).await?;
         self.written += bytes.len() as u64;
         Ok(())
     }
@@ -113,6 +127,21 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
         self.put(&bc.buf[..n]).await?;
         bc.buf.advance(n);
         Ok(())
+    }
+
+    /// Relays a whole response like [`Sink::response`], its head saying `Connection: close`:
+    /// the dispatcher is draining and closes the client connection after it, and a client
+    /// told so beforehand does not send another request into the close.
+    pub async fn response_closing(
+        &mut self,
+        bc: &mut BackendConn,
+        rh: &ResponseHead,
+        timeout: Duration,
+        backend: &str,
+    ) -> Result<bool, Error> {
+        self.put(&closing_head(&bc.buf[..rh.len])).await?;
+        bc.buf.advance(rh.len);
+        self.response(bc, &ResponseHead { len: 0, ..rh.clone() }, timeout, backend).await
     }
 
     /// Relays a whole response whose head `rh` starts `bc`'s buffer. Returns whether the
@@ -176,5 +205,38 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
             self.pass(bc, take).await?;
         }
         Ok(())
+    }
+}
+
+/// A complete response head with its `Connection` and `Keep-Alive` headers replaced by
+/// `connection: close`.
+pub fn closing_head(head: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len() + 19);
+    for (i, line) in head.split_inclusive(|&c| c == b'\n').enumerate() {
+        if line == b"\r\n" || line == b"\n" {
+            out.extend_from_slice(b"connection: close\r\n");
+        } else if i > 0 && is_connection_header(line) {
+            continue;
+        }
+        out.extend_from_slice(line);
+    }
+    out
+}
+
+fn is_connection_header(line: &[u8]) -> bool {
+    let name = line.split(|&c| c == b':').next().unwrap_or_default().trim_ascii();
+    name.eq_ignore_ascii_case(b"connection") || name.eq_ignore_ascii_case(b"keep-alive")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::closing_head;
+
+    #[test]
+    fn closing_head_replaces_connection_headers() {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n";
+        assert_eq!(closing_head(head), b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nconnection: close\r\n\r\n");
+        let bare = b"HTTP/1.1 204 No Content\r\n\r\n";
+        assert_eq!(closing_head(bare), b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n");
     }
 }

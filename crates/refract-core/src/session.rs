@@ -3,12 +3,12 @@
 //! are served one at a time in arrival order, so pipelined responses keep their order and the
 //! connection is quiescent at every request boundary (where a hand-over can happen later).
 
-use crate::conn::ClientConn;
+use crate::conn::{ClientConn, ClientTimeouts};
 use crate::dispatcher::Ctx;
 use crate::error::Error;
 use crate::fanout;
 use crate::forward::{self, Request};
-use crate::overload::Priority;
+use crate::overload::{Arrival, Priority};
 use bytes::Bytes;
 use refract_http::chunked::decode_all;
 use refract_http::{reply, BodyKind, RequestHead, RouteClass};
@@ -45,35 +45,51 @@ impl Failure {
 }
 
 /// Serves one client connection until it closes, idles out, fails, or the dispatcher drains.
+/// The connection's timeouts are the configuration's when it starts.
+///
+/// An idle connection costs only this future, its socket and its hand-over state: between
+/// requests the client buffer is released, and serving a request (a large future: forward,
+/// fan-out, hand-over) is boxed, allocated only while a request is served.
 pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
-    let mut conn = ClientConn::new(stream);
-    let mut handover = crate::handover::Session::new();
-    let limits = &ctx.cfg.limits;
-    let idle = Duration::from_millis(ctx.cfg.timeouts.client_idle_ms);
+    let mut conn = ClientConn::with_timeouts(stream, ClientTimeouts::of(&ctx.cfg.timeouts));
+    // Hand-over state exists only once a hand-over is considered (`[handover]` set).
+    let mut handover: Option<Box<crate::handover::Session>> = None;
+    let max_head = ctx.cfg.limits.max_head_bytes;
+    // Whether the next request was already pipelined behind the last one: refract reads it
+    // only when that exchange ended, so its arrival is paced by refract, not new demand.
+    let mut paced = false;
     loop {
-        let head = match conn.read_head(limits.max_head_bytes, idle, &ctx.stop).await {
+        let head = match conn.read_head(max_head, conn.timeouts.idle, &ctx.stop).await {
             Ok(Ok(h)) => h,
             Ok(Err(_)) => break,
             Err(e) => {
-                reply_error(&ctx, &mut conn, &e, false).await;
+                Box::pin(reply_error(&ctx, &mut conn, &e, false)).await;
                 break;
             }
         };
-        if serve(&ctx, &mut conn, &mut handover, head).await == Next::Close || ctx.stop.is_cancelled() {
+        let arrival = if paced { Arrival::Paced } else { Arrival::Fresh };
+        let next = Box::pin(serve(&ctx, &mut conn, &mut handover, head, arrival)).await;
+        if next == Next::Close || ctx.stop.is_cancelled() {
             break;
         }
+        paced = !conn.buf.is_empty();
     }
-    conn.close_gracefully().await;
+    Box::pin(conn.close_gracefully()).await;
 }
 
-async fn serve(ctx: &Ctx, conn: &mut ClientConn, ho: &mut crate::handover::Session, head: RequestHead) -> Next {
+async fn serve(
+    ctx: &Ctx,
+    conn: &mut ClientConn,
+    ho: &mut Option<Box<crate::handover::Session>>,
+    head: RequestHead,
+    arrival: Arrival,
+) -> Next {
     let mut head_bytes = conn.buf.split_to(head.len).freeze();
-    if head.internal {
-        // Only refract's own hops set these (a client's deadline header would be taken for
-        // the dispatcher's by the backend): dropped, like HAProxy's `del-header`.
-        if let Some(clean) = refract_http::head::without_internal_headers(&head_bytes) {
-            head_bytes = clean.into();
-        }
+    // Origin form, no leading empty lines, and no header only refract's own hops set (a
+    // client's deadline header would be taken for the dispatcher's): like HAProxy's
+    // `del-header`, and so that the backend reads the path the rules routed.
+    if let Some(clean) = head.forwarded(&head_bytes) {
+        head_bytes = clean.into();
     }
     let started = Instant::now();
     let (class, body) = match prepare(ctx, conn, &head).await {
@@ -89,15 +105,18 @@ async fn serve(ctx: &Ctx, conn: &mut ClientConn, ho: &mut crate::handover::Sessi
         return reply_error(ctx, conn, &Error::RateLimited(user.to_string()), keep).await;
     }
     let offered = crate::handover::Offered { class, head_bytes: &head_bytes, body: &body };
-    if let Some(go_on) = crate::handover::offer(ctx, conn, ho, &offered).await {
-        return if go_on { Next::Continue } else { Next::Close };
+    if ctx.cfg.handover.is_some() {
+        let ho = ho.get_or_insert_with(|| Box::new(crate::handover::Session::new()));
+        if let Some(go_on) = crate::handover::offer(ctx, conn, ho, &offered).await {
+            return if go_on { Next::Continue } else { Next::Close };
+        }
     }
     let timeout_ms = head.timeout_ms.or(Some(ctx.cfg.overload.default_timeout_ms).filter(|&ms| ms > 0));
     let deadline = timeout_ms.map(|ms| started + Duration::from_millis(ms));
     let result = match &body {
         ReqBody::Buffered(b) if class == RouteClass::All => fanout::run(ctx, conn, &head_bytes, &head, b).await,
         _ => {
-            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority };
+            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority, arrival };
             forward::forward(ctx, conn, &req).await
         }
     };
@@ -106,6 +125,7 @@ async fn serve(ctx: &Ctx, conn: &mut ClientConn, ho: &mut crate::handover::Sessi
         Ok(true) if head.keep_alive => Next::Continue,
         Ok(_) => Next::Close,
         Err(f) if f.touched => {
+            conn.note(&f.err);
             tracing::warn!(error = %f.err, "response cut short; closing the client connection");
             ctx.metrics.error(f.err.kind());
             Next::Close
@@ -143,8 +163,12 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
         ReqBody::Buffered(raw) => ctx.classifier.classify(head, raw)?,
         ReqBody::Stream(_) => ctx.classifier.classify(head, &[])?,
     };
-    if let (RouteClass::All, ReqBody::Stream(kind)) = (class, &body) {
-        body = ReqBody::Buffered(conn.read_body(*kind, limit).await?);
+    match (class, &body) {
+        (RouteClass::All, ReqBody::Stream(kind)) => body = ReqBody::Buffered(conn.read_body(*kind, limit).await?),
+        // Before any backend slot is taken: a stalled body then holds none (unless it is
+        // larger than what may be buffered; it then holds one for at most `body_ms`).
+        (_, ReqBody::Stream(kind)) => conn.read_ahead(*kind, limit).await?,
+        _ => {}
     }
     Ok((class, body))
 }
@@ -152,17 +176,39 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
 /// Sends an error reply (unless the client itself failed) and says whether to go on.
 async fn reply_error(ctx: &Ctx, conn: &mut ClientConn, err: &Error, keep: bool) -> Next {
     ctx.metrics.error(err.kind());
-    if let Error::ClientIo(_) | Error::ClientGone = err {
+    conn.note(err);
+    if let Error::ClientIo(_) | Error::ClientGone | Error::ClientStalled { .. } = err {
         return Next::Close;
     }
+    // A request that timed out may be half read: nothing after it can be framed.
+    let keep = keep && !matches!(err, Error::ClientTimeout { .. });
     match err.backend() {
         Some(b) => tracing::warn!(backend = b, error = %err, "request failed"),
         None => tracing::debug!(error = %err, "request refused"),
     }
     let extra: Vec<(&str, &str)> = err.backend().map(|b| ("backend", b)).into_iter().collect();
+    let keep = keep && !ctx.stop.is_cancelled();
     let bytes = reply::error(err.status(), &err.to_string(), &extra, !keep);
     match conn.reply(&bytes).await {
         Ok(()) if keep => Next::Continue,
         _ => Next::Close,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// Every idle connection holds this future: it must stay small (the state of serving a
+    /// request, several KiB, is boxed and lives only while a request is served).
+    #[tokio::test]
+    async fn an_idle_session_is_small() {
+        let ctx = crate::dispatcher::Ctx::new(Config::parse("[listen]\nhttp = \"127.0.0.1:0\"\n").unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let session = run(ctx, stream);
+        let size = std::mem::size_of_val(&session);
+        assert!(size <= 1024, "a session future takes {size} bytes");
     }
 }

@@ -1,16 +1,22 @@
-//! A chunked-transfer state machine (RFC 9112 §7.1). A proxy relays chunked bodies verbatim,
-//! so this decoder does not copy data out: it only tells how many of the offered bytes belong
-//! to the body and when the body (with its trailers) is complete. Broken encodings are errors.
+//! A chunked-transfer state machine (RFC 9112 §7.1). It tells how many of the offered bytes
+//! belong to the body and when the body (with its trailers) is complete; broken encodings are
+//! errors. Responses are relayed verbatim ([`ChunkedDecoder::advance`]); a request body goes on
+//! re-encoded ([`ChunkedDecoder::normalize`]): chunk extensions and trailers dropped, so what
+//! a backend's parser reads is only sizes and data refract has checked. Extensions are still
+//! checked before they are dropped: a control character (NUL), a bare CR or LF, or a line over
+//! [`MAX_LINE`] bytes is refused.
 
 use crate::error::Error;
 
-/// Longest chunk-size line (with extensions) accepted.
-const MAX_LINE: usize = 4096;
+/// Longest chunk-size line (with extensions) or trailer line accepted.
+pub const MAX_LINE: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Reading hex digits of a chunk size.
     Size { digits: u8 },
+    /// Whitespace after the size: only more of it or `;` may follow.
+    SizeBws,
     /// Skipping a chunk extension up to CR.
     Ext,
     /// Expecting LF after the size line.
@@ -61,18 +67,46 @@ impl ChunkedDecoder {
     /// Consumes body bytes from the front of `input`; returns how many belong to the body.
     /// Stops at the end of the body, so the rest of `input` is the next message.
     pub fn advance(&mut self, input: &[u8]) -> Result<usize, Error> {
+        self.run(input, None)
+    }
+
+    /// Like [`Self::advance`], and appends to `out` the consumed part of the body as refract
+    /// forwards it: each size line as bare hex (extensions dropped), the data, and the last
+    /// chunk without trailers. On an error, what `out` got from this call must not be sent.
+    pub fn normalize(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, Error> {
+        self.run(input, Some(out))
+    }
+
+    fn run(&mut self, input: &[u8], mut out: Option<&mut Vec<u8>>) -> Result<usize, Error> {
         let mut i = 0;
         while i < input.len() && self.state != State::Done {
             if let State::Data(left) = self.state {
                 let take = left.min((input.len() - i) as u64) as usize;
+                if let Some(o) = out.as_deref_mut() {
+                    o.extend_from_slice(&input[i..i + take]);
+                }
                 i += take;
                 self.state = if left == take as u64 { State::DataCr } else { State::Data(left - take as u64) };
                 continue;
             }
+            let before = self.state;
             self.step(input[i])?;
             i += 1;
+            if let Some(o) = out.as_deref_mut() {
+                self.emit(before, o);
+            }
         }
         Ok(i)
+    }
+
+    /// The canonical bytes a transition from `before` completes: a size line, the CRLF after
+    /// chunk data, the final empty line.
+    fn emit(&self, before: State, out: &mut Vec<u8>) {
+        match (before, self.state) {
+            (State::SizeLf, _) => out.extend_from_slice(format!("{:x}\r\n", self.size).as_bytes()),
+            (State::DataLf, _) | (_, State::Done) => out.extend_from_slice(b"\r\n"),
+            _ => {}
+        }
     }
 
     fn step(&mut self, b: u8) -> Result<(), Error> {
@@ -82,9 +116,15 @@ impl ChunkedDecoder {
         }
         self.state = match self.state {
             State::Size { digits } => self.size_byte(b, digits)?,
+            State::SizeBws => match b {
+                b' ' | b'\t' => State::SizeBws,
+                b';' => State::Ext,
+                _ => return Err(Error::BadChunk("whitespace after a chunk size not followed by ';'")),
+            },
             State::Ext => match b {
                 b'\r' => State::SizeLf,
                 b'\n' => return Err(Error::BadChunk("bare LF in chunk extension")),
+                b if is_ctl(b) => return Err(Error::BadChunk("control character in chunk extension")),
                 _ => State::Ext,
             },
             State::SizeLf => self.end_size_line(b)?,
@@ -93,11 +133,13 @@ impl ChunkedDecoder {
             State::TrailerStart => match b {
                 b'\r' => State::EndLf,
                 b'\n' => return Err(Error::BadChunk("bare LF in trailers")),
+                b if is_ctl(b) => return Err(Error::BadChunk("control character in trailer")),
                 _ => State::Trailer,
             },
             State::Trailer => match b {
                 b'\r' => State::TrailerLf,
                 b'\n' => return Err(Error::BadChunk("bare LF in trailer")),
+                b if is_ctl(b) => return Err(Error::BadChunk("control character in trailer")),
                 _ => State::Trailer,
             },
             State::TrailerLf => self.new_line(expect(b, b'\n', State::TrailerStart, "missing LF after trailer")?),
@@ -128,7 +170,8 @@ impl ChunkedDecoder {
         }
         match b {
             b'\r' => Ok(State::SizeLf),
-            b';' | b' ' | b'\t' => Ok(State::Ext),
+            b';' => Ok(State::Ext),
+            b' ' | b'\t' => Ok(State::SizeBws),
             _ => Err(Error::BadChunk("chunk size is not hexadecimal")),
         }
     }
@@ -140,6 +183,11 @@ impl ChunkedDecoder {
         self.line = 0;
         Ok(if self.size == 0 { State::TrailerStart } else { State::Data(self.size) })
     }
+}
+
+/// A control character (other than HTAB), which no field or extension may hold.
+fn is_ctl(b: u8) -> bool {
+    (b < 0x20 && b != b'\t') || b == 0x7f
 }
 
 fn expect(b: u8, want: u8, next: State, why: &'static str) -> Result<State, Error> {
@@ -198,6 +246,38 @@ mod tests {
         assert!(d.is_done());
     }
 
+    fn normalized(raw: &[u8]) -> Result<Vec<u8>, Error> {
+        let mut out = Vec::new();
+        let n = ChunkedDecoder::new().normalize(raw, &mut out)?;
+        assert_eq!(n, raw.len());
+        Ok(out)
+    }
+
+    #[test]
+    fn extensions_and_trailers_are_dropped() {
+        let raw = b"5;a=b\r\nhello\r\n6 ; x=\"y z\"\r\n world\r\nA\t;k\r\n0123456789\r\n0;end\r\nX-Sum: 1\r\n\r\n";
+        assert_eq!(normalized(raw).unwrap(), b"5\r\nhello\r\n6\r\n world\r\na\r\n0123456789\r\n0\r\n\r\n");
+        assert_eq!(normalized(b"0\r\n\r\n").unwrap(), b"0\r\n\r\n");
+        assert_eq!(normalized(b"005\r\nhello\r\n0\r\n\r\n").unwrap(), b"5\r\nhello\r\n0\r\n\r\n");
+    }
+
+    #[test]
+    fn invalid_extensions_are_refused() {
+        let long = format!("5;{}\r\nhello\r\n0\r\n\r\n", "a".repeat(MAX_LINE));
+        for bad in [
+            &b"5;a=\0\r\nhello\r\n"[..],
+            b"5;a\nb\r\n",
+            b"5;a\rb\r\n",
+            b"5;\x7f\r\n",
+            b"5 x\r\n",
+            b"5 \r\n",
+            long.as_bytes(),
+        ] {
+            assert!(matches!(normalized(bad), Err(Error::BadChunk(_))), "{bad:?}");
+        }
+        assert!(matches!(normalized(b"0\r\nX: \0\r\n\r\n"), Err(Error::BadChunk(_))), "NUL in a trailer");
+    }
+
     #[test]
     fn decode_all_reassembles() {
         assert_eq!(decode_all(b"3\r\nabc\r\n2;x\r\nde\r\n0\r\n\r\n"), b"abcde");
@@ -226,6 +306,21 @@ mod tests {
             let b = d.advance(&raw[cut..]).unwrap();
             prop_assert_eq!(a + b, raw.len());
             prop_assert!(d.is_done());
+        }
+
+        #[test]
+        fn a_canonical_body_normalizes_to_itself_whatever_the_split(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..6),
+            split in 0usize..2000,
+        ) {
+            let raw = encode(&chunks, false);
+            let cut = split.min(raw.len());
+            let (mut d, mut out) = (ChunkedDecoder::new(), Vec::new());
+            let a = d.normalize(&raw[..cut], &mut out).unwrap();
+            let b = d.normalize(&raw[cut..], &mut out).unwrap();
+            prop_assert_eq!(a + b, raw.len());
+            prop_assert!(d.is_done());
+            prop_assert_eq!(out, raw);
         }
 
         #[test]

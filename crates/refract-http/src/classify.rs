@@ -142,6 +142,7 @@ mod tests {
     use super::*;
 
     fn head(raw: &str) -> RequestHead {
+        let raw = raw.replacen("HTTP/1.1\r\n", "HTTP/1.1\r\nHost: x\r\n", 1);
         RequestHead::parse(raw.as_bytes(), 8192).unwrap().unwrap()
     }
 
@@ -188,5 +189,7 @@ mod tests {
         let c = Classifier::new(vec![rule]);
         assert_eq!(c.classify(&head("POST /search/x HTTP/1.1\r\n\r\n"), b""), Ok(RouteClass::Read));
         assert_eq!(c.classify(&head("PUT /search/x HTTP/1.1\r\n\r\n"), b""), Ok(RouteClass::Write));
+        // The path of an absolute-form target is what the rules see.
+        assert_eq!(c.classify(&head("POST http://x/search/x HTTP/1.1\r\n\r\n"), b""), Ok(RouteClass::Read));
     }
 }

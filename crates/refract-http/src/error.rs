@@ -15,6 +15,15 @@ pub enum Error {
     /// The chunked encoding of a body is broken.
     #[error("bad chunked encoding: {0}")]
     BadChunk(&'static str),
+    /// A transfer coding other than `chunked` (RFC 9112 §6.1: 501, not implemented).
+    #[error("transfer coding {0:?} is not implemented (only chunked is)")]
+    UnsupportedCoding(String),
+    /// No Host, several, or one that is not a `host[:port]` (RFC 9112 §3.2).
+    #[error("bad Host: {0}")]
+    BadHost(&'static str),
+    /// A request target that is not origin form (nor absolute form refract can turn into it).
+    #[error("bad request target: {0}")]
+    BadTarget(&'static str),
     /// A header value refract interprets is invalid (e.g. `x-refract-route`).
     #[error("bad header {name}: {reason}")]
     BadHeader {
@@ -30,6 +39,7 @@ impl Error {
     pub fn status(&self) -> u16 {
         match self {
             Error::HeadTooLarge(_) => 431,
+            Error::UnsupportedCoding(_) => 501,
             _ => 400,
         }
     }

@@ -1,7 +1,10 @@
 //! Request and response heads: parsed with httparse, reduced to what a proxy needs to frame
-//! the body and route the request. The raw head bytes are forwarded verbatim.
+//! the body and route the request, and held to the rules in `strict` (no head two parsers
+//! could frame differently). The raw head bytes are forwarded as they came, except where
+//! [`RequestHead::forwarded`] says otherwise.
 
 use crate::error::Error;
+use crate::strict;
 
 /// Most headers a head may carry; more is refused as malformed (431 would also be fair).
 const MAX_HEADERS: usize = 100;
@@ -24,8 +27,14 @@ pub enum BodyKind {
 pub struct RequestHead {
     /// Method, e.g. `GET`.
     pub method: String,
-    /// Request target, e.g. `/blob?bytes=1`.
+    /// Request target in origin form, e.g. `/blob?bytes=1` (or `*`): an absolute-form target
+    /// has been turned into this ([`Self::absolute_form`]).
     pub target: String,
+    /// The client sent the target in absolute form (`http://host/path`); its authority was
+    /// checked against Host, and the head goes on with [`Self::target`] instead.
+    pub absolute_form: bool,
+    /// Bytes of empty lines before the request line (skipped, not forwarded).
+    pub skipped: usize,
     /// HTTP/1.`minor`.
     pub minor: u8,
     /// Body framing.
@@ -75,9 +84,12 @@ pub struct ResponseHead {
 
 /// Framing and connection headers common to requests and responses.
 #[derive(Default)]
-struct Framing {
+struct Framing<'a> {
     content_length: Option<u64>,
-    chunked: bool,
+    /// Every Transfer-Encoding value, in order.
+    transfer: Vec<&'a [u8]>,
+    /// Every Host value, in order.
+    hosts: Vec<&'a [u8]>,
     close: bool,
     keep_alive: bool,
     route_hint: Option<String>,
@@ -87,7 +99,7 @@ struct Framing {
     internal: bool,
 }
 
-fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
+fn scan_headers<'a>(headers: &[httparse::Header<'a>]) -> Result<Framing<'a>, Error> {
     let mut f = Framing::default();
     for h in headers {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -97,17 +109,25 @@ fn scan_headers(headers: &[httparse::Header<'_>]) -> Result<Framing, Error> {
             }
             f.content_length = Some(n);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            f.chunked = transfer_is_chunked(h.value)?;
+            f.transfer.push(h.value);
+        } else if h.name.eq_ignore_ascii_case("host") {
+            f.hosts.push(h.value);
         } else if h.name.eq_ignore_ascii_case("connection") {
             scan_connection(h.value, &mut f);
         } else if h.name.len() > 10 && h.name[..10].eq_ignore_ascii_case("x-refract-") {
             scan_refract_header(h, &mut f)?;
         }
     }
-    if f.chunked && f.content_length.is_some() {
+    Ok(f)
+}
+
+/// Refuses Transfer-Encoding with Content-Length (RFC 9112 §6.3 lets a server do so, and a
+/// parser that took the length instead would see another request in the body).
+fn no_length_with_chunked(chunked: bool, f: &Framing<'_>) -> Result<(), Error> {
+    if chunked && f.content_length.is_some() {
         return Err(Error::BadFraming("both Content-Length and chunked"));
     }
-    Ok(f)
+    Ok(())
 }
 
 fn scan_refract_header(h: &httparse::Header<'_>, f: &mut Framing) -> Result<(), Error> {
@@ -148,6 +168,15 @@ fn parse_length(v: &[u8]) -> Result<u64, Error> {
     s.parse().map_err(|_| Error::BadFraming("Content-Length too large"))
 }
 
+/// A response's framing by Transfer-Encoding (a backend's: relayed as it is, so any codings
+/// before a final `chunked` are the client's to decode).
+fn response_chunked(values: &[&[u8]]) -> Result<bool, Error> {
+    for v in values {
+        transfer_is_chunked(v)?;
+    }
+    Ok(!values.is_empty())
+}
+
 fn transfer_is_chunked(v: &[u8]) -> Result<bool, Error> {
     let s = std::str::from_utf8(v).map_err(|_| Error::BadFraming("Transfer-Encoding not ASCII"))?;
     let last = s.rsplit(',').next().unwrap_or("").trim();
@@ -170,7 +199,7 @@ fn scan_connection(v: &[u8], f: &mut Framing) {
     }
 }
 
-fn keep_alive(minor: u8, f: &Framing) -> bool {
+fn keep_alive(minor: u8, f: &Framing<'_>) -> bool {
     if minor >= 1 {
         !f.close
     } else {
@@ -200,16 +229,25 @@ impl RequestHead {
         if len > max {
             return Err(Error::HeadTooLarge(max));
         }
+        strict::line_ends(&buf[..len])?;
         let minor = req.version.unwrap_or(1);
         let f = scan_headers(req.headers)?;
-        let body = match (f.chunked, f.content_length) {
+        let chunked = strict::request_chunked(&f.transfer, minor)?;
+        no_length_with_chunked(chunked, &f)?;
+        let body = match (chunked, f.content_length) {
             (true, _) => BodyKind::Chunked,
             (false, Some(0)) | (false, None) => BodyKind::None,
             (false, Some(n)) => BodyKind::Length(n),
         };
+        let method = req.method.unwrap_or("");
+        let target = req.path.unwrap_or("");
+        let host = strict::request_host(&f.hosts, minor)?;
+        let origin = strict::origin_form(method, target, host)?;
         Ok(Some(RequestHead {
-            method: req.method.unwrap_or("").to_string(),
-            target: req.path.unwrap_or("").to_string(),
+            method: method.to_string(),
+            absolute_form: origin.is_some(),
+            target: origin.unwrap_or_else(|| target.to_string()),
+            skipped: strict::leading_empty_lines(buf),
             minor,
             body,
             keep_alive: keep_alive(minor, &f),
@@ -220,6 +258,28 @@ impl RequestHead {
             internal: f.internal,
             len,
         }))
+    }
+
+    /// The head as refract sends it on, when that differs from the bytes received (`raw`, this
+    /// head's `len` bytes): without the empty lines before the request line, with the target
+    /// in origin form, without [`INTERNAL_HEADERS`]. `None`: forward `raw` as it is.
+    pub fn forwarded(&self, raw: &[u8]) -> Option<Vec<u8>> {
+        if self.skipped == 0 && !self.absolute_form && !self.internal {
+            return None;
+        }
+        let raw = &raw[self.skipped.min(raw.len())..];
+        let mut out = if self.absolute_form {
+            let eol = raw.windows(2).position(|w| w == b"\r\n").unwrap_or(raw.len());
+            let mut out = format!("{} {} HTTP/1.{}\r\n", self.method, self.target, self.minor).into_bytes();
+            out.extend_from_slice(raw.get(eol + 2..).unwrap_or_default());
+            out
+        } else {
+            raw.to_vec()
+        };
+        if self.internal {
+            out = without_internal_headers(&out).unwrap_or(out);
+        }
+        Some(out)
     }
 
     /// The path without the query string.
@@ -248,18 +308,23 @@ impl ResponseHead {
             Ok(httparse::Status::Partial) => return check_size(buf, max).map(|()| None),
             Err(e) => return Err(Error::Malformed(e.to_string())),
         };
+        // The same line ends as a request: a bare LF would frame differently at the client.
+        strict::line_ends(&buf[..len])?;
         let status = res.code.unwrap_or(0);
         let minor = res.version.unwrap_or(1);
         let f = scan_headers(res.headers)?;
+        let chunked = response_chunked(&f.transfer)?;
+        no_length_with_chunked(chunked, &f)?;
         let bodyless = head_request || (100..200).contains(&status) || status == 204 || status == 304;
-        let body = match (bodyless, f.chunked, f.content_length) {
+        let body = match (bodyless, chunked, f.content_length) {
             (true, _, _) => BodyKind::None,
             (false, true, _) => BodyKind::Chunked,
             (false, false, Some(0)) => BodyKind::None,
             (false, false, Some(n)) => BodyKind::Length(n),
             (false, false, None) => BodyKind::UntilClose,
         };
-        let keep_alive = keep_alive(minor, &f) && body != BodyKind::UntilClose;
+        // After a 101 the connection speaks another protocol: never pooled, never reused.
+        let keep_alive = keep_alive(minor, &f) && body != BodyKind::UntilClose && status != 101;
         Ok(Some(ResponseHead { status, body, keep_alive, len }))
     }
 
@@ -287,28 +352,31 @@ mod tests {
 
     #[test]
     fn internal_headers_are_flagged_and_dropped_but_client_ones_kept() {
-        let raw = b"GET / HTTP/1.1\r\nx-refract-route: read\r\nX-Refract-Deadline-Ms: 9\r\n\r\n";
+        let raw = b"GET / HTTP/1.1\r\nHost: x\r\nx-refract-route: read\r\nX-Refract-Deadline-Ms: 9\r\n\r\n";
         let h = RequestHead::parse(raw, 1024).unwrap().unwrap();
         assert!(h.internal);
         assert_eq!(h.route_hint.as_deref(), Some("read"));
-        assert_eq!(without_internal_headers(raw).unwrap(), b"GET / HTTP/1.1\r\nx-refract-route: read\r\n\r\n");
+        assert_eq!(
+            without_internal_headers(raw).unwrap(),
+            b"GET / HTTP/1.1\r\nHost: x\r\nx-refract-route: read\r\n\r\n"
+        );
         for name in INTERNAL_HEADERS {
-            let raw = format!("GET / HTTP/1.1\r\n{name}: 1\r\n\r\n");
+            let raw = format!("GET / HTTP/1.1\r\nHost: x\r\n{name}: 1\r\n\r\n");
             assert!(RequestHead::parse(raw.as_bytes(), 1024).unwrap().unwrap().internal, "{name}");
         }
-        let plain = b"GET / HTTP/1.1\r\nx-refract-timeout-ms: 5\r\nx-refract-priority: low\r\n\r\n";
+        let plain = b"GET / HTTP/1.1\r\nHost: x\r\nx-refract-timeout-ms: 5\r\nx-refract-priority: low\r\n\r\n";
         assert!(!RequestHead::parse(plain, 1024).unwrap().unwrap().internal);
         assert_eq!(without_internal_headers(plain), None);
     }
 
     #[test]
     fn partial_head_needs_more_bytes() {
-        assert_eq!(RequestHead::parse(b"GET / HTTP/1.1\r\nHo", 1024), Ok(None));
+        assert_eq!(RequestHead::parse(b"GET / HTTP/1.1\r\nHost: x\r\nHo", 1024), Ok(None));
     }
 
     #[test]
     fn oversized_partial_head_is_refused() {
-        let mut raw = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        let mut raw = b"GET / HTTP/1.1\r\nHost: x\r\nX: ".to_vec();
         raw.extend(std::iter::repeat_n(b'a', 2000));
         assert_eq!(RequestHead::parse(&raw, 1024), Err(Error::HeadTooLarge(1024)));
     }
@@ -322,21 +390,21 @@ mod tests {
 
     #[test]
     fn framing_headers() {
-        let cl = RequestHead::parse(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n", 1024);
+        let cl = RequestHead::parse(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n", 1024);
         assert_eq!(cl.unwrap().unwrap().body, BodyKind::Length(5));
-        let ch = RequestHead::parse(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 1024);
+        let ch = RequestHead::parse(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 1024);
         assert_eq!(ch.unwrap().unwrap().body, BodyKind::Chunked);
-        let both = b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let both = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert!(matches!(RequestHead::parse(both, 1024), Err(Error::BadFraming(_))));
-        let bad = b"POST / HTTP/1.1\r\nContent-Length: 5x\r\n\r\n";
+        let bad = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5x\r\n\r\n";
         assert!(matches!(RequestHead::parse(bad, 1024), Err(Error::BadFraming(_))));
-        let gz = b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n";
+        let gz = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n";
         assert!(matches!(RequestHead::parse(gz, 1024), Err(Error::BadFraming(_))));
     }
 
     #[test]
     fn connection_semantics() {
-        let close = RequestHead::parse(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", 1024);
+        let close = RequestHead::parse(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 1024);
         assert!(!close.unwrap().unwrap().keep_alive);
         let old = RequestHead::parse(b"GET / HTTP/1.0\r\n\r\n", 1024);
         assert!(!old.unwrap().unwrap().keep_alive);
@@ -346,16 +414,16 @@ mod tests {
 
     #[test]
     fn deadline_and_priority_headers() {
-        let raw = b"GET / HTTP/1.1\r\nX-Refract-Timeout-Ms: 250\r\nx-refract-priority: Low\r\n\r\n";
+        let raw = b"GET / HTTP/1.1\r\nHost: x\r\nX-Refract-Timeout-Ms: 250\r\nx-refract-priority: Low\r\n\r\n";
         let h = RequestHead::parse(raw, 1024).unwrap().unwrap();
         assert_eq!((h.timeout_ms, h.priority.as_deref()), (Some(250), Some("low")));
-        let bad = RequestHead::parse(b"GET / HTTP/1.1\r\nx-refract-timeout-ms: soon\r\n\r\n", 1024);
+        let bad = RequestHead::parse(b"GET / HTTP/1.1\r\nHost: x\r\nx-refract-timeout-ms: soon\r\n\r\n", 1024);
         assert!(matches!(bad, Err(Error::BadHeader { name: "x-refract-timeout-ms", .. })));
     }
 
     #[test]
     fn route_hint_is_lowercased() {
-        let h = RequestHead::parse(b"GET / HTTP/1.1\r\nX-Refract-Route: WRITE\r\n\r\n", 1024);
+        let h = RequestHead::parse(b"GET / HTTP/1.1\r\nHost: x\r\nX-Refract-Route: WRITE\r\n\r\n", 1024);
         assert_eq!(h.unwrap().unwrap().route_hint.as_deref(), Some("write"));
     }
 
@@ -372,6 +440,60 @@ mod tests {
         assert!(c.unwrap().is_interim());
         let n = ResponseHead::parse(b"HTTP/1.1 204 No Content\r\n\r\n", 1024, false).unwrap();
         assert_eq!(n.unwrap().body, BodyKind::None);
+        let up = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n";
+        let up = ResponseHead::parse(up, 1024, false).unwrap().unwrap();
+        assert_eq!((up.body, up.keep_alive, up.is_interim()), (BodyKind::None, false, false));
+    }
+
+    #[test]
+    fn only_crlf_ends_a_line_in_requests_and_responses() {
+        let lf = b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\nContent-Length: 5\r\n\r\nhello";
+        assert!(matches!(RequestHead::parse(lf, 1024), Err(Error::Malformed(_))));
+        let cr = b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\rContent-Length: 5\r\n\r\nhello";
+        assert!(matches!(RequestHead::parse(cr, 1024), Err(Error::Malformed(_))));
+        let res = b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok";
+        assert!(matches!(ResponseHead::parse(res, 1024, false), Err(Error::Malformed(_))));
+    }
+
+    #[test]
+    fn httparse_refuses_the_rest_of_what_two_parsers_could_read_differently() {
+        for bad in [
+            &b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length : 5\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\r\n Content-Length: 5\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\0c\r\n\r\n",
+            b"GET  / HTTP/1.1\r\nHost: x\r\n\r\n",
+        ] {
+            assert!(matches!(RequestHead::parse(bad, 1024), Err(Error::Malformed(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn host_and_transfer_encoding_rules_apply_to_the_head() {
+        let no_host = RequestHead::parse(b"GET / HTTP/1.1\r\n\r\n", 1024);
+        assert!(matches!(no_host, Err(Error::BadHost(_))));
+        let old = RequestHead::parse(b"GET / HTTP/1.0\r\n\r\n", 1024).unwrap().unwrap();
+        assert_eq!(old.minor, 0);
+        let two = RequestHead::parse(b"GET / HTTP/1.1\r\nHost: x\r\nhost: x\r\n\r\n", 1024);
+        assert!(matches!(two, Err(Error::BadHost(_))));
+        let te10 = b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(matches!(RequestHead::parse(te10, 1024), Err(Error::BadFraming(_))));
+        let gz = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert_eq!(RequestHead::parse(gz, 1024).unwrap_err().status(), 501);
+        // A backend may relay codings before a final chunked: the client decodes them.
+        let res = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert_eq!(ResponseHead::parse(res, 1024, false).unwrap().unwrap().body, BodyKind::Chunked);
+    }
+
+    #[test]
+    fn a_head_goes_on_in_origin_form_without_leading_empty_lines() {
+        let raw = b"\r\nGET HTTP://X:8/a?b HTTP/1.1\r\nHost: x:8\r\nX-Refract-Deadline-Ms: 1\r\n\r\n";
+        let h = RequestHead::parse(raw, 1024).unwrap().unwrap();
+        assert_eq!((h.path(), h.query(), h.absolute_form, h.skipped, h.len), ("/a", Some("b"), true, 2, raw.len()));
+        assert_eq!(h.forwarded(raw).unwrap(), b"GET /a?b HTTP/1.1\r\nHost: x:8\r\n\r\n");
+        let plain = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(RequestHead::parse(plain, 1024).unwrap().unwrap().forwarded(plain), None);
+        let other = b"GET http://y/a HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert!(matches!(RequestHead::parse(other, 1024), Err(Error::BadHost(_))));
     }
 
     mod props {
@@ -391,10 +513,10 @@ mod tests {
                 close: bool,
                 extra in proptest::collection::vec((token(), "[ -~]{0,30}"), 0..6),
             ) {
-                let mut raw = format!("{method} {path} HTTP/1.1\r\n");
+                let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n");
                 for (k, v) in &extra {
                     let lower = k.to_ascii_lowercase();
-                    if ["content-length", "transfer-encoding", "connection", "x-refract-route"].contains(&lower.as_str()) {
+                    if ["content-length", "transfer-encoding", "connection", "x-refract-route", "host"].contains(&lower.as_str()) {
                         continue;
                     }
                     raw += &format!("{k}: {}\r\n", v.trim());

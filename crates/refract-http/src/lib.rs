@@ -6,6 +6,8 @@
 //! # Layout
 //! - [`head`]: request and response heads (`parse(&[u8]) -> Result<Option<(Head, usize)>>`).
 //! - [`chunked`]: a chunked-transfer state machine that finds the end of a body it passes through.
+//! - `strict` (private): what refract refuses in a request head, so that no parser after it
+//!   frames a request differently (request smuggling).
 //! - [`classify`]: route classes and the rules that pick one for a request.
 //! - [`reply`]: canned responses (errors with JSON bodies, plain OK replies).
 //! - [`error`]: the crate's error type.
@@ -16,6 +18,7 @@ pub mod defer;
 pub mod error;
 pub mod head;
 pub mod reply;
+mod strict;
 
 pub use chunked::ChunkedDecoder;
 pub use classify::{Classifier, RouteClass, RouteRule};

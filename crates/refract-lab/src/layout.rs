@@ -26,6 +26,9 @@ const LOOPBACK_FALLBACK: &str = r#"
 http = "127.0.0.1:8080"
 admin = "127.0.0.1:8081"
 
+[admin]
+token = "change-me-to-a-long-random-secret"
+
 [balance]
 policy = "round-robin"
 

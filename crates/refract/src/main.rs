@@ -19,6 +19,13 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Ask the dispatcher running with this config file to reload it (`POST /reload` on its
+    /// admin listener, with the file's token); prints what changed, or why it was refused.
+    Reload {
+        /// The dispatcher's configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Run the test backend: returns results of a requested size (the paper's stored procedure).
     BlobServer(refract_blob::BlobArgs),
     /// Build, inspect or remove the network-namespace lab.
@@ -42,7 +49,19 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
-        Cmd::Dispatch { config } => refract_core::run_dispatcher_from_file(&config),
+        Cmd::Dispatch { config } => {
+            let exit = refract_core::run_dispatcher_from_file(&config)?;
+            if exit != refract_core::Exit::Drained {
+                tracing::error!(code = exit.code(), "exiting: the drain timed out with connections still open");
+                std::process::exit(exit.code());
+            }
+            Ok(())
+        }
+        Cmd::Reload { config } => {
+            let changes = refract_core::request_reload(&config).map_err(anyhow::Error::msg)?;
+            println!("reloaded: {changes}");
+            Ok(())
+        }
         Cmd::BlobServer(args) => refract_blob::run(args),
         Cmd::Lab(cmd) => cmd.run(),
         Cmd::Bench(cmd) => cmd.run(),

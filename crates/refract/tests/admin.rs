@@ -1,4 +1,4 @@
-//! The admin listener: runtime membership and metrics.
+//! The admin listener: runtime membership, drain, metrics, and who may use it.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -9,24 +9,111 @@ fn backends_can_be_added_and_removed_at_runtime() {
     let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
     let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
     let def = format!(r#"{{"name":"b3","addr":"{}","role":"replica"}}"#, b3.addr);
-    let r = request(d.admin, "POST", "/backends", &[("content-type", "application/json")], def.as_bytes());
+    let r = admin(d.admin, "POST", "/backends", def.as_bytes());
     assert_eq!(r.status, 201, "{r:?}");
-    assert_eq!(request(d.admin, "POST", "/backends", &[], def.as_bytes()).status, 409);
-    assert_eq!(request(d.admin, "POST", "/backends", &[], b"{nope").status, 400);
+    assert_eq!(admin(d.admin, "POST", "/backends", def.as_bytes()).status, 409);
+    assert_eq!(admin(d.admin, "POST", "/backends", b"{nope").status, 400);
     let mut seen = std::collections::HashSet::new();
     for _ in 0..10 {
         seen.insert(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").unwrap());
     }
     assert!(seen.contains("b3"), "{seen:?}");
-    assert_eq!(request(d.admin, "DELETE", "/backends/b2", &[], b"").status, 200);
-    assert_eq!(request(d.admin, "DELETE", "/backends/b2", &[], b"").status, 404);
+    assert_eq!(admin(d.admin, "DELETE", "/backends/b2", b"").status, 200);
+    assert_eq!(admin(d.admin, "DELETE", "/backends/b2", b"").status, 404);
     for _ in 0..6 {
         assert_eq!(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").as_deref(), Some("b3"));
     }
-    let list = get(d.admin, "/backends").json();
+    let list = admin_get(d.admin, "/backends").json();
     let names: Vec<_> = list.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["b1", "b3"]);
     assert!(list[1]["served"].as_u64().unwrap() >= 6);
+}
+
+/// docs/config.md: a second primary, a taken name or a taken address is a conflict with the
+/// current membership (409); a malformed definition is 400.
+#[test]
+fn status_codes_are_the_documented_ones() {
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let post = |def: String| admin(d.admin, "POST", "/backends", def.as_bytes());
+    let second = post(r#"{"name":"p2","addr":"127.0.0.1:9","role":"primary"}"#.into());
+    assert_eq!(second.status, 409, "{second:?}");
+    assert!(String::from_utf8_lossy(&second.body).contains("already a primary"), "{second:?}");
+    assert_eq!(post(format!(r#"{{"name":"b9","addr":"{}","role":"replica"}}"#, b2.addr)).status, 409);
+    assert_eq!(post(r#"{"name":"bad name","addr":"127.0.0.1:9","role":"replica"}"#.into()).status, 400);
+    assert_eq!(post(r#"{"name":"b9","addr":"127.0.0.1:9","role":"boss"}"#.into()).status, 400);
+    assert_eq!(admin(d.admin, "POST", "/backends/nope/drain", b"").status, 404);
+}
+
+#[test]
+fn the_admin_api_needs_the_token_json_writes_and_no_foreign_origin() {
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let none = get(d.admin, "/backends");
+    assert_eq!(none.status, 401, "{none:?}");
+    assert_eq!(none.header("www-authenticate").as_deref(), Some("Bearer realm=\"refract-admin\""));
+    let wrong = request(d.admin, "GET", "/backends", &[("authorization", "Bearer test-token-0123456788")], b"");
+    assert_eq!(wrong.status, 401);
+    assert_eq!(request(d.admin, "GET", "/pg/pools", &[], b"").status, 401, "the PostgreSQL views too");
+    let auth = format!("Bearer {TOKEN}");
+    let def = br#"{"name":"b1","addr":"127.0.0.1:9","role":"primary"}"#;
+    let delete = request(d.admin, "DELETE", "/backends/b1", &[], b"");
+    assert_eq!(delete.status, 401, "no token, no removal");
+    let plain = request(d.admin, "POST", "/backends", &[("authorization", &auth), ("content-type", "text/plain")], def);
+    assert_eq!(plain.status, 415, "{plain:?}");
+    let form = [("authorization", auth.as_str()), ("content-type", "application/x-www-form-urlencoded")];
+    assert_eq!(request(d.admin, "POST", "/backends/b2/drain", &form, b"").status, 415);
+    let foreign =
+        [("authorization", auth.as_str()), ("content-type", "application/json"), ("origin", "http://evil.example")];
+    assert_eq!(request(d.admin, "DELETE", "/backends/b1", &foreign, b"").status, 403);
+    assert_eq!(request(d.admin, "GET", "/backends", &foreign, b"").status, 403);
+    // Nothing above changed the membership.
+    let list = admin_get(d.admin, "/backends").json();
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+    assert_eq!(list[1]["drained"], false);
+    // Scrapers and health checkers need no token.
+    assert_eq!(get(d.admin, "/metrics").status, 200);
+    assert_eq!(get(d.admin, "/health").status, 200);
+}
+
+#[test]
+fn a_drained_backend_takes_no_new_requests_until_undrained() {
+    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob_at("b3", 0, &["--delay-ms", "800"]));
+    let d = dispatcher(
+        &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")],
+        "[balance]\npolicy = \"round-robin\"\n",
+    );
+    // Two reads at once: round robin puts one on b3 (800 ms), in flight when b3 is drained.
+    let mut slow: Vec<Client> = (0..2).map(|_| Client::connect(d.proc.addr)).collect();
+    for c in &mut slow {
+        c.send(&raw_request("GET", "/blob?bytes=100&seed=3", &[], b""));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while admin_get(d.admin, "/backends").json()[2]["in_flight"] != 1 {
+        assert!(std::time::Instant::now() < deadline, "no read in flight on b3");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let r = admin(d.admin, "POST", "/backends/b3/drain", b"");
+    assert_eq!(r.status, 200, "{r:?}");
+    for _ in 0..8 {
+        assert_eq!(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").as_deref(), Some("b2"));
+    }
+    let list = admin_get(d.admin, "/backends").json();
+    assert_eq!((list[1]["drained"].as_bool(), list[2]["drained"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(metric(d.admin, r#"refract_backend_drained{backend="b3"}"#), 1);
+    let served: Vec<_> = slow.iter_mut().map(|c| c.read_response(false).unwrap()).collect();
+    assert!(served.iter().all(|r| r.status == 200 && r.body.len() == 100), "{served:?}");
+    assert!(
+        served.iter().any(|r| r.header("x-served-by").as_deref() == Some("b3")),
+        "the read in flight on b3 finished"
+    );
+    assert_eq!(admin(d.admin, "POST", "/backends/b3/undrain", b"").status, 200);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..6 {
+        seen.insert(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").unwrap());
+    }
+    assert!(seen.contains("b3") && seen.contains("b2"), "{seen:?}");
+    assert_eq!(metric(d.admin, r#"refract_backend_drained{backend="b3"}"#), 0);
 }
 
 #[test]
@@ -48,5 +135,5 @@ fn metrics_count_requests_bytes_and_errors() {
     let n: u64 = to_client.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(n >= 3000, "{to_client}");
     assert_eq!(get(d.admin, "/health").status, 200);
-    assert_eq!(get(d.admin, "/nope").status, 404);
+    assert_eq!(admin_get(d.admin, "/nope").status, 404);
 }

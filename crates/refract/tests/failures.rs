@@ -25,7 +25,7 @@ fn killed_replica_reads_continue_on_the_other() {
     // Marked down by a failed request or, at the latest, by the next health check.
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     loop {
-        let view = get(d.admin, "/backends").json();
+        let view = admin_get(d.admin, "/backends").json();
         let b2_view = view.as_array().unwrap().iter().find(|b| b["name"] == "b2").unwrap().clone();
         if b2_view["state"] == "down" {
             break;

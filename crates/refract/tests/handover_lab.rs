@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{Client, Proc, Response};
+use common::{Client, Proc, Response, TOKEN};
 use refract_blob::pattern;
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -130,7 +130,7 @@ fn client() {
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.send(get(3 << 20, 5).as_bytes());
     check(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
-    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
     c.send(get(1000, 2).as_bytes());
@@ -248,6 +248,7 @@ fn cluster_with(lab: &Lab, handover: &str, pass_socket: bool) -> Cluster {
     let cfg = dir.path().join("refract.toml");
     let text = format!(
         "[listen]\nhttp = \"{VIP}:8080\"\nadmin = \"127.0.0.1:{ADMIN}\"\nworkers = 1\n\
+         [admin]\ntoken = \"{TOKEN}\"\n\
          [[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:9001\"\nrole = \"primary\"\n\
          [[backend]]\nname = \"b2\"\naddr = \"198.18.6.21:9002\"\nrole = \"replica\"\n\
          [handover]\n{handover}key_file = \"{}\"\nagents = {{ b2 = \"198.18.6.21:9100\" }}\n",

@@ -49,7 +49,7 @@ fn check(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
 /// connection back (an agent killed between its last response and its `HandBack` takes the
 /// connection with it, by design: the dispatcher cannot tell whether that response was whole).
 fn relayed_write(c: &mut Client) {
-    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
 }
@@ -145,7 +145,7 @@ fn hybrid_hands_over_only_large_results() {
         check(&r, n, s, v);
         sent_direct += direct(&r);
     }
-    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     assert_eq!(c.read_response(false).unwrap().status, 200);
     c.send(get(2 << 20, 7).as_bytes());
     let r = c.read_response(false).unwrap();
@@ -219,7 +219,7 @@ fn reads_go_through_the_agent_and_the_connection_comes_back() {
     check(&r, 3 << 20, 5, Some("1"));
     sent_direct += direct(&r);
     // A write is relayed by the dispatcher on the same connection: it has the socket back.
-    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
     c.send(get(1000, 2).as_bytes());
@@ -249,7 +249,7 @@ fn reads_go_through_the_agent_and_the_connection_comes_back() {
     assert_eq!(metric(d.admin, r#"refract_bytes_direct_total{backend="b2"}"#), sent_direct);
     assert_eq!(metric(d.admin, "refract_handover_seconds_count"), 4);
     assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
-    let backends = common::get(d.admin, "/backends").json();
+    let backends = common::admin_get(d.admin, "/backends").json();
     let b2 = backends.as_array().unwrap().iter().find(|b| b["name"] == "b2").unwrap();
     let want = serde_json::json!({"handovers": 4, "handbacks": 4, "bytes_direct": sent_direct});
     assert_eq!(b2["handover"], want, "{backends}");

@@ -107,7 +107,7 @@ fn scenario() {
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.send(get(3 << 20, 5).as_bytes());
     check(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
-    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
     c.send(get(1000, 2).as_bytes());
@@ -287,7 +287,7 @@ fn idle_hand_back_scenario() {
 }
 
 fn relayed_write(c: &mut Client) {
-    c.send(b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc");
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
 }

@@ -144,7 +144,10 @@ fn the_loopback_example_works_as_documented() {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/loopback.toml")).unwrap();
     let d = dispatcher_with(&text, "127.0.0.1:8080".parse().unwrap(), "127.0.0.1:8081".parse().unwrap());
     assert_eq!(get(d.proc.addr, "/blob?bytes=1").status, 200);
-    let backends = get(d.admin, "/backends").json();
+    // The example's own token (users copy it, then replace it).
+    let token = text.lines().find_map(|l| l.strip_prefix("token = ")).unwrap().trim_matches('"');
+    let auth = format!("Bearer {token}");
+    let backends = request(d.admin, "GET", "/backends", &[("authorization", &auth)], b"").json();
     let names: Vec<_> = backends.as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap().to_string()).collect();
     assert_eq!(names, ["b1", "b2", "b3"]);
 }

@@ -78,7 +78,10 @@ fn request(ctx: &Ctx, bytes: &[u8]) -> Option<(RouteClass, Option<String>)> {
     let head = RequestHead::parse(bytes, ctx.cfg.limits.max_head_bytes).ok()??;
     let body = bytes.get(head.len..)?;
     let valid_priority = matches!(head.priority.as_deref(), None | Some("high" | "normal" | "low"));
-    if head.body == BodyKind::Chunked || body.len() > ctx.cfg.limits.max_buffered_body || !valid_priority {
+    // The agent sends the client's bytes as they are: a head the session would rewrite
+    // (absolute form, leading empty lines) comes back here to be rewritten.
+    let rewritten = head.absolute_form || head.skipped > 0;
+    if head.body == BodyKind::Chunked || body.len() > ctx.cfg.limits.max_buffered_body || !valid_priority || rewritten {
         return None;
     }
     let class = ctx.classifier.classify(&head, body).ok()?;

@@ -34,7 +34,7 @@ pub struct LimitConfig {
 
 impl Default for LimitConfig {
     fn default() -> Self {
-        LimitConfig { initial: 20.0, min: 1.0, max: 200.0, alpha: 1.0, beta: 2.5, probe_every: 1000 }
+        LimitConfig { initial: 4.0, min: 1.0, max: 200.0, alpha: 1.0, beta: 2.5, probe_every: 1000 }
     }
 }
 
@@ -120,7 +120,12 @@ impl AdaptiveLimit {
         if queue <= self.cfg.alpha * step {
             self.limit += step;
         } else if queue >= self.cfg.beta * step {
-            self.limit -= step;
+            // Far above capacity (a limit that starts high, a backend that slowed down), one
+            // step per round would keep requests queued inside the backend for many rounds:
+            // jump to the concurrency the backend actually works on (limit × no_load / rtt)
+            // plus the queue it may grow on, if that is lower.
+            let working = self.limit * self.no_load / rtt + self.cfg.alpha * step;
+            self.limit = (self.limit - step).min(working);
         }
         self.limit = self.limit.clamp(self.cfg.min, self.cfg.max);
     }
@@ -153,7 +158,11 @@ mod tests {
         }
         assert_eq!(l.limit(), 10, "no decision before a window of 10 samples");
         l.sample(0.040, 10);
-        assert_eq!(l.limit(), 9, "one step down for the window, however many samples were slow");
+        assert_eq!(l.limit(), 3, "one decision for the window: the working concurrency (10 × 10/40) plus alpha");
+        for _ in 0..2 {
+            l.sample(0.040, 10);
+        }
+        assert_eq!(l.limit(), 3, "no second decision before a window of 3 samples");
     }
 
     #[test]
@@ -165,6 +174,21 @@ mod tests {
         run(&mut l, |n| 0.010 * (n as f64 / capacity).max(1.0), 5000);
         let settled = l.limit();
         assert!((9..=20).contains(&settled), "limit {settled} should sit a little above capacity 8");
+    }
+
+    #[test]
+    fn a_limit_far_above_capacity_comes_down_within_a_few_rounds() {
+        // Starts at 16 over a backend of 4 workers × 20 ms (examples/loopback.toml's default
+        // over `blob-server --concurrency 4 --delay-ms 20`): requests queue inside it.
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 16.0, ..LimitConfig::default() });
+        l.sample(0.020, 1);
+        let mut samples = 0;
+        while l.limit() > 7 {
+            let n = l.limit();
+            l.sample(0.020 * (n as f64 / 4.0).max(1.0), n);
+            samples += 1;
+            assert!(samples < 60, "still at {} after {samples} samples", l.limit());
+        }
     }
 
     #[test]
@@ -182,7 +206,7 @@ mod tests {
         for _ in 0..100 {
             l.sample(0.0, 20);
         }
-        assert!(l.limit() >= 20);
+        assert!(l.limit() >= 4, "{}", l.limit());
     }
 
     #[test]

@@ -48,9 +48,55 @@ impl Backend {
     }
 
     async fn serve(&self) {
-        let _slot = self.slots.acquire().await;
-        tokio::time::sleep(self.service).await;
+        self.serve_for(self.service).await;
     }
+
+    async fn serve_for(&self, service: Duration) {
+        let _slot = self.slots.acquire().await;
+        tokio::time::sleep(service).await;
+    }
+}
+
+/// A closed loop: `clients` each send `per_client` requests one after the other (no deadline),
+/// the next when the previous is answered; service times are log-uniform from 10 µs to
+/// `longest` (a mix of tiny and large reads). Returns what was seen.
+pub(crate) async fn closed_loop(
+    adm: &Arc<Admission>,
+    backend: &Arc<Backend>,
+    clients: usize,
+    per_client: usize,
+    longest: Duration,
+) -> Seen {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let span = (longest.as_secs_f64() / 1e-5).ln();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (adm, backend, seen) = (adm.clone(), backend.clone(), seen.clone());
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(c as u64);
+                for _ in 0..per_client {
+                    let service = Duration::from_secs_f64(1e-5 * (rng.gen::<f64>() * span).exp());
+                    let arrived = Instant::now();
+                    match adm.acquire(Priority::Normal, None).await {
+                        Ok(permit) => {
+                            backend.serve_for(service).await;
+                            permit.finish(Outcome::Success);
+                            let ms = arrived.elapsed().as_secs_f64() * 1e3;
+                            seen.lock().unwrap_or_else(|p| p.into_inner()).admitted_ms.push(ms);
+                        }
+                        Err(_) => seen.lock().unwrap_or_else(|p| p.into_inner()).refused += 1,
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut s = std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
+    s.admitted_ms.sort_by(f64::total_cmp);
+    s.limit = adm.view().limit;
+    s
 }
 
 /// Offers `rate` requests per second for `for_` (Poisson, seeded), each with a `timeout`
@@ -144,5 +190,47 @@ mod tests {
         );
         assert!(high.p(0.99) <= 2.0 * low.p(0.99), "p99 at 3x {:.1} ms vs {:.1} ms at 0.5x", high.p(0.99), low.p(0.99));
         assert!(good >= 0.9 * CAPACITY, "goodput {good:.0}/s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_loop_is_served_in_full() {
+        // 64 clients, each request 10 µs to 50 ms, a backend of 8 workers: the queue stands
+        // (56 waiting) but cannot grow past the population, so nothing is refused.
+        let adm = Admission::new(AdmissionConfig::default());
+        let backend = Backend::new(8, Duration::from_millis(10));
+        let s = closed_loop(&adm, &backend, 64, 64, Duration::from_millis(50)).await;
+        eprintln!(
+            "closed loop: served {} refused {} p99 {:.1} ms limit {}",
+            s.admitted_ms.len(),
+            s.refused,
+            s.p(0.99),
+            s.limit
+        );
+        assert_eq!((s.admitted_ms.len(), s.refused), (4096, 0));
+    }
+
+    /// `examples/loopback.toml`'s replicas: blob servers of 4 workers × 20 ms behind the
+    /// default admission, half load then three times the capacity.
+    #[tokio::test(start_paused = true)]
+    async fn loopback_example_p99_at_three_times_capacity() {
+        let capacity = 200.0;
+        let adm = Admission::new(AdmissionConfig::default());
+        let backend = Backend::new(4, Duration::from_millis(20));
+        let timeout = Duration::from_secs(1);
+        let low = offer(&adm, &backend, 0.5 * capacity, Duration::from_secs(10), timeout, 2).await;
+        let high = offer(&adm, &backend, 3.0 * capacity, Duration::from_secs(10), timeout, 3).await;
+        let good = high.admitted_ms.len() as f64 / 10.0;
+        eprintln!(
+            "0.5x: p99 {:.1}; 3x: p50 {:.1} p95 {:.1} p98 {:.1} p99 {:.1} limit {} goodput {good:.0}/s refused {}",
+            low.p(0.99),
+            high.p(0.5),
+            high.p(0.95),
+            high.p(0.98),
+            high.p(0.99),
+            high.limit,
+            high.refused
+        );
+        assert!(high.p(0.99) <= 2.0 * low.p(0.99), "p99 at 3x {:.1} ms vs {:.1} ms at 0.5x", high.p(0.99), low.p(0.99));
+        assert!(good >= 0.9 * capacity, "goodput {good:.0}/s");
     }
 }

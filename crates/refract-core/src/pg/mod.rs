@@ -102,7 +102,8 @@ fn shared(ctx: &Ctx, cfg: &PgConfig) -> Arc<Shared> {
 
 /// Binds the PostgreSQL listener and starts serving (and probing the servers) in the background.
 pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
-    let listener = TcpListener::bind(cfg.listen).await?;
+    let listener =
+        TcpListener::bind(cfg.listen).await.map_err(crate::dispatcher::named("[postgres] listen", cfg.listen))?;
     start_background(&ctx, &cfg);
     serve(&ctx, &cfg, listener)
 }

@@ -42,6 +42,9 @@ pub fn shared() -> Arc<Fixture> {
     f
 }
 
+/// The admin token of the dispatcher under test.
+pub const ADMIN_TOKEN: &str = "pg-test-admin-token";
+
 /// Event loops of the dispatcher under test (as `[listen] workers = 2`).
 const SHARDS: usize = 2;
 
@@ -77,6 +80,9 @@ impl Fixture {
 http = "127.0.0.1:0"
 admin = "127.0.0.1:{admin}"
 {listen}
+
+[admin]
+token = "{ADMIN_TOKEN}"
 
 [postgres]
 listen = "127.0.0.1:{port}"
@@ -166,7 +172,8 @@ role = "replica"
     /// `GET path` from the admin listener, as JSON.
     pub fn admin_json(&self, path: &str) -> serde_json::Value {
         let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, self.admin)).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN_TOKEN}\r\nconnection: close\r\n\r\n")
+            .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         let (head, body) = out.split_once("\r\n\r\n").unwrap();

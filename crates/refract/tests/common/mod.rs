@@ -78,10 +78,14 @@ pub struct Dispatcher {
     _dir: tempfile::TempDir,
 }
 
+/// The admin token of every test dispatcher.
+pub const TOKEN: &str = "test-token-0123456789";
+
 /// The config for a dispatcher on fresh ports in front of `backends` (name, addr, role);
 /// `extra` is appended verbatim.
 pub fn config(http: SocketAddr, admin: SocketAddr, backends: &[(&str, SocketAddr, &str)], extra: &str) -> String {
-    let mut text = format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nworkers = 2\n");
+    let mut text =
+        format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nworkers = 2\n[admin]\ntoken = \"{TOKEN}\"\n");
     for (name, addr, role) in backends {
         text += &format!("[[backend]]\nname = \"{name}\"\naddr = \"{addr}\"\nrole = \"{role}\"\n");
     }
@@ -96,18 +100,53 @@ pub fn dispatcher(backends: &[(&str, SocketAddr, &str)], extra: &str) -> Dispatc
 }
 
 pub fn dispatcher_with(text: &str, http: SocketAddr, admin: SocketAddr) -> Dispatcher {
+    start_dispatcher(text, http, admin, false)
+}
+
+/// Like [`dispatcher_with`], its log (level info) going to [`Dispatcher::log`].
+pub fn dispatcher_logged(text: &str, http: SocketAddr, admin: SocketAddr) -> Dispatcher {
+    start_dispatcher(text, http, admin, true)
+}
+
+fn start_dispatcher(text: &str, http: SocketAddr, admin: SocketAddr, logged: bool) -> Dispatcher {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("refract.toml");
     std::fs::write(&path, text).unwrap();
-    let child = Command::new(bin())
-        .args(["dispatch", "--config", path.to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(["dispatch", "--config", path.to_str().unwrap()]).stdin(Stdio::null());
+    if logged {
+        cmd.env("RUST_LOG", "info").stderr(std::fs::File::create(dir.path().join("refract.log")).unwrap());
+    } else {
+        cmd.env("RUST_LOG", "warn");
+    }
+    let child = cmd.spawn().unwrap();
     wait_listening(http);
     wait_listening(admin);
     Dispatcher { proc: Proc { child, addr: http }, admin, _dir: dir }
+}
+
+impl Dispatcher {
+    /// The config file it runs with (rewrite it, then SIGHUP to reload).
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("refract.toml")
+    }
+
+    /// What it logged so far (started with [`dispatcher_logged`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("refract.log")).unwrap_or_default()
+    }
+
+    /// Waits (up to 20 s) for the process to exit; its exit code.
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.proc.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "the dispatcher did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// A response as the client saw it.
@@ -244,6 +283,21 @@ pub fn get(addr: SocketAddr, path: &str) -> Response {
     request(addr, "GET", path, &[], b"")
 }
 
+/// An admin request with the test token (and, with a body or for POST, as JSON).
+pub fn admin(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Response {
+    let auth = format!("Bearer {TOKEN}");
+    let mut headers = vec![("authorization", auth.as_str())];
+    if method == "POST" || !body.is_empty() {
+        headers.push(("content-type", "application/json"));
+    }
+    request(addr, method, path, &headers, body)
+}
+
+/// `GET path` from the admin listener, with the test token.
+pub fn admin_get(addr: SocketAddr, path: &str) -> Response {
+    admin(addr, "GET", path, b"")
+}
+
 /// A blob server's `/stats`.
 pub fn stats(addr: SocketAddr) -> serde_json::Value {
     get(addr, "/stats").json()
@@ -305,7 +359,7 @@ pub fn writes(b: &Proc) -> u64 {
 /// nothing.
 pub fn check_pipelined_write(c: &mut Client, admin: SocketAddr, b1: &Proc, b2: &Proc) {
     let get = |n: u64, seed: u64| format!("GET /blob?bytes={n}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n");
-    let post = b"POST /blob HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
+    let post = b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc";
     c.send(&[get(1 << 20, 3).as_bytes(), post].concat());
     let r = c.read_response(false).unwrap();
     assert_eq!((r.status, r.body.len(), r.header("x-refract-handover").as_deref()), (200, 1 << 20, Some("1")));

@@ -232,3 +232,26 @@ fn a_latin1_startup_parameter_connects() {
     let mine = other.query("/* refract: route=primary */ SHOW application_name");
     assert!(!mine.value().starts_with("caf"), "{:?}", mine.value());
 }
+
+#[test]
+fn a_sql_prepare_under_a_latin1_name_is_never_another_clients() {
+    // One server connection: the second client gets the first's connection as soon as the
+    // first is not pinned to it.
+    let f = pg_common::Fixture::start("pool_size = 1\nmin_idle = 1");
+    let mut a = latin1_client(f.addr());
+    let made = run(&mut a, &[query(b"PREPARE q\xe9 AS SELECT 'mine'")], 1);
+    assert!(made.errors.is_empty(), "{made:?}");
+    let addr = f.addr();
+    let other = std::thread::spawn(move || run(&mut latin1_client(addr), &[query(b"EXECUTE q\xe9")], 1));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mine = run(&mut a, &[query(b"EXECUTE q\xe9")], 1);
+    assert_eq!(mine.rows, vec![vec![Some(b"mine".to_vec())]], "{mine:?}");
+    // The first client leaves (its connection is reset): the second runs on it, and finds
+    // no statement of that name.
+    a.write_all(&msg(b'X', &[])).unwrap();
+    drop(a);
+    let other = other.join().unwrap();
+    assert!(other.rows.is_empty(), "another client ran the statement: {other:?}");
+    let codes: Vec<Vec<u8>> = other.errors.iter().map(|(code, _)| code.clone()).collect();
+    assert_eq!(codes, vec![b"26000".to_vec()], "{other:?}");
+}

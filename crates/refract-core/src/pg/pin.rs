@@ -19,13 +19,17 @@ impl Pins {
     const SETTINGS: u8 = 16;
     /// The check itself failed: pinned until the client leaves or the check succeeds.
     const UNKNOWN: u8 = 32;
-    const NAMES: [(u8, &'static str); 6] = [
+    /// SQL-level prepared statements refract does not know of (a `PREPARE` whose text it could
+    /// not read, `unreadable`): another client must never `EXECUTE` them.
+    const PREPARED: u8 = 64;
+    const NAMES: [(u8, &'static str); 7] = [
         (Pins::TEMP, "temp_objects"),
         (Pins::ADVISORY, "advisory_locks"),
         (Pins::CURSORS, "cursors"),
         (Pins::LISTEN, "listen"),
         (Pins::SETTINGS, "settings"),
         (Pins::UNKNOWN, "unknown"),
+        (Pins::PREPARED, "sql_prepared"),
     ];
 
     /// The reasons' names.
@@ -41,7 +45,8 @@ impl Pins {
 /// What session state a server connection carries: temporary relations, types or functions;
 /// advisory locks (only session ones outlive a transaction, and refract asks between
 /// transactions); holdable cursors; LISTEN channels; parameters set in the session (compared
-/// with the ones refract tracks).
+/// with the ones refract tracks); SQL-level prepared statements (compared with the number
+/// refract put there).
 const PROBE: &str = "SELECT \
     EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
     OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
@@ -50,7 +55,8 @@ const PROBE: &str = "SELECT \
     EXISTS (SELECT 1 FROM pg_catalog.pg_cursors WHERE is_holdable), \
     EXISTS (SELECT 1 FROM pg_catalog.pg_listening_channels()), \
     pg_catalog.array_to_string(ARRAY(SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings \
-    WHERE source = 'session'), ',')";
+    WHERE source = 'session'), ','), \
+    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql)";
 
 /// A client's session state that refract keeps for it: why it is pinned, and (`notify`) the
 /// channels it listens on, (`extended`) the SETs run by Execute since the last Sync.
@@ -97,8 +103,9 @@ impl Session {
             return self.held.pinned();
         }
         let Some(b) = self.bound.as_mut() else { return false };
+        let known = b.guard.sql_prepared.len();
         let pins = match b.guard.query(PROBE).await {
-            Ok(rows) => self.read_probe(rows.first()),
+            Ok(rows) => self.read_probe(rows.first(), known),
             Err(e) => {
                 tracing::debug!(error = %e, "checking a server connection's session state failed");
                 Pins(Pins::UNKNOWN)
@@ -109,8 +116,10 @@ impl Session {
         self.held.pinned()
     }
 
-    fn read_probe(&self, row: Option<&Vec<Option<String>>>) -> Pins {
-        let Some(row) = row.filter(|r| r.len() == 5) else { return Pins(Pins::UNKNOWN) };
+    /// The pins a probe's row shows; `known`: how many SQL-level statements refract put on the
+    /// connection.
+    fn read_probe(&self, row: Option<&Vec<Option<String>>>, known: usize) -> Pins {
+        let Some(row) = row.filter(|r| r.len() == 6) else { return Pins(Pins::UNKNOWN) };
         let mut bits = if self.held.set_config { Pins::SETTINGS } else { 0 };
         for (i, bit) in [Pins::TEMP, Pins::ADVISORY, Pins::CURSORS, Pins::LISTEN].into_iter().enumerate() {
             if row[i].as_deref() == Some("t") {
@@ -121,6 +130,10 @@ impl Session {
         let tracked: Vec<&str> = self.state.params.params().map(|(name, _)| name).collect();
         if settings.split(',').any(|s| !s.is_empty() && !tracked.contains(&s)) {
             bits |= Pins::SETTINGS;
+        }
+        match row[5].as_deref().map(str::parse::<usize>) {
+            Some(Ok(n)) if n <= known => {}
+            _ => bits |= Pins::PREPARED,
         }
         Pins(bits)
     }

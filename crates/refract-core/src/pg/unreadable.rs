@@ -6,8 +6,10 @@
 //! serves (unless the session asked for a route), and statements whose text refract would have
 //! to replay (SET, PREPARE, ...) are not tracked; the server connection is marked as carrying
 //! untracked state, so its next client starts with `RESET ALL` and no client sees another's
-//! settings. A statement so prepared is prepared again under the client's encoding wherever it
-//! runs (its identity includes the encoding: `names`).
+//! settings; the connection is also checked for state left on it (`pin`), so that a SQL
+//! `PREPARE` under a name refract cannot read pins its client and no other client can
+//! `EXECUTE` it. A statement so prepared is prepared again under the client's encoding
+//! wherever it runs (its identity includes the encoding: `names`).
 
 use super::error::PgError;
 use super::session::Session;
@@ -42,7 +44,9 @@ pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
         statements,
         hint: c.hint,
         parse_error: None,
-        stateful: c.stateful || c.parse_error.is_some(),
+        // What refract cannot track is checked on the server when the transaction ends (`pin`):
+        // a PREPARE under a name refract cannot read pins the client until it is gone.
+        stateful: c.stateful || untracked,
         set_config: c.set_config,
     };
     (c, untracked)

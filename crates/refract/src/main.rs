@@ -4,12 +4,6 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
-/// jemalloc, not glibc's malloc: glibc's heaps shrink only from the top, so the memory of
-/// thousands of closed connections stayed resident; jemalloc returns freed pages to the system
-/// after its decay (docs/operations.md, "Memory per idle connection").
-#[global_allocator]
-static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 #[derive(Parser)]
 #[command(name = "refract", version, about = "A query dispatcher for scale-out database clusters")]
 struct Cli {
@@ -54,11 +48,6 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    // Without its background thread jemalloc purges only when the process allocates again: an
-    // idle dispatcher would keep the pages of closed connections.
-    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
-        tracing::warn!("jemalloc background purging not enabled ({e}): freed memory returns later");
-    }
     match Cli::parse().cmd {
         Cmd::Dispatch { config } => {
             let exit = refract_core::run_dispatcher_from_file(&config)?;

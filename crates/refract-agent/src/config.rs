@@ -41,6 +41,10 @@ pub struct AgentConfig {
     /// in milliseconds.
     #[serde(default = "default_backend_timeout_ms")]
     pub backend_timeout_ms: u64,
+    /// Bound on a write to an adopted client making no progress (a client that stopped
+    /// reading), in milliseconds: past it the connection ends at the agent (`Closed`).
+    #[serde(default = "default_write_stall_ms")]
+    pub write_stall_ms: u64,
     /// The shared control key (at least 16 bytes), the same in the dispatcher's config.
     #[serde(default)]
     pub key: Option<String>,
@@ -63,6 +67,10 @@ fn default_map_capacity() -> u32 {
 }
 
 fn default_backend_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_write_stall_ms() -> u64 {
     30_000
 }
 
@@ -112,6 +120,9 @@ impl AgentConfig {
         if self.backend_timeout_ms == 0 {
             return bad("`backend_timeout_ms` must be > 0");
         }
+        if self.write_stall_ms == 0 {
+            return bad("`write_stall_ms` must be > 0");
+        }
         if self.backend_socket.as_deref().is_some_and(|p| !p.is_absolute()) {
             return bad("`backend_socket` must be an absolute path (the backend's Unix socket)");
         }
@@ -140,6 +151,11 @@ impl AgentConfig {
     /// Bound on connecting to the backend and on each of its reads.
     pub fn backend_timeout(&self) -> Duration {
         Duration::from_millis(self.backend_timeout_ms)
+    }
+
+    /// Bound on a write to an adopted client making no progress.
+    pub fn write_stall(&self) -> Duration {
+        Duration::from_millis(self.write_stall_ms)
     }
 
     /// Heartbeat and dead-peer timing for the control channel.
@@ -174,6 +190,8 @@ mod tests {
         let c = parse(OK).unwrap();
         assert_eq!((c.map_capacity, c.heartbeat_ms, c.dead_after_ms), (4096, 1000, 3000));
         assert_eq!(c.channel_options().dead_after, Duration::from_secs(3));
+        assert_eq!(c.write_stall(), Duration::from_secs(30));
+        assert_eq!(parse(&format!("{OK}\nwrite_stall_ms = 500")).unwrap().write_stall(), Duration::from_millis(500));
         assert!(c.control_key().is_ok());
     }
 
@@ -188,6 +206,8 @@ mod tests {
         let e = parse(&format!("{OK}\nheartbeat_ms = 5000")).unwrap_err().to_string();
         assert!(e.contains("dead_after_ms"), "{e}");
         assert!(parse(&format!("{OK}\nmap_capacity = 0")).is_err());
+        let e = parse(&format!("{OK}\nwrite_stall_ms = 0")).unwrap_err().to_string();
+        assert!(e.contains("write_stall_ms"), "{e}");
         let e = parse(&OK.replace("vip = \"198.18.2.100\"", "")).unwrap_err().to_string();
         assert!(e.contains("all of"), "{e}");
     }

@@ -25,6 +25,9 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Bodies of known length with at least this much left after what the head's reads brought
 /// are spliced (zero-copy, `pipe.rs`); shorter ones are copied (a pipe costs system calls).
 const SPLICE_MIN: u64 = READ_CHUNK as u64;
+/// How long a write to the client may make no progress unless the config says otherwise
+/// (`write_stall_ms`, the same default as the dispatcher's).
+pub const DEFAULT_WRITE_STALL: Duration = Duration::from_secs(30);
 /// Most bytes of the client's next request the agent buffers while it waits for it: a larger
 /// one goes back to the dispatcher (which streams bodies) unasked.
 const MAX_PENDING: usize = 1 << 20;
@@ -115,6 +118,9 @@ pub struct Adopted<'a> {
     pub pending: BytesMut,
     /// Bound on each backend read.
     pub timeout: Duration,
+    /// Bound on a write to the client making no progress (a client that stopped reading):
+    /// past it the connection ends here, and the backend connection with it.
+    pub stall: Duration,
     /// How long to wait for the client's next request before handing back (zero: at once).
     pub idle: Duration,
     /// The hand-over epoch, put in `x-refract-handover` on each response.
@@ -179,7 +185,13 @@ impl<'a> Adopted<'a> {
         epoch: u64,
         pass_socket: bool,
     ) -> Self {
-        Adopted { client, backend, pending, timeout, idle, epoch, sent: 0, pipe: None, pass_socket }
+        let stall = DEFAULT_WRITE_STALL;
+        Adopted { client, backend, pending, timeout, stall, idle, epoch, sent: 0, pipe: None, pass_socket }
+    }
+
+    /// The same, with `stall` as the bound on a write to the client making no progress.
+    pub fn with_write_stall(self, stall: Duration) -> Self {
+        Adopted { stall, ..self }
     }
 }
 
@@ -187,7 +199,7 @@ impl Adopted<'_> {
     /// Finishes the held response (if any) or serves the first whole request buffered (the one
     /// the connection was handed over for); then, for each further request the client sends
     /// (buffered, or arriving within `idle`), asks the dispatcher and serves it or hands back.
-    /// Also returns the bytes written to the client (those of completed writes). `Err`: the
+    /// Also returns the bytes written to the client (every byte its socket took). `Err`: the
     /// link to the dispatcher failed (the connection cannot be handed back).
     pub(crate) async fn run<A: Ask>(
         mut self,
@@ -336,15 +348,26 @@ impl Adopted<'_> {
     /// Splices the `len` bytes left of a body through `pipe`, kept for the next body unless
     /// this one failed (it may hold bytes of it).
     async fn splice(&mut self, mut pipe: Pipe, len: u64) -> std::io::Result<()> {
-        pipe.stream(self.backend, self.client, len, self.timeout, &mut self.sent).await?;
+        let bounds = (self.timeout, self.stall);
+        pipe.stream(self.backend, self.client, len, bounds, &mut self.sent).await?;
         self.pipe = Some(pipe);
         Ok(())
     }
 
-    /// Writes to the client, counting what was written.
-    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.client.write_all(bytes).await?;
-        self.sent += bytes.len() as u64;
+    /// Writes to the client, counting what it took; `stall` passing without it taking a byte
+    /// is an error (a client that stopped reading must not hold the agent and its backend).
+    async fn write(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            let n = match tokio::time::timeout(self.stall, self.client.write(bytes)).await {
+                Ok(r) => r?,
+                Err(_) => return Err(stalled(self.stall)),
+            };
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            bytes = &bytes[n..];
+            self.sent += n as u64;
+        }
         Ok(())
     }
 }
@@ -467,6 +490,12 @@ impl BodyReader {
 
 pub(crate) fn eof() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "backend closed before the response was complete")
+}
+
+/// The client took nothing for `stall`.
+pub(crate) fn stalled(stall: Duration) -> std::io::Error {
+    let msg = format!("the client took no byte for {} ms (write_stall_ms)", stall.as_millis());
+    std::io::Error::new(std::io::ErrorKind::TimedOut, msg)
 }
 
 pub(crate) fn timed_out() -> std::io::Error {

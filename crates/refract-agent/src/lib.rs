@@ -108,6 +108,7 @@ fn local_options(cfg: &AgentConfig, guard: Option<SharedGuard>) -> LocalOptions 
         backend_socket: cfg.backend_socket.clone(),
         pass_socket: cfg.pass_socket,
         backend_timeout: cfg.backend_timeout(),
+        write_stall: cfg.write_stall(),
         guard,
     }
 }

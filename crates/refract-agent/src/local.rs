@@ -27,6 +27,8 @@ pub struct LocalOptions {
     pub pass_socket: bool,
     /// Bound on connecting to the backend and on each of its reads.
     pub backend_timeout: Duration,
+    /// Bound on a write to an adopted client making no progress (`write_stall_ms`).
+    pub write_stall: Duration,
     /// The guard on this host's NIC (cross host): a flow being handed back is tombstoned in it.
     pub guard: Option<Arc<Mutex<refract_handover::Guard>>>,
 }
@@ -113,7 +115,8 @@ pub(crate) async fn adopt(
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
     let idle = Duration::from_millis(offer.idle_ms.into());
-    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch, opts.pass_socket);
+    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch, opts.pass_socket)
+        .with_write_stall(opts.write_stall);
     let served = adopted.run(held, &mut AskLink { link: &mut *link, conn }).await?;
     match served {
         (Served::Boundary(pending), sent) => {

@@ -58,13 +58,13 @@ impl Pipe {
 
     /// Moves exactly `len` bytes from `from` to `to`, adding each byte the client socket
     /// accepted to `sent`. The backend closing first is an error, as is `timeout` passing
-    /// without a byte from it.
+    /// without a byte from it, or `stall` without the client taking one.
     pub(crate) async fn stream(
         &mut self,
         from: &BackendStream,
         to: &TcpStream,
         len: u64,
-        timeout: Duration,
+        (timeout, stall): (Duration, Duration),
         sent: &mut u64,
     ) -> io::Result<()> {
         let mut left = len;
@@ -73,7 +73,7 @@ impl Pipe {
             let mut held = self.fill(from, want, timeout).await?;
             left -= held as u64;
             while held > 0 {
-                let n = self.drain(to, held, left > 0).await?;
+                let n = self.drain(to, held, left > 0, stall).await?;
                 held -= n;
                 *sent += n as u64;
             }
@@ -101,8 +101,10 @@ impl Pipe {
 
     /// Splices up to `held` bytes (all in the pipe) to the client; at least one. `more`: the
     /// body goes on after these (`SPLICE_F_MORE`, so TCP may wait to fill a segment); never on
-    /// the last bytes of a body, which must go out at once.
-    async fn drain(&self, to: &TcpStream, held: usize, more: bool) -> io::Result<usize> {
+    /// the last bytes of a body, which must go out at once. `stall` passing before the client
+    /// takes a byte is an error.
+    async fn drain(&self, to: &TcpStream, held: usize, more: bool, stall: Duration) -> io::Result<usize> {
+        let deadline = tokio::time::Instant::now() + stall;
         let mut flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
         if more {
             flags |= SpliceFFlags::SPLICE_F_MORE;
@@ -114,7 +116,10 @@ impl Pipe {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
-            to.writable().await?;
+            match tokio::time::timeout_at(deadline, to.writable()).await {
+                Ok(r) => r?,
+                Err(_) => return Err(crate::exchange::stalled(stall)),
+            }
         }
     }
 }

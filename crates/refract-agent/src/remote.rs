@@ -55,7 +55,8 @@ pub(crate) async fn adopt(
     };
     let pending = BytesMut::from(&t.pending_bytes[..]);
     let idle = Duration::from_millis(app.idle_ms.into());
-    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch, opts.pass_socket);
+    let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch, opts.pass_socket)
+        .with_write_stall(opts.write_stall);
     // Heartbeats go on while serving and waiting (`AskChannel::beat`): the dispatcher waits for
     // the hand-back with a dead bound.
     let (served, sent) = adopted.run(held, &mut AskChannel { ch: &mut *ch, conn }).await?;

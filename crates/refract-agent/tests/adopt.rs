@@ -33,6 +33,7 @@ async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
             backend_socket: None,
             pass_socket: false,
             backend_timeout: Duration::from_secs(5),
+            write_stall: Duration::from_secs(30),
             guard: None,
         },
     ));
@@ -309,7 +310,14 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
     let l = UnixListener::bind(&path).unwrap();
     tokio::spawn(serve_local(
         l,
-        LocalOptions { backend, backend_socket: None, pass_socket: false, backend_timeout: timeout, guard: None },
+        LocalOptions {
+            backend,
+            backend_socket: None,
+            pass_socket: false,
+            backend_timeout: timeout,
+            write_stall: Duration::from_secs(30),
+            guard: None,
+        },
     ));
     let (mut client, server, mut link) = adopted(&path, backend, 7, 0, get(8 << 20, 0).into_bytes()).await;
     let reader = tokio::spawn(async move { read_upto(&mut client, 9 << 20, Duration::from_secs(5)).await });
@@ -371,8 +379,14 @@ async fn agent_passing(backend: SocketAddr, socket: PathBuf, tag: &str, pass_soc
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
     let timeout = Duration::from_secs(5);
-    let opts =
-        LocalOptions { backend, backend_socket: Some(socket), pass_socket, backend_timeout: timeout, guard: None };
+    let opts = LocalOptions {
+        backend,
+        backend_socket: Some(socket),
+        pass_socket,
+        backend_timeout: timeout,
+        write_stall: Duration::from_secs(30),
+        guard: None,
+    };
     tokio::spawn(serve_local(l, opts));
     path
 }

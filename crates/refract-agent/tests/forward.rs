@@ -37,6 +37,7 @@ async fn setup(delay_ms: u64) -> ControlChannel {
         backend_socket: None,
         pass_socket: false,
         backend_timeout: Duration::from_secs(5),
+        write_stall: Duration::from_secs(30),
         guard: None,
     };
     tokio::spawn(serve_with(l, ControlKey::try_new(KEY).unwrap(), opts(), Some(local)));

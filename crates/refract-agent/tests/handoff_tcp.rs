@@ -95,6 +95,7 @@ async fn scenario() {
         backend_socket: None,
         pass_socket: false,
         backend_timeout: Duration::from_secs(5),
+        write_stall: Duration::from_secs(30),
         guard: None,
     };
     tokio::spawn(serve_with(cl, ControlKey::try_new(KEY).unwrap(), opts, Some(backend_opts)));

@@ -160,6 +160,10 @@ impl Ask for AskLink<'_> {
         }
     }
 
+    async fn idle(&mut self, request: u64) -> refract_handover::Result<()> {
+        self.link.send(&LocalMsg::Idle { conn: self.conn, request }, None).await
+    }
+
     async fn beat(&mut self) -> refract_handover::Result<std::convert::Infallible> {
         std::future::pending().await // a Unix link has no dead-peer bound
     }

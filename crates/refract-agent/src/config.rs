@@ -37,6 +37,12 @@ pub struct AgentConfig {
     /// Unix socket for a dispatcher on this same host (hand-over by SCM_RIGHTS, no TCP_REPAIR).
     #[serde(default)]
     pub local: Option<PathBuf>,
+    /// Uids besides the agent's own allowed on `local` (checked by SO_PEERCRED on accept).
+    #[serde(default)]
+    pub allowed_uids: Vec<u32>,
+    /// Group (gid) given access to the `local` socket file (mode 0660 instead of 0600).
+    #[serde(default)]
+    pub local_gid: Option<u32>,
     /// Bound on each backend read while serving an adopted connection (connecting: at most 1 s),
     /// in milliseconds.
     #[serde(default = "default_backend_timeout_ms")]
@@ -217,6 +223,9 @@ mod tests {
         let text = "backend = \"127.0.0.1:9000\"\nlocal = \"/run/refract-agent.sock\"\nkey = \"0123456789abcdef\"\n";
         let c = parse(text).unwrap();
         assert!(c.control.is_none() && c.local.is_some());
+        assert!(c.allowed_uids.is_empty() && c.local_gid.is_none());
+        let c = parse(&format!("{text}allowed_uids = [1001, 1002]\nlocal_gid = 110\n")).unwrap();
+        assert_eq!((c.allowed_uids, c.local_gid), (vec![1001, 1002], Some(110)));
         let e = parse("backend = \"127.0.0.1:9000\"\nkey = \"0123456789abcdef\"\n").unwrap_err().to_string();
         assert!(e.contains("`local`"), "{e}");
     }

@@ -103,6 +103,10 @@ pub(crate) trait Ask {
     /// `true` = serve it here, `false` = hand the connection back with it pending.
     fn next(&mut self, request: u64, bytes: &[u8]) -> impl Future<Output = refract_handover::Result<bool>>;
 
+    /// Says that the response to request `request` is written whole and the agent now waits
+    /// for the client: a dispatcher that loses the link from here on takes the connection back.
+    fn idle(&mut self, request: u64) -> impl Future<Output = refract_handover::Result<()>>;
+
     /// Keeps the link alive while the agent serves or waits for the client; returns only on
     /// failure.
     fn beat(&mut self) -> impl Future<Output = refract_handover::Result<Infallible>>;
@@ -223,6 +227,7 @@ impl Adopted<'_> {
         }
         let mut asked = 0;
         loop {
+            ask.idle(asked).await?;
             let (len, head) = match beating(ask, self.incoming()).await? {
                 Incoming::Request(len, head) => (len, head),
                 Incoming::Boundary => return Ok(Served::Boundary(self.pending.to_vec())),

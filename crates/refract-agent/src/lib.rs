@@ -16,6 +16,7 @@
 //! - [`check_host`] (`checks.rs`): the host checks; returns the attached guard.
 //! - [`serve`] (`server.rs`): the control listener.
 //! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back).
+//! - [`PeerPolicy`], [`bind_local`] (`peer.rs`): who may use the same-host link (file mode, uid).
 //! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
 //! - `exchange.rs`: serving adopted requests from the backend straight to the client.
 //! - `backend.rs`: the connection to the backend (TCP, or its Unix socket).
@@ -31,6 +32,7 @@ mod error;
 mod exchange;
 mod hybrid;
 mod local;
+mod peer;
 mod pipe;
 mod remote;
 mod server;
@@ -40,7 +42,8 @@ use std::path::PathBuf;
 pub use checks::{check_host, HostSpec};
 pub use config::AgentConfig;
 pub use error::{Error, Problem, Result, Side};
-pub use local::{serve_local, LocalOptions};
+pub use local::{serve_local, serve_local_for, LocalOptions};
+pub use peer::{bind_local, PeerPolicy};
 pub use server::{serve, serve_with, NOT_YET};
 
 /// `refract agent --config FILE`.
@@ -91,14 +94,14 @@ async fn remote(
 }
 
 /// The same-host listener (pending forever when not configured). A stale socket file left by
-/// an earlier run is replaced.
+/// an earlier run is replaced; the new one is 0600 (0660 with `local_gid`).
 async fn same_host(cfg: &AgentConfig) -> Result<()> {
     let Some(path) = &cfg.local else { return std::future::pending().await };
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path)
+    let listener = bind_local(path, cfg.local_gid)
         .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display()))))?;
     tracing::info!(local = %path.display(), backend = %cfg.backend, "same-host listener up");
-    serve_local(listener, local_options(cfg, None)).await.map_err(Error::Io)
+    let peers = PeerPolicy { uids: cfg.allowed_uids.clone() };
+    serve_local_for(listener, local_options(cfg, None), peers).await.map_err(Error::Io)
 }
 
 /// How adopted connections reach the backend, from the config.

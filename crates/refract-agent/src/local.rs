@@ -15,6 +15,7 @@ use tokio::net::{TcpStream, UnixListener};
 
 use crate::backend::BackendStream;
 use crate::exchange::{Adopted, Ask, Held, Served};
+use crate::peer::PeerPolicy;
 
 /// What the same-host listener needs.
 #[derive(Debug, Clone)]
@@ -33,11 +34,22 @@ pub struct LocalOptions {
     pub guard: Option<Arc<Mutex<refract_handover::Guard>>>,
 }
 
-/// Serves same-host dispatcher links on `listener` until it fails; one task per link.
+/// Serves same-host dispatcher links on `listener` until it fails, to peers running as the
+/// agent's own uid only; one task per link.
 pub async fn serve_local(listener: UnixListener, opts: LocalOptions) -> std::io::Result<()> {
+    serve_local_for(listener, opts, PeerPolicy::default()).await
+}
+
+/// Like [`serve_local`], to the peers `peers` allows: any other is refused (logged) and its
+/// link closed before a message is read.
+pub async fn serve_local_for(listener: UnixListener, opts: LocalOptions, peers: PeerPolicy) -> std::io::Result<()> {
     let epochs = Arc::new(Mutex::new(EpochTracker::new()));
     loop {
         let (stream, _) = listener.accept().await?;
+        if let Err(reason) = peers.check(&stream) {
+            tracing::warn!("same-host link refused: {reason}");
+            continue; // dropping the stream closes it
+        }
         let (opts, epochs) = (opts.clone(), epochs.clone());
         tokio::spawn(async move {
             match link(LocalLink::new(stream), &opts, &epochs).await {
@@ -149,6 +161,10 @@ impl Ask for AskLink<'_> {
                 Err(refract_handover::Error::Codec("unexpected answer to Next"))
             }
         }
+    }
+
+    async fn idle(&mut self, request: u64) -> refract_handover::Result<()> {
+        self.link.send(&LocalMsg::Idle { conn: self.conn, request }, None).await
     }
 
     async fn beat(&mut self) -> refract_handover::Result<std::convert::Infallible> {

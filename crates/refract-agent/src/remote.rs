@@ -89,6 +89,10 @@ struct AskChannel<'a> {
 }
 
 impl Ask for AskChannel<'_> {
+    async fn idle(&mut self, _request: u64) -> Result<()> {
+        Ok(()) // across hosts the connection dies with the agent (no descriptor kept here)
+    }
+
     async fn next(&mut self, request: u64, bytes: &[u8]) -> Result<bool> {
         let conn = self.conn;
         self.ch.send(&Msg::Next { conn, request, bytes: bytes.to_vec() }).await?;

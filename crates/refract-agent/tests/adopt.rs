@@ -15,6 +15,23 @@ use refract_handover::local::{LocalLink, LocalMsg};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 
+/// The link's next message, past the `Idle`s the agent sends when it starts waiting for the
+/// client (`an_idle_client_is_announced` checks those).
+trait RecvMsg {
+    async fn recv_msg(&mut self) -> (LocalMsg, Option<std::os::fd::OwnedFd>);
+}
+
+impl RecvMsg for LocalLink {
+    async fn recv_msg(&mut self) -> (LocalMsg, Option<std::os::fd::OwnedFd>) {
+        loop {
+            match self.recv().await.unwrap() {
+                (LocalMsg::Idle { .. }, None) => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
 async fn blob() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -62,7 +79,7 @@ async fn adopted(
     let mut link = LocalLink::connect(path).await.unwrap();
     let adopt = LocalMsg::Adopt { conn, epoch: 1, backend, idle_ms, pending };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn, epoch: 1 });
+    assert_eq!(link.recv_msg().await.0, LocalMsg::AdoptOk { conn, epoch: 1 });
     (client, server, link)
 }
 
@@ -80,7 +97,7 @@ async fn serve_next(
     (conn, request): (u64, u64),
     (bytes, seed): (u64, u64),
 ) -> String {
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn, request, bytes: get(bytes, seed).into_bytes() });
+    assert_eq!(link.recv_msg().await.0, LocalMsg::Next { conn, request, bytes: get(bytes, seed).into_bytes() });
     link.send(&LocalMsg::Serve { conn, request }, None).await.unwrap();
     let (head, body) = response(client, buf).await;
     assert_eq!((body.len() as u64, pattern::first_mismatch(&body, 0, seed)), (bytes, None));
@@ -121,7 +138,7 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
     for (n, seed) in [(3u64 << 20, 7u64), (1000, 1)] {
         if seed == 1 {
             // The pipelined request is asked about before it is served.
-            let (next, _) = link.recv().await.unwrap();
+            let (next, _) = link.recv_msg().await;
             assert_eq!(next, LocalMsg::Next { conn: 9, request: 1, bytes: get(1000, 1).into_bytes() });
             link.send(&LocalMsg::Serve { conn: 9, request: 1 }, None).await.unwrap();
         }
@@ -130,7 +147,7 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
         assert_eq!(body.len() as u64, n);
         assert_eq!(pattern::first_mismatch(&body, 0, seed), None);
     }
-    let (back, fd) = link.recv().await.unwrap();
+    let (back, fd) = link.recv_msg().await;
     let LocalMsg::HandBack { conn: 9, epoch: 2, sent, pending } = back else { panic!("{back:?}") };
     assert_eq!(pending, partial);
     let bodies = (3u64 << 20) + 1000;
@@ -145,10 +162,10 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
     // A stale hand-off (epoch 1 again) is refused; the next one (3) is adopted.
     let stale = LocalMsg::Adopt { conn: 9, epoch: 1, backend, idle_ms: 0, pending: get(1, 0).into_bytes() };
     link.send(&stale, Some(server.as_fd())).await.unwrap();
-    assert!(matches!(link.recv().await.unwrap().0, LocalMsg::AdoptErr { conn: 9, epoch: 1, .. }));
+    assert!(matches!(link.recv_msg().await.0, LocalMsg::AdoptErr { conn: 9, epoch: 1, .. }));
     let fresh = LocalMsg::Adopt { conn: 9, epoch: 3, backend, idle_ms: 0, pending: get(1, 0).into_bytes() };
     link.send(&fresh, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn: 9, epoch: 3 });
+    assert_eq!(link.recv_msg().await.0, LocalMsg::AdoptOk { conn: 9, epoch: 3 });
 }
 
 /// The blob server's `/stats` JSON (`reads`, `writes`, …), asked directly.
@@ -168,9 +185,9 @@ async fn a_returned_request_goes_back_unserved() {
     let (mut client, _server, mut link) = adopted(&path, backend, 4, 5000, pending).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(pattern::first_mismatch(&body, 0, 2), None);
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 4, request: 1, bytes: post.clone() });
+    assert_eq!(link.recv_msg().await.0, LocalMsg::Next { conn: 4, request: 1, bytes: post.clone() });
     link.send(&LocalMsg::Return { conn: 4, request: 1 }, None).await.unwrap();
-    let (back, fd) = link.recv().await.unwrap();
+    let (back, fd) = link.recv_msg().await;
     assert!(fd.is_some());
     let LocalMsg::HandBack { conn: 4, epoch: 2, pending, .. } = back else { panic!("{back:?}") };
     assert_eq!(pending, post, "the write travels back unserved");
@@ -190,7 +207,7 @@ async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
     client.write_all(&next.as_bytes()[..7]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     client.write_all(&next.as_bytes()[7..]).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 5, request: 1, bytes: next.into_bytes() });
+    assert_eq!(link.recv_msg().await.0, LocalMsg::Next { conn: 5, request: 1, bytes: next.into_bytes() });
     link.send(&LocalMsg::Serve { conn: 5, request: 1 }, None).await.unwrap();
     let (head, body) = response(&mut client, &mut buf).await;
     assert!(head.contains("x-refract-handover: 1"), "{head}");
@@ -198,7 +215,7 @@ async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
     // Then only part of one: after the idle bound the connection comes back with those bytes.
     let started = std::time::Instant::now();
     client.write_all(b"GET /blob?by").await.unwrap();
-    let (back, _fd) = link.recv().await.unwrap();
+    let (back, _fd) = link.recv_msg().await;
     let waited = started.elapsed();
     let LocalMsg::HandBack { conn: 5, epoch: 2, pending, .. } = back else { panic!("{back:?}") };
     assert_eq!(pending, b"GET /blob?by", "what the agent read while it waited goes back");
@@ -214,13 +231,13 @@ async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
     let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, idle_ms: 0, pending: get(10, 0).into_bytes() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert!(matches!(link.recv().await.unwrap().0, LocalMsg::AdoptErr { conn: 1, epoch: 1, .. }));
+    assert!(matches!(link.recv_msg().await.0, LocalMsg::AdoptErr { conn: 1, epoch: 1, .. }));
     // An agent whose backend is down refuses too.
     let dead = agent(other, "dead").await;
     let mut link = LocalLink::connect(&dead).await.unwrap();
     let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, idle_ms: 0, pending: get(10, 0).into_bytes() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert!(matches!(link.recv().await.unwrap().0, LocalMsg::AdoptErr { .. }));
+    assert!(matches!(link.recv_msg().await.0, LocalMsg::AdoptErr { .. }));
     let mut probe = [0u8; 1];
     let r = tokio::time::timeout(Duration::from_millis(100), client.read(&mut probe)).await;
     assert!(r.is_err(), "nothing reached the client");
@@ -234,7 +251,7 @@ async fn connection_close_ends_with_closed() {
     let (mut client, _server, mut link) = adopted(&path, backend, 2, 0, req.as_bytes().to_vec()).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(pattern::first_mismatch(&body, 0, 3), None);
-    assert!(matches!(link.recv().await.unwrap().0, LocalMsg::Closed { conn: 2, epoch: 1, .. }));
+    assert!(matches!(link.recv_msg().await.0, LocalMsg::Closed { conn: 2, epoch: 1, .. }));
 }
 
 /// Reads `n` bytes (or what comes before the end, if sooner); `None` after a timeout.
@@ -262,7 +279,7 @@ async fn large_bodies_are_spliced_byte_exact_and_counted() {
     let (mut buf, mut got) = (Vec::new(), 0u64);
     for (i, &(n, seed)) in sizes.iter().enumerate() {
         if i > 0 {
-            let (next, _) = link.recv().await.unwrap();
+            let (next, _) = link.recv_msg().await;
             let want = LocalMsg::Next { conn: 6, request: i as u64, bytes: reqs[i].clone().into_bytes() };
             assert_eq!(next, want);
             link.send(&LocalMsg::Serve { conn: 6, request: i as u64 }, None).await.unwrap();
@@ -274,7 +291,7 @@ async fn large_bodies_are_spliced_byte_exact_and_counted() {
         got += (head.len() + body.len()) as u64;
     }
     assert!(buf.is_empty(), "nothing after the last response: {} bytes", buf.len());
-    let (back, _fd) = link.recv().await.unwrap();
+    let (back, _fd) = link.recv_msg().await;
     let LocalMsg::HandBack { conn: 6, epoch: 2, sent, .. } = back else { panic!("{back:?}") };
     assert_eq!(sent, got, "sent counts every byte the client got, spliced or copied");
 }
@@ -321,7 +338,7 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
     ));
     let (mut client, server, mut link) = adopted(&path, backend, 7, 0, get(8 << 20, 0).into_bytes()).await;
     let reader = tokio::spawn(async move { read_upto(&mut client, 9 << 20, Duration::from_secs(5)).await });
-    let (closed, fd) = link.recv().await.unwrap();
+    let (closed, fd) = link.recv_msg().await;
     assert!(fd.is_none());
     // The dispatcher closes its copy on `Closed`; the agent closed its own: the client sees
     // the end of the connection, short of the announced length.
@@ -451,7 +468,7 @@ async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
     let (conn, idle_ms, size) = (14, 200, 4u64 << 20);
     let adopt = LocalMsg::Adopt { conn, epoch: 1, backend: identity, idle_ms, pending: get(size, 6).into_bytes() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn, epoch: 1 });
+    assert_eq!(link.recv_msg().await.0, LocalMsg::AdoptOk { conn, epoch: 1 });
     let started = std::time::Instant::now();
     let mut got = Vec::new();
     let mut chunk = vec![0u8; 32 * 1024];
@@ -471,7 +488,7 @@ async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
     assert_eq!(pattern::first_mismatch(&got[total..], 0, 6), None);
     client.write_all(get(10, 1).as_bytes()).await.unwrap();
     let next = LocalMsg::Next { conn, request: 1, bytes: get(10, 1).into_bytes() };
-    assert_eq!(link.recv().await.unwrap().0, next, "handed back while the client was still reading ({took:?})");
+    assert_eq!(link.recv_msg().await.0, next, "handed back while the client was still reading ({took:?})");
     let _ = std::fs::remove_file(socket);
 }
 
@@ -485,10 +502,27 @@ async fn a_missing_backend_socket_is_refused_before_any_byte() {
     let mut link = LocalLink::connect(&path).await.unwrap();
     let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: identity, idle_ms: 0, pending: get(10, 0).into_bytes() };
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    let (reply, _) = link.recv().await.unwrap();
+    let (reply, _) = link.recv_msg().await;
     let LocalMsg::AdoptErr { reason, .. } = reply else { panic!("{reply:?}") };
     assert!(reason.contains("gone.sock"), "the refusal names the socket: {reason}");
     let mut probe = [0u8; 1];
     let r = tokio::time::timeout(Duration::from_millis(100), client.read(&mut probe)).await;
     assert!(r.is_err(), "nothing reached the client");
+}
+
+#[tokio::test]
+async fn an_idle_client_is_announced() {
+    let backend = blob().await;
+    let path = agent(backend, "idle").await;
+    let (mut client, _server, mut link) = adopted(&path, backend, 11, 1000, get(100, 3).into_bytes()).await;
+    let mut buf = Vec::new();
+    let (_, body) = response(&mut client, &mut buf).await;
+    assert_eq!(body.len(), 100);
+    // Response 0 is whole: the agent says it waits for the client, before asking about more.
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Idle { conn: 11, request: 0 });
+    client.write_all(get(10, 4).as_bytes()).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 11, request: 1, bytes: get(10, 4).into_bytes() });
+    link.send(&LocalMsg::Serve { conn: 11, request: 1 }, None).await.unwrap();
+    assert_eq!(response(&mut client, &mut buf).await.1.len(), 10);
+    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Idle { conn: 11, request: 1 });
 }

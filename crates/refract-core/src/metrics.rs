@@ -207,7 +207,7 @@ impl Metrics {
         let handover_ended = Family::<EndLabels, Counter>::default();
         reg.register(
             "handover_ended",
-            "Handed-over connections that ended at the agent (closed) or with the agent (lost), not handed back",
+            "Handed-over connections not handed back: ended at the agent (closed), with it (lost), or taken back when it died with the client idle (taken_back)",
             handover_ended.clone(),
         );
         let handover_seconds = Histogram::new(exponential_buckets(0.00001, 2.0, 20));

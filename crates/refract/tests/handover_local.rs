@@ -46,8 +46,9 @@ fn check(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
 }
 
 /// A write, relayed by the dispatcher: once it is answered, the agent has handed the
-/// connection back (an agent killed between its last response and its `HandBack` takes the
-/// connection with it, by design: the dispatcher cannot tell whether that response was whole).
+/// connection back (an agent killed while it serves takes the connection with it: the
+/// dispatcher cannot tell whether that response was whole; one killed while the client is idle
+/// there gives it back, `clients_idle_at_a_killed_agent_come_back_to_the_dispatcher`).
 fn relayed_write(c: &mut Client) {
     c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
@@ -348,4 +349,31 @@ fn a_client_gone_mid_stream_leaves_the_agent_serving() {
         assert!(r.header("x-refract-handover").is_some(), "{}", r.head);
         assert_eq!(pattern::first_mismatch(&r.body, 0, s), None);
     }
+}
+
+#[test]
+fn clients_idle_at_a_killed_agent_come_back_to_the_dispatcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    // The agent waits up to 1 s for each client's next request: both are idle there when it dies.
+    let extra =
+        format!("[handover]\nmode = \"always\"\nidle_ms = 1000\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display());
+    let d = dispatcher(&backends, &extra);
+    let mut clients = [Client::connect(d.proc.addr), Client::connect(d.proc.addr)];
+    for (i, c) in clients.iter_mut().enumerate() {
+        c.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.send(get(1000, i as u64).as_bytes());
+        check(&c.read_response(false).unwrap(), 1000, i as u64, Some("1"));
+    }
+    agent.signal("KILL");
+    wait_metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="taken_back"}"#, 2);
+    // Each client's next request is answered by the dispatcher (relayed: the agent is gone).
+    for (i, c) in clients.iter_mut().enumerate() {
+        let seed = 10 + i as u64;
+        c.send(get(1 << 20, seed).as_bytes());
+        check(&c.read_response(false).unwrap(), 1 << 20, seed, None);
+    }
+    assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
 }

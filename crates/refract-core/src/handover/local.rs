@@ -84,11 +84,16 @@ pub(super) async fn adopt(
 }
 
 /// Answers the agent's `Next`s (`keep.rs`) until the connection comes back; returns whether
-/// the session goes on.
+/// the session goes on. A link that ends while the agent waits for the client (`Idle`, no
+/// request since) gives the connection back to the session: our descriptor is the same socket,
+/// nothing of a response is in flight, and the client's next request is read here.
 async fn take_back(rec: Rec<'_>, link: &mut LocalLink, conn: &mut ClientConn, s: &mut Session) -> bool {
+    let mut idle = false;
     loop {
         match link.recv().await {
+            Ok((LocalMsg::Idle { conn: c, .. }, None)) if c == s.id => idle = true,
             Ok((LocalMsg::Next { conn: c, request, bytes }, None)) if c == s.id => {
+                idle = false;
                 let answer = match keep::judge(rec, &bytes) {
                     Verdict::Serve => LocalMsg::Serve { conn: c, request },
                     Verdict::Return(why) => {
@@ -101,9 +106,18 @@ async fn take_back(rec: Rec<'_>, link: &mut LocalLink, conn: &mut ClientConn, s:
                     return lost(&format!("agent lost while it owned the connection: {e}"));
                 }
             }
+            Err(e) if idle => return taken_back(rec, s, &e),
             other => return came_back(rec, other, conn, s),
         }
     }
+}
+
+/// The agent's link ended while the client was idle at the agent: the session goes on with the
+/// connection (the agent's descriptor died with it).
+fn taken_back(rec: Rec<'_>, s: &Session, e: &refract_handover::Error) -> bool {
+    rec.taken_back();
+    tracing::info!(conn = s.id, "agent lost while the client was idle ({e}); the connection is back");
+    true
 }
 
 /// The agent's last word on a connection it owned: `HandBack` (the session goes on) or not.

@@ -178,6 +178,11 @@ impl Rec<'_> {
         }
     }
 
+    /// The agent was lost while the client was idle there: the connection is back here.
+    fn taken_back(&self) {
+        self.metrics().handover_ended(self.backend(), "taken_back");
+    }
+
     /// Bytes the dispatcher relayed to the client for the agent (hybrid, small results).
     fn relayed(&self, n: usize) {
         self.metrics().bytes_to_client.inc_by(n as u64);

@@ -141,6 +141,15 @@ pub enum LocalMsg {
         /// The request.
         request: u64,
     },
+    /// Agent → dispatcher, while the agent owns `conn`: the response to `request` (0: the one
+    /// the connection was handed over for) is written whole and the agent waits for the
+    /// client's next request. Should the link end now, the dispatcher takes the connection back.
+    Idle {
+        /// The client connection.
+        conn: u64,
+        /// The agent's number of the request answered last.
+        request: u64,
+    },
 }
 
 mod kind {
@@ -156,6 +165,7 @@ mod kind {
     pub const NEXT: u8 = 10;
     pub const SERVE: u8 = 11;
     pub const RETURN: u8 = 12;
+    pub const IDLE: u8 = 13;
 }
 
 impl LocalMsg {
@@ -179,6 +189,7 @@ impl LocalMsg {
             LocalMsg::Next { .. } => "Next",
             LocalMsg::Serve { .. } => "Serve",
             LocalMsg::Return { .. } => "Return",
+            LocalMsg::Idle { .. } => "Idle",
         }
     }
 }
@@ -228,6 +239,7 @@ pub fn encode(msg: &LocalMsg, out: &mut BytesMut) {
         }
         LocalMsg::Serve { conn, request } => put_ids(out, kind::SERVE, *conn, *request),
         LocalMsg::Return { conn, request } => put_ids(out, kind::RETURN, *conn, *request),
+        LocalMsg::Idle { conn, request } => put_ids(out, kind::IDLE, *conn, *request),
     }
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
@@ -274,6 +286,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<(LocalMsg, usize)>> {
         kind::NEXT => LocalMsg::Next { conn, request: epoch, bytes: r.blob()? },
         kind::SERVE => LocalMsg::Serve { conn, request: epoch },
         kind::RETURN => LocalMsg::Return { conn, request: epoch },
+        kind::IDLE => LocalMsg::Idle { conn, request: epoch },
         _ => return Err(Error::Codec("unknown local message kind")),
     };
     if !r.is_empty() {
@@ -329,6 +342,7 @@ mod tests {
             LocalMsg::Next { conn: 7, request: 2, bytes: vec![] },
             LocalMsg::Serve { conn: 7, request: 1 },
             LocalMsg::Return { conn: 7, request: 2 },
+            LocalMsg::Idle { conn: 7, request: 2 },
         ];
         for m in msgs {
             let mut out = BytesMut::new();
@@ -360,6 +374,10 @@ mod tests {
         assert_eq!(
             frame(&LocalMsg::Return { conn: 1, request: 2 }),
             [0, 0, 0, 17, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
+        assert_eq!(
+            frame(&LocalMsg::Idle { conn: 1, request: 2 }),
+            [0, 0, 0, 17, 13, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
         );
         let adopt = LocalMsg::Adopt {
             conn: 1,

@@ -78,6 +78,7 @@ async fn agent(tag: &str) -> (PathBuf, tokio::sync::mpsc::UnboundedReceiver<()>)
         backend_socket: None,
         pass_socket: false,
         backend_timeout: Duration::from_secs(5),
+        write_stall: Duration::from_secs(30),
         guard: None,
     };
     tokio::spawn(serve_local(l, opts));

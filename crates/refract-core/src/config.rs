@@ -680,7 +680,7 @@ mod tests {
         let t = c.unwrap().timeouts;
         assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms), (1500, 2000, 2500));
         let e = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 10\nwrite_stall_ms = 0\n")).unwrap_err();
-        assert_eq!(e, "line 5: [timeouts] write_stall_ms must be > 0");
+        assert_eq!(e, "line 10: [timeouts] write_stall_ms must be > 0");
     }
 
     #[test]

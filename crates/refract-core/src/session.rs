@@ -204,7 +204,10 @@ mod tests {
     /// request, several KiB, is boxed and lives only while a request is served).
     #[tokio::test]
     async fn an_idle_session_is_small() {
-        let ctx = crate::dispatcher::Ctx::new(Config::parse("[listen]\nhttp = \"127.0.0.1:0\"\n").unwrap());
+        let ctx = crate::dispatcher::Ctx::new(Config::parse(
+            "[listen]\nhttp = \"127.0.0.1:0\"\n[[backend]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n",
+        )
+        .unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let session = run(ctx, stream);

@@ -44,9 +44,12 @@ pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
         statements,
         hint: c.hint,
         parse_error: None,
-        // What refract cannot track is checked on the server when the transaction ends (`pin`):
-        // a PREPARE under a name refract cannot read pins the client until it is gone.
-        stateful: c.stateful || untracked,
+        // A PREPARE refract cannot track is checked for on the server when the transaction
+        // ends (`pin`): it pins the client until it is gone. An untracked SET is undone by the
+        // `RESET ALL` the connection's next client starts with.
+        stateful: c.stateful
+            || c.parse_error.is_some()
+            || c.statements.iter().any(|s| matches!(s, Statement::Prepare { .. })),
         set_config: c.set_config,
     };
     (c, untracked)

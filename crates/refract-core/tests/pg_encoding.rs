@@ -6,11 +6,11 @@
 mod pg_common;
 
 use bytes::BytesMut;
-use pg_common::{shared, Client};
+use pg_common::{columns, raw_message, shared, Client};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::testkit::{DATABASE, PASSWORD, USER};
 use refract_pg::BackendMessage;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 
 /// A message of type `tag` whose body is `parts` one after the other.
@@ -63,34 +63,12 @@ struct Raw {
     errors: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
-fn read_message(s: &mut TcpStream) -> (u8, Vec<u8>) {
-    let mut head = [0u8; 5];
-    s.read_exact(&mut head).unwrap();
-    let len = usize::try_from(i32::from_be_bytes([head[1], head[2], head[3], head[4]])).unwrap() - 4;
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).unwrap();
-    (head[0], body)
-}
-
-fn columns(body: &[u8]) -> Vec<Option<Vec<u8>>> {
-    let (n, mut at, mut cols) = (u16::from_be_bytes([body[0], body[1]]), 2, vec![]);
-    for _ in 0..n {
-        let len = i32::from_be_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
-        at += 4;
-        cols.push(usize::try_from(len).ok().map(|l| {
-            at += l;
-            body[at - l..at].to_vec()
-        }));
-    }
-    cols
-}
-
 /// Sends `msgs` and reads the answers up to the `readies`-th ReadyForQuery.
 fn run(s: &mut TcpStream, msgs: &[Vec<u8>], readies: usize) -> Raw {
     s.write_all(&msgs.concat()).unwrap();
     let (mut raw, mut left) = (Raw::default(), readies);
     while left > 0 {
-        let (tag, body) = read_message(s);
+        let (tag, body) = raw_message(s);
         raw.tags.push(char::from(tag));
         match tag {
             b'D' => raw.rows.push(columns(&body)),
@@ -192,7 +170,7 @@ fn login_latin1_name(addr: SocketAddr) -> Result<Raw, (Vec<u8>, Vec<u8>)> {
     s.write_all(&[&i32::try_from(body.len() + 4).unwrap().to_be_bytes()[..], &body].concat()).unwrap();
     let mut auth = ClientAuth::new(USER, Some(PASSWORD));
     loop {
-        let (tag, body) = read_message(&mut s);
+        let (tag, body) = raw_message(&mut s);
         let mut raw = BytesMut::from(&[tag][..]);
         raw.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
         raw.extend_from_slice(&body);

@@ -7,7 +7,7 @@ mod pg_common;
 
 use bytes::BytesMut;
 use md5::{Digest, Md5};
-use pg_common::{Client, Fixture};
+use pg_common::{columns, raw_message, Client, Fixture};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::testkit::{DATABASE, PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage, Startup, StartupPacket};
@@ -92,30 +92,6 @@ fn a_protocol_3_2_client_is_offered_3_0_and_told_its_unknown_options_as_postgres
 /// LATIN1 bytes of `text` (which must be in its repertoire).
 fn latin1(text: &str) -> Vec<u8> {
     text.chars().map(|c| u8::try_from(u32::from(c)).unwrap()).collect()
-}
-
-/// The next message's tag and body, read raw (its text may be in any encoding).
-fn raw_message(s: &mut TcpStream) -> (u8, Vec<u8>) {
-    let mut head = [0u8; 5];
-    s.read_exact(&mut head).unwrap();
-    let len = usize::try_from(i32::from_be_bytes([head[1], head[2], head[3], head[4]])).unwrap() - 4;
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).unwrap();
-    (head[0], body)
-}
-
-/// A DataRow body's columns.
-fn columns(body: &[u8]) -> Vec<Option<Vec<u8>>> {
-    let (n, mut at, mut cols) = (u16::from_be_bytes([body[0], body[1]]), 2, vec![]);
-    for _ in 0..n {
-        let len = i32::from_be_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
-        at += 4;
-        cols.push(usize::try_from(len).ok().map(|l| {
-            at += l;
-            body[at - l..at].to_vec()
-        }));
-    }
-    cols
 }
 
 /// What a query answered, as raw bytes: rows, and the SQLSTATE and message of an error.

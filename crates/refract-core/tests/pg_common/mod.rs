@@ -368,3 +368,28 @@ impl Client {
         let _ = s.read_to_end(&mut rest);
     }
 }
+
+/// The next message's tag and body, read raw (its text may be in any encoding).
+pub fn raw_message(s: &mut std::net::TcpStream) -> (u8, Vec<u8>) {
+    use std::io::Read;
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).unwrap();
+    let len = usize::try_from(i32::from_be_bytes([head[1], head[2], head[3], head[4]])).unwrap() - 4;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    (head[0], body)
+}
+
+/// A DataRow body's columns.
+pub fn columns(body: &[u8]) -> Vec<Option<Vec<u8>>> {
+    let (n, mut at, mut cols) = (u16::from_be_bytes([body[0], body[1]]), 2, vec![]);
+    for _ in 0..n {
+        let len = i32::from_be_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
+        at += 4;
+        cols.push(usize::try_from(len).ok().map(|l| {
+            at += l;
+            body[at - l..at].to_vec()
+        }));
+    }
+    cols
+}

@@ -7,29 +7,100 @@
 mod guard;
 
 use crate::config::BackendConfig;
-use crate::conn::ClientConn;
+use crate::conn::{ClientConn, ClientStream};
 use crate::dispatcher::Ctx;
 use crate::membership::AddError;
 use bytes::Bytes;
 use refract_http::{reply, RequestHead};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// Largest admin request body.
 const MAX_ADMIN_BODY: usize = 64 * 1024;
 
+/// A listener the admin API is served on: TCP (token rules) or the Unix admin socket.
+pub trait AdminListener: Send + 'static {
+    /// The connections it accepts.
+    type Stream: ClientStream + 'static;
+    /// Accepts one connection.
+    fn accept_one(&self) -> impl std::future::Future<Output = std::io::Result<Self::Stream>> + Send;
+    /// Whether the file's permissions, not a token, decide who connects.
+    const LOCAL: bool;
+}
+
+impl AdminListener for TcpListener {
+    type Stream = TcpStream;
+    const LOCAL: bool = false;
+    async fn accept_one(&self) -> std::io::Result<TcpStream> {
+        Ok(self.accept().await?.0)
+    }
+}
+
+/// The Unix admin socket; the file is removed when the dispatcher stops.
+pub struct AdminSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    /// The dispatcher's user (the socket file's owner).
+    owner: u32,
+    /// The mode gives no group access: only the owner (or root) may connect.
+    owner_only: bool,
+}
+
+impl Drop for AdminSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl AdminListener for AdminSocket {
+    type Stream = UnixStream;
+    const LOCAL: bool = true;
+    async fn accept_one(&self) -> std::io::Result<UnixStream> {
+        loop {
+            let (stream, _) = self.listener.accept().await?;
+            let uid = stream.peer_cred()?.uid();
+            if !self.owner_only || uid == self.owner || uid == 0 {
+                return Ok(stream);
+            }
+            tracing::warn!(uid, "admin socket: a connection from another user refused");
+        }
+    }
+}
+
+/// Binds the Unix admin socket at `path` with file mode `mode`. A socket file nobody listens
+/// on (left by a dispatcher that was killed) is replaced; one that answers is in use.
+pub fn bind_socket(path: &Path, mode: u32) -> std::io::Result<AdminSocket> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "exists and is not a socket"));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another process listens on it"));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(path)?);
+    // Until the mode is set the umask's applied; the peer check also covers that moment.
+    let owner_only = mode & 0o070 == 0;
+    Ok(AdminSocket { listener, path: path.to_path_buf(), owner, owner_only })
+}
+
 /// Accepts admin connections until the dispatcher stops.
-pub async fn serve(ctx: Arc<Ctx>, listener: TcpListener) {
+pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, listener: L) {
     loop {
         let accepted = tokio::select! {
-            a = listener.accept() => a,
+            a = listener.accept_one() => a,
             _ = ctx.stop.cancelled() => return,
         };
         match accepted {
-            Ok((stream, _)) => {
+            Ok(stream) => {
                 let ctx = ctx.clone();
-                tokio::spawn(async move { connection(&ctx, ClientConn::new(stream)).await });
+                tokio::spawn(async move { connection(&ctx, ClientConn::new(stream), L::LOCAL).await });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "admin accept failed");
@@ -39,7 +110,7 @@ pub async fn serve(ctx: Arc<Ctx>, listener: TcpListener) {
     }
 }
 
-async fn connection(ctx: &Ctx, mut conn: ClientConn) {
+async fn connection<S: ClientStream>(ctx: &Ctx, mut conn: ClientConn<S>, local: bool) {
     let idle = Duration::from_millis(ctx.cfg.timeouts.client_idle_ms);
     loop {
         let head = match conn.read_head(ctx.cfg.limits.max_head_bytes, idle, &ctx.stop).await {
@@ -59,7 +130,7 @@ async fn connection(ctx: &Ctx, mut conn: ClientConn) {
             }
         };
         let close = !head.keep_alive;
-        let answer = match guard::check(&ctx.cfg.admin, &head, &raw) {
+        let answer = match guard::check(&ctx.cfg.admin, &head, &raw, local) {
             Ok(()) => route(ctx, &head, &body, close),
             Err(refusal) => {
                 tracing::warn!(

@@ -263,6 +263,10 @@ pub struct Listen {
     /// Admin address (`/backends`, `/metrics`); absent = no admin listener.
     #[serde(default)]
     pub admin: Option<SocketAddr>,
+    /// A Unix socket for the admin API (relative to the config file's directory), created
+    /// with `[admin] socket_mode`: whoever may open it may drive the API, without a token.
+    #[serde(default)]
+    pub admin_socket: Option<std::path::PathBuf>,
     /// Runtime worker threads; 0 = one per core.
     #[serde(default)]
     pub workers: usize,
@@ -477,6 +481,9 @@ impl Config {
         let mut cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
         checks::all(&cfg, text)?;
         cfg.admin.resolve(cfg.listen.admin, base, find_key_line(text, "admin"))?;
+        if let Some(p) = &mut cfg.listen.admin_socket {
+            *p = base.join(&*p);
+        }
         cfg.validate(text)
     }
 

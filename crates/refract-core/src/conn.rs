@@ -13,9 +13,10 @@ use crate::config::Timeouts;
 use crate::error::Error;
 use bytes::{Buf, Bytes, BytesMut};
 use refract_http::{BodyKind, ChunkedDecoder, RequestHead};
+use std::future::Future;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
@@ -60,11 +61,43 @@ pub enum Idle {
     TimedOut,
 }
 
+/// A socket a client connection can live on: TCP (clients, admin) or a Unix socket (the admin
+/// socket).
+pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Waits until the socket is readable.
+    fn readable(&self) -> impl Future<Output = std::io::Result<()>> + Send;
+    /// Reads what is there without waiting.
+    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize>;
+    /// Drops what is unsent at close (TCP: zero linger, so the close is a reset).
+    fn discard_unsent(&self) {}
+}
+
+impl ClientStream for TcpStream {
+    fn readable(&self) -> impl Future<Output = std::io::Result<()>> + Send {
+        TcpStream::readable(self)
+    }
+    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        TcpStream::try_read_buf(self, buf)
+    }
+    fn discard_unsent(&self) {
+        let _ = self.set_zero_linger();
+    }
+}
+
+impl ClientStream for UnixStream {
+    fn readable(&self) -> impl Future<Output = std::io::Result<()>> + Send {
+        UnixStream::readable(self)
+    }
+    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        UnixStream::try_read_buf(self, buf)
+    }
+}
+
 /// One client connection.
 #[derive(Debug)]
-pub struct ClientConn {
+pub struct ClientConn<S = TcpStream> {
     /// The socket.
-    pub stream: TcpStream,
+    pub stream: S,
     /// Bytes received and not yet consumed (the start of the next request, pipelined ones).
     pub buf: BytesMut,
     /// This connection's timeouts.
@@ -73,14 +106,14 @@ pub struct ClientConn {
     stalled: bool,
 }
 
-impl ClientConn {
+impl<S: ClientStream> ClientConn<S> {
     /// Wraps an accepted socket, with the default timeouts.
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(stream: S) -> Self {
         Self::with_timeouts(stream, ClientTimeouts::of(&Timeouts::default()))
     }
 
     /// Wraps an accepted socket.
-    pub fn with_timeouts(stream: TcpStream, timeouts: ClientTimeouts) -> Self {
+    pub fn with_timeouts(stream: S, timeouts: ClientTimeouts) -> Self {
         ClientConn { stream, buf: BytesMut::new(), timeouts, stalled: false }
     }
 
@@ -243,7 +276,7 @@ impl ClientConn {
     /// unsent is dropped at once rather than held by the kernel for a client that reads nothing.
     pub async fn close_gracefully(mut self) {
         if self.stalled {
-            let _ = self.stream.set_zero_linger();
+            self.stream.discard_unsent();
             return;
         }
         let _ = self.stream.shutdown().await;

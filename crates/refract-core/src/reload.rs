@@ -26,7 +26,10 @@ pub(crate) fn reload_logged(ctx: &Ctx) -> Result<String, String> {
 fn reload(ctx: &Ctx) -> Result<String, String> {
     let path = ctx.config_path.get().ok_or("the dispatcher was not started from a config file")?;
     let mut next = Config::load(path).map_err(|e| e.to_string())?;
-    for section in keep_restart_only(&ctx.cfg, &mut next) {
+    let kept = keep_restart_only(&ctx.cfg, &mut next);
+    // The running admin listener stays: the new [admin] must still guard it.
+    next.admin.fits(next.listen.admin).map_err(|e| format!("the running admin listener: {e}"))?;
+    for section in kept {
         tracing::warn!(section, "changed in the config file but needs restart: left as it was");
     }
     let mut changes = ctx.members.apply(&next.backend_list());
@@ -72,17 +75,30 @@ fn keep_restart_only(old: &Config, next: &mut Config) -> Vec<&'static str> {
 /// error when the dispatcher refused the file (with its reason) or could not be reached.
 pub fn request(config: &Path) -> Result<String, String> {
     let cfg = Config::load(config).map_err(|e| e.to_string())?;
-    let mut addr: SocketAddr =
-        cfg.listen.admin.ok_or("the config has no [listen] admin; send SIGHUP to the dispatcher instead")?;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(if addr.is_ipv4() { [127, 0, 0, 1].into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
-    }
-    let auth = cfg.admin.token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let req = format!(
-        "POST /reload HTTP/1.1\r\nhost: {addr}\r\n{auth}content-type: application/json\r\n\
-         content-length: 2\r\nconnection: close\r\n\r\n{{}}"
-    );
-    let answer = exchange(addr, req.as_bytes()).map_err(|e| format!("admin listener {addr}: {e}"))?;
+    let post = |host: &str, auth: &str| {
+        format!(
+            "POST /reload HTTP/1.1\r\nhost: {host}\r\n{auth}content-type: application/json\r\n\
+             content-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        )
+    };
+    // The Unix admin socket when there is one: it needs no token.
+    let answer = if let Some(path) = &cfg.listen.admin_socket {
+        let req = post("localhost", "");
+        exchange(std::os::unix::net::UnixStream::connect(path), req.as_bytes())
+            .map_err(|e| format!("admin socket {}: {e}", path.display()))?
+    } else {
+        let mut addr: SocketAddr = cfg
+            .listen
+            .admin
+            .ok_or("the config has no [listen] admin or admin_socket; send SIGHUP to the dispatcher instead")?;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(if addr.is_ipv4() { [127, 0, 0, 1].into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+        }
+        let auth = cfg.admin.token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let req = post(&addr.to_string(), &auth);
+        exchange(TcpStream::connect_timeout(&addr, Duration::from_secs(5)), req.as_bytes())
+            .map_err(|e| format!("admin listener {addr}: {e}"))?
+    };
     let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
     match head.split(' ').nth(1) {
         Some("200") => Ok(body.trim().to_string()),
@@ -91,11 +107,28 @@ pub fn request(config: &Path) -> Result<String, String> {
 }
 
 /// Sends `req` and reads the whole answer (the request asks to close).
-fn exchange(addr: SocketAddr, req: &[u8]) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+fn exchange<S: Read + Write + ReadTimeout>(connected: std::io::Result<S>, req: &[u8]) -> std::io::Result<String> {
+    let mut s = connected?;
+    s.read_timeout(Duration::from_secs(30))?;
     s.write_all(req)?;
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A blocking socket whose reads can be bounded.
+trait ReadTimeout {
+    fn read_timeout(&self, t: Duration) -> std::io::Result<()>;
+}
+
+impl ReadTimeout for TcpStream {
+    fn read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))
+    }
+}
+
+impl ReadTimeout for std::os::unix::net::UnixStream {
+    fn read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))
+    }
 }

@@ -4,6 +4,12 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+/// jemalloc with its background thread: memory freed when connections close goes back to the
+/// system within seconds (glibc's heaps keep it; docs/operations.md, "Memory per idle
+/// connection").
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "refract", version, about = "A query dispatcher for scale-out database clusters")]
 struct Cli {

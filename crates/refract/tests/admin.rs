@@ -137,3 +137,102 @@ fn metrics_count_requests_bytes_and_errors() {
     assert_eq!(get(d.admin, "/health").status, 200);
     assert_eq!(admin_get(d.admin, "/nope").status, 404);
 }
+
+/// One request over the Unix admin socket (the connection closes after it); status and body.
+fn over_socket(path: &std::path::Path, method: &str, target: &str, extra: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    let req = format!(
+        "{method} {target} HTTP/1.1\r\nhost: localhost\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, out.split_once("\r\n\r\n").unwrap().1.to_string())
+}
+
+#[test]
+fn the_unix_admin_socket_needs_no_token_and_only_its_owner_may_open_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let http: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let admin: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "")
+        .replace("workers = 2\n", "workers = 2\nadmin_socket = \"admin.sock\"\n");
+    let mut d = dispatcher_with(&text, http, admin);
+    let sock = d.config_path().with_file_name("admin.sock");
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+    let (status, body) = over_socket(&sock, "GET", "/backends", "", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"b2\""), "{body}");
+    let json = "content-type: application/json\r\n";
+    assert_eq!(over_socket(&sock, "POST", "/backends/b2/drain", json, "{}").0, 200);
+    assert_eq!(admin_get(d.admin, "/backends").json()[1]["drained"], true, "the same dispatcher");
+    assert_eq!(over_socket(&sock, "POST", "/backends/b2/undrain", "content-type: text/plain\r\n", "x").0, 415);
+    // `refract reload` goes through the socket: it needs no token, so a new one in the file
+    // is taken even though the running dispatcher does not know it yet.
+    let renewed = "another-token-0123456789";
+    std::fs::write(d.config_path(), text.replace(TOKEN, renewed)).unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["reload", "--config", d.config_path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(admin_get(d.admin, "/backends").status, 401, "the old token is gone");
+    let bearer = format!("Bearer {renewed}");
+    assert_eq!(request(d.admin, "GET", "/backends", &[("authorization", &bearer)], b"").status, 200);
+    // Another user cannot open it (as root, the test can be someone else: nobody); and if the
+    // file's mode is widened behind the dispatcher's back, it still refuses that user.
+    if is_root() {
+        std::fs::set_permissions(sock.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(as_nobody(&sock), "refused");
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(as_nobody(&sock), "closed");
+        assert_eq!(over_socket(&sock, "GET", "/health", "", "").0, 200, "its owner still may");
+    }
+    d.proc.signal("TERM");
+    d.wait_exit();
+    assert!(!sock.exists(), "the socket file goes with the dispatcher");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+}
+
+/// Connects to `sock` as user nobody and asks for /backends: "refused" (no permission to
+/// connect), "closed" (connected, no answer) or "answered".
+fn as_nobody(sock: &std::path::Path) -> String {
+    use std::os::unix::process::CommandExt;
+    const SCRIPT: &str = "import socket,sys\n\
+        s=socket.socket(socket.AF_UNIX)\n\
+        try: s.connect(sys.argv[1])\n\
+        except PermissionError: print('refused'); sys.exit()\n\
+        try: s.sendall(b'GET /backends HTTP/1.1\\r\\nhost: localhost\\r\\n\\r\\n'); got=s.recv(100)\n\
+        except OSError: got=b''\n\
+        print('answered' if got else 'closed')\n";
+    let out = std::process::Command::new("python3").args(["-c", SCRIPT, sock.to_str().unwrap()]).uid(65534).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_reload_cannot_take_the_token_from_the_running_admin_listener() {
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    // Without the admin line and the token the file is valid, but the listener keeps running.
+    let text = std::fs::read_to_string(d.config_path()).unwrap();
+    let open = text.replace(&format!("admin = \"{}\"\n", d.admin), "").replace(&format!("token = \"{TOKEN}\"\n"), "");
+    assert_ne!(open, text);
+    std::fs::write(d.config_path(), open).unwrap();
+    let auth = format!("Bearer {TOKEN}");
+    let json = [("authorization", auth.as_str()), ("content-type", "application/json")];
+    let r = request(d.admin, "POST", "/reload", &json, b"{}");
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(String::from_utf8_lossy(&r.body).contains("needs [admin] token"), "{r:?}");
+    assert_eq!(get(d.admin, "/backends").status, 401, "still guarded");
+}

@@ -81,7 +81,9 @@ fn sighup_applies_a_new_backend_list_while_a_long_response_streams_on() {
     let writes = r#"refract_requests_total{class="write",backend="b1"}"#;
     assert_eq!(metric(d.admin, writes), 0);
     assert_eq!(get(d.proc.addr, "/stats").status, 200);
-    assert_eq!(metric(d.admin, writes), 1, "the new route sent GET /stats to the primary as a write");
+    // A request is counted when its exchange is booked, just after its last byte went out.
+    wait_for("the new route sent GET /stats to the primary as a write", || metric(d.admin, writes) == 1);
+    assert_eq!(metric(d.admin, writes), 1);
     let names: Vec<_> =
         admin_get(d.admin, "/backends").json().as_array().unwrap().iter().map(|b| b["name"].to_string()).collect();
     assert_eq!(names, ["\"b1\"", "\"b3\""]);

@@ -35,14 +35,15 @@ impl Refusal {
 
 /// Checks one request (its parsed `head`, and the `raw` head bytes for the headers refract's
 /// parser does not keep).
-pub(crate) fn check(cfg: &AdminConfig, head: &RequestHead, raw: &[u8]) -> Result<(), Refusal> {
+/// On the Unix admin socket (`local`) the file's permissions decide who connects: no token.
+pub(crate) fn check(cfg: &AdminConfig, head: &RequestHead, raw: &[u8], local: bool) -> Result<(), Refusal> {
     let host = header(raw, "host");
     if let Some(origin) = headers(raw, "origin").next() {
         if headers(raw, "origin").nth(1).is_some() || host.is_none_or(|h| !same_origin(origin, h)) {
             return Err(Refusal { status: 403, message: "cross-origin requests are refused" });
         }
     }
-    let open = head.method == "GET" && matches!(head.path(), "/health" | "/metrics");
+    let open = local || (head.method == "GET" && matches!(head.path(), "/health" | "/metrics"));
     match &cfg.token {
         _ if open => {}
         Some(token) => {
@@ -123,7 +124,7 @@ mod tests {
     }
 
     fn run(cfg: &AdminConfig, raw: &str) -> Result<(), u16> {
-        check(cfg, &head(raw), raw.as_bytes()).map_err(|r| r.status)
+        check(cfg, &head(raw), raw.as_bytes(), false).map_err(|r| r.status)
     }
 
     #[test]
@@ -154,6 +155,18 @@ mod tests {
         assert_eq!(run(&cfg, "GET /backends HTTP/1.1\r\nhost: localhost:8081\r\n\r\n"), Ok(()));
         assert_eq!(run(&cfg, "GET /backends HTTP/1.1\r\nhost: [::1]:8081\r\n\r\n"), Ok(()));
         assert_eq!(run(&cfg, "GET /backends HTTP/1.1\r\nhost: rebound.example:8081\r\n\r\n"), Err(403));
+    }
+
+    #[test]
+    fn the_unix_socket_needs_no_token_but_keeps_the_other_rules() {
+        let cfg = AdminConfig { token: Some("0123456789abcdef".into()), ..Default::default() };
+        let local = |raw: &str| check(&cfg, &head(raw), raw.as_bytes(), true).map_err(|r| r.status);
+        assert_eq!(local("GET /backends HTTP/1.1\r\nhost: localhost\r\n\r\n"), Ok(()));
+        let post = "POST /reload HTTP/1.1\r\nhost: localhost\r\ncontent-length: 2\r\n";
+        assert_eq!(local(&format!("{post}content-type: text/plain\r\n\r\n")), Err(415));
+        let json = "content-type: application/json\r\n";
+        assert_eq!(local(&format!("{post}{json}origin: http://evil.example\r\n\r\n")), Err(403));
+        assert_eq!(local(&format!("{post}{json}\r\n")), Ok(()));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 pub const MIN_TOKEN_LEN: usize = 16;
 
 /// `[admin]`
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// The bearer token (`Authorization: Bearer TOKEN`).
@@ -22,6 +22,19 @@ pub struct AdminConfig {
     /// Run without a token, on a loopback address only.
     #[serde(default)]
     pub insecure_loopback: bool,
+    /// File mode of `[listen] admin_socket` (default `0o600`: the dispatcher's user only).
+    #[serde(default = "default_socket_mode")]
+    pub socket_mode: u32,
+}
+
+fn default_socket_mode() -> u32 {
+    0o600
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { token: None, token_file: None, insecure_loopback: false, socket_mode: default_socket_mode() }
+    }
 }
 
 impl AdminConfig {
@@ -37,18 +50,30 @@ impl AdminConfig {
                 .map_err(|e| format!("line {at}: [admin] token_file {}: {e}", path.display()))?;
             self.token = Some(text.trim_end_matches(['\r', '\n']).to_string());
         }
+        if self.socket_mode & !0o777 != 0 || self.socket_mode & 0o007 != 0 {
+            return Err(format!(
+                "line {at}: [admin] socket_mode {:#o}: permission bits only, none for others (e.g. 0o600, 0o660)",
+                self.socket_mode
+            ));
+        }
+        self.fits(admin).map_err(|e| format!("line {at}: {e}"))
+    }
+
+    /// Whether this section may guard an admin listener on `admin` (a token, or the loopback
+    /// opt-in on a loopback address; nothing to guard without a TCP listener).
+    pub(crate) fn fits(&self, admin: Option<SocketAddr>) -> Result<(), String> {
         match (&self.token, admin) {
             (Some(t), _) if t.len() < MIN_TOKEN_LEN || t.bytes().any(|c| !c.is_ascii_graphic()) => Err(format!(
-                "line {at}: [admin] token must be at least {MIN_TOKEN_LEN} printable characters without spaces"
+                "[admin] token must be at least {MIN_TOKEN_LEN} printable characters without spaces"
             )),
             (Some(_), _) if self.insecure_loopback => {
-                Err(format!("line {at}: [admin] insecure_loopback = true makes no sense with a token; drop it"))
+                Err("[admin] insecure_loopback = true makes no sense with a token; drop it".into())
             }
             (None, Some(addr)) if !addr.ip().is_loopback() => Err(format!(
-                "line {at}: [listen] admin {addr} is not a loopback address and has no [admin] token or token_file"
+                "[listen] admin {addr} is not a loopback address and has no [admin] token or token_file"
             )),
             (None, Some(addr)) if !self.insecure_loopback => Err(format!(
-                "line {at}: [listen] admin {addr} needs [admin] token or token_file \
+                "[listen] admin {addr} needs [admin] token or token_file \
                  (or, on loopback only, [admin] insecure_loopback = true)"
             )),
             _ => Ok(()),

@@ -124,6 +124,10 @@ impl Interval {
     }
 }
 
+/// Intervals of excess demand in a row after which the overload counts as sustained: waiters
+/// are then shed. A closed loop's first burst is one interval of excess, never three.
+const SUSTAINED: u32 = 3;
+
 /// Where a waiter learns whether it got a slot.
 type Grant = oneshot::Receiver<Result<(), Refusal>>;
 
@@ -309,7 +313,10 @@ impl Admission {
                 return Err(Refusal::Deadline);
             }
         }
-        if s.queued() >= self.cfg.max_queue && !make_room(&mut s, prio) {
+        // Sustained overload: a round of the limit waiting is enough to fill every slot that
+        // frees before a newer request comes; an older waiter would only wait to be shed.
+        let round = if s.streak >= SUSTAINED { (s.limiter.limit() / 2).max(1) } else { self.cfg.max_queue };
+        if s.queued() >= round.min(self.cfg.max_queue) && !make_room(&mut s, prio) {
             s.interval.refused += 1;
             return Err(Refusal::QueueFull);
         }
@@ -375,11 +382,12 @@ impl Admission {
 
     /// CoDel bookkeeping. Excess demand over a standing queue turns the queue newest first
     /// (at once when more than a round of the limit piled up within the interval, else at the
-    /// interval's end); three intervals of excess in a row also shed waiters older than twice
-    /// the target; an interval without excess ends both. A closed loop cannot keep up excess
+    /// interval's end); `SUSTAINED` intervals of excess in a row also shed waiters older than
+    /// the target and keep at most a round of the limit waiting; an interval without excess
+    /// ends both. A closed loop cannot keep up excess
     /// demand (it cannot outgrow its population): its first burst is served, never shed.
     fn manage(&self, s: &mut State, now: Instant) {
-        if s.streak >= 3 {
+        if s.streak >= SUSTAINED {
             self.shed_stale(s, now);
         }
         let standing = s.oldest().is_some_and(|t| now - t > self.cfg.target);
@@ -397,9 +405,10 @@ impl Admission {
         s.interval = Interval::new(now);
     }
 
-    /// Refuses the waiters older than twice the target (they would be served late, if at all).
+    /// Refuses the waiters older than the target (they would be served late, if at all, and a
+    /// refusal is worth most to a client when it comes at once).
     fn shed_stale(&self, s: &mut State, now: Instant) {
-        let limit = 2 * self.cfg.target;
+        let limit = self.cfg.target;
         let mut shed = 0;
         for q in &mut s.queues {
             while q.front().is_some_and(|w| now - w.since > limit) {

@@ -19,6 +19,8 @@ pub(crate) struct Seen {
     pub queued_ms: Vec<f64>,
     /// Requests refused.
     pub refused: usize,
+    /// How long refused requests waited for their refusal, milliseconds, sorted.
+    pub refused_ms: Vec<f64>,
     /// The limit at the end.
     pub limit: usize,
 }
@@ -133,7 +135,11 @@ pub(crate) async fn offer(
                     s.admitted_ms.push(arrived.elapsed().as_secs_f64() * 1e3);
                     s.queued_ms.push(queued.as_secs_f64() * 1e3);
                 }
-                Err(_) => seen.lock().unwrap_or_else(|p| p.into_inner()).refused += 1,
+                Err(_) => {
+                    let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    s.refused += 1;
+                    s.refused_ms.push(arrived.elapsed().as_secs_f64() * 1e3);
+                }
             }
         }));
     }
@@ -143,6 +149,7 @@ pub(crate) async fn offer(
     let mut s = std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
     s.admitted_ms.sort_by(f64::total_cmp);
     s.queued_ms.sort_by(f64::total_cmp);
+    s.refused_ms.sort_by(f64::total_cmp);
     s.limit = adm.view().limit;
     s
 }
@@ -164,20 +171,21 @@ mod tests {
         for (i, level) in [1.0, 1.5, 2.0].into_iter().enumerate() {
             let s = offer(&adm, &backend, level * CAPACITY, Duration::from_secs(5), timeout, 10 + i as u64).await;
             eprintln!(
-                "{level}x: p50 {:.1} p99 {:.1} queued p50 {:.1} p99 {:.1} limit {} goodput {:.0}/s refused {}",
+                "{level}x: p50 {:.1} p99 {:.1} queued p50 {:.1} p99 {:.1} limit {} goodput {:.0}/s refused {} (p99 {:.1})",
                 s.p(0.5),
                 s.p(0.99),
                 pct(&s.queued_ms, 0.5),
                 pct(&s.queued_ms, 0.99),
                 s.limit,
                 s.admitted_ms.len() as f64 / 5.0,
-                s.refused
+                s.refused,
+                pct(&s.refused_ms, 0.99)
             );
         }
         let high = offer(&adm, &backend, 3.0 * CAPACITY, Duration::from_secs(5), timeout, 3).await;
         let good = high.admitted_ms.len() as f64 / 5.0;
         eprintln!(
-            "0.5x: p50 {:.1} p99 {:.1} limit {}; 3x: p50 {:.1} p99 {:.1} queued p50 {:.1} p99 {:.1} limit {} goodput {good:.0}/s refused {}",
+            "0.5x: p50 {:.1} p99 {:.1} limit {}; 3x: p50 {:.1} p99 {:.1} queued p50 {:.1} p99 {:.1} limit {} goodput {good:.0}/s refused {} (p99 {:.1})",
             low.p(0.5),
             low.p(0.99),
             low.limit,
@@ -186,7 +194,8 @@ mod tests {
             pct(&high.queued_ms, 0.5),
             pct(&high.queued_ms, 0.99),
             high.limit,
-            high.refused
+            high.refused,
+            pct(&high.refused_ms, 0.99)
         );
         assert!(high.p(0.99) <= 2.0 * low.p(0.99), "p99 at 3x {:.1} ms vs {:.1} ms at 0.5x", high.p(0.99), low.p(0.99));
         assert!(good >= 0.9 * CAPACITY, "goodput {good:.0}/s");

@@ -405,10 +405,10 @@ impl Admission {
         s.interval = Interval::new(now);
     }
 
-    /// Refuses the waiters older than the target (they would be served late, if at all, and a
+    /// Refuses the waiters older than half the target (they would be served late, if at all, and a
     /// refusal is worth most to a client when it comes at once).
     fn shed_stale(&self, s: &mut State, now: Instant) {
-        let limit = self.cfg.target;
+        let limit = self.cfg.target / 2;
         let mut shed = 0;
         for q in &mut s.queues {
             while q.front().is_some_and(|w| now - w.since > limit) {

@@ -1,5 +1,5 @@
-//! Host checks at start: the VIP on `lo`, ARP suppressed, the guard attached (HANDOVER.md host
-//! setup). Every problem found is reported at once, each with the command that fixes it.
+//! Host checks at start: the VIP on `lo`, ARP suppressed, the guard attached (docs/handover.md,
+//! "Host setup"). Every problem found is reported at once, each with the command that fixes it.
 
 use std::net::{IpAddr, Ipv4Addr};
 

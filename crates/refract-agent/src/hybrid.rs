@@ -1,7 +1,7 @@
 //! Hybrid: requests the dispatcher forwards to this agent's backend. The agent sees the result's
 //! size first: a small result goes back over the link for the dispatcher to relay; for a large
 //! one the agent asks for the client's connection, holds the result, and once the connection is
-//! here writes it straight to the client (HANDOVER.md, "Hand-off D → A").
+//! here writes it straight to the client (docs/handover.md, "Hand-off D → A").
 //!
 //! The logic is the same over both links ([`Link`]): the same-host Unix link (`Want`, then
 //! `Adopt` with the socket) and the cross-host control channel (`WantConnection`, then

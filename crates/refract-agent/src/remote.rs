@@ -4,8 +4,9 @@
 //! `HandOff`'s `idle_ms` ([`AppState`]) for the next, then quiesce, snapshot and send
 //! `HandBack`.
 //!
-//! This is the agent's half of HANDOVER.md "Hand-off D → A" / "Hand-back A → D": the dispatcher
-//! steers the flow here; the guard (when the agent attached one) tombstones it while it goes back.
+//! This is the agent's half of docs/handover.md, "Hand-off D → A" / "Hand-back A → D": the
+//! dispatcher steers the flow here; the guard (when the agent attached one) tombstones it while
+//! it goes back.
 //! The same adoption serves `always` (a `HandOff` out of the blue) and hybrid (a `HandOff`
 //! answering this agent's `WantConnection`, with the result it holds).
 
@@ -170,9 +171,9 @@ fn gens() -> std::sync::MutexGuard<'static, TombstoneGens> {
     TOMBSTONES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Tombstones `flow` now and removes it after [`GRACE`] (HANDOVER.md hand-back steps 1 and 4),
-/// unless the flow was tombstoned again or adopted meanwhile. A full map is logged: the guard's
-/// socket lookup still drops the flow once its socket is gone.
+/// Tombstones `flow` now and removes it after [`GRACE`] (docs/handover.md, "Hand-back A → D"
+/// steps 1 and 4), unless the flow was tombstoned again or adopted meanwhile. A full map is
+/// logged: the guard's socket lookup still drops the flow once its socket is gone.
 fn tombstone(guard: Arc<Mutex<Guard>>, flow: FlowKey) {
     let lock = |g: &Mutex<Guard>| g.lock().unwrap_or_else(|p| p.into_inner()).tombstone(flow);
     if let Err(e) = lock(&guard) {

@@ -1,6 +1,6 @@
 //! refract's core: the listener, the session loop, backend pools, routing and balancing, health
 //! checks, runtime membership, the admin listener and metrics. Protocol framing lives in the
-//! protocol crates (`refract-http` today); this crate drives the sockets.
+//! protocol crates (`refract-http`, `refract-pg`); this crate drives the sockets.
 //!
 //! # Layout
 //! - [`config`]: the TOML configuration and its validation.
@@ -18,7 +18,7 @@
 //! - `live`: the configuration in force, swapped whole by a reload.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`pg`]: the PostgreSQL front end.
-//! - [`overload`]: admission limits, queues, deadlines, retry budget (being wired in).
+//! - [`overload`]: admission limits, queues, deadlines, retry budget.
 //! - [`shard`]: which per-core event loop the current thread is.
 //! - [`conn`]: a client connection and its buffer.
 //! - [`error`]: the error type.

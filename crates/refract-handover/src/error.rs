@@ -27,7 +27,7 @@ pub enum Error {
     /// The socket is not ESTABLISHED (the `tcpi_state` it has instead); it cannot move.
     #[error("connection not established (tcp state {0})")]
     NotEstablished(u8),
-    /// Unacknowledged bytes remain (HANDOVER.md I3); relay instead or try again later.
+    /// Unacknowledged bytes remain (docs/handover.md, I3); relay instead or try again later.
     #[error("connection not quiescent: {0} bytes unacknowledged")]
     NotQuiescent(u32),
     /// A queue changed while the snapshot was taken (★ step 8); the socket was resumed locally.

@@ -1,13 +1,13 @@
 //! Moving a live client TCP connection between hosts or processes.
 //!
-//! This is the foundation of refract's hand-over (see `HANDOVER.md` for the protocol and
-//! `docs/handover.md` for what exists so far): it knows sockets, eBPF maps and control messages,
+//! This is the foundation of refract's hand-over (`docs/handover.md`: the protocol, "The
+//! protocol", and what is built on it): it knows sockets, eBPF maps and control messages,
 //! never an application protocol. It is the only crate of the workspace with `unsafe` code; every
 //! block says why it is sound.
 //!
 //! # Layout
 //! - [`TcpState`] (`tcp_state.rs`): the plain, serializable state of one connection.
-//! - [`snapshot`] / [`Repair`] (`snapshot.rs`): source side, TCP_REPAIR in HANDOVER.md order.
+//! - [`snapshot`] / [`Repair`] (`snapshot.rs`): source side, TCP_REPAIR in the protocol's order.
 //! - [`restore`] (`restore.rs`): target side, rebuilds the socket from a [`TcpState`].
 //! - [`Rules`]: the ★ rules, each switchable only so tests can show why it exists.
 //! - [`Steering`] (`steering.rs`): the dispatcher's ingress program, FREEZE / STEER per flow.
@@ -43,8 +43,9 @@ pub use snapshot::{conn_info, discard, discard_in_place, resume, snapshot, unack
 pub use steering::{FlowAction, FlowEntry, SteerTarget, Steering, SteeringStats};
 pub use tcp_state::{RepairWindow, SockOpts, TcpOptions, TcpState};
 
-/// The ★ rules of HANDOVER.md that snapshot and restore follow. Production code always uses
-/// [`Rules::ALL`]; the switches exist so the negative-control tests can show each failure.
+/// The ★ rules of the protocol (docs/handover.md) that snapshot and restore follow. Production code
+/// always uses [`Rules::ALL`]; the switches exist so the negative-control tests can show each
+/// failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
     /// Snapshot 4: select the SEND repair queue right after repair on.

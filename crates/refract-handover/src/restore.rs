@@ -1,4 +1,5 @@
-//! Restore (target side): rebuild a socket from a [`TcpState`], in HANDOVER.md order.
+//! Restore (target side): rebuild a socket from a [`TcpState`], in the order of docs/handover.md,
+//! "Restore".
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -21,7 +22,7 @@ const MAX_USER_MSS: u32 = 32767;
 const TCPOLEN_TSTAMP_ALIGNED: u32 = 12;
 
 /// Rebuilds the connection `state` describes and returns it as a normal, blocking socket bound
-/// to `state.local` and connected to `state.peer` (HANDOVER.md restore steps 1–10).
+/// to `state.local` and connected to `state.peer` (docs/handover.md, "Restore" steps 1–10).
 ///
 /// Steer the peer's packets to this host right after: the restored socket starts cold (cwnd 10,
 /// RTO of a fresh socket), so a lost segment now costs seconds. Bytes the old socket never
@@ -62,9 +63,9 @@ pub fn restore_with(state: &TcpState, rules: Rules) -> Result<OwnedFd> {
     Ok(sock)
 }
 
-/// The `TCP_MAXSEG` to set before connect so that connect() computes the MSS the old socket
-/// used. HANDOVER.md says the clamp; but a socket whose peer advertised a small window had its
-/// MSS bounded to half that window, and a restored socket whose MSS exceeds the peer's window
+/// The `TCP_MAXSEG` to set before connect so that connect() computes the MSS the old socket used.
+/// The protocol's prototype set the clamp; but a socket whose peer advertised a small window had
+/// its MSS bounded to half that window, and a restored socket whose MSS exceeds the peer's window
 /// only sends through the persist timer (seconds per segment). So: the MSS in use plus the
 /// timestamp option it excludes, never above the clamp, nor above what the kernel accepts.
 pub(crate) fn user_mss(state: &TcpState) -> u32 {

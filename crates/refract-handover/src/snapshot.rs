@@ -1,4 +1,5 @@
-//! Snapshot (source side): put a socket in repair mode and read its state, in HANDOVER.md order.
+//! Snapshot (source side): put a socket in repair mode and read its state, in the order of
+//! docs/handover.md, "Snapshot".
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -12,7 +13,7 @@ use crate::Rules;
 
 const TCP_ESTABLISHED: u8 = 1;
 
-/// Takes a snapshot of an established, frozen socket (HANDOVER.md snapshot steps 3–9).
+/// Takes a snapshot of an established, frozen socket (docs/handover.md, "Snapshot" steps 3–9).
 ///
 /// The caller has quiesced the connection ([`unacked`] is 0) and frozen its packets at this
 /// host's ingress. On success the socket is left in repair mode: closing it now is silent (no

@@ -27,7 +27,7 @@ struct FlowValue {
 // bit pattern is a valid value.
 unsafe impl aya::Pod for FlowValue {}
 
-/// Where STEER sends a flow: out of `ifindex` with these MACs (HANDOVER.md host setup).
+/// Where STEER sends a flow: out of `ifindex` with these MACs (docs/handover.md, "Host setup").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SteerTarget {
     /// Interface to redirect out of (the client-facing one: hairpin).

@@ -69,7 +69,8 @@ impl RepairWindow {
     }
 }
 
-/// Socket options TCP_REPAIR does not carry, re-applied after restore (HANDOVER.md restore 10).
+/// Socket options TCP_REPAIR does not carry, re-applied after restore (docs/handover.md,
+/// "Restore" step 10).
 /// Buffer sizes are deliberately not carried: setting them locks out the kernel's autotuning,
 /// which a restored socket streaming a large result needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

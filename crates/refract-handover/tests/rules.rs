@@ -1,4 +1,5 @@
-//! Negative controls: each ★ rule of HANDOVER.md switched off fails the way HANDOVER.md says.
+//! Negative controls: each ★ rule of the protocol switched off fails the way docs/handover.md
+//! says ("Negative controls").
 #![allow(clippy::unwrap_used)]
 
 mod common;

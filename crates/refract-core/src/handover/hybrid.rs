@@ -1,5 +1,5 @@
-//! Hybrid (HANDOVER.md "Hand-off D → A"): a read for a backend with an agent goes to the agent
-//! with the connection id, hand-over allowed. The agent sees the result's head first: a small
+//! Hybrid (docs/handover.md, "Hand-off D → A"): a read for a backend with an agent goes to the
+//! agent with the connection id, hand-over allowed. The agent sees the result's head first: a small
 //! result comes back as `Response` frames and is relayed here; for a large one it asks for the
 //! connection and holds the result, and the dispatcher moves the connection there (with any
 //! pipelined bytes) at once — the request boundary is already quiescent, nothing else was written.

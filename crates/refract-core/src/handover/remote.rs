@@ -1,14 +1,13 @@
-//! The cross-host move over the control channel (HANDOVER.md "Hand-off D → A"): quiesce,
+//! The cross-host move over the control channel (docs/handover.md, "Hand-off D → A"): quiesce,
 //! snapshot the client socket (TCP_REPAIR), unhash it silently, send `HandOff` with the pending
 //! bytes; the agent restores and serves; on `HandBack` restore the socket here. `always` calls
 //! [`hand_over`]; hybrid calls [`freeze`] and [`hand_off`] when the agent asks for the
 //! connection. The session keeps its control channel across requests ([`channel`], [`keep`]).
 //!
 //! With `[handover] interface` set, the flow is FROZEN before the snapshot, STEERED to the agent
-//! just before `HandOff` leaves (HANDOVER.md: "steer before the target sends"), and released
-//! once the socket is back here. Without
-//! it this is correct only where the agent's socket lives in the same kernel and a guard drops
-//! the client's segments during the two gaps (the tests).
+//! just before `HandOff` leaves (docs/handover.md: "steer before the target sends"), and released
+//! once the socket is back here. Without it this is correct only where the agent's socket lives in
+//! the same kernel and a guard drops the client's segments during the two gaps (the tests).
 
 use super::keep::{self, Verdict};
 use super::{steer, Declined, Rec, Session, Why};
@@ -95,7 +94,7 @@ pub(super) struct Frozen<'a> {
     started: std::time::Instant,
 }
 
-/// The source side of HANDOVER.md "Snapshot", steps 1–9: quiesce (I3), FREEZE, snapshot,
+/// The source side of docs/handover.md, "Snapshot", steps 1–9: quiesce (I3), FREEZE, snapshot,
 /// unhash silently. `Err`: nothing changed (the socket is still ours and live).
 pub(super) async fn freeze<'a>(conn: &mut ClientConn, agent: &Agent<'a>) -> Result<Frozen<'a>, Declined> {
     let flow = flow_of(&conn.stream)?;
@@ -124,9 +123,9 @@ pub(super) async fn freeze<'a>(conn: &mut ClientConn, agent: &Agent<'a>) -> Resu
 }
 
 /// Sends `HandOff` with `pending`, STEERs, waits for `HandOffOk` and then for the connection to
-/// come back (HANDOVER.md "Hand-off D → A" steps 4–6, "Hand-back A → D" step 3). A refusal or
-/// no answer restores the snapshot here (`Err`: relay). The channel stays in the session when
-/// its framing is still in step.
+/// come back (docs/handover.md, "Hand-off D → A" steps 4–6, "Hand-back A → D" step 3). A refusal or
+/// no answer restores the snapshot here (`Err`: relay). The channel stays in the session when its
+/// framing is still in step.
 pub(super) async fn hand_off(
     rec: Rec<'_>,
     mut ch: ControlChannel,
@@ -148,7 +147,8 @@ pub(super) async fn hand_off(
         sent: 0,
     };
     if let Err((declined, in_step)) = answer(rec, &mut ch, s, &fl, target, t, started).await {
-        // By HANDOVER.md's failure table, D still holds the snapshot: restore it, un-steer, relay.
+        // By docs/handover.md's failure table, D still holds the snapshot: restore it, un-steer,
+        // relay.
         let restored = resume_here(conn, &tcp_state);
         fl.release();
         if in_step {
@@ -189,10 +189,10 @@ async fn answer(
 ) -> Result<(), (Declined, bool)> {
     let (flow, epoch) = (fl.key, t.epoch);
     let lost = |e: refract_handover::Error| (Declined::new(Why::AgentLost, format!("agent: {e}")), false);
-    // STEER before `HandOff` leaves: the agent writes to the client as soon as it has restored
-    // the socket, and an ACK of that first flight meeting FREEZE here would be lost, which
-    // costs the cold restored socket a whole initial RTO (1 s) — HANDOVER.md: "steer before
-    // the target sends". What arrives at the agent before its socket exists, its guard drops.
+    // STEER before `HandOff` leaves: the agent writes to the client as soon as it has restored the
+    // socket, and an ACK of that first flight meeting FREEZE here would be lost, which costs the
+    // cold restored socket a whole initial RTO (1 s) — docs/handover.md: "steer before the target
+    // sends". What arrives at the agent before its socket exists, its guard drops.
     if let Some(tg) = target {
         fl.set(|m| m.steer(flow, tg, epoch)).map_err(|d| (d, false))?;
         rec.metrics().handover_frozen(started.elapsed().as_secs_f64());
@@ -334,7 +334,7 @@ fn read_key(path: &Path) -> Result<ControlKey, Declined> {
     ControlKey::try_new(text.trim_end_matches(['\n', '\r']).as_bytes().to_vec()).map_err(|e| bad(e.to_string()))
 }
 
-/// HANDOVER.md I3: everything sent is acknowledged, within a bound; else relay.
+/// docs/handover.md, I3: everything sent is acknowledged, within a bound; else relay.
 async fn quiesce(s: &TcpStream) -> Result<(), Declined> {
     let deadline = Instant::now() + QUIESCE;
     loop {

@@ -1,10 +1,10 @@
-//! Learned result sizes (hybrid; HANDOVER.md's variant "D decides up front from a learned
-//! size"). Forwarding a read through the agent costs a hop on every request, which a small
-//! result does not repay: a read whose last result was smaller than the threshold goes
-//! straight to its backend, as in relay mode; one never seen, or last seen large, goes through
-//! the agent, which hands the connection over if it is large. Both paths report the size they
-//! saw, so a result that grows moves to the agent after one relay, and one that shrinks back
-//! after one trip through the agent.
+//! Learned result sizes (hybrid; the variant "D decides up front from a learned size" of
+//! docs/handover.md, "Hand-off D → A"). Forwarding a read through the agent costs a hop on every
+//! request, which a small result does not repay: a read whose last result was smaller than the
+//! threshold goes straight to its backend, as in relay mode; one never seen, or last seen large,
+//! goes through the agent, which hands the connection over if it is large. Both paths report the
+//! size they saw, so a result that grows moves to the agent after one relay, and one that shrinks
+//! back after one trip through the agent.
 //!
 //! A read is keyed by its request line and body (the headers vary between clients and
 //! requests). The table is bounded; when full it starts over (each read then goes through the

@@ -1,6 +1,6 @@
-//! The dispatcher's ingress map for cross-host hand-over (HANDOVER.md host setup): FREEZE a
-//! flow before its snapshot, STEER it to the agent's MAC just before `HandOff`, remove it once
-//! the socket is back here. Attached once, on first use, to `[handover] interface`.
+//! The dispatcher's ingress map for cross-host hand-over (docs/handover.md, "Host setup"): FREEZE a
+//! flow before its snapshot, STEER it to the agent's MAC just before `HandOff`, remove it once the
+//! socket is back here. Attached once, on first use, to `[handover] interface`.
 
 use super::{Declined, Why};
 use crate::metrics::Metrics;

@@ -1,7 +1,7 @@
 //! `EpochTracker`: the current transfer epoch of each connection; stale messages are refused.
 //!
-//! Each transfer of a flow (hand-off or hand-back) increments its epoch (HANDOVER.md). The side
-//! that starts a transfer calls [`EpochTracker::advance`]; the side that receives one calls
+//! Each transfer of a flow (hand-off or hand-back) increments its epoch (docs/handover.md). The
+//! side that starts a transfer calls [`EpochTracker::advance`]; the side that receives one calls
 //! [`EpochTracker::observe`], which accepts only a newer epoch; replies are checked with
 //! [`EpochTracker::check`]. A duplicate or delayed message then fails with
 //! [`Error::StaleEpoch`]: ignore it, log it, count it.

@@ -7,9 +7,12 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+
+use crate::options::LocalOptions;
 
 /// One connection to the local backend.
 #[derive(Debug)]
@@ -77,5 +80,31 @@ impl AsyncWrite for BackendStream {
             BackendStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             BackendStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
         }
+    }
+}
+
+/// A new connection to the backend (over its Unix socket when configured); `Err` says why not.
+pub(crate) async fn connect_backend(opts: &LocalOptions) -> Result<BackendStream, String> {
+    let bound = opts.backend_timeout.min(Duration::from_secs(1));
+    let (r, name) = match &opts.backend_socket {
+        Some(path) => {
+            let r = tokio::time::timeout(bound, tokio::net::UnixStream::connect(path)).await;
+            (r.map(|c| c.map(BackendStream::Unix)), path.display().to_string())
+        }
+        None => {
+            let r = tokio::time::timeout(bound, TcpStream::connect(opts.backend)).await;
+            let r = r.map(|c| {
+                c.map(|s| {
+                    let _ = s.set_nodelay(true);
+                    BackendStream::Tcp(s)
+                })
+            });
+            (r, opts.backend.to_string())
+        }
+    };
+    match r {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(format!("backend {name}: {e}")),
+        Err(_) => Err(format!("backend {name}: connect timed out")),
     }
 }

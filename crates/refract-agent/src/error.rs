@@ -1,6 +1,8 @@
-//! The agent's error type: each error says whose fault it is and whether a retry may help.
+//! The agent's error type: each error says whose fault it is and whether a retry may help; and
+//! the I/O errors that end serving an adopted connection (backend gone or slow, client stalled).
 
 use std::path::Path;
+use std::time::Duration;
 
 /// One thing wrong with the host, and how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +78,22 @@ impl Error {
             Error::Config { .. } | Error::Host(_) => false,
         }
     }
+}
+
+/// The backend closed before the response was complete.
+pub(crate) fn eof() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "backend closed before the response was complete")
+}
+
+/// The client took nothing for `stall`.
+pub(crate) fn stalled(stall: Duration) -> std::io::Error {
+    let msg = format!("the client took no byte for {} ms (write_stall_ms)", stall.as_millis());
+    std::io::Error::new(std::io::ErrorKind::TimedOut, msg)
+}
+
+/// The backend sent nothing within its bound.
+pub(crate) fn timed_out() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, "backend response timed out")
 }
 
 /// The crate's result type.

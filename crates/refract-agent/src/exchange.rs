@@ -8,6 +8,7 @@
 //! moved (tombstoned here, not yet restored there) and wait for its retransmission (~200 ms).
 
 use crate::backend::BackendStream;
+use crate::error::{eof, stalled, timed_out};
 use crate::pipe::Pipe;
 use bytes::{Buf, BytesMut};
 use refract_http::{defer, BodyKind, ChunkedDecoder, RequestHead, ResponseHead};
@@ -491,20 +492,6 @@ impl BodyReader {
             }
         }
     }
-}
-
-pub(crate) fn eof() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "backend closed before the response was complete")
-}
-
-/// The client took nothing for `stall`.
-pub(crate) fn stalled(stall: Duration) -> std::io::Error {
-    let msg = format!("the client took no byte for {} ms (write_stall_ms)", stall.as_millis());
-    std::io::Error::new(std::io::ErrorKind::TimedOut, msg)
-}
-
-pub(crate) fn timed_out() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::TimedOut, "backend response timed out")
 }
 
 async fn read_more(s: &mut BackendStream, buf: &mut BytesMut, timeout: Duration) -> std::io::Result<usize> {

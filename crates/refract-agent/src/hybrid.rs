@@ -4,29 +4,35 @@
 //! here writes it straight to the client (docs/handover.md, "Hand-off D → A").
 //!
 //! The logic is the same over both links ([`Link`]): the same-host Unix link (`Want`, then
-//! `Adopt` with the socket) and the cross-host control channel (`WantConnection`, then
-//! `HandOff` with a TCP_REPAIR state). Only the adoption differs.
+//! `Adopt` with the socket; `local::HybridLink`) and the cross-host control channel
+//! (`WantConnection`, then `HandOff` with a TCP_REPAIR state; `remote::HybridLink`). Only the
+//! adoption differs, so each link's implementation lives beside its adoption and this file
+//! knows neither.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::os::fd::OwnedFd;
-use std::sync::Mutex;
 
-use refract_handover::control::{ControlChannel, EpochTracker, Msg};
-use refract_handover::local::{LocalLink, LocalMsg};
 use refract_handover::{Error, Result};
 use refract_http::{defer, BodyKind, RequestHead};
 use tokio::io::AsyncWriteExt;
 
-use crate::backend::BackendStream;
+use crate::backend::{connect_backend, BackendStream};
 use crate::exchange::{read_response_head, to_backend, BodyReader, Held};
-use crate::local::{adopt, connect_backend, Forwarded, LocalOptions, Offer};
+use crate::options::LocalOptions;
 
 /// Results at most this large may be relayed in one `Response` frame; larger ones always ask
 /// for the connection (whatever the threshold says), so frames stay far below the limit.
 const MAX_INLINE: u64 = 8 << 20;
 /// Size of the `Response` frames of a relayed result.
 const FRAME: usize = 256 * 1024;
+
+/// A request forwarded by the dispatcher.
+pub(crate) struct Forwarded {
+    pub conn: u64,
+    pub request: u64,
+    pub threshold: u64,
+    pub bytes: Vec<u8>,
+}
 
 /// The link a forwarded request came over, as the hybrid logic needs it.
 pub(crate) trait Link {
@@ -144,84 +150,9 @@ async fn relay<L: Link>(
     Ok(reusable)
 }
 
-/// The same-host link: `Want`, then `Adopt` with the client socket.
-pub(crate) struct Local<'a> {
-    pub link: &'a mut LocalLink,
-    pub opts: &'a LocalOptions,
-    pub epochs: &'a Mutex<EpochTracker>,
-}
-
-impl Link for Local<'_> {
-    async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
-        let (conn, request) = (fw.conn, fw.request);
-        self.link.send(&LocalMsg::Response { conn, request, last, keep, bytes }, None).await
-    }
-
-    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut BackendStream) -> Result<Option<Held>> {
-        self.link.send(&LocalMsg::Want { conn: fw.conn, request: fw.request }, None).await?;
-        match self.link.recv().await? {
-            (LocalMsg::Adopt { conn, epoch, backend, idle_ms, pending }, Some(fd)) if conn == fw.conn => {
-                let offer = Offer { conn, epoch, backend, idle_ms, pending };
-                self.adopt(offer, fd, held, be).await.map(|()| None)
-            }
-            (LocalMsg::RelayInstead { conn, .. }, None) if conn == fw.conn => Ok(Some(held)),
-            (other, _) => Err(unexpected_after_want(other.name())),
-        }
-    }
-
-    async fn beat(&mut self) -> Result<Infallible> {
-        std::future::pending().await // a Unix link has no dead-peer bound
-    }
-}
-
-impl Local<'_> {
-    async fn adopt(&mut self, offer: Offer, fd: OwnedFd, held: Held, be: &mut BackendStream) -> Result<()> {
-        adopt(self.link, self.opts, self.epochs, offer, fd, Some((held, be))).await
-    }
-}
-
-/// The control channel: `WantConnection`, then `HandOff` with the client's TCP state.
-pub(crate) struct Remote<'a> {
-    pub ch: &'a mut ControlChannel,
-    pub opts: &'a LocalOptions,
-    pub epochs: &'a mut EpochTracker,
-}
-
-impl Link for Remote<'_> {
-    async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
-        self.ch.send(&Msg::Response { conn: fw.conn, request: fw.request, last, keep, bytes }).await
-    }
-
-    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut BackendStream) -> Result<Option<Held>> {
-        self.ch.send(&Msg::WantConnection { conn: fw.conn, request: fw.request }).await?;
-        match self.ch.recv().await? {
-            Msg::HandOff(t) if t.conn == fw.conn => {
-                if let Err(e) = self.epochs.observe(t.conn, t.epoch) {
-                    let reason = e.to_string();
-                    tracing::warn!(conn = t.conn, "HandOff refused: {reason}");
-                    return self
-                        .ch
-                        .send(&Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason })
-                        .await
-                        .map(|()| None);
-                }
-                let adopted = crate::remote::adopt(self.ch, self.epochs, *t, self.opts, Some((held, be)));
-                adopted.await.map(|()| None)
-            }
-            Msg::RelayInstead { conn, reason, .. } if conn == fw.conn => {
-                tracing::debug!(conn, "relaying a large result: {reason}");
-                Ok(Some(held))
-            }
-            other => Err(unexpected_after_want(other.name())),
-        }
-    }
-
-    async fn beat(&mut self) -> Result<Infallible> {
-        self.ch.heartbeats().await
-    }
-}
-
-fn unexpected_after_want(name: &str) -> Error {
+/// The error for an answer to `Want` / `WantConnection` that is neither a hand-off nor
+/// `RelayInstead` (logged with its name): the link cannot go on.
+pub(crate) fn unexpected_after_want(name: &str) -> Error {
     tracing::warn!("expected a hand-off or RelayInstead after asking for the connection, got {name}");
     Error::Codec("unexpected message after asking for the connection")
 }

@@ -15,15 +15,19 @@
 //! - [`AgentConfig`] (`config.rs`): the TOML configuration.
 //! - [`check_host`] (`checks.rs`): the host checks; returns the attached guard.
 //! - [`serve`] (`server.rs`): the control listener.
-//! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back).
+//! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back), and the
+//!   same-host side of forwarded requests.
+//! - [`LocalOptions`] (`options.rs`): how adopted connections reach the backend, their bounds.
 //! - [`PeerPolicy`], [`bind_local`] (`peer.rs`): who may use the same-host link (file mode, uid).
-//! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
+//! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back), and the
+//!   cross-host side of forwarded requests.
 //! - `exchange.rs`: serving adopted requests from the backend straight to the client.
-//! - `backend.rs`: the connection to the backend (TCP, or its Unix socket).
+//! - `backend.rs`: the connection to the backend (TCP, or its Unix socket) and connecting it.
 //! - `pipe.rs`: splicing large bodies backend → pipe → client (zero-copy).
-//! - `hybrid.rs`: forwarded requests (same host and across hosts); a large result asks for the
-//!   client's connection.
-//! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry.
+//! - `hybrid.rs`: forwarded requests over either link (its `Link` is implemented in `local.rs`
+//!   and `remote.rs`); a large result asks for the client's connection.
+//! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry; the I/O errors
+//!   that end serving an adopted connection.
 
 mod backend;
 mod checks;
@@ -32,6 +36,7 @@ mod error;
 mod exchange;
 mod hybrid;
 mod local;
+mod options;
 mod peer;
 mod pipe;
 mod remote;
@@ -42,7 +47,8 @@ use std::path::PathBuf;
 pub use checks::{check_host, HostSpec};
 pub use config::AgentConfig;
 pub use error::{Error, Problem, Result, Side};
-pub use local::{serve_local, serve_local_for, LocalOptions};
+pub use local::{serve_local, serve_local_for};
+pub use options::LocalOptions;
 pub use peer::{bind_local, PeerPolicy};
 pub use server::{serve, serve_with, NOT_YET};
 

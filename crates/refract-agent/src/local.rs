@@ -1,8 +1,10 @@
 //! The same-host listener: a dispatcher on this host hands client sockets over a Unix socket
 //! (SCM_RIGHTS); the agent serves the request from its backend, asks the dispatcher (`Next`)
 //! about each further one, and hands the socket back when told to (`Return`) or when the client
-//! stays idle. Every transfer carries an epoch; stale ones are refused.
+//! stays idle. Every transfer carries an epoch; stale ones are refused. [`HybridLink`] is this
+//! link as a forwarded request (`hybrid.rs`) uses it to ask for the client's socket.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -13,26 +15,11 @@ use refract_handover::control::EpochTracker;
 use refract_handover::local::{LocalLink, LocalMsg};
 use tokio::net::{TcpStream, UnixListener};
 
-use crate::backend::BackendStream;
+use crate::backend::{connect_backend, BackendStream};
 use crate::exchange::{Adopted, Ask, Held, Served};
+use crate::hybrid::{self, unexpected_after_want, Forwarded, Link};
+use crate::options::LocalOptions;
 use crate::peer::PeerPolicy;
-
-/// What the same-host listener needs.
-#[derive(Debug, Clone)]
-pub struct LocalOptions {
-    /// The backend this agent fronts.
-    pub backend: SocketAddr,
-    /// Connect to the backend over this Unix socket instead (`backend_socket`).
-    pub backend_socket: Option<std::path::PathBuf>,
-    /// Pass the client's socket to the backend for large results (`pass_socket`).
-    pub pass_socket: bool,
-    /// Bound on connecting to the backend and on each of its reads.
-    pub backend_timeout: Duration,
-    /// Bound on a write to an adopted client making no progress (`write_stall_ms`).
-    pub write_stall: Duration,
-    /// The guard on this host's NIC (cross host): a flow being handed back is tombstoned in it.
-    pub guard: Option<Arc<Mutex<refract_handover::Guard>>>,
-}
 
 /// Serves same-host dispatcher links on `listener` until it fails, to peers running as the
 /// agent's own uid only; one task per link.
@@ -72,22 +59,14 @@ async fn link(mut link: LocalLink, opts: &LocalOptions, epochs: &Mutex<EpochTrac
             }
             (LocalMsg::Forward { conn, request, threshold, bytes }, None) => {
                 let fw = Forwarded { conn, request, threshold, bytes };
-                let mut via = crate::hybrid::Local { link: &mut link, opts, epochs };
-                crate::hybrid::forward(&mut via, opts, &mut backend, fw).await?;
+                let mut via = HybridLink { link: &mut link, opts, epochs };
+                hybrid::forward(&mut via, opts, &mut backend, fw).await?;
             }
             (other, _) => {
                 tracing::warn!("unexpected {} from the dispatcher on a same-host link, ignored", other.name())
             }
         }
     }
-}
-
-/// A request forwarded by the dispatcher (hybrid).
-pub(crate) struct Forwarded {
-    pub conn: u64,
-    pub request: u64,
-    pub threshold: u64,
-    pub bytes: Vec<u8>,
 }
 
 /// A hand-off as received.
@@ -172,6 +151,60 @@ impl Ask for AskLink<'_> {
     }
 }
 
+/// The same-host link as forwarded requests use it (hybrid): `Want`, then `Adopt` with the
+/// client socket.
+pub(crate) struct HybridLink<'a> {
+    pub link: &'a mut LocalLink,
+    pub opts: &'a LocalOptions,
+    pub epochs: &'a Mutex<EpochTracker>,
+}
+
+impl Link for HybridLink<'_> {
+    async fn respond(
+        &mut self,
+        fw: &Forwarded,
+        last: bool,
+        keep: bool,
+        bytes: Vec<u8>,
+    ) -> refract_handover::Result<()> {
+        let (conn, request) = (fw.conn, fw.request);
+        self.link.send(&LocalMsg::Response { conn, request, last, keep, bytes }, None).await
+    }
+
+    async fn want(
+        &mut self,
+        fw: &Forwarded,
+        held: Held,
+        be: &mut BackendStream,
+    ) -> refract_handover::Result<Option<Held>> {
+        self.link.send(&LocalMsg::Want { conn: fw.conn, request: fw.request }, None).await?;
+        match self.link.recv().await? {
+            (LocalMsg::Adopt { conn, epoch, backend, idle_ms, pending }, Some(fd)) if conn == fw.conn => {
+                let offer = Offer { conn, epoch, backend, idle_ms, pending };
+                self.adopt(offer, fd, held, be).await.map(|()| None)
+            }
+            (LocalMsg::RelayInstead { conn, .. }, None) if conn == fw.conn => Ok(Some(held)),
+            (other, _) => Err(unexpected_after_want(other.name())),
+        }
+    }
+
+    async fn beat(&mut self) -> refract_handover::Result<Infallible> {
+        std::future::pending().await // a Unix link has no dead-peer bound
+    }
+}
+
+impl HybridLink<'_> {
+    async fn adopt(
+        &mut self,
+        offer: Offer,
+        fd: OwnedFd,
+        held: Held,
+        be: &mut BackendStream,
+    ) -> refract_handover::Result<()> {
+        adopt(self.link, self.opts, self.epochs, offer, fd, Some((held, be))).await
+    }
+}
+
 /// Checks the offer (epoch, backend) and gets the sockets ready; `Err` is the refusal reason.
 async fn accept(
     opts: &LocalOptions,
@@ -191,32 +224,6 @@ async fn accept(
         return Ok((client, None));
     }
     Ok((client, Some(connect_backend(opts).await?)))
-}
-
-/// A new connection to the backend (over its Unix socket when configured); `Err` says why not.
-pub(crate) async fn connect_backend(opts: &LocalOptions) -> Result<BackendStream, String> {
-    let bound = opts.backend_timeout.min(Duration::from_secs(1));
-    let (r, name) = match &opts.backend_socket {
-        Some(path) => {
-            let r = tokio::time::timeout(bound, tokio::net::UnixStream::connect(path)).await;
-            (r.map(|c| c.map(BackendStream::Unix)), path.display().to_string())
-        }
-        None => {
-            let r = tokio::time::timeout(bound, TcpStream::connect(opts.backend)).await;
-            let r = r.map(|c| {
-                c.map(|s| {
-                    let _ = s.set_nodelay(true);
-                    BackendStream::Tcp(s)
-                })
-            });
-            (r, opts.backend.to_string())
-        }
-    };
-    match r {
-        Ok(Ok(s)) => Ok(s),
-        Ok(Err(e)) => Err(format!("backend {name}: {e}")),
-        Err(_) => Err(format!("backend {name}: connect timed out")),
-    }
 }
 
 pub(crate) fn lock(epochs: &Mutex<EpochTracker>) -> std::sync::MutexGuard<'_, EpochTracker> {

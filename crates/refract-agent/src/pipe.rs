@@ -20,6 +20,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::backend::BackendStream;
+use crate::error::{eof, stalled, timed_out};
 
 /// The pipe size asked for (`/proc/sys/fs/pipe-max-size` by default); a smaller pipe works too.
 const PIPE_SIZE: i32 = 1 << 20;
@@ -87,14 +88,14 @@ impl Pipe {
         let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
         loop {
             match from.try_io(Interest::READABLE, || Ok(splice(from, None, &self.write, None, want, flags)?)) {
-                Ok(0) => return Err(crate::exchange::eof()),
+                Ok(0) => return Err(eof()),
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
             match tokio::time::timeout_at(deadline, from.readable()).await {
                 Ok(r) => r?,
-                Err(_) => return Err(crate::exchange::timed_out()),
+                Err(_) => return Err(timed_out()),
             }
         }
     }
@@ -118,7 +119,7 @@ impl Pipe {
             }
             match tokio::time::timeout_at(deadline, to.writable()).await {
                 Ok(r) => r?,
-                Err(_) => return Err(crate::exchange::stalled(stall)),
+                Err(_) => return Err(stalled(stall)),
             }
         }
     }

@@ -8,9 +8,10 @@
 //! dispatcher steers the flow here; the guard (when the agent attached one) tombstones it while
 //! it goes back.
 //! The same adoption serves `always` (a `HandOff` out of the blue) and hybrid (a `HandOff`
-//! answering this agent's `WantConnection`, with the result it holds).
+//! answering this agent's `WantConnection`, with the result it holds; [`HybridLink`] asks).
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
@@ -20,9 +21,10 @@ use refract_handover::control::{AppState, ControlChannel, EpochTracker, Msg, Tra
 use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Result};
 use tokio::net::TcpStream;
 
-use crate::backend::BackendStream;
+use crate::backend::{connect_backend, BackendStream};
 use crate::exchange::{Adopted, Ask, Held, Served};
-use crate::local::{connect_backend, LocalOptions};
+use crate::hybrid::{unexpected_after_want, Forwarded, Link};
+use crate::options::LocalOptions;
 
 /// Bound on waiting for the client to acknowledge everything before a hand-back (I3).
 const QUIESCE: Duration = Duration::from_secs(2);
@@ -108,6 +110,48 @@ impl Ask for AskChannel<'_> {
     }
 
     async fn beat(&mut self) -> Result<std::convert::Infallible> {
+        self.ch.heartbeats().await
+    }
+}
+
+/// The control channel as forwarded requests use it (hybrid): `WantConnection`, then
+/// `HandOff` with the client's TCP state.
+pub(crate) struct HybridLink<'a> {
+    pub ch: &'a mut ControlChannel,
+    pub opts: &'a LocalOptions,
+    pub epochs: &'a mut EpochTracker,
+}
+
+impl Link for HybridLink<'_> {
+    async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
+        self.ch.send(&Msg::Response { conn: fw.conn, request: fw.request, last, keep, bytes }).await
+    }
+
+    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut BackendStream) -> Result<Option<Held>> {
+        self.ch.send(&Msg::WantConnection { conn: fw.conn, request: fw.request }).await?;
+        match self.ch.recv().await? {
+            Msg::HandOff(t) if t.conn == fw.conn => {
+                if let Err(e) = self.epochs.observe(t.conn, t.epoch) {
+                    let reason = e.to_string();
+                    tracing::warn!(conn = t.conn, "HandOff refused: {reason}");
+                    return self
+                        .ch
+                        .send(&Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason })
+                        .await
+                        .map(|()| None);
+                }
+                let adopted = adopt(self.ch, self.epochs, *t, self.opts, Some((held, be)));
+                adopted.await.map(|()| None)
+            }
+            Msg::RelayInstead { conn, reason, .. } if conn == fw.conn => {
+                tracing::debug!(conn, "relaying a large result: {reason}");
+                Ok(Some(held))
+            }
+            other => Err(unexpected_after_want(other.name())),
+        }
+    }
+
+    async fn beat(&mut self) -> Result<Infallible> {
         self.ch.heartbeats().await
     }
 }

@@ -7,8 +7,9 @@ use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Epoc
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::backend::BackendStream;
-use crate::hybrid;
-use crate::local::{Forwarded, LocalOptions};
+use crate::hybrid::{self, Forwarded};
+use crate::options::LocalOptions;
+use crate::remote;
 
 /// What `HandOffErr` says while this agent cannot adopt cross-host connections (issue 3: the
 /// TCP_REPAIR restore is not wired to the serving code yet; same-host adoption is `local.rs`).
@@ -78,7 +79,7 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
                     continue;
                 }
                 match &backend {
-                    Some(b) => crate::remote::adopt(&mut ch, &mut epochs, *t, b, None).await?,
+                    Some(b) => remote::adopt(&mut ch, &mut epochs, *t, b, None).await?,
                     None => {
                         let reply = Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason: NOT_YET.into() };
                         ch.send(&reply).await?;
@@ -89,7 +90,7 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
                 // Without a backend nothing can answer: ending the channel makes the dispatcher relay.
                 let opts = backend.as_ref().ok_or(refract_handover::Error::Codec("Forward, but no backend"))?;
                 let fw = Forwarded { conn, request, threshold, bytes };
-                let mut via = hybrid::Remote { ch: &mut ch, opts, epochs: &mut epochs };
+                let mut via = remote::HybridLink { ch: &mut ch, opts, epochs: &mut epochs };
                 hybrid::forward(&mut via, opts, &mut pooled, fw).await?;
             }
             Msg::HandBackOk { conn, epoch } => {

@@ -1,5 +1,6 @@
 //! [`Servers`]: the primary and the replicas with their pools, health and replication lag,
-//! and the choice of a server per statement; [`run_health`] probes them.
+//! and the choice of a server per statement; [`run_health`] probes them and publishes their
+//! gauges.
 
 use super::config::{PgConfig, PgRole};
 use super::pool::Pool;
@@ -76,6 +77,18 @@ impl Server {
     /// The server's address.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.addr
+    }
+
+    /// Publishes its gauges (health loop and `/metrics` scrape time). Lives here, not in
+    /// `status`, so that the health loop does not reach back into the admin views.
+    pub(super) fn publish(&self, metrics: &Metrics) {
+        let name = format!("pg:{}", self.name);
+        metrics.set_backend(&name, self.is_up(), self.pool.in_use());
+        metrics.set_pg_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
+        if self.role == PgRole::Replica {
+            metrics.set_pg_lag(&name, self.lag_bytes());
+            metrics.set_pg_lag_seconds(&name, self.lag_ms() as f64 / 1000.0);
+        }
     }
 }
 
@@ -249,7 +262,7 @@ pub async fn run_health(
             if s.is_up() {
                 let _ = s.pool.fill_to(min_idle).await;
             }
-            super::status::publish_server(&metrics, s);
+            s.publish(&metrics);
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

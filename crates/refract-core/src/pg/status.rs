@@ -5,7 +5,6 @@ use super::clients::ClientState;
 use super::config::PgRole;
 use super::servers::Server;
 use super::Shared;
-use crate::metrics::Metrics;
 use serde_json::{json, Value};
 
 fn role(s: &Server) -> &'static str {
@@ -83,21 +82,10 @@ pub(crate) fn servers_view(shared: &Shared) -> Value {
     json!(servers)
 }
 
-/// Publishes one server's gauges (health loop and scrape time).
-pub(super) fn publish_server(metrics: &Metrics, s: &Server) {
-    let name = format!("pg:{}", s.name);
-    metrics.set_backend(&name, s.is_up(), s.pool.in_use());
-    metrics.set_pg_pool(&name, s.pool.idle_count(), s.pool.in_use(), s.pool.waiting());
-    if s.role == PgRole::Replica {
-        metrics.set_pg_lag(&name, s.lag_bytes());
-        metrics.set_pg_lag_seconds(&name, s.lag_ms() as f64 / 1000.0);
-    }
-}
-
 /// Refreshes every PostgreSQL gauge (called when `/metrics` is scraped).
 pub(crate) fn publish_metrics(shared: &Shared) {
     for s in &shared.servers.list {
-        publish_server(&shared.metrics, s);
+        s.publish(&shared.metrics);
     }
     let mut counts = [0usize; ClientState::ALL.len()];
     for c in shared.clients.snapshot() {

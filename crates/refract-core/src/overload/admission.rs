@@ -315,7 +315,7 @@ impl Admission {
         }
         // Sustained overload: a round of the limit waiting is enough to fill every slot that
         // frees before a newer request comes; an older waiter would only wait to be shed.
-        let round = if s.streak >= SUSTAINED { (s.limiter.limit() / 2).max(1) } else { self.cfg.max_queue };
+        let round = if s.streak >= SUSTAINED { (s.limiter.limit() / 4).max(1) } else { self.cfg.max_queue };
         if s.queued() >= round.min(self.cfg.max_queue) && !make_room(&mut s, prio) {
             s.interval.refused += 1;
             return Err(Refusal::QueueFull);

@@ -183,6 +183,9 @@ async fn reply_error(ctx: &Ctx, conn: &mut ClientConn, err: &Error, keep: bool) 
     // A request that timed out may be half read: nothing after it can be framed.
     let keep = keep && !matches!(err, Error::ClientTimeout { .. });
     match err.backend() {
+        // Refused by admission control: counted (`refract_errors_total{kind="overloaded"}`),
+        // not logged one line each, or an overload would also flood the log.
+        Some(b) if matches!(err, Error::Overloaded { .. }) => tracing::debug!(backend = b, error = %err, "refused"),
         Some(b) => tracing::warn!(backend = b, error = %err, "request failed"),
         None => tracing::debug!(error = %err, "request refused"),
     }

@@ -16,7 +16,9 @@ fn in_flight(d: &Dispatcher, name: &str) -> u64 {
 #[test]
 fn a_request_that_cannot_start_before_its_deadline_is_refused_not_sent_late() {
     let slow = blob_at("b1", 0, &["--delay-ms", "600"]);
-    let d = dispatcher(&[("b1", slow.addr, "primary")], ONE_SLOT);
+    let http: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let admin: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let d = dispatcher_logged(&config(http, admin, &[("b1", slow.addr, "primary")], ONE_SLOT), http, admin);
     let addr = d.proc.addr;
     let holder = std::thread::spawn(move || get(addr, "/blob?bytes=1"));
     std::thread::sleep(Duration::from_millis(150));
@@ -31,6 +33,9 @@ fn a_request_that_cannot_start_before_its_deadline_is_refused_not_sent_late() {
         "refused after {took:?}, it must not wait for the deadline or the backend"
     );
     assert_eq!(holder.join().unwrap().status, 200, "the admitted request is unaffected");
+    // A refusal is counted, not logged line by line (an overload would flood the log).
+    assert_eq!(metric(d.admin, r#"refract_errors_total{kind="overloaded"}"#), 1);
+    assert!(!d.log().contains("request failed"), "{}", d.log());
 }
 
 #[test]

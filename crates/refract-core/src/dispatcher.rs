@@ -95,9 +95,8 @@ impl Ctx {
             None => {}
         }
         if let Some(path) = &self.cfg.listen.admin_socket {
-            let listener = admin::bind_socket(path, self.cfg.admin.socket_mode).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("[listen] admin_socket {}: {e}", path.display()))
-            })?;
+            let listener = admin::bind_socket(path, self.cfg.admin.socket_mode)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("[listen] admin_socket {}: {e}", path.display())))?;
             tokio::spawn(admin::serve(self.clone(), listener));
         }
         let Some(addr) = self.cfg.listen.admin else { return Ok(None) };

@@ -1,11 +1,12 @@
 //! Report outputs: section replacement on the markdown page, the tables, the CSV merge, the plot.
 
-use refract_lab::environment::Environment;
-use refract_lab::report::{self, Section, PAGE_HEADER};
-use refract_lab::sweep::{LatencyRow, Measurement, Results};
-use refract_lab::units::ByteSize;
-use refract_lab::wrk::WrkReport;
-use refract_lab::{csv, plot};
+use refract_lab::bench::sweep::report::{self, Section};
+use refract_lab::bench::sweep::run::{LatencyRow, Measurement, Results};
+use refract_lab::bench::sweep::wrk::WrkReport;
+use refract_lab::report::environment::Environment;
+use refract_lab::report::PAGE_HEADER;
+use refract_lab::support::units::ByteSize;
+use refract_lab::{bench::sweep::csv, bench::sweep::plot};
 
 fn wrk(rps: f64, requests: u64, lat_us: f64) -> WrkReport {
     WrkReport {

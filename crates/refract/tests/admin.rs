@@ -215,7 +215,8 @@ fn as_nobody(sock: &std::path::Path) -> String {
         try: s.sendall(b'GET /backends HTTP/1.1\\r\\nhost: localhost\\r\\n\\r\\n'); got=s.recv(100)\n\
         except OSError: got=b''\n\
         print('answered' if got else 'closed')\n";
-    let out = std::process::Command::new("python3").args(["-c", SCRIPT, sock.to_str().unwrap()]).uid(65534).output().unwrap();
+    let out =
+        std::process::Command::new("python3").args(["-c", SCRIPT, sock.to_str().unwrap()]).uid(65534).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }

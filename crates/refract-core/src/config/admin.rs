@@ -63,15 +63,15 @@ impl AdminConfig {
     /// opt-in on a loopback address; nothing to guard without a TCP listener).
     pub(crate) fn fits(&self, admin: Option<SocketAddr>) -> Result<(), String> {
         match (&self.token, admin) {
-            (Some(t), _) if t.len() < MIN_TOKEN_LEN || t.bytes().any(|c| !c.is_ascii_graphic()) => Err(format!(
-                "[admin] token must be at least {MIN_TOKEN_LEN} printable characters without spaces"
-            )),
+            (Some(t), _) if t.len() < MIN_TOKEN_LEN || t.bytes().any(|c| !c.is_ascii_graphic()) => {
+                Err(format!("[admin] token must be at least {MIN_TOKEN_LEN} printable characters without spaces"))
+            }
             (Some(_), _) if self.insecure_loopback => {
                 Err("[admin] insecure_loopback = true makes no sense with a token; drop it".into())
             }
-            (None, Some(addr)) if !addr.ip().is_loopback() => Err(format!(
-                "[listen] admin {addr} is not a loopback address and has no [admin] token or token_file"
-            )),
+            (None, Some(addr)) if !addr.ip().is_loopback() => {
+                Err(format!("[listen] admin {addr} is not a loopback address and has no [admin] token or token_file"))
+            }
             (None, Some(addr)) if !self.insecure_loopback => Err(format!(
                 "[listen] admin {addr} needs [admin] token or token_file \
                  (or, on loopback only, [admin] insecure_loopback = true)"

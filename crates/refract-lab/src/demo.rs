@@ -1,14 +1,17 @@
 //! `refract demo`: the main job end to end — a cluster (the lab when root, loopback otherwise),
 //! routing shown by each backend's counters, then a short sweep printed as a table.
 
+use crate::bench::sweep::plot;
 use crate::bench::sweep::report::{self, Section};
 use crate::bench::sweep::run::{self as sweep, Plan, Results};
+use crate::cluster::haproxy;
 use crate::cluster::http_client::Client;
 use crate::cluster::layout::Layout;
 use crate::cluster::{self, Running};
 use crate::lab::LabGuard;
+use crate::report::environment::Environment;
 use crate::support::units::{ByteSize, Rate};
-use crate::{bench::sweep::plot, cluster::haproxy, report::environment::Environment, support::interrupt, support::sh};
+use crate::support::{interrupt, sh};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::time::{Duration, Instant};

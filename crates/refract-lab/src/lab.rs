@@ -4,8 +4,9 @@
 use crate::cluster::layout::Layout;
 use crate::cluster::{self, Running};
 use crate::fabric::topology::{HOSTS, VIP};
+use crate::fabric::{self, shaping};
+use crate::support::state;
 use crate::support::units::Rate;
-use crate::{fabric, fabric::shaping, support::state};
 use anyhow::{bail, Result};
 
 /// `lab up`: build or repair the fabric, shape it, optionally start the cluster.

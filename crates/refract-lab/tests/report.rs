@@ -3,10 +3,10 @@
 use refract_lab::bench::sweep::report::{self, Section};
 use refract_lab::bench::sweep::run::{LatencyRow, Measurement, Results};
 use refract_lab::bench::sweep::wrk::WrkReport;
+use refract_lab::bench::sweep::{csv, plot};
 use refract_lab::report::environment::Environment;
 use refract_lab::report::PAGE_HEADER;
 use refract_lab::support::units::ByteSize;
-use refract_lab::{bench::sweep::csv, bench::sweep::plot};
 
 fn wrk(rps: f64, requests: u64, lat_us: f64) -> WrkReport {
     WrkReport {

@@ -2,13 +2,17 @@
 //! daemons: own process group (a Ctrl-C at the terminal does not reach them), logs and pid files
 //! in the state directory, and a readiness wait that probes every listener (through the data
 //! path where there is one).
+//!
+//! Inside: [`layout`] (where a cluster's processes live), [`dispatch_config`] and [`haproxy`]
+//! (the dispatcher's config read, HAProxy's mirrored), [`http_client`] (the probes' client).
 
 pub mod dispatch_config;
 pub mod haproxy;
 pub mod http_client;
 pub mod layout;
 
-use crate::{fabric, support::interrupt, support::sh, support::state};
+use crate::fabric;
+use crate::support::{interrupt, sh, state};
 use anyhow::{bail, Context, Result};
 use haproxy::HaproxySpec;
 use http_client::Client;

@@ -1,4 +1,7 @@
 //! The fabric: namespaces, veth links, the bridge and tbf shaping (`lab up` / `lab down`).
+//!
+//! Inside: [`topology`] (hosts, namespaces, addresses), [`shaping`] (tbf for a rate),
+//! [`congestion`] (TCP congestion control in the namespaces).
 
 pub mod congestion;
 pub mod shaping;

@@ -5,6 +5,9 @@
 //!
 //! Latency counts from the scheduled start, not the send, so that a late sender cannot hide
 //! queueing (no coordinated omission).
+//!
+//! Inside: [`schedule`] (arrival times), [`pool`] (the connections), [`summary`] (the
+//! statistics).
 
 pub mod pool;
 pub mod schedule;

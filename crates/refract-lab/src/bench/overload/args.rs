@@ -1,4 +1,5 @@
-//! `OverloadArgs`: the options of `refract bench overload`, and what `--quick` changes.
+//! `OverloadArgs`: the options of `refract bench overload`, and what `--quick` changes; the
+//! `OverloadOptions` they become, which the runner and the report both read.
 
 use crate::bench::overload::rig::{Capacity, TargetSettings};
 use crate::support::units::{parse_duration, Rate};

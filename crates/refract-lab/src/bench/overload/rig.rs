@@ -5,11 +5,12 @@
 //! `maxconn` per server and a queue (`haproxy`).
 
 use crate::cluster::dispatch_config::DispatchConfig;
+use crate::cluster::haproxy;
 use crate::cluster::http_client::Client;
 use crate::cluster::layout::{Proc, RELAY_TOML};
 use crate::cluster::{self, Running};
 use crate::fabric::topology::{B1, B2, C1, DISPATCHER, VIP};
-use crate::{cluster::haproxy, support::interrupt, support::sh, support::state};
+use crate::support::{interrupt, sh, state};
 use anyhow::{bail, Context, Result};
 use std::fmt::Write;
 use std::time::{Duration, Instant};

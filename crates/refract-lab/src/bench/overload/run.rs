@@ -5,12 +5,15 @@
 use crate::bench::loadgen::summary::{self, Summary};
 use crate::bench::loadgen::{self, Spec};
 use crate::bench::overload::args::OverloadOptions;
+use crate::bench::overload::report;
 use crate::bench::overload::results::{share, CapacityRun, OverloadResults, Point, ScenarioRun};
 use crate::bench::overload::rig::Rig;
 use crate::fabric::topology::{C1, C2};
+use crate::fabric::{self, shaping};
+use crate::lab;
 use crate::report::environment::Environment;
+use crate::support::interrupt;
 use crate::support::units::Rate;
-use crate::{bench::overload::report, fabric, fabric::shaping, lab, support::interrupt};
 use anyhow::{bail, Result};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

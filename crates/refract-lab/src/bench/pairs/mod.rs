@@ -5,16 +5,19 @@
 //! cannot decide a 5 % question. Here each pair runs A and B back to back (the order
 //! alternates from pair to pair), so slow drift of the machine hits both alike, and the
 //! per-pair log ratios give an estimate with a confidence interval, per size and pooled.
+//!
+//! [`cpu`]: the CPU each run cost.
 
 pub mod cpu;
 
 use crate::bench::sweep::run::{self as sweep, Progress};
 use crate::bench::sweep::switch::Switch;
+use crate::cluster;
 use crate::cluster::layout::Layout;
 use crate::lab::LabGuard;
 use crate::report::environment::Environment;
+use crate::support::interrupt;
 use crate::support::units::{format_rate, parse_duration, sig3, wrk_duration, ByteSize, Rate};
-use crate::{cluster, support::interrupt};
 use anyhow::{Context, Result};
 use clap::Args;
 use cpu::{CpuUse, PerRequest};

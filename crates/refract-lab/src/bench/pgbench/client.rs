@@ -1,7 +1,7 @@
 //! Running `pgbench` against one target and reading its summary: TPS (without connection
 //! time), mean latency, transactions, failures, transactions per script, the first error.
 
-use crate::{support::interrupt, support::sh};
+use crate::support::{interrupt, sh};
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -4,8 +4,8 @@
 //! 1. A primary and a streaming replica from the refract-pg test kit, given room for every
 //!    pooler's connections (`max_connections`) and the data set (`shared_buffers`), then
 //!    `pgbench -i` on the primary and a wait until the replica has replayed it.
-//! 2. refract, PgBouncer and pgpool-II start on free loopback ports ([`targets`](crate::bench::pgbench::targets));
-//!    a pooler that cannot start is reported, not fatal (refract must start).
+//! 2. refract, PgBouncer and pgpool-II start on free loopback ports
+//!    ([`targets`](crate::bench::pgbench::targets)); a pooler that cannot start is reported, not fatal (refract must start).
 //! 3. `pgbench -S` in simple and prepared mode against every target, interleaved per repeat
 //!    (so drift in the machine's load hits all targets alike); the median run is reported.
 //! 4. A read/write mix (pgbench's `select-only@8` and `simple-update@2`) through each pooler,
@@ -19,7 +19,7 @@ use crate::bench::pgbench::options::{PgbenchOptions, SERVER_SETTINGS};
 use crate::bench::pgbench::results::{Counters, Mix, Results, Run, Versions};
 use crate::bench::pgbench::targets::{self as targets, Setup as TargetContext, Target, REFRACT_NO_RYW};
 use crate::report::environment::Environment;
-use crate::{support::interrupt, support::sh};
+use crate::support::{interrupt, sh};
 use anyhow::{anyhow, bail, Context, Result};
 use refract_pg::testkit::{self, PgCluster, PgServer};
 use std::path::Path;

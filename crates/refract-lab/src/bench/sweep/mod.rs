@@ -1,5 +1,9 @@
 //! `refract bench sweep`: bring the lab up if needed, run the sweep, write the report section,
 //! the CSV and the plot.
+//!
+//! Inside: [`run`] (the sweep itself and its results), [`wrk`], [`switch`] (which steering
+//! dispatcher runs), [`handover_stats`] (`/metrics`), and the outputs [`report`], [`csv`],
+//! [`plot`].
 
 pub mod csv;
 pub mod handover_stats;
@@ -9,11 +13,13 @@ pub mod run;
 pub mod switch;
 pub mod wrk;
 
+use crate::cluster;
 use crate::cluster::layout::Layout;
+use crate::fabric::shaping;
 use crate::lab::LabGuard;
 use crate::report::environment::Environment;
+use crate::support::interrupt;
 use crate::support::units::{ByteSize, Rate};
-use crate::{cluster, fabric::shaping, support::interrupt};
 use anyhow::{Context, Result};
 use report::Section;
 use run::{Plan, Results};

@@ -16,7 +16,7 @@
 //!   where they live; [`cluster::dispatch_config`], [`cluster::haproxy`]: reading the
 //!   dispatcher config, HAProxy's mirrored config; [`cluster::http_client`]: a tiny HTTP client.
 //! - [`lab`]: `lab up/down/status` and `LabGuard`, which undoes what it brought up.
-//! - [`bench`]: the benchmarks, one folder each, each with its own results, report and plot:
+//! - [`bench`](mod@bench): the benchmarks, one folder each, each with its own results, report and plot:
 //!   [`bench::sweep`] (`bench sweep`: wrk, the sweep with progress and ETA, the steering
 //!   dispatcher switch, the hand-over figures from `/metrics`, the section, CSV and figure);
 //!   [`bench::pairs`] (`bench pairs`: two targets in alternating runs, a confidence interval on

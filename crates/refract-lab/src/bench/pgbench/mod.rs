@@ -1,4 +1,4 @@
-//! `refract bench pgbench`: [`run`] measures pgbench through refract, PgBouncer and pgpool-II
+//! `refract bench pgbench`: [`run`](mod@run) measures pgbench through refract, PgBouncer and pgpool-II
 //! (started by [`targets`]) on a PostgreSQL primary and replica, running pgbench with
 //! [`client`]; [`options`] says what to run, [`results`] holds what it measured, and
 //! [`report`] writes the section and the CSV from the results alone.

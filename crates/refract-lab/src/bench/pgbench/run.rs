@@ -5,7 +5,7 @@
 //!    pooler's connections (`max_connections`) and the data set (`shared_buffers`), then
 //!    `pgbench -i` on the primary and a wait until the replica has replayed it.
 //! 2. refract, PgBouncer and pgpool-II start on free loopback ports
-//!    ([`targets`](crate::bench::pgbench::targets)); a pooler that cannot start is reported, not fatal (refract must start).
+//!    ([`targets`]); a pooler that cannot start is reported, not fatal (refract must start).
 //! 3. `pgbench -S` in simple and prepared mode against every target, interleaved per repeat
 //!    (so drift in the machine's load hits all targets alike); the median run is reported.
 //! 4. A read/write mix (pgbench's `select-only@8` and `simple-update@2`) through each pooler,

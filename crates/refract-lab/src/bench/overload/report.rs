@@ -6,7 +6,6 @@ use crate::bench::loadgen::summary::Summary;
 use crate::bench::overload::args::OverloadOptions;
 use crate::bench::overload::plot;
 use crate::bench::overload::results::{self, Acceptance, OverloadResults, ScenarioRun};
-use crate::bench::overload::rig::{self, Rig};
 use crate::report::environment::Environment;
 use anyhow::{Context, Result};
 use std::fmt::Write;
@@ -343,21 +342,14 @@ fn failed(out: &mut String, res: &OverloadResults) {
     }
 }
 
-fn configs(out: &mut String, ctx: &Page) {
-    let rig = Rig::new();
-    let o = ctx.opts;
-    let policy = o.settings.policy.as_deref();
-    let on = rig::refract_config(&rig.backends, false, policy).unwrap_or_default();
-    let off = rig::refract_config(&rig.backends, true, policy).unwrap_or_default();
-    let bind = format!("{}:{}", crate::fabric::topology::DISPATCHER.addr, rig::HAPROXY_PORT);
-    let hap = rig::haproxy_config(&bind, &rig.backends, o.settings.haproxy_queue_ms, o.capacity.concurrency);
-    for (what, lang, text) in [("refract", "toml", on), ("refract-off", "toml", off), ("HAProxy", "haproxy", hap)] {
-        let _ = writeln!(
-            out,
-            "<details><summary>{what} configuration (generated)</summary>\n\n```{lang}\n{}\n```\n\n</details>\n",
-            text.trim_end()
-        );
-    }
+/// Names where the configurations come from instead of embedding them (the page's header has
+/// the commit; the Method section gives the settings that differ).
+fn configs(out: &mut String, _ctx: &Page) {
+    let _ = writeln!(
+        out,
+        "Configurations: `refract_config` and `haproxy_config` in `crates/refract-lab/src/bench/overload/rig.rs` \
+         (refract's from `examples/lab/relay.toml`).\n"
+    );
 }
 
 #[cfg(test)]
@@ -407,11 +399,11 @@ mod tests {
             "| 0.5× | 726 | 700 ⚠ client lag p99 40 ms |",
             "`refract-off` failed to start",
             "unknown field `enabled`",
-            "timeout queue 250ms",
-            "enabled = false",
+            "`refract_config` and `haproxy_config` in `crates/refract-lab/src/bench/overload/rig.rs`",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }
+        assert!(!text.contains("<details>"), "configs are named, not embedded:\n{text}");
     }
 
     #[test]

@@ -25,6 +25,11 @@ release: deps
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	@# The data-path-only binary (README, "Running it"): it compiles, and links no lab,
+	@# plotters, ctrlc or PostgreSQL test kit.
+	$(CARGO) clippy --release -p refract --no-default-features -- -D warnings
+	@if $(CARGO) tree -p refract --no-default-features -e normal,features | grep -E 'plotters|ctrlc|refract-lab|feature "testkit"'; then \
+	  echo "lint: refract --no-default-features pulls in the lab (above)"; exit 1; fi
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.

@@ -1,9 +1,9 @@
 //! The command line: `refract lab …`, `refract bench …`, `refract demo`.
 
-use crate::bench::{self, SweepOptions};
-pub use crate::overload_args::OverloadArgs;
-use crate::sweep::Plan;
-use crate::units::{parse_duration, ByteSize, Rate};
+pub use crate::bench::overload::OverloadArgs;
+use crate::bench::sweep::run::Plan;
+use crate::bench::sweep::{self, SweepOptions};
+use crate::support::units::{parse_duration, ByteSize, Rate};
 use crate::{demo, fabric, lab};
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -45,7 +45,9 @@ impl LabCmd {
     /// Run the subcommand.
     pub fn run(self) -> Result<()> {
         match self {
-            LabCmd::Up { rate, cluster, cc } => lab::up(rate, cluster, &crate::congestion::requested(cc.as_deref())),
+            LabCmd::Up { rate, cluster, cc } => {
+                lab::up(rate, cluster, &crate::fabric::congestion::requested(cc.as_deref()))
+            }
             LabCmd::Down => lab::down(),
             LabCmd::Status => lab::status(),
             LabCmd::Exec { host, cmd } => {
@@ -68,21 +70,21 @@ pub enum BenchCmd {
     /// The paper's reproduction: the sweep of direct, refract relay, hand-over, hybrid and
     /// HAProxy at 1 Gbit/s and unshaped, hand-over figures, acceptance figures; writes its
     /// sections of docs/benchmarks.md (about 25 minutes with the defaults).
-    Paper(crate::paper::PaperArgs),
+    Paper(crate::bench::paper::PaperArgs),
     /// Two targets in alternating short runs at the same sizes (pairs), with a confidence
     /// interval on their ratio: for "performs alike" and "faster by" questions that single
     /// runs are too noisy to decide; writes section `pairs:A-B-RATE` of docs/benchmarks.md.
-    Pairs(crate::paired::PairsArgs),
+    Pairs(crate::bench::pairs::PairsArgs),
     /// Overload: goodput and latency from 0.25× to 3× capacity, a slow replica, retrying
     /// clients; refract with and without overload control, and HAProxy; writes docs/overload.md.
     Overload(OverloadArgs),
     /// PostgreSQL: pgbench -S (simple and prepared) and a read/write mix through refract,
     /// PgBouncer and pgpool-II vs direct, on a local primary and replica; writes its section of
     /// docs/benchmarks.md and docs/pgbench.csv.
-    Pgbench(crate::pgbench::PgbenchArgs),
+    Pgbench(crate::bench::pgbench::PgbenchArgs),
     /// The open-loop load generator `bench overload` runs in a client namespace (JSON on stdout).
     #[command(hide = true)]
-    Loadgen(crate::loadgen::Spec),
+    Loadgen(crate::bench::loadgen::Spec),
 }
 
 /// Options of `bench sweep`.
@@ -118,12 +120,12 @@ impl BenchCmd {
     /// Run the subcommand.
     pub fn run(self) -> Result<()> {
         match self {
-            BenchCmd::Sweep(a) => bench::sweep(&a.into_options()),
-            BenchCmd::Paper(a) => crate::paper::run(&a.into_plan()),
+            BenchCmd::Sweep(a) => sweep::sweep(&a.into_options()),
+            BenchCmd::Paper(a) => crate::bench::paper::run(&a.into_plan()),
             BenchCmd::Pairs(a) => a.run(),
-            BenchCmd::Overload(a) => crate::overload::run(&a.into_options()),
-            BenchCmd::Pgbench(a) => crate::pgbench::run(&a.into_options()?).map(drop),
-            BenchCmd::Loadgen(spec) => crate::loadgen::main(&spec),
+            BenchCmd::Overload(a) => crate::bench::overload::run(&a.into_options()),
+            BenchCmd::Pgbench(a) => crate::bench::pgbench::run(&a.into_options()?).map(drop),
+            BenchCmd::Loadgen(spec) => crate::bench::loadgen::main(&spec),
         }
     }
 }
@@ -132,7 +134,7 @@ impl SweepArgs {
     fn into_options(self) -> SweepOptions {
         let sizes = self.sizes;
         let command =
-            bench::rerun_command(&sizes, &self.targets, self.duration, self.rate, &self.out, self.section.as_deref())
+            sweep::rerun_command(&sizes, &self.targets, self.duration, self.rate, &self.out, self.section.as_deref())
                 + &format!(" --repeat {}", self.repeat);
         SweepOptions {
             section: self.section.unwrap_or_else(|| self.rate.label()),

@@ -1,14 +1,17 @@
 //! `refract demo`: the main job end to end — a cluster (the lab when root, loopback otherwise),
 //! routing shown by each backend's counters, then a short sweep printed as a table.
 
+use crate::bench::sweep::plot;
+use crate::bench::sweep::report::{self, Section};
+use crate::bench::sweep::run::{self as sweep, Plan, Results};
+use crate::cluster::haproxy;
+use crate::cluster::http_client::Client;
+use crate::cluster::layout::Layout;
 use crate::cluster::{self, Running};
-use crate::http_client::Client;
 use crate::lab::LabGuard;
-use crate::layout::Layout;
-use crate::report::{self, Section};
-use crate::sweep::{self, Plan, Results};
-use crate::units::{ByteSize, Rate};
-use crate::{environment::Environment, haproxy, interrupt, plot, sh};
+use crate::report::environment::Environment;
+use crate::support::units::{ByteSize, Rate};
+use crate::support::{interrupt, sh};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::time::{Duration, Instant};
@@ -54,7 +57,7 @@ pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     if layout.lab {
         println!(
             "== cluster: lab (network namespaces, 1 Gbit/s links, TCP congestion control {})",
-            crate::congestion::describe()
+            crate::fabric::congestion::describe()
         );
     } else {
         println!("== cluster: loopback");
@@ -321,7 +324,7 @@ mod tests {
 
     #[test]
     fn the_hybrid_line_gives_the_ratio_at_the_largest_size() {
-        use crate::sweep::Measurement;
+        use crate::bench::sweep::run::Measurement;
         let m = |target: &str, size: u64, rps: f64| Measurement::for_test(target, ByteSize(size), rps);
         // 100 requests per client: the cell's throughput is rps × size.
         let results = Results {

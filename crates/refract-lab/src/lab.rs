@@ -1,11 +1,12 @@
 //! The lab as a whole: `lab up/down/status` and a guard that brings the lab and its cluster up
 //! for a benchmark or the demo and takes down exactly what it brought up.
 
+use crate::cluster::layout::Layout;
 use crate::cluster::{self, Running};
-use crate::layout::Layout;
-use crate::topology::{HOSTS, VIP};
-use crate::units::Rate;
-use crate::{fabric, shaping, state};
+use crate::fabric::topology::{HOSTS, VIP};
+use crate::fabric::{self, shaping};
+use crate::support::state;
+use crate::support::units::Rate;
 use anyhow::{bail, Result};
 
 /// `lab up`: build or repair the fabric, shape it, optionally start the cluster.
@@ -17,7 +18,7 @@ pub fn up(rate: Rate, with_cluster: bool, cc: &str) -> Result<()> {
         if rebuilt { "built" } else { "already up" },
         HOSTS.len(),
         shaping::describe(rate),
-        crate::congestion::describe()
+        crate::fabric::congestion::describe()
     );
     if with_cluster {
         let layout = Layout::lab()?;
@@ -99,7 +100,7 @@ fn describe(layout: &Layout) -> String {
 
 /// Fail early with a clear message when not root.
 pub fn require_root() -> Result<()> {
-    if !crate::sh::is_root() {
+    if !crate::support::sh::is_root() {
         bail!("the lab needs root (network namespaces, veth, tc); run with sudo");
     }
     Ok(())

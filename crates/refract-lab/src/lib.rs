@@ -8,68 +8,34 @@
 //!
 //! # Layout
 //! - [`cli`]: the `lab`, `bench` and `demo` subcommands (`LabCmd`, `BenchCmd`, `DemoArgs`).
-//! - [`topology`]: the hosts, namespaces and addresses (198.18.0.0/24 only).
-//! - [`fabric`]: namespaces, veths, the bridge, tbf (`lab up` / `lab down` / `lab exec`).
-//! - [`shaping`]: tbf parameters for a rate, and why.
+//! - [`fabric`]: namespaces, veths, the bridge, tbf (`lab up` / `lab down` / `lab exec`);
+//!   [`fabric::topology`]: the hosts, namespaces and addresses (198.18.0.0/24 only);
+//!   [`fabric::shaping`]: tbf parameters for a rate, and why; [`fabric::congestion`]: TCP
+//!   congestion control in the namespaces.
+//! - [`cluster`]: starting, probing and stopping a cluster's processes; [`cluster::layout`]:
+//!   where they live; [`cluster::dispatch_config`], [`cluster::haproxy`]: reading the
+//!   dispatcher config, HAProxy's mirrored config; [`cluster::http_client`]: a tiny HTTP client.
 //! - [`lab`]: `lab up/down/status` and `LabGuard`, which undoes what it brought up.
-//! - [`layout`], [`cluster`]: where a cluster's processes live; starting, probing, stopping them.
-//! - [`dispatch_config`], [`haproxy`]: reading the dispatcher config; HAProxy's mirrored config.
-//! - [`wrk`], [`sweep`]: running wrk and parsing it; the sweep with progress and ETA;
-//!   [`switch`]: which steering dispatcher runs for a target; [`handover_stats`]: the
-//!   dispatchers' hand-over figures from `/metrics`; [`paper`] (`bench paper`): the whole
-//!   reproduction, both link settings, with its acceptance figures; [`paired`]: two targets
-//!   in alternating runs, with a confidence interval on their ratio.
-//! - [`report`], [`csv`], [`plot`], [`environment`]: the outputs.
-//! - [`demo`], [`http_client`]: the demo and its tiny HTTP client.
-//! - [`overload`] (`bench overload`), [`overload_args`]: the overload benchmark; [`rig`]: its
-//!   processes; [`loadgen`], [`pool`], [`schedule`], [`summary`]: the open-loop load generator
-//!   and its statistics; [`overload_results`], [`overload_report`], [`overload_plot`]: the outputs.
-//! - [`pgbench`] (`bench pgbench`): pgbench through refract, PgBouncer and pgpool-II on a
-//!   PostgreSQL primary and replica; [`pgbench_targets`]: the poolers' processes and configs;
-//!   [`pgbench_run`]: running pgbench and reading it; [`pgbench_report`]: the outputs.
-//! - [`sh`], [`state`], [`units`], [`interrupt`]: helpers.
+//! - [`bench`](mod@bench): the benchmarks, one folder each, each with its own results, report and plot:
+//!   [`bench::sweep`] (`bench sweep`: wrk, the sweep with progress and ETA, the steering
+//!   dispatcher switch, the hand-over figures from `/metrics`, the section, CSV and figure);
+//!   [`bench::pairs`] (`bench pairs`: two targets in alternating runs, a confidence interval on
+//!   their ratio, CPU per request); [`bench::paper`] (`bench paper`: the whole reproduction with
+//!   its acceptance figures); [`bench::overload`] (`bench overload`) and [`bench::loadgen`]
+//!   (its open-loop load generator and statistics); [`bench::pgbench`] (`bench pgbench`:
+//!   pgbench through refract, PgBouncer and pgpool-II on a PostgreSQL primary and replica).
+//! - [`report`]: what every benchmark page shares (page header, marked sections, ratios, the
+//!   environment, the figures' font and colours).
+//! - [`demo`]: the demo.
+//! - [`support`]: helpers (commands, state directory, units, Ctrl-C).
 
 pub mod bench;
 pub mod cli;
 pub mod cluster;
-pub mod congestion;
-pub mod cpu;
-pub mod csv;
 pub mod demo;
-pub mod dispatch_config;
-pub mod environment;
 pub mod fabric;
-pub mod handover_stats;
-pub mod haproxy;
-pub mod http_client;
-pub mod interrupt;
 pub mod lab;
-pub mod layout;
-pub mod loadgen;
-pub mod overload;
-pub mod overload_args;
-pub mod overload_plot;
-pub mod overload_report;
-pub mod overload_results;
-pub mod paired;
-pub mod paper;
-pub mod pgbench;
-pub mod pgbench_report;
-pub mod pgbench_run;
-pub mod pgbench_targets;
-pub mod plot;
-pub mod pool;
 pub mod report;
-pub mod rig;
-pub mod schedule;
-pub mod sh;
-pub mod shaping;
-pub mod state;
-pub mod summary;
-pub mod sweep;
-pub mod switch;
-pub mod topology;
-pub mod units;
-pub mod wrk;
+pub mod support;
 
 pub use cli::{BenchCmd, DemoArgs, LabCmd};

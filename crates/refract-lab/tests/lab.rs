@@ -1,9 +1,9 @@
 //! The lab itself (root only): up, reachability inside the namespaces, exec, repair after a
 //! partial failure, shaping, down leaving no `rf-*` namespace.
 
-use refract_lab::sh::{self, cmd};
-use refract_lab::units::Rate;
-use refract_lab::{congestion, fabric};
+use refract_lab::fabric::{self, congestion};
+use refract_lab::support::sh::{self, cmd};
+use refract_lab::support::units::Rate;
 
 /// Tears the lab down however the test ends.
 struct Down;

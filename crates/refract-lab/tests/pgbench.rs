@@ -6,10 +6,10 @@
 //! binary (`$REFRACT_BIN`, else `refract` in this test's target directory, which
 //! `cargo test --workspace` builds); without them it says why and passes.
 
-use refract_lab::pgbench::{self, PgbenchOptions};
-use refract_lab::pgbench_report::{replica_share, MARKER, SECTION};
-use refract_lab::pgbench_targets::{PGBOUNCER, PGPOOL, REFRACT_NO_RYW, TARGETS};
-use refract_lab::sh;
+use refract_lab::bench::pgbench::report::{replica_share, MARKER, SECTION};
+use refract_lab::bench::pgbench::targets::{PGBOUNCER, PGPOOL, REFRACT_NO_RYW, TARGETS};
+use refract_lab::bench::pgbench::{self, PgbenchOptions};
+use refract_lab::support::sh;
 use std::path::PathBuf;
 
 /// Say why the test is skipped, past the harness's output capture (a skip must be seen).

@@ -1,6 +1,6 @@
 //! wrk report parsing on real outputs (wrk 4.1.0), byte for byte.
 
-use refract_lab::wrk::{parse_bytes, parse_latency_us, WrkReport};
+use refract_lab::bench::sweep::wrk::{parse_bytes, parse_latency_us, WrkReport};
 
 const OK: &[u8] = b"Running 1s test @ http://127.0.0.1:18777/
   1 threads and 1 connections

@@ -1,5 +1,6 @@
 //! `refract`: the one binary. It parses the command line and hands over to the crates; it
-//! holds no logic of its own.
+//! holds no logic of its own. The `lab`, `bench` and `demo` subcommands exist only with the
+//! `lab` feature (on by default); `--no-default-features` builds the data-path-only binary.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -35,14 +36,17 @@ enum Cmd {
     /// Run the test backend: returns results of a requested size (the paper's stored procedure).
     BlobServer(refract_blob::BlobArgs),
     /// Build, inspect or remove the network-namespace lab.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
     Lab(refract_lab::LabCmd),
     /// Benchmarks, run in the lab; figures go to docs/benchmarks.md.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
     Bench(refract_lab::BenchCmd),
     /// Run the agent on a backend host (host checks, guard, control listener).
     Agent(refract_agent::AgentArgs),
     /// The main job end to end: a cluster, routing shown, a short sweep.
+    #[cfg(feature = "lab")]
     Demo(refract_lab::DemoArgs),
 }
 
@@ -69,8 +73,11 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::BlobServer(args) => refract_blob::run(args),
+        #[cfg(feature = "lab")]
         Cmd::Lab(cmd) => cmd.run(),
+        #[cfg(feature = "lab")]
         Cmd::Bench(cmd) => cmd.run(),
+        #[cfg(feature = "lab")]
         Cmd::Demo(args) => args.run(),
         Cmd::Agent(args) => refract_agent::run(args),
     }

@@ -30,6 +30,7 @@ lint: deps
 	$(CARGO) clippy --release -p refract --no-default-features -- -D warnings
 	@if $(CARGO) tree -p refract --no-default-features -e normal,features | grep -E 'plotters|ctrlc|refract-lab|feature "testkit"'; then \
 	  echo "lint: refract --no-default-features pulls in the lab (above)"; exit 1; fi
+	cd fuzz && $(CARGO) fmt -- --check && $(CARGO) clippy --release --all-targets --target-dir ../target -- -D warnings
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.
@@ -37,6 +38,7 @@ lint: deps
 test: lint release
 	tests/drivers/setup-python.sh
 	$(CARGO) test --workspace --release --no-fail-fast -- --test-threads=2
+	cd fuzz && $(CARGO) test --release --target-dir ../target -- --test-threads=2
 
 demo: release
 	./target/release/refract demo
@@ -47,6 +49,7 @@ bench: release
 
 fmt:
 	$(CARGO) fmt --all
+	cd fuzz && $(CARGO) fmt
 
 clean:
 	$(CARGO) clean
@@ -59,3 +62,17 @@ clean:
 test-drivers:
 	tests/drivers/setup-all.sh
 	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-core --test pg_drivers -- --nocapture
+
+# Coverage-guided fuzzing of the decoders under AFL++ (cargo-afl, stable Rust; installed if
+# missing): every target in fuzz/ for FUZZ_SECONDS each, then executions and findings per
+# target; fails on any crash or hang. `make test` replays the seeds and saved crashes instead
+# (fuzz/tests/replay.rs): see docs/fuzzing.md for why.
+FUZZ_SECONDS ?= 300
+FUZZ_SMOKE_SECONDS ?= 8
+.PHONY: fuzz fuzz-smoke
+fuzz: deps
+	fuzz/run.sh $(FUZZ_SECONDS)
+
+# The same, a few seconds per target (under 60 s of fuzzing in all).
+fuzz-smoke: deps
+	fuzz/run.sh $(FUZZ_SMOKE_SECONDS)

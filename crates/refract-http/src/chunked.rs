@@ -202,9 +202,9 @@ fn expect(b: u8, want: u8, next: State, why: &'static str) -> Result<State, Erro
 pub fn decode_all(mut raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
-        let line = std::str::from_utf8(&raw[..eol]).unwrap_or("0");
-        let digits = line.split([';', ' ', '\t']).next().unwrap_or("0");
-        let size = usize::from_str_radix(digits, 16).unwrap_or(0);
+        // Only the size is read: an extension may hold any byte but a control (obs-text too).
+        let digits = raw[..eol].split(|b| matches!(b, b';' | b' ' | b'\t')).next().unwrap_or_default();
+        let size = std::str::from_utf8(digits).ok().and_then(|d| usize::from_str_radix(d, 16).ok()).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -281,6 +281,15 @@ mod tests {
     #[test]
     fn decode_all_reassembles() {
         assert_eq!(decode_all(b"3\r\nabc\r\n2;x\r\nde\r\n0\r\n\r\n"), b"abcde");
+    }
+
+    #[test]
+    fn decode_all_reads_past_an_extension_that_is_not_utf8() {
+        // Found by fuzz/ (http_chunked): the decoder accepts obs-text in an extension, and
+        // decode_all took the whole line for "0" and returned no data.
+        let raw = b"3;a=\xb4\r\nabc\r\n2 ; x=\"\xff\"\r\nde\r\n0\r\n\r\n";
+        assert_eq!(ChunkedDecoder::new().advance(raw), Ok(raw.len()));
+        assert_eq!(decode_all(raw), b"abcde");
     }
 
     #[test]

@@ -1,0 +1,23 @@
+//! The fuzz targets, by crate: each takes any bytes, must not panic, and asserts what the
+//! decoder promises (consumed ≤ offered, decode-then-encode gives the same bytes, ...).
+
+mod handover;
+mod http;
+mod pg;
+
+pub use handover::handover_msg;
+pub use http::{http_chunked, http_head};
+pub use pg::{pg_backend, pg_frontend, pg_startup};
+
+/// A fuzz target: a name (its `src/bin/` harness, its `corpus/` directory) and its function.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// Every target, in the order `make fuzz` runs them.
+pub const ALL: [Target; 6] = [
+    ("http_head", http_head),
+    ("http_chunked", http_chunked),
+    ("pg_frontend", pg_frontend),
+    ("pg_backend", pg_backend),
+    ("pg_startup", pg_startup),
+    ("handover_msg", handover_msg),
+];

@@ -1,0 +1,106 @@
+//! Targets for refract-pg: framing (`frame::peek`, `stream::Splitter`), the typed message
+//! decoders of both directions, and the untyped startup-phase packets.
+
+use bytes::BytesMut;
+use refract_pg::auth::{decode_password, SaslInitialResponse};
+use refract_pg::frame::{self, Header};
+use refract_pg::frontend::bind_names;
+use refract_pg::stream::Splitter;
+use refract_pg::{BackendMessage, FrontendMessage, Limits, Side, StartupPacket};
+
+/// Small enough that the fuzzer reaches `TooLarge`, large enough for any seed.
+const LIMITS: Limits = Limits { max_message_len: 1 << 16, max_startup_len: frame::DEFAULT_MAX_STARTUP_LEN };
+
+/// Messages above this (whole) are streamed by the splitter when their type allows.
+const STREAM_ABOVE: usize = 32;
+
+/// Client messages one after another, as a session reads them after startup; then the same
+/// bytes through the relay's splitter.
+pub fn pg_frontend(data: &[u8]) {
+    let mut buf = data;
+    while let Ok(Some((msg, n))) = FrontendMessage::parse(buf, &LIMITS) {
+        framed_as_decoded(buf, n, Side::Client);
+        let mut out = BytesMut::new();
+        msg.encode(&mut out);
+        assert_eq!(&out[..], &buf[..n], "{msg:?} does not encode to the bytes it came from");
+        frontend_parts(&msg, &buf[5..n]);
+        buf = &buf[n..];
+    }
+    let _ = bind_names(data);
+    split(data, Side::Client);
+}
+
+/// The decoders that read inside a message body: auth answers and a Bind's names.
+fn frontend_parts(msg: &FrontendMessage, body: &[u8]) {
+    match msg {
+        FrontendMessage::AuthResponse(b) => {
+            let _ = SaslInitialResponse::decode(b);
+            let _ = decode_password(b);
+        }
+        FrontendMessage::Bind(b) => {
+            let names = bind_names(body);
+            let names = names.as_ref().ok().and_then(Option::as_ref).map(|(p, s, _)| (p, s));
+            assert_eq!(names, Some((&b.portal, &b.statement)), "bind_names reads another Bind");
+        }
+        _ => {}
+    }
+}
+
+/// Server messages one after another, as a backend link reads them; then the splitter.
+pub fn pg_backend(data: &[u8]) {
+    let mut buf = data;
+    while let Ok(Some((msg, n))) = BackendMessage::parse(buf, &LIMITS) {
+        framed_as_decoded(buf, n, Side::Backend);
+        assert_eq!(&msg.to_bytes()[..], &buf[..n], "{msg:?} does not encode to the bytes it came from");
+        buf = &buf[n..];
+    }
+    split(data, Side::Backend);
+}
+
+/// A decoded message took exactly the bytes framing says it has.
+fn framed_as_decoded(buf: &[u8], n: usize, from: Side) {
+    assert!((5..=buf.len()).contains(&n), "decoded {n} of {} bytes", buf.len());
+    assert_eq!(frame::peek(buf, from, &LIMITS), Ok(Some(Header { tag: buf[0], total: n })));
+}
+
+/// The splitter over `data` arriving 7 bytes at a time: every piece covers at least one
+/// buffered byte, and each message it starts is framed as `frame::peek_head` frames it.
+fn split(data: &[u8], from: Side) {
+    let mut s = Splitter::new(from, LIMITS, STREAM_ABOVE);
+    let (mut pos, mut end) = (0, 0);
+    loop {
+        let in_body = s.in_body();
+        match s.next(&data[pos..end], |tag| matches!(tag, b'D' | b'd')) {
+            Ok(Some(piece)) => {
+                assert!(!piece.is_empty() && pos + piece.len() <= end, "piece {piece:?} at {pos}, {end} buffered");
+                if !in_body {
+                    let head = frame::peek_head(&data[pos..end], from, &LIMITS);
+                    assert!(head.is_ok_and(|h| h.is_some()), "a piece where no message starts");
+                }
+                pos += piece.len();
+            }
+            Ok(None) if end < data.len() => end = (end + 7).min(data.len()),
+            _ => break,
+        }
+    }
+}
+
+/// Startup-phase packets one after another, as a login reads them: an SSLRequest or
+/// GSSENCRequest (answered `N`) may come before the StartupMessage; anything else ends the
+/// startup phase.
+pub fn pg_startup(data: &[u8]) {
+    let mut buf = data;
+    while let Ok(Some((packet, n))) = StartupPacket::parse(buf, &LIMITS) {
+        assert_eq!(frame::peek_startup(buf, &LIMITS), Ok(Some(n)));
+        let mut out = BytesMut::new();
+        packet.encode(&mut out);
+        assert_eq!(&out[..], &buf[..n], "{packet:?} does not encode to the bytes it came from");
+        if let StartupPacket::Startup(s) = &packet {
+            let _ = (s.user(), s.database());
+        }
+        buf = &buf[n..];
+        if !matches!(packet, StartupPacket::SslRequest | StartupPacket::GssEncRequest) {
+            break;
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Replays every seed (`corpus/<target>/`) and every saved crash (`regressions/<target>/`)
+//! through its target, so `make test` keeps them passing without cargo-afl (docs/fuzzing.md).
+
+use std::path::{Path, PathBuf};
+
+use refract_fuzz::targets::ALL;
+
+/// The files in `dir` (none if it does not exist), sorted so failures name the same file.
+fn inputs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect();
+    files.sort();
+    files
+}
+
+fn replay(kind: &str) -> usize {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(kind);
+    let mut n = 0;
+    for (name, target) in ALL {
+        for file in inputs(&root.join(name)) {
+            let data = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            eprintln!("{name}: {}", file.display());
+            target(&data);
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn every_target_has_seeds_and_they_pass() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    for (name, _) in ALL {
+        assert!(!inputs(&root.join(name)).is_empty(), "no seeds in corpus/{name}");
+    }
+    assert!(replay("corpus") >= ALL.len());
+}
+
+#[test]
+fn every_saved_crash_passes() {
+    replay("regressions");
+}
+
+#[test]
+fn every_prefix_of_every_seed_passes() {
+    // Bytes arrive in pieces: each seed cut short is an input a decoder sees too.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    for (name, target) in ALL {
+        for file in inputs(&root.join(name)) {
+            let data = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            (0..data.len()).for_each(|cut| target(&data[..cut]));
+        }
+    }
+}

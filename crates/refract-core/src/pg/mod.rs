@@ -14,8 +14,10 @@
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
+//! - `held`: the session state refract keeps for a client (pins, LISTEN channels, SETs).
 //! - `pin`: pinning a transaction-mode client to its connection while session state lasts.
-//! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary).
+//! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary);
+//!   `listen`: a client's LISTEN/UNLISTEN answered by refract, its notifications delivered.
 //! - `extended`: SETs run through the extended protocol, tracked at Sync.
 //! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
@@ -27,7 +29,9 @@ mod clients;
 mod config;
 mod error;
 mod extended;
+mod held;
 mod large;
+mod listen;
 mod login;
 mod names;
 mod notify;

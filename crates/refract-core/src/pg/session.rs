@@ -7,7 +7,7 @@ use super::clients::{ClientInfo, ClientState, Registration};
 use super::config::{PgRole, PoolMode};
 use super::error::PgError;
 use super::login::{self, startup_sets};
-use super::pin::Held;
+use super::held::Held;
 use super::pool::Guard;
 use super::servers::Server;
 use super::wire::{Frame, Incoming, Wire};

@@ -52,7 +52,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
                 "pool_mode": c.pool_mode.as_str(),
                 "state": c.state().as_str(),
                 "server": bound,
-                "pinned": super::pin::Pins(c.pinned()).names(),
+                "pinned": super::held::Pins(c.pinned()).names(),
                 "tls": c.tls,
                 "shard": c.shard,
             })

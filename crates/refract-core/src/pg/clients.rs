@@ -1,6 +1,6 @@
 //! [`Clients`]: the connected PostgreSQL clients and what each is doing (`GET /pg/clients`).
 
-use super::config::PoolMode;
+use crate::config::pg::PoolMode;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};

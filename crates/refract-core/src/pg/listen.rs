@@ -3,11 +3,11 @@
 //! is idle between transactions.
 
 use super::bind::streamed_from_client;
-use super::config::PoolMode;
 use super::error::PgError;
 use super::notify::Listening;
 use super::session::Session;
 use super::wire::Incoming;
+use crate::config::pg::PoolMode;
 use refract_pg::classify::Statement;
 use refract_pg::frontend::Target;
 use refract_pg::notice::sqlstate;

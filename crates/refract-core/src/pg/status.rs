@@ -2,9 +2,9 @@
 //! `/pg/servers` (JSON), and the pool, client and lag gauges of `/metrics`.
 
 use super::clients::ClientState;
-use super::config::PgRole;
 use super::servers::Server;
-use super::Shared;
+use super::shared::Shared;
+use crate::config::pg::PgRole;
 use serde_json::{json, Value};
 
 fn role(s: &Server) -> &'static str {

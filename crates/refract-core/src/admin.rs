@@ -8,7 +8,7 @@ mod guard;
 
 use crate::config::BackendConfig;
 use crate::conn::{ClientConn, ClientStream};
-use crate::dispatcher::Ctx;
+use crate::ctx::Ctx;
 use crate::membership::AddError;
 use bytes::Bytes;
 use refract_http::{reply, RequestHead};

@@ -9,6 +9,7 @@ use toml::Spanned;
 
 mod admin;
 mod checks;
+pub mod pg;
 pub use admin::{AdminConfig, MIN_TOKEN_LEN};
 pub use checks::{MAX_COUNT, MAX_MS, MAX_WORKERS};
 
@@ -41,7 +42,7 @@ pub struct Config {
     pub overload: Overload,
     /// The PostgreSQL front end; absent = off.
     #[serde(default)]
-    pub postgres: Option<crate::pg::PgConfig>,
+    pub postgres: Option<pg::PgConfig>,
     /// Connection hand-over to agents on the backends' hosts; absent = off.
     #[serde(default)]
     pub handover: Option<HandoverConfig>,

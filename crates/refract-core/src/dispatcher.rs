@@ -1,11 +1,10 @@
-//! The dispatcher: binds the listeners, runs the accept loop, health checks and admin, and
-//! drains in-flight requests on shutdown.
+//! The dispatcher: builds the shared state ([`Ctx`], `ctx`), binds the listeners, starts the
+//! services (health checks, the PostgreSQL front end, hand-over, admin), runs the accept loop
+//! (one event loop per shard, or one multi-threaded runtime), and drains in-flight requests on
+//! shutdown.
 
+use crate::accept::{accept_each, named, OpenConnection};
 use crate::config::{AcceptMode, Config};
-use crate::live::{Live, LiveClassifier, LiveConfig};
-use crate::membership::Membership;
-use crate::metrics::Metrics;
-use crate::overload::{RetryBudget, UserLimits};
 use crate::{admin, health, session};
 use prometheus_client::metrics::gauge::Gauge;
 use std::net::SocketAddr;
@@ -13,32 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// What every session shares.
-pub struct Ctx {
-    /// The configuration in force (a reload swaps it whole; see `live`).
-    pub cfg: LiveConfig,
-    /// The backends.
-    pub members: Membership,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Request classification (from the configuration in force).
-    pub classifier: LiveClassifier,
-    /// Cancelled when the dispatcher starts draining.
-    pub stop: CancellationToken,
-    /// Retries allowed (shared by all sessions).
-    pub budget: RetryBudget,
-    /// Per-user token buckets.
-    pub users: UserLimits,
-    /// The PostgreSQL front end's shared state, once it runs (for the admin `/pg/*` views).
-    pub(crate) pg: std::sync::OnceLock<Arc<crate::pg::Shared>>,
-    /// The file the configuration came from, which a reload reads again.
-    pub config_path: std::sync::OnceLock<std::path::PathBuf>,
-    /// Set when a drain ended with sessions still open.
-    pub drain_timed_out: std::sync::atomic::AtomicBool,
-}
+/// The shared state, named here too: embedders and tests know it as `dispatcher::Ctx`.
+pub use crate::ctx::Ctx;
 
 /// A running dispatcher.
 pub struct Dispatcher {
@@ -48,63 +25,27 @@ pub struct Dispatcher {
     sessions: TaskTracker,
 }
 
-impl Ctx {
-    /// The shared state for a configuration.
-    pub fn new(cfg: Config) -> Arc<Ctx> {
-        let metrics = Arc::new(Metrics::new());
-        let members = Membership::new(
-            &cfg.backend_list(),
-            cfg.balance.clone(),
-            cfg.limits.max_idle_per_backend,
-            metrics.clone(),
-            &cfg.overload,
-        );
-        let o = &cfg.overload;
-        let budget = RetryBudget::new(o.retry_budget_ratio, o.retry_budget_floor, 100.0);
-        let users = UserLimits::new(o.users.iter().map(|u| (u.name.as_str(), u.rate, u.burst)));
-        let (stop, pg) = (CancellationToken::new(), std::sync::OnceLock::new());
-        let live = Live::new(cfg);
-        let (cfg, classifier) = (LiveConfig(live.clone()), LiveClassifier(live));
-        let (config_path, drain_timed_out) = (Default::default(), Default::default());
-        Arc::new(Ctx { cfg, members, metrics, classifier, stop, budget, users, pg, config_path, drain_timed_out })
+/// Starts the side services on the current runtime: health checks, the PostgreSQL front
+/// end (only its background work when `sharded`: every shard listens itself), the admin
+/// listener. Returns the admin address.
+async fn start_services(ctx: &Arc<Ctx>, sharded: bool) -> std::io::Result<Option<SocketAddr>> {
+    tokio::spawn(health::run(ctx.clone()));
+    crate::handover::prepare(ctx);
+    match ctx.cfg.postgres.clone() {
+        Some(pg) if sharded => crate::pg::start_background(ctx, &pg),
+        Some(pg) => crate::pg::start(ctx.clone(), pg).await?,
+        None => {}
     }
-
-    /// Puts a validated configuration in force (a reload has already applied its membership
-    /// and kept the parts that need a restart).
-    pub(crate) fn replace_config(&self, cfg: Config) {
-        self.cfg.0.replace(cfg);
+    if let Some(path) = &ctx.cfg.listen.admin_socket {
+        let listener = admin::bind_socket(path, ctx.cfg.admin.socket_mode)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("[listen] admin_socket {}: {e}", path.display())))?;
+        tokio::spawn(admin::serve(ctx.clone(), listener));
     }
-
-    /// Notes a drain that ended with `left` sessions still open.
-    fn drain_ended(&self, left: usize, shard: Option<usize>) {
-        if left > 0 {
-            self.drain_timed_out.store(true, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(?shard, left, "drain timeout: closing remaining connections");
-        }
-    }
-
-    /// Starts the side services on the current runtime: health checks, the PostgreSQL front
-    /// end (only its background work when `sharded`: every shard listens itself), the admin
-    /// listener. Returns the admin address.
-    async fn start_services(self: &Arc<Self>, sharded: bool) -> std::io::Result<Option<SocketAddr>> {
-        tokio::spawn(health::run(self.clone()));
-        crate::handover::prepare(self);
-        match self.cfg.postgres.clone() {
-            Some(pg) if sharded => crate::pg::start_background(self, &pg),
-            Some(pg) => crate::pg::start(self.clone(), pg).await?,
-            None => {}
-        }
-        if let Some(path) = &self.cfg.listen.admin_socket {
-            let listener = admin::bind_socket(path, self.cfg.admin.socket_mode)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("[listen] admin_socket {}: {e}", path.display())))?;
-            tokio::spawn(admin::serve(self.clone(), listener));
-        }
-        let Some(addr) = self.cfg.listen.admin else { return Ok(None) };
-        let listener = TcpListener::bind(addr).await.map_err(named("[listen] admin", addr))?;
-        let bound = listener.local_addr()?;
-        tokio::spawn(admin::serve(self.clone(), listener));
-        Ok(Some(bound))
-    }
+    let Some(addr) = ctx.cfg.listen.admin else { return Ok(None) };
+    let listener = TcpListener::bind(addr).await.map_err(named("[listen] admin", addr))?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(admin::serve(ctx.clone(), listener));
+    Ok(Some(bound))
 }
 
 impl Dispatcher {
@@ -114,7 +55,7 @@ impl Dispatcher {
         let http = ctx.cfg.listen.http;
         let listener = TcpListener::bind(http).await.map_err(named("[listen] http", http))?;
         let http_addr = listener.local_addr()?;
-        let admin_addr = ctx.start_services(false).await?;
+        let admin_addr = start_services(&ctx, false).await?;
         let sessions = TaskTracker::new();
         tokio::spawn(accept_loop(ctx.clone(), listener, sessions.clone()));
         tracing::info!(http = %http_addr, admin = ?admin_addr, "dispatcher listening");
@@ -159,53 +100,6 @@ async fn accept_loop(ctx: Arc<Ctx>, listener: TcpListener, sessions: TaskTracker
         });
     })
     .await;
-}
-
-/// A client connection counted as open on its event loop (`refract_client_connections_open`)
-/// until dropped.
-pub(crate) struct OpenConnection(Gauge);
-
-impl OpenConnection {
-    /// Counts a new connection on `gauge`.
-    pub(crate) fn count(gauge: Gauge) -> Self {
-        gauge.inc();
-        Self(gauge)
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-/// Accepts client connections (HTTP or PostgreSQL, `what`) until `stop`, counting each and
-/// handing it (with `TCP_NODELAY`) and its peer address to `place`.
-pub(crate) async fn accept_each(
-    stop: &CancellationToken,
-    metrics: &Metrics,
-    what: &'static str,
-    listener: TcpListener,
-    mut place: impl FnMut(TcpStream, SocketAddr),
-) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.cancelled() => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                metrics.connections.inc();
-                place(stream, peer);
-            }
-            Err(e) => {
-                // Out of descriptors or similar: back off instead of spinning.
-                tracing::warn!(error = %e, listener = what, "accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
 }
 
 /// Runs the dispatcher with one single-threaded event loop per shard, each serving the client
@@ -344,7 +238,7 @@ async fn serve_inbox(ctx: Arc<Ctx>, i: usize, feed: Feed, listener: Option<TcpLi
             Placed::Pg(std, peer) => (std, Some(peer)),
         };
         // Counted on this shard when it was placed.
-        let open = OpenConnection(spread.load[i].clone());
+        let open = OpenConnection::counted(spread.load[i].clone());
         match TcpStream::from_std(std) {
             Ok(stream) => {
                 let ctx = ctx.clone();
@@ -386,7 +280,7 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
                 Some(_) => None,
             };
             if i == 0 {
-                ctx.start_services(true).await?;
+                start_services(&ctx, true).await?;
             }
             if let Some(pg) = &ctx.cfg.postgres {
                 match &feed {
@@ -424,12 +318,6 @@ fn shard_main(ctx: Arc<Ctx>, i: usize, feed: Option<Feed>, ready: std::sync::mps
         let _ = tokio::time::timeout(drain, sessions.wait()).await;
         ctx.drain_ended(sessions.len(), Some(i));
     });
-}
-
-/// Turns a bind error into one that names the config key and the address: "Address already
-/// in use" alone does not say which listener.
-pub(crate) fn named(key: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> std::io::Error {
-    move |e| std::io::Error::new(e.kind(), format!("{key} {addr}: {e}"))
 }
 
 /// A listener for config key `key` on `addr` with a backlog of 1024; with `reuseport` it

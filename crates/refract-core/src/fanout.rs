@@ -5,10 +5,10 @@
 use crate::backend::Backend;
 use crate::config::Role;
 use crate::conn::ClientConn;
-use crate::dispatcher::Ctx;
+use crate::ctx::Ctx;
 use crate::error::Error;
 use crate::relay::{self, Sink};
-use crate::session::Failure;
+use crate::request::Failure;
 use bytes::{Buf, Bytes};
 use refract_http::{BodyKind, RequestHead, ResponseHead, RouteClass};
 use std::sync::Arc;

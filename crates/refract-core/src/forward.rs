@@ -6,29 +6,17 @@
 
 use crate::backend::{Backend, BackendConn};
 use crate::conn::ClientConn;
-use crate::dispatcher::Ctx;
+use crate::ctx::Ctx;
 use crate::error::Error;
-use crate::overload::{Arrival, Outcome, Permit, Priority, Refusal};
+use crate::overload::{Outcome, Permit, Refusal};
 use crate::relay::{self, Sink};
-use crate::session::{Failure, ReqBody};
+use crate::request::{Failure, ReqBody, Request};
 use bytes::Bytes;
-use refract_http::{BodyKind, RequestHead, RouteClass};
+use refract_http::{BodyKind, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
-
-/// A request ready to forward.
-pub(crate) struct Request<'a> {
-    pub class: RouteClass,
-    pub head_bytes: &'a Bytes,
-    pub head: &'a RequestHead,
-    pub body: &'a ReqBody,
-    pub deadline: Option<Instant>,
-    pub priority: Priority,
-    /// Whether it is new demand (or a pipelined request, paced by refract).
-    pub arrival: Arrival,
-}
 
 /// How an exchange ended: whether the client connection can go on, and the status sent.
 struct Done {

@@ -4,7 +4,7 @@
 
 use crate::backend::Backend;
 use crate::config::Health;
-use crate::dispatcher::Ctx;
+use crate::ctx::Ctx;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

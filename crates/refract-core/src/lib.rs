@@ -4,8 +4,11 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML configuration and its validation.
-//! - [`dispatcher`]: start, accept loop, drain on shutdown.
+//! - [`dispatcher`]: start, the services, accept loops, drain on shutdown.
+//! - [`ctx`]: the state every session and service shares ([`ctx::Ctx`]).
+//! - `accept`: accepting client connections (HTTP and PostgreSQL), counted per event loop.
 //! - `session`: the client session loop (one request at a time, in order).
+//! - `request`: a request's body, the request ready to forward, a failed exchange.
 //! - `forward`: one request to one backend: admission, exchange, retry, learning.
 //! - `relay`: moving bodies between client and backend with bounded buffers.
 //! - `fanout`: class `all`, sent to every backend.
@@ -23,10 +26,12 @@
 //! - [`conn`]: a client connection and its buffer.
 //! - [`error`]: the error type.
 
+mod accept;
 mod admin;
 pub mod backend;
 pub mod config;
 pub mod conn;
+pub mod ctx;
 pub mod dispatcher;
 pub mod error;
 mod fanout;
@@ -40,6 +45,7 @@ pub mod overload;
 pub mod pg;
 mod relay;
 mod reload;
+mod request;
 mod session;
 pub mod shard;
 pub mod spin;
@@ -68,7 +74,7 @@ impl Exit {
         }
     }
 
-    fn of(ctx: &dispatcher::Ctx) -> Exit {
+    fn of(ctx: &ctx::Ctx) -> Exit {
         match ctx.drain_timed_out.load(std::sync::atomic::Ordering::Relaxed) {
             true => Exit::DrainTimedOut,
             false => Exit::Drained,
@@ -88,7 +94,7 @@ pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<Exit> {
     };
     if cfg.listen.runtime == config::RuntimeKind::PerCore {
         shard::set_count(workers);
-        let ctx = dispatcher::Ctx::new(cfg);
+        let ctx = ctx::Ctx::new(cfg);
         let _ = ctx.config_path.set(path.to_path_buf());
         // Handlers are installed before any listener opens: a SIGHUP must never find the
         // default action (terminate) in place.
@@ -137,7 +143,7 @@ impl Signals {
     }
 
     /// Reloads on every SIGHUP; returns at SIGTERM or SIGINT (time to drain).
-    async fn serve(mut self, ctx: &dispatcher::Ctx) {
+    async fn serve(mut self, ctx: &ctx::Ctx) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => break,

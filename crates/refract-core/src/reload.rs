@@ -5,7 +5,7 @@
 //! "needs restart". An invalid file changes nothing.
 
 use crate::config::Config;
-use crate::dispatcher::Ctx;
+use crate::ctx::Ctx;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;

@@ -4,11 +4,12 @@
 //! connection is quiescent at every request boundary (where a hand-over can happen later).
 
 use crate::conn::{ClientConn, ClientTimeouts};
-use crate::dispatcher::Ctx;
+use crate::ctx::Ctx;
 use crate::error::Error;
 use crate::fanout;
-use crate::forward::{self, Request};
+use crate::forward;
 use crate::overload::{Arrival, Priority};
+use crate::request::{ReqBody, Request};
 use bytes::Bytes;
 use refract_http::chunked::decode_all;
 use refract_http::{reply, BodyKind, RequestHead, RouteClass};
@@ -22,26 +23,6 @@ use tokio::time::Instant;
 enum Next {
     Continue,
     Close,
-}
-
-/// A request body: already read (possibly empty), or still to stream from the client.
-#[derive(Debug)]
-pub(crate) enum ReqBody {
-    Buffered(Bytes),
-    Stream(BodyKind),
-}
-
-/// A failed exchange, and whether any byte of a response had reached the client.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub err: Error,
-    pub touched: bool,
-}
-
-impl Failure {
-    pub(crate) fn untouched(err: Error) -> Self {
-        Failure { err, touched: false }
-    }
 }
 
 /// Serves one client connection until it closes, idles out, fails, or the dispatcher drains.
@@ -207,7 +188,7 @@ mod tests {
     /// request, several KiB, is boxed and lives only while a request is served).
     #[tokio::test]
     async fn an_idle_session_is_small() {
-        let ctx = crate::dispatcher::Ctx::new(Config::parse(
+        let ctx = crate::ctx::Ctx::new(Config::parse(
             "[listen]\nhttp = \"127.0.0.1:0\"\n[[backend]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n",
         )
         .unwrap());

@@ -10,7 +10,7 @@
 use super::Rec;
 use crate::backend::Backend;
 use crate::config::Role;
-use crate::dispatcher::Ctx;
+use crate::ctx::Ctx;
 use refract_http::{BodyKind, RequestHead, RouteClass};
 use std::sync::Arc;
 

@@ -17,10 +17,10 @@
 //! A client that leaves in the middle of the Bind ends its session; the server connection,
 //! holding half a message, is dropped (closed), never given back to the pool.
 
-use super::config::PgRole;
 use super::error::PgError;
 use super::session::Session;
 use super::wire::STREAM_ABOVE;
+use crate::config::pg::PgRole;
 use bytes::BytesMut;
 use refract_pg::classify::Route;
 use refract_pg::frame::Header;

@@ -1,6 +1,6 @@
 //! [`Clients`]: the connected PostgreSQL clients and what each is doing (`GET /pg/clients`).
 
-use super::config::PoolMode;
+use crate::config::pg::PoolMode;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -66,7 +66,7 @@ pub struct ClientInfo {
     state: AtomicU8,
     /// Index + 1 in `Servers::list` of the server connection it holds; 0 = none.
     bound: AtomicUsize,
-    /// Why it is pinned to its server connection (`super::pin::Pins` bits); 0 = not pinned.
+    /// Why it is pinned to its server connection (`super::held::Pins` bits); 0 = not pinned.
     pinned: AtomicU8,
 }
 
@@ -114,7 +114,7 @@ impl ClientInfo {
         self.pinned.store(bits, Ordering::Relaxed);
     }
 
-    /// Why the session is pinned (`super::pin::Pins` bits).
+    /// Why the session is pinned (`super::held::Pins` bits).
     pub fn pinned(&self) -> u8 {
         self.pinned.load(Ordering::Relaxed)
     }

@@ -5,8 +5,8 @@
 use super::cancel::CancelKey;
 use super::error::PgError;
 use super::server::{self, ServerConn};
+use super::shared::Shared;
 use super::wire::Wire;
-use super::Shared;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
 use refract_pg::notice::sqlstate;

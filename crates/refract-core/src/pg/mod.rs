@@ -2,7 +2,7 @@
 //! connections and routing each statement to the primary or a replica (`docs/postgres.md`).
 //!
 //! # Layout
-//! - `config`: `[postgres]` ([`PgConfig`]).
+//! - `[postgres]` ([`PgConfig`]) is parsed and validated in `config/pg.rs`.
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
@@ -14,9 +14,12 @@
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
+//! - `held`: the session state refract keeps for a client (pins, LISTEN channels, SETs).
 //! - `pin`: pinning a transaction-mode client to its connection while session state lasts.
-//! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary).
+//! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary);
+//!   `listen`: a client's LISTEN/UNLISTEN answered by refract, its notifications delivered.
 //! - `extended`: SETs run through the extended protocol, tracked at Sync.
+//! - `shared`: what every session shares (kept in the dispatcher's `ctx`).
 //! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
@@ -24,10 +27,11 @@ mod batch;
 mod bind;
 mod cancel;
 mod clients;
-mod config;
 mod error;
 mod extended;
+mod held;
 mod large;
+mod listen;
 mod login;
 mod names;
 mod notify;
@@ -37,73 +41,31 @@ mod reset;
 mod server;
 mod servers;
 mod session;
+pub(crate) mod shared;
 mod status;
 mod unreadable;
 mod wire;
 
-pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
+pub use crate::config::pg::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
 pub use error::PgError;
 
-use crate::dispatcher::Ctx;
-use crate::metrics::Metrics;
-use refract_pg::classify::{Classifier, ClassifierConfig};
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
+use crate::accept::{accept_each, named, OpenConnection};
+use crate::ctx::Ctx;
+use shared::Shared;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
 
 pub(crate) use status::{clients_view, pools_view, publish_metrics, servers_view};
 
-/// What every PostgreSQL session shares.
-pub(crate) struct Shared {
-    cfg: PgConfig,
-    servers: Arc<servers::Servers>,
-    classifier: Classifier,
-    cancels: Arc<cancel::Cancels>,
-    /// ParameterStatus values to greet clients with (from the first server login).
-    server_params: RwLock<Vec<(String, String)>>,
-    metrics: Arc<Metrics>,
-    next_client: AtomicU64,
-    stop: CancellationToken,
-    /// Present when `tls_cert`/`tls_key` are configured: SSLRequest is answered `S`.
-    tls: Option<TlsAcceptor>,
-    /// The logged-in clients (admin views).
-    clients: Arc<clients::Clients>,
-    /// LISTEN channels of transaction-mode clients.
-    notifier: Arc<notify::Notifier>,
-}
-
 /// The front end's shared state, built on first use (the pools need the shard count).
 fn shared(ctx: &Ctx, cfg: &PgConfig) -> Arc<Shared> {
-    ctx.pg
-        .get_or_init(|| {
-            let mut ccfg = ClassifierConfig::default();
-            if let Some(f) = &cfg.write_functions {
-                ccfg.write_functions = f.clone();
-            }
-            Arc::new(Shared {
-                servers: Arc::new(servers::Servers::new(cfg, &ctx.metrics)),
-                classifier: Classifier::new(ccfg),
-                cancels: Arc::default(),
-                server_params: RwLock::new(vec![]),
-                metrics: ctx.metrics.clone(),
-                next_client: AtomicU64::new(1),
-                stop: ctx.stop.clone(),
-                tls: cfg.tls().cloned().map(TlsAcceptor::from),
-                clients: Arc::default(),
-                notifier: Arc::default(),
-                cfg: cfg.clone(),
-            })
-        })
-        .clone()
+    ctx.pg.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop))).clone()
 }
 
 /// Binds the PostgreSQL listener and starts serving (and probing the servers) in the background.
 pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
-    let listener =
-        TcpListener::bind(cfg.listen).await.map_err(crate::dispatcher::named("[postgres] listen", cfg.listen))?;
+    let listener = TcpListener::bind(cfg.listen).await.map_err(named("[postgres] listen", cfg.listen))?;
     start_background(&ctx, &cfg);
     serve(&ctx, &cfg, listener)
 }
@@ -127,7 +89,7 @@ pub(crate) fn serve(ctx: &Ctx, cfg: &PgConfig, listener: TcpListener) -> std::io
     let shared = shared(ctx, cfg);
     let open = ctx.metrics.open_connections(crate::shard::current());
     accept_placing(ctx, cfg, listener, move |stream, peer| {
-        let (shared, open) = (shared.clone(), crate::dispatcher::OpenConnection::count(open.clone()));
+        let (shared, open) = (shared.clone(), OpenConnection::count(open.clone()));
         tokio::spawn(async move {
             session::run(shared, stream, peer).await;
             drop(open);
@@ -145,9 +107,7 @@ pub(crate) fn accept_placing(
 ) -> std::io::Result<()> {
     let shared = shared(ctx, cfg);
     tracing::info!(addr = %listener.local_addr()?, shard = crate::shard::current(), "postgres listening");
-    tokio::spawn(async move {
-        crate::dispatcher::accept_each(&shared.stop, &shared.metrics, "postgres", listener, place).await
-    });
+    tokio::spawn(async move { accept_each(&shared.stop, &shared.metrics, "postgres", listener, place).await });
     Ok(())
 }
 

@@ -1,21 +1,15 @@
 //! LISTEN/NOTIFY in transaction mode without pinning: refract LISTENs once per channel on a
 //! dedicated connection to the primary ([`Notifier`]'s task) and hands each NotificationResponse
-//! to the clients that listen on its channel ([`Listening`]), also while they are idle.
-//! A client's LISTEN/UNLISTEN (simple or extended protocol) is answered by refract.
+//! to the clients that listen on its channel ([`Listening`], a client's part, kept in its
+//! session's `held` state). The session's side, answering a client's LISTEN/UNLISTEN and
+//! delivering its notifications, is `listen`.
 
-use super::bind::streamed_from_client;
-use super::config::PoolMode;
 use super::error::PgError;
 use super::server::ServerConn;
 use super::servers::Servers;
-use super::session::Session;
-use super::wire::{Frame, Incoming};
+use super::wire::Frame;
 use bytes::{Bytes, BytesMut};
-use refract_pg::classify::Statement;
-use refract_pg::frontend::Target;
-use refract_pg::notice::sqlstate;
-use refract_pg::session::Origin;
-use refract_pg::{reply, BackendMessage, FrontendMessage, TxStatus};
+use refract_pg::{BackendMessage, FrontendMessage};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -247,6 +241,12 @@ impl Drop for Listening {
 }
 
 impl Listening {
+    /// Client `client`'s channels, none yet.
+    pub(super) fn new(client: u64, notifier: Arc<Notifier>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Listening { client, notifier, tx, rx, channels: BTreeSet::new() }
+    }
+
     /// Whether a queued notification is still wanted (the client may have unlistened since).
     fn wants(&self, frame: &Bytes) -> bool {
         match BackendMessage::decode(b'A', &frame[5..]) {
@@ -254,210 +254,58 @@ impl Listening {
             _ => false,
         }
     }
-}
 
-impl Session {
-    /// The client's next message (or the head of a large Bind, relayed in pieces by `bind`);
-    /// while it is idle between transactions, notifications for its channels are sent to it as
-    /// they come.
-    pub(super) async fn recv_client(&mut self) -> Result<Incoming, PgError> {
-        loop {
-            let idle = self.batch.is_empty() && self.state.tx.status() == TxStatus::Idle;
-            let Some(l) = self.held.listening.as_mut().filter(|_| idle) else {
-                return self.wire.recv_unless_large(streamed_from_client).await;
-            };
-            while let Ok(n) = l.rx.try_recv() {
-                if l.wants(&n) {
-                    self.out.extend_from_slice(&n);
-                }
-            }
-            if !self.out.is_empty() {
-                self.wire.send(&self.out).await?;
-                self.out.clear();
-                continue;
-            }
-            tokio::select! {
-                biased;
-                f = self.wire.recv_unless_large(streamed_from_client) => return f,
-                n = l.rx.recv() => {
-                    if let Some(n) = n.filter(|n| l.wants(n)) {
-                        self.wire.send(&n).await?;
-                    }
-                }
+    /// Appends the notifications already queued (and still wanted) to `out`.
+    pub(super) fn take_queued(&mut self, out: &mut BytesMut) {
+        while let Ok(n) = self.rx.try_recv() {
+            if self.wants(&n) {
+                out.extend_from_slice(&n);
             }
         }
     }
 
-    /// A query made only of LISTEN/UNLISTEN, in transaction mode: answered by refract.
-    pub(super) async fn answer_listen(&mut self, statements: &[Statement]) -> Result<bool, PgError> {
-        if !self.listens_locally() || !is_listen_only(statements) {
-            return Ok(false);
-        }
-        for st in statements {
-            match self.listen_statement(st).await {
-                Ok(tag) => self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes()),
-                Err(e) => {
-                    self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &e.to_string()));
-                    break;
-                }
-            }
-        }
-        self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
-        self.flush().await?;
-        Ok(true)
+    /// Waits for the next notification; `None` when it is no longer wanted.
+    pub(super) async fn next(&mut self) -> Option<Bytes> {
+        let n = self.rx.recv().await;
+        n.filter(|n| self.wants(n))
     }
 
-    fn listens_locally(&self) -> bool {
-        self.pool_mode == PoolMode::Transaction && self.state.tx.status() != TxStatus::Failed
-    }
-
-    /// Runs one LISTEN/UNLISTEN for this client; the CommandComplete tag.
-    async fn listen_statement(&mut self, st: &Statement) -> Result<&'static str, PgError> {
-        match st {
-            Statement::Listen { channel } => {
-                self.listen(channel).await?;
-                Ok("LISTEN")
-            }
-            Statement::Unlisten { channel } => {
-                self.unlisten(channel.as_deref());
-                Ok("UNLISTEN")
-            }
-            _ => Err(PgError::Unavailable("internal: not a LISTEN".into())),
-        }
-    }
-
-    async fn listen(&mut self, channel: &str) -> Result<(), PgError> {
-        let notifier = self.shared.notifier.clone();
-        let id = self.client.info.id;
-        let l = self.held.listening.get_or_insert_with(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            Listening { client: id, notifier: notifier.clone(), tx, rx, channels: BTreeSet::new() }
-        });
-        if l.channels.contains(channel) {
+    /// Listens on `channel` (once the listener task, started on first use, listens on the
+    /// primary); on failure the client does not listen on it.
+    pub(super) async fn listen(
+        &mut self,
+        channel: &str,
+        servers: &Arc<Servers>,
+        stop: &CancellationToken,
+    ) -> Result<(), String> {
+        if self.channels.contains(channel) {
             return Ok(());
         }
-        notifier.subscribers().entry(channel.to_owned()).or_default().insert(id, l.tx.clone());
-        l.channels.insert(channel.to_owned());
+        let notifier = self.notifier.clone();
+        notifier.subscribers().entry(channel.to_owned()).or_default().insert(self.client, self.tx.clone());
+        self.channels.insert(channel.to_owned());
         let (done, answer) = oneshot::channel();
-        let task = notifier.task(&self.shared.servers, &self.shared.stop);
+        let task = notifier.task(servers, stop);
         let result = match task.send(Cmd::Listen(channel.to_owned(), done)) {
             Ok(()) => answer.await.unwrap_or_else(|_| Err("the listener stopped".into())),
             Err(_) => Err("the listener stopped".into()),
         };
-        if let Err(e) = result {
+        if result.is_err() {
             self.unlisten(Some(channel));
-            return Err(PgError::Unavailable(format!("refract: could not LISTEN on the primary: {e}")));
         }
-        Ok(())
+        result
     }
 
-    fn unlisten(&mut self, channel: Option<&str>) {
-        let Some(l) = self.held.listening.as_mut() else { return };
+    /// Stops listening on `channel` (every channel: `None`).
+    pub(super) fn unlisten(&mut self, channel: Option<&str>) {
         let gone: Vec<String> = match channel {
-            Some(c) => l.channels.take(c).into_iter().collect(),
-            None => std::mem::take(&mut l.channels).into_iter().collect(),
+            Some(c) => self.channels.take(c).into_iter().collect(),
+            None => std::mem::take(&mut self.channels).into_iter().collect(),
         };
         for channel in gone {
-            if self.shared.notifier.remove(&channel, l.client) {
-                self.shared.notifier.unlisten_later(channel);
+            if self.notifier.remove(&channel, self.client) {
+                self.notifier.unlisten_later(channel);
             }
         }
     }
-
-    /// An extended-protocol batch that only parses, binds, describes and executes LISTEN or
-    /// UNLISTEN, in transaction mode: answered by refract. `Some(msgs)` gives a batch back
-    /// for the server.
-    pub(super) async fn listen_batch(
-        &mut self,
-        msgs: Vec<FrontendMessage>,
-    ) -> Result<Option<Vec<FrontendMessage>>, PgError> {
-        if !self.listens_locally() || self.skip_until_sync || self.unsynced {
-            return Ok(Some(msgs));
-        }
-        let Some(portals) = self.listen_portals(&msgs) else { return Ok(Some(msgs)) };
-        let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
-        for msg in msgs {
-            let answer = match msg {
-                FrontendMessage::Parse { name, query, param_types } => {
-                    self.state.prepared.parse(&name, &query, &param_types, false);
-                    BackendMessage::ParseComplete.to_bytes()
-                }
-                FrontendMessage::Bind(_) => BackendMessage::BindComplete.to_bytes(),
-                FrontendMessage::Describe(Target::Statement, _) => {
-                    self.out.extend_from_slice(&BackendMessage::ParameterDescription(vec![]).to_bytes());
-                    BackendMessage::NoData.to_bytes()
-                }
-                FrontendMessage::Describe(Target::Portal, _) => BackendMessage::NoData.to_bytes(),
-                FrontendMessage::Close(target, name) => {
-                    if target == Target::Statement {
-                        self.state.prepared.close(&name);
-                    }
-                    BackendMessage::CloseComplete.to_bytes()
-                }
-                FrontendMessage::Execute { portal, .. } => {
-                    let st = portals.get(&portal).cloned().unwrap_or(Statement::Write);
-                    match self.listen_statement(&st).await {
-                        Ok(tag) => BackendMessage::CommandComplete(tag.into()).to_bytes(),
-                        Err(e) => {
-                            self.refuse(e, synced).await?;
-                            return Ok(None);
-                        }
-                    }
-                }
-                FrontendMessage::Sync => reply::ready_for_query(self.state.tx.status()),
-                _ => continue,
-            };
-            self.out.extend_from_slice(&answer);
-        }
-        self.flush().await?;
-        Ok(None)
-    }
-
-    /// The LISTEN/UNLISTEN each portal of a batch runs, if the batch does nothing else.
-    fn listen_portals(&self, msgs: &[FrontendMessage]) -> Option<HashMap<String, Statement>> {
-        let mut statements: HashMap<&str, Statement> = HashMap::new();
-        let mut portals = HashMap::new();
-        let mut any = false;
-        for msg in msgs {
-            match msg {
-                // A name the client has already: the server path answers 42P05.
-                FrontendMessage::Parse { name, .. } if !name.is_empty() && self.state.prepared.get(name).is_some() => {
-                    return None
-                }
-                FrontendMessage::Parse { name, query, .. } => {
-                    statements.insert(name.as_str(), self.listen_query(query)?);
-                    any = true;
-                }
-                FrontendMessage::Bind(b) => {
-                    let st = match statements.get(b.statement.as_str()) {
-                        Some(st) => st.clone(),
-                        None => match &self.state.prepared.get(&b.statement)?.origin {
-                            Origin::Protocol { query, .. } => self.listen_query(query)?,
-                            Origin::Sql { .. } => return None,
-                        },
-                    };
-                    portals.insert(b.portal.clone(), st);
-                    any = true;
-                }
-                FrontendMessage::Describe(Target::Statement, n) if statements.contains_key(n.as_str()) => {}
-                FrontendMessage::Describe(Target::Portal, p) | FrontendMessage::Execute { portal: p, .. }
-                    if portals.contains_key(p) => {}
-                FrontendMessage::Close(..) | FrontendMessage::Sync | FrontendMessage::Flush => {}
-                _ => return None,
-            }
-        }
-        any.then_some(portals)
-    }
-
-    fn listen_query(&self, query: &str) -> Option<Statement> {
-        match self.classify_text(query).0.statements.as_slice() {
-            [st @ (Statement::Listen { .. } | Statement::Unlisten { .. })] => Some(st.clone()),
-            _ => None,
-        }
-    }
-}
-
-fn is_listen_only(statements: &[Statement]) -> bool {
-    !statements.is_empty()
-        && statements.iter().all(|s| matches!(s, Statement::Listen { .. } | Statement::Unlisten { .. }))
 }

@@ -3,44 +3,9 @@
 //! settings refract does not track): after a statement that may create or release such state,
 //! refract asks the server what is left, and keeps the connection bound until nothing is.
 
-use super::notify::Listening;
+use super::held::Pins;
 use super::session::Session;
 use refract_pg::classify::{Classification, Statement};
-
-/// Why a client is pinned, as bits (shown in `/pg/clients`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Pins(pub u8);
-
-impl Pins {
-    const TEMP: u8 = 1;
-    const ADVISORY: u8 = 2;
-    const CURSORS: u8 = 4;
-    const LISTEN: u8 = 8;
-    const SETTINGS: u8 = 16;
-    /// The check itself failed: pinned until the client leaves or the check succeeds.
-    const UNKNOWN: u8 = 32;
-    /// SQL-level prepared statements refract does not know of (a `PREPARE` whose text it could
-    /// not read, `unreadable`): another client must never `EXECUTE` them.
-    const PREPARED: u8 = 64;
-    const NAMES: [(u8, &'static str); 7] = [
-        (Pins::TEMP, "temp_objects"),
-        (Pins::ADVISORY, "advisory_locks"),
-        (Pins::CURSORS, "cursors"),
-        (Pins::LISTEN, "listen"),
-        (Pins::SETTINGS, "settings"),
-        (Pins::UNKNOWN, "unknown"),
-        (Pins::PREPARED, "sql_prepared"),
-    ];
-
-    /// The reasons' names.
-    pub fn names(self) -> Vec<&'static str> {
-        Pins::NAMES.iter().filter(|(bit, _)| self.0 & bit != 0).map(|(_, name)| *name).collect()
-    }
-
-    fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-}
 
 /// What session state a server connection carries: temporary relations, types or functions;
 /// advisory locks (only session ones outlive a transaction, and refract asks between
@@ -57,31 +22,6 @@ const PROBE: &str = "SELECT \
     pg_catalog.array_to_string(ARRAY(SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings \
     WHERE source = 'session'), ','), \
     (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql)";
-
-/// A client's session state that refract keeps for it: why it is pinned, and (`notify`) the
-/// channels it listens on, (`extended`) the SETs run by Execute since the last Sync.
-#[derive(Debug, Default)]
-pub(super) struct Held {
-    pins: Pins,
-    /// A statement since the last check may have created or released state.
-    dirty: bool,
-    /// A `set_config(..., false)` ran since the last `RESET ALL` / `DISCARD ALL`: the server
-    /// does not show custom settings in `pg_settings`, so this pins until one of those.
-    set_config: bool,
-    /// Statements that Execute ran since the last Sync (session-relevant ones only).
-    pub ext_done: Vec<Statement>,
-    /// An error came since the last Sync.
-    pub ext_failed: bool,
-    /// The channels this client listens on (transaction mode).
-    pub listening: Option<Listening>,
-}
-
-impl Held {
-    /// Whether the client is pinned to its server connection.
-    pub fn pinned(&self) -> bool {
-        !self.pins.is_empty()
-    }
-}
 
 impl Session {
     /// Notes a statement about to run: one that may create state, or (when pinned) any that is
@@ -136,16 +76,5 @@ impl Session {
             _ => bits |= Pins::PREPARED,
         }
         Pins(bits)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Pins;
-
-    #[test]
-    fn names() {
-        assert_eq!(Pins(0).names(), Vec::<&str>::new());
-        assert_eq!(Pins(Pins::TEMP | Pins::SETTINGS).names(), vec!["temp_objects", "settings"]);
     }
 }

@@ -2,9 +2,9 @@
 //! statement) in transaction mode, [`Session::give_back`] at the end of a client session,
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
-use super::config::PgRole;
 use super::error::PgError;
 use super::session::Session;
+use crate::config::pg::PgRole;
 use bytes::BytesMut;
 use refract_pg::{BackendMessage, FrontendMessage, TxStatus};
 use std::time::Duration;

@@ -2,9 +2,9 @@
 //! and the choice of a server per statement; [`run_health`] probes them and publishes their
 //! gauges.
 
-use super::config::{PgConfig, PgRole};
 use super::pool::Pool;
 use super::server::{parse_lsn, Login, ServerConn};
+use crate::config::pg::{PgConfig, PgRole};
 use crate::metrics::{BackendCounters, Metrics};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

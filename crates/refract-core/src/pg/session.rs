@@ -4,14 +4,14 @@
 
 use super::cancel::CancelKey;
 use super::clients::{ClientInfo, ClientState, Registration};
-use super::config::{PgRole, PoolMode};
 use super::error::PgError;
+use super::held::Held;
 use super::login::{self, startup_sets};
-use super::pin::Held;
 use super::pool::Guard;
 use super::servers::Server;
+use super::shared::Shared;
 use super::wire::{Frame, Incoming, Wire};
-use super::Shared;
+use crate::config::pg::{PgRole, PoolMode};
 use bytes::BytesMut;
 use refract_http::RouteClass;
 use refract_pg::classify::{Classification, Route, Statement};

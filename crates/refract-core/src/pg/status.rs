@@ -2,9 +2,9 @@
 //! `/pg/servers` (JSON), and the pool, client and lag gauges of `/metrics`.
 
 use super::clients::ClientState;
-use super::config::PgRole;
 use super::servers::Server;
-use super::Shared;
+use super::shared::Shared;
+use crate::config::pg::PgRole;
 use serde_json::{json, Value};
 
 fn role(s: &Server) -> &'static str {
@@ -52,7 +52,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
                 "pool_mode": c.pool_mode.as_str(),
                 "state": c.state().as_str(),
                 "server": bound,
-                "pinned": super::pin::Pins(c.pinned()).names(),
+                "pinned": super::held::Pins(c.pinned()).names(),
                 "tls": c.tls,
                 "shard": c.shard,
             })

@@ -1,0 +1,57 @@
+//! What every PostgreSQL session shares ([`Shared`]): the configuration, the servers and their
+//! pools, the classifier, cancel keys, the clients, the LISTEN channels. Kept by the
+//! dispatcher's shared state (`ctx`) for the admin views, so it imports neither.
+
+use super::cancel::Cancels;
+use super::clients::Clients;
+use super::notify::Notifier;
+use super::servers::Servers;
+use crate::config::pg::PgConfig;
+use crate::metrics::Metrics;
+use refract_pg::classify::{Classifier, ClassifierConfig};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+/// What every PostgreSQL session shares.
+pub(crate) struct Shared {
+    pub(super) cfg: PgConfig,
+    pub(super) servers: Arc<Servers>,
+    pub(super) classifier: Classifier,
+    pub(super) cancels: Arc<Cancels>,
+    /// ParameterStatus values to greet clients with (from the first server login).
+    pub(super) server_params: RwLock<Vec<(String, String)>>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) next_client: AtomicU64,
+    pub(super) stop: CancellationToken,
+    /// Present when `tls_cert`/`tls_key` are configured: SSLRequest is answered `S`.
+    pub(super) tls: Option<TlsAcceptor>,
+    /// The logged-in clients (admin views).
+    pub(super) clients: Arc<Clients>,
+    /// LISTEN channels of transaction-mode clients.
+    pub(super) notifier: Arc<Notifier>,
+}
+
+impl Shared {
+    /// The state for `cfg`; `stop` ends its background work.
+    pub(super) fn new(cfg: &PgConfig, metrics: &Arc<Metrics>, stop: &CancellationToken) -> Shared {
+        let mut ccfg = ClassifierConfig::default();
+        if let Some(f) = &cfg.write_functions {
+            ccfg.write_functions = f.clone();
+        }
+        Shared {
+            servers: Arc::new(Servers::new(cfg, metrics)),
+            classifier: Classifier::new(ccfg),
+            cancels: Arc::default(),
+            server_params: RwLock::new(vec![]),
+            metrics: metrics.clone(),
+            next_client: AtomicU64::new(1),
+            stop: stop.clone(),
+            tls: cfg.tls().cloned().map(TlsAcceptor::from),
+            clients: Arc::default(),
+            notifier: Arc::default(),
+            cfg: cfg.clone(),
+        }
+    }
+}

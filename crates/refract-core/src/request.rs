@@ -1,0 +1,41 @@
+//! The types of one HTTP request on its way through refract: its body ([`ReqBody`]), the
+//! request ready to forward ([`Request`]) and a failed exchange ([`Failure`]). Built by the
+//! session loop, taken by forwarding, fan-out and hand-over; below all of them.
+
+use crate::error::Error;
+use crate::overload::{Arrival, Priority};
+use bytes::Bytes;
+use refract_http::{BodyKind, RequestHead, RouteClass};
+use tokio::time::Instant;
+
+/// A request body: already read (possibly empty), or still to stream from the client.
+#[derive(Debug)]
+pub(crate) enum ReqBody {
+    Buffered(Bytes),
+    Stream(BodyKind),
+}
+
+/// A failed exchange, and whether any byte of a response had reached the client.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub err: Error,
+    pub touched: bool,
+}
+
+impl Failure {
+    pub(crate) fn untouched(err: Error) -> Self {
+        Failure { err, touched: false }
+    }
+}
+
+/// A request ready to forward.
+pub(crate) struct Request<'a> {
+    pub class: RouteClass,
+    pub head_bytes: &'a Bytes,
+    pub head: &'a RequestHead,
+    pub body: &'a ReqBody,
+    pub deadline: Option<Instant>,
+    pub priority: Priority,
+    /// Whether it is new demand (or a pipelined request, paced by refract).
+    pub arrival: Arrival,
+}

@@ -84,8 +84,11 @@ pub fn request(config: &Path) -> Result<String, String> {
     // The Unix admin socket when there is one: it needs no token.
     let answer = if let Some(path) = &cfg.listen.admin_socket {
         let req = post("localhost", "");
-        exchange(std::os::unix::net::UnixStream::connect(path), req.as_bytes())
-            .map_err(|e| format!("admin socket {}: {e}", path.display()))?
+        let exchanged = std::os::unix::net::UnixStream::connect(path).and_then(|s| {
+            s.set_read_timeout(Some(ANSWER))?;
+            exchange(s, req.as_bytes())
+        });
+        exchanged.map_err(|e| format!("admin socket {}: {e}", path.display()))?
     } else {
         let mut addr: SocketAddr = cfg
             .listen
@@ -96,8 +99,11 @@ pub fn request(config: &Path) -> Result<String, String> {
         }
         let auth = cfg.admin.token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
         let req = post(&addr.to_string(), &auth);
-        exchange(TcpStream::connect_timeout(&addr, Duration::from_secs(5)), req.as_bytes())
-            .map_err(|e| format!("admin listener {addr}: {e}"))?
+        let exchanged = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).and_then(|s| {
+            s.set_read_timeout(Some(ANSWER))?;
+            exchange(s, req.as_bytes())
+        });
+        exchanged.map_err(|e| format!("admin listener {addr}: {e}"))?
     };
     let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
     match head.split(' ').nth(1) {
@@ -106,29 +112,13 @@ pub fn request(config: &Path) -> Result<String, String> {
     }
 }
 
+/// How long `refract reload` waits for the dispatcher's answer.
+const ANSWER: Duration = Duration::from_secs(30);
+
 /// Sends `req` and reads the whole answer (the request asks to close).
-fn exchange<S: Read + Write + ReadTimeout>(connected: std::io::Result<S>, req: &[u8]) -> std::io::Result<String> {
-    let mut s = connected?;
-    s.read_timeout(Duration::from_secs(30))?;
+fn exchange(mut s: impl Read + Write, req: &[u8]) -> std::io::Result<String> {
     s.write_all(req)?;
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     Ok(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// A blocking socket whose reads can be bounded.
-trait ReadTimeout {
-    fn read_timeout(&self, t: Duration) -> std::io::Result<()>;
-}
-
-impl ReadTimeout for TcpStream {
-    fn read_timeout(&self, t: Duration) -> std::io::Result<()> {
-        self.set_read_timeout(Some(t))
-    }
-}
-
-impl ReadTimeout for std::os::unix::net::UnixStream {
-    fn read_timeout(&self, t: Duration) -> std::io::Result<()> {
-        self.set_read_timeout(Some(t))
-    }
 }

@@ -235,8 +235,8 @@ fn short_sweep(layout: &Layout, quick: bool) -> Result<()> {
         targets: &plan.targets,
         results: &results,
         plot: None,
-        haproxy_cfg: None,
-        refract_cfgs: &[],
+        haproxy: false,
+        refract_sources: &[],
         targets_note: "",
     };
     println!("{}", report::tables(&section));

@@ -39,8 +39,6 @@ fn results() -> Results {
     r
 }
 
-const CFGS: &[(String, String)] = &[];
-
 fn section<'a>(
     env: &'a Environment,
     results: &'a Results,
@@ -58,8 +56,8 @@ fn section<'a>(
         targets,
         results,
         plot: Some("benchmarks.png"),
-        haproxy_cfg: Some("global\n    nbthread 2\n"),
-        refract_cfgs: CFGS,
+        haproxy: true,
+        refract_sources: &[],
         targets_note: "Targets: `direct` = c1 → b1 and c2 → b2.",
     }
 }

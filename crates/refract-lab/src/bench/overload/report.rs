@@ -94,7 +94,7 @@ pub fn render(ctx: &Page, res: &OverloadResults) -> String {
     slow(&mut out, ctx, res);
     retry(&mut out, ctx, res);
     failed(&mut out, res);
-    configs(&mut out, ctx);
+    configs(&mut out);
     out
 }
 
@@ -344,7 +344,7 @@ fn failed(out: &mut String, res: &OverloadResults) {
 
 /// Names where the configurations come from instead of embedding them (the page's header has
 /// the commit; the Method section gives the settings that differ).
-fn configs(out: &mut String, _ctx: &Page) {
+fn configs(out: &mut String) {
     let _ = writeln!(
         out,
         "Configurations: `refract_config` and `haproxy_config` in `crates/refract-lab/src/bench/overload/rig.rs` \

@@ -13,7 +13,6 @@ pub mod run;
 pub mod switch;
 pub mod wrk;
 
-use crate::cluster;
 use crate::cluster::layout::Layout;
 use crate::fabric::shaping;
 use crate::lab::LabGuard;
@@ -57,10 +56,10 @@ pub fn measure(layout: &Layout, opts: &SweepOptions) -> Result<Results> {
     run::run(layout, &opts.plan)
 }
 
-/// The configs of the dispatchers a sweep measured: `(source, text)`.
-fn refract_configs(layout: &Layout, targets: &[String]) -> Vec<(String, String)> {
+/// Where the configs of the dispatchers a sweep measured come from (their files).
+fn refract_sources(layout: &Layout, targets: &[String]) -> Vec<String> {
     let measured = layout.dispatchers.iter().filter(|d| targets.iter().any(|t| t == d.target));
-    measured.map(|d| (format!("`{}`", d.source), d.config_text.clone())).collect()
+    measured.map(|d| format!("`{}`", d.source)).collect()
 }
 
 /// The report's paragraph on what each target is.
@@ -86,8 +85,7 @@ pub fn plot_path(out: &Path, section: &str) -> PathBuf {
 /// Write the section, the CSV rows and the plot of one sweep.
 pub fn write_outputs(opts: &SweepOptions, layout: &Layout, results: &Results) -> Result<()> {
     let env = Environment::detect();
-    let haproxy_cfg = cluster::haproxy_config(layout)?;
-    let refract_cfgs = refract_configs(layout, &opts.plan.targets);
+    let refract_sources = refract_sources(layout, &opts.plan.targets);
     let targets_note = targets_note(layout, &opts.plan.targets);
     if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -114,8 +112,8 @@ pub fn write_outputs(opts: &SweepOptions, layout: &Layout, results: &Results) ->
         targets: &opts.plan.targets,
         results,
         plot: png_name.as_deref().filter(|_| plotted),
-        haproxy_cfg: opts.plan.targets.iter().any(|t| t == "haproxy").then_some(haproxy_cfg.as_str()),
-        refract_cfgs: &refract_cfgs,
+        haproxy: opts.plan.targets.iter().any(|t| t == "haproxy"),
+        refract_sources: &refract_sources,
         targets_note: &targets_note,
     };
     let existing = std::fs::read_to_string(&opts.out).unwrap_or_default();

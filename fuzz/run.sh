@@ -3,7 +3,8 @@
 # other, then prints executions, time and findings per target from AFL's fuzzer_stats.
 # Exits 1 if any target saved a crash or a hang (inputs under fuzz/out/<target>/default/).
 # Usage: fuzz/run.sh SECONDS   (`make fuzz FUZZ_SECONDS=...`, `make fuzz-smoke`; docs/fuzzing.md)
-# FUZZ_TARGETS narrows the list; FUZZ_NICE (default 10) lowers the fuzzer's priority.
+# FUZZ_TARGETS narrows the list; FUZZ_NICE (default 10) lowers the fuzzer's priority;
+# FUZZ_EXECS=N stops each target after N executions instead (SECONDS is then the time limit).
 set -euo pipefail
 seconds=${1:?usage: run.sh SECONDS}
 cd "$(dirname "$0")"
@@ -25,7 +26,10 @@ mkdir -p out
 for t in "${targets[@]}"; do
   rm -rf "out/$t"
   echo "fuzzing $t for ${seconds}s (log: fuzz/out/$t.log)"
-  nice -n "${FUZZ_NICE:-10}" cargo afl fuzz -V "$seconds" -t 1000 -i "corpus/$t" -o "out/$t" "target/release/$t" \
+  limit=(-V "$seconds")
+  # -E: stop at that many executions (AFL++ checks it between runs, so it may overshoot a little).
+  [ -n "${FUZZ_EXECS:-}" ] && limit+=(-E "$FUZZ_EXECS")
+  nice -n "${FUZZ_NICE:-10}" cargo afl fuzz "${limit[@]}" -t 1000 -i "corpus/$t" -o "out/$t" "target/release/$t" \
     >"out/$t.log" 2>&1 || { echo "afl-fuzz failed for $t:"; tail -20 "out/$t.log"; exit 1; }
 done
 

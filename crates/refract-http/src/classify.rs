@@ -6,34 +6,7 @@ use crate::error::Error;
 use crate::head::RequestHead;
 use serde::{Deserialize, Serialize};
 
-/// Where a request may go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RouteClass {
-    /// One replica (or the primary, if configured).
-    Read,
-    /// The primary.
-    Write,
-    /// Every backend; the client gets the primary's response.
-    All,
-    /// A stored procedure: the primary.
-    Procedure,
-}
-
-impl RouteClass {
-    /// All classes, for metrics.
-    pub const ALL: [RouteClass; 4] = [RouteClass::Read, RouteClass::Write, RouteClass::All, RouteClass::Procedure];
-
-    /// The lowercase name used in headers, config and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RouteClass::Read => "read",
-            RouteClass::Write => "write",
-            RouteClass::All => "all",
-            RouteClass::Procedure => "procedure",
-        }
-    }
-}
+pub use refract_vocab::RouteClass;
 
 /// A configured rule: requests with this method (any, if `None`) under this path prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,5 @@
-//! Accepting client connections, HTTP and PostgreSQL alike: the accept loop, the open
-//! connection gauge per event loop, and bind errors that name their listener. Below the
-//! dispatcher and the PostgreSQL front end, which both accept through it.
+//! Accepting client connections, for every front end: the accept loop, the open connection
+//! gauge per event loop, and bind errors that name their listener.
 
 use crate::metrics::Metrics;
 use prometheus_client::metrics::gauge::Gauge;
@@ -11,17 +10,17 @@ use tokio_util::sync::CancellationToken;
 
 /// A client connection counted as open on its event loop (`refract_client_connections_open`)
 /// until dropped.
-pub(crate) struct OpenConnection(Gauge);
+pub struct OpenConnection(Gauge);
 
 impl OpenConnection {
     /// Counts a new connection on `gauge`.
-    pub(crate) fn count(gauge: Gauge) -> Self {
+    pub fn count(gauge: Gauge) -> Self {
         gauge.inc();
         Self(gauge)
     }
 
     /// A connection already counted on `gauge` (when it was placed on its shard).
-    pub(crate) fn counted(gauge: Gauge) -> Self {
+    pub fn counted(gauge: Gauge) -> Self {
         Self(gauge)
     }
 }
@@ -34,7 +33,7 @@ impl Drop for OpenConnection {
 
 /// Accepts client connections (HTTP or PostgreSQL, `what`) until `stop`, counting each and
 /// handing it (with `TCP_NODELAY`) and its peer address to `place`.
-pub(crate) async fn accept_each(
+pub async fn accept_each(
     stop: &CancellationToken,
     metrics: &Metrics,
     what: &'static str,
@@ -63,6 +62,6 @@ pub(crate) async fn accept_each(
 
 /// Turns a bind error into one that names the config key and the address: "Address already
 /// in use" alone does not say which listener.
-pub(crate) fn named(key: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> std::io::Error {
+pub fn named(key: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> std::io::Error {
     move |e| std::io::Error::new(e.kind(), format!("{key} {addr}: {e}"))
 }

@@ -1,7 +1,6 @@
 //! A backend: its identity, health, counters, and its pool of idle keep-alive connections.
 
 use crate::config::{BackendConfig, Role};
-use crate::error::Error;
 use crate::metrics::BackendCounters;
 use crate::overload::{Admission, AdmissionConfig, PeakEwma};
 use bytes::BytesMut;
@@ -14,6 +13,25 @@ use tokio::net::TcpStream;
 
 /// Read buffer size of a backend connection.
 const BACKEND_BUF: usize = 64 * 1024;
+
+/// Opening a connection to a backend failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The connect failed.
+    #[error("backend {backend}: connect failed: {source}")]
+    Failed {
+        /// The backend's name.
+        backend: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The connect took too long.
+    #[error("backend {backend}: connect timed out")]
+    TimedOut {
+        /// The backend's name.
+        backend: String,
+    },
+}
 
 /// One backend server.
 #[derive(Debug)]
@@ -231,7 +249,7 @@ impl Backend {
     }
 
     /// An idle pooled connection that still looks alive, or a new one.
-    pub async fn checkout(&self, connect_timeout: Duration) -> Result<BackendConn, Error> {
+    pub async fn checkout(&self, connect_timeout: Duration) -> Result<BackendConn, ConnectError> {
         while let Some(conn) = self.pop_idle() {
             if looks_alive(&conn.stream) {
                 return Ok(conn);
@@ -245,11 +263,11 @@ impl Backend {
     }
 
     /// Opens a new connection.
-    pub async fn connect(&self, timeout: Duration) -> Result<BackendConn, Error> {
+    pub async fn connect(&self, timeout: Duration) -> Result<BackendConn, ConnectError> {
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
             Ok(Ok(s)) => s,
-            Ok(Err(source)) => return Err(Error::Connect { backend: self.name.clone(), source }),
-            Err(_) => return Err(Error::ConnectTimeout { backend: self.name.clone() }),
+            Ok(Err(source)) => return Err(ConnectError::Failed { backend: self.name.clone(), source }),
+            Err(_) => return Err(ConnectError::TimedOut { backend: self.name.clone() }),
         };
         let _ = stream.set_nodelay(true);
         Ok(BackendConn { stream, buf: BytesMut::with_capacity(BACKEND_BUF), reused: false })

@@ -1,7 +1,6 @@
 //! The dispatcher's configuration: TOML, unknown keys refused, then validated; every error
 //! names the line it is about. `docs/config.md` documents every key.
 
-use refract_http::RouteRule;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,9 +8,10 @@ use toml::Spanned;
 
 mod admin;
 mod checks;
-pub mod pg;
+mod sections;
 pub use admin::{AdminConfig, MIN_TOKEN_LEN};
-pub use checks::{MAX_COUNT, MAX_MS, MAX_WORKERS};
+pub use checks::{Listener, MAX_COUNT, MAX_MS, MAX_WORKERS};
+pub use sections::Sections;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -34,132 +34,16 @@ pub struct Config {
     /// Backends at start; more can be added through the admin listener.
     #[serde(default, rename = "backend")]
     pub backends: Vec<Spanned<BackendConfig>>,
-    /// Routing rules (method + path prefix → class), tried after the built-in rules.
-    #[serde(default, rename = "route")]
-    pub routes: Vec<RouteRule>,
     /// Overload control (on by default).
     #[serde(default)]
     pub overload: Overload,
-    /// The PostgreSQL front end; absent = off.
-    #[serde(default)]
-    pub postgres: Option<pg::PgConfig>,
-    /// Connection hand-over to agents on the backends' hosts; absent = off.
-    #[serde(default)]
-    pub handover: Option<HandoverConfig>,
     /// Who may drive the admin listener (docs/operations.md).
     #[serde(default)]
     pub admin: AdminConfig,
-}
-
-/// `[handover]`: hand a client connection to the agent in front of a backend, which answers
-/// the client directly and hands the connection back (docs/handover.md).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HandoverConfig {
-    /// `off`, `hybrid` (hand over when a result is at least `threshold` bytes) or `always`.
-    #[serde(default)]
-    pub mode: HandoverMode,
-    /// Smallest result, in bytes, that hybrid mode hands over.
-    #[serde(default = "default_threshold")]
-    pub threshold: u64,
-    /// The agent in front of each backend, by backend name: `"unix:/path"` (same host, the
-    /// socket moves by SCM_RIGHTS) or `"IP:port"` (its control listener, cross host).
-    #[serde(default)]
-    pub agents: std::collections::BTreeMap<String, AgentAddr>,
-    /// File holding the control key shared with the agents (needed for `IP:port` agents).
-    #[serde(default)]
-    pub key_file: Option<std::path::PathBuf>,
-    /// The client-facing interface whose ingress FREEZEs and STEERs handed-over flows
-    /// (`IP:port` agents on other hosts); absent = no steering (agents in this kernel only).
-    #[serde(default)]
-    pub interface: Option<String>,
-    /// Flows the steering map holds (a full map means: relay instead).
-    #[serde(default = "default_map_capacity")]
-    pub map_capacity: u32,
-    /// How long the agent waits for the client's next request before handing the connection
-    /// back, in milliseconds (0: hand back at once when nothing is buffered; at most
-    /// [`MAX_IDLE_MS`]). Each request that does arrive is routed by the dispatcher (`Next`).
-    #[serde(default = "default_idle_ms")]
-    pub idle_ms: u32,
-}
-
-/// Longest `[handover] idle_ms`: while the agent waits, the session waits for its hand-back
-/// (it sees neither the client's idle timeout nor a drain), so the wait stays short.
-pub const MAX_IDLE_MS: u32 = 1000;
-
-fn default_map_capacity() -> u32 {
-    65_536
-}
-
-fn default_idle_ms() -> u32 {
-    20
-}
-
-/// The measured crossover (docs/benchmarks.md, `bench paper` at 1 Gbit/s): handing over lost to
-/// relaying at 4 KiB (0.5×) and won at 32 KiB (2×).
-fn default_threshold() -> u64 {
-    32 << 10
-}
-
-/// When the dispatcher hands a connection over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HandoverMode {
-    /// Never: every result is relayed.
-    #[default]
-    Off,
-    /// When the agent finds the result large (at least `threshold` bytes).
-    Hybrid,
-    /// Every read whose backend has an agent.
-    Always,
-}
-
-/// Where an agent listens.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub enum AgentAddr {
-    /// Same host: a Unix socket path.
-    Unix(std::path::PathBuf),
-    /// Another host: its control listener.
-    Tcp(SocketAddr),
-}
-
-impl TryFrom<String> for AgentAddr {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.strip_prefix("unix:") {
-            Some("") => Err("agent address \"unix:\" needs a path".into()),
-            Some(path) => Ok(AgentAddr::Unix(path.into())),
-            None => s
-                .parse()
-                .map(AgentAddr::Tcp)
-                .map_err(|_| format!("agent address {s:?}: want \"unix:/path\" or \"IP:port\"")),
-        }
-    }
-}
-
-impl HandoverConfig {
-    fn validate(&self, backends: &[Spanned<BackendConfig>], text: &str) -> Result<(), String> {
-        let at = find_key_line(text, "handover");
-        if self.threshold == 0 || self.map_capacity == 0 {
-            return Err(format!("line {at}: [handover] threshold and map_capacity must be > 0"));
-        }
-        if self.idle_ms > MAX_IDLE_MS {
-            return Err(format!("line {at}: [handover] idle_ms must be at most {MAX_IDLE_MS}"));
-        }
-        if self.mode != HandoverMode::Off && self.agents.is_empty() {
-            return Err(format!("line {at}: [handover] mode {:?} needs at least one agent", self.mode));
-        }
-        if let Some(name) = self.agents.keys().find(|n| !backends.iter().any(|b| &b.get_ref().name == *n)) {
-            return Err(format!("line {at}: [handover.agents] {name:?} is not a backend"));
-        }
-        let tcp = self.agents.values().any(|a| matches!(a, AgentAddr::Tcp(_)));
-        if tcp && self.key_file.is_none() {
-            return Err(format!("line {at}: [handover] agents at IP:port need key_file"));
-        }
-        Ok(())
-    }
+    /// The front ends' own sections (`[postgres]`, `[[route]]`, `[handover]`, ...), parsed
+    /// and checked by the dispatcher, carried here unread (see [`Sections`]).
+    #[serde(skip)]
+    pub sections: Sections,
 }
 
 /// `[overload]`: admission control, deadlines, retries, ejection. On by default, so an
@@ -479,13 +363,20 @@ impl Config {
 
     /// Parses and validates configuration text whose relative paths start at `base`.
     pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
-        let mut cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
-        checks::all(&cfg, text)?;
-        cfg.admin.resolve(cfg.listen.admin, base, find_key_line(text, "admin"))?;
-        if let Some(p) = &mut cfg.listen.admin_socket {
+        let cfg: Config = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
+        cfg.checked(text, base, &[])
+    }
+
+    /// Checks the engine's sections of a configuration read from `text` (whose relative paths
+    /// start at `base`) and resolves its paths; `others` are the front ends' listeners, which
+    /// must not clash with the engine's.
+    pub fn checked(mut self, text: &str, base: &Path, others: &[Listener]) -> Result<Config, String> {
+        checks::all(&self, text, others)?;
+        self.admin.resolve(self.listen.admin, base, find_key_line(text, "admin"))?;
+        if let Some(p) = &mut self.listen.admin_socket {
             *p = base.join(&*p);
         }
-        cfg.validate(text)
+        self.validate(text)
     }
 
     fn validate(self, text: &str) -> Result<Config, String> {
@@ -532,9 +423,6 @@ impl Config {
                 find_key_line(text, "[[overload.user]]")
             ));
         }
-        if let Some(h) = &self.handover {
-            h.validate(&self.backends, text)?;
-        }
         if self.listen.busy_poll_us > MAX_BUSY_POLL_US {
             return Err(format!(
                 "line {}: [listen] busy_poll_us must be ≤ {MAX_BUSY_POLL_US} (polling longer than that saves nothing)",
@@ -576,18 +464,21 @@ pub fn validate_backend(b: &BackendConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+/// A TOML error with the line it is about.
+pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
     match e.span() {
         Some(span) => format!("line {}: {}", line_of(text, span.start), e.message()),
         None => e.message().to_string(),
     }
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
+/// The line of byte `offset` in `text`.
+pub fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-fn find_key_line(text: &str, key: &str) -> usize {
+/// The first line that starts with `key` or holds `[key]` (0 when none).
+pub fn find_key_line(text: &str, key: &str) -> usize {
     text.lines().position(|l| l.trim_start().starts_with(key) || l.contains(&format!("[{key}]"))).map_or(0, |i| i + 1)
 }
 
@@ -649,35 +540,6 @@ mod tests {
              [[backend]]\nname = \"b\"\naddr = \"127.0.0.1:2\"\nrole = \"primary\"\n"
         );
         assert!(Config::parse(&text).unwrap_err().contains("second primary"));
-    }
-
-    #[test]
-    fn handover_section() {
-        let b = "[[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\n";
-        assert!(Config::parse(MIN).unwrap().handover.is_none());
-        let c = Config::parse(&format!(
-            "{MIN}{b}[handover]\nmode = \"always\"\nagents = {{ b1 = \"unix:/tmp/a.sock\" }}\n"
-        ))
-        .unwrap();
-        let h = c.handover.unwrap();
-        assert_eq!((h.mode, h.threshold, h.idle_ms), (HandoverMode::Always, 32 << 10, 20));
-        assert_eq!(h.agents["b1"], AgentAddr::Unix("/tmp/a.sock".into()));
-        let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"hybrid\"\n")).unwrap_err();
-        assert!(e.contains("at least one agent"), "{e}");
-        let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b9 = \"unix:/a\" }}\n")).unwrap_err();
-        assert!(e.contains("not a backend"), "{e}");
-        let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"198.18.0.21:7000\" }}\n")).unwrap_err();
-        assert!(e.contains("key_file"), "{e}");
-        let e = Config::parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"nowhere\" }}\n")).unwrap_err();
-        assert!(e.contains("unix:/path"), "{e}");
-        let e = Config::parse(&format!("{MIN}{b}[handover]\nmode = \"sometimes\"\n")).unwrap_err();
-        assert!(e.starts_with("line 13:"), "{e}");
-        let agents = "agents = { b1 = \"unix:/a\" }\n";
-        let c = Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = 0\n{agents}")).unwrap();
-        assert_eq!(c.handover.unwrap().idle_ms, 0);
-        let e = Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = 1001\n{agents}")).unwrap_err();
-        assert!(e.contains("idle_ms must be at most 1000"), "{e}");
-        assert!(Config::parse(&format!("{MIN}{b}[handover]\nidle_ms = -1\n{agents}")).is_err());
     }
 
     #[test]

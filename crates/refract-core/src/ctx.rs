@@ -1,10 +1,9 @@
 //! The state every session and service shares ([`Ctx`]): the configuration in force, the
-//! backends, metrics, the classifier, the retry budget and user limits, the stop token, the
-//! PostgreSQL front end's state. It sits below every service: the dispatcher builds it and
+//! backends, metrics, the retry budget and user limits, the stop token. It sits below every service: the dispatcher builds it and
 //! hands it to them, none of them is reached through it.
 
 use crate::config::Config;
-use crate::live::{Live, LiveClassifier, LiveConfig};
+use crate::live::{Live, LiveConfig};
 use crate::membership::Membership;
 use crate::metrics::Metrics;
 use crate::overload::{RetryBudget, UserLimits};
@@ -19,16 +18,12 @@ pub struct Ctx {
     pub members: Membership,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Request classification (from the configuration in force).
-    pub classifier: LiveClassifier,
     /// Cancelled when the dispatcher starts draining.
     pub stop: CancellationToken,
     /// Retries allowed (shared by all sessions).
     pub budget: RetryBudget,
     /// Per-user token buckets.
     pub users: UserLimits,
-    /// The PostgreSQL front end's shared state, once it runs (for the admin `/pg/*` views).
-    pub(crate) pg: std::sync::OnceLock<Arc<crate::pg::shared::Shared>>,
     /// The file the configuration came from, which a reload reads again.
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Set when a drain ended with sessions still open.
@@ -49,21 +44,20 @@ impl Ctx {
         let o = &cfg.overload;
         let budget = RetryBudget::new(o.retry_budget_ratio, o.retry_budget_floor, 100.0);
         let users = UserLimits::new(o.users.iter().map(|u| (u.name.as_str(), u.rate, u.burst)));
-        let (stop, pg) = (CancellationToken::new(), std::sync::OnceLock::new());
-        let live = Live::new(cfg);
-        let (cfg, classifier) = (LiveConfig(live.clone()), LiveClassifier(live));
+        let stop = CancellationToken::new();
+        let cfg = LiveConfig(Live::new(cfg));
         let (config_path, drain_timed_out) = (Default::default(), Default::default());
-        Arc::new(Ctx { cfg, members, metrics, classifier, stop, budget, users, pg, config_path, drain_timed_out })
+        Arc::new(Ctx { cfg, members, metrics, stop, budget, users, config_path, drain_timed_out })
     }
 
     /// Puts a validated configuration in force (a reload has already applied its membership
     /// and kept the parts that need a restart).
-    pub(crate) fn replace_config(&self, cfg: Config) {
+    pub fn replace_config(&self, cfg: Config) {
         self.cfg.0.replace(cfg);
     }
 
     /// Notes a drain that ended with `left` sessions still open.
-    pub(crate) fn drain_ended(&self, left: usize, shard: Option<usize>) {
+    pub fn drain_ended(&self, left: usize, shard: Option<usize>) {
         if left > 0 {
             self.drain_timed_out.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(?shard, left, "drain timeout: closing remaining connections");

@@ -1,159 +1,36 @@
-//! refract's core: the listener, the session loop, backend pools, routing and balancing, health
-//! checks, runtime membership, the admin listener and metrics. Protocol framing lives in the
-//! protocol crates (`refract-http`, `refract-pg`); this crate drives the sockets.
+//! refract's engine. It runs client connections for front ends it does not know by name
+//! (HTTP, PostgreSQL: `refract-front-http`, `refract-front-pg`) and keeps what they share:
+//! the event loops and listeners, the backends and their health, balancing, admission control
+//! and overload, metrics and the drain. It never names a protocol or the hand-over; its
+//! `Cargo.toml` holds that rule (`make lint` checks it).
 //!
 //! # Layout
-//! - [`config`]: the TOML configuration and its validation.
-//! - [`dispatcher`]: start, the services, accept loops, drain on shutdown.
+//! - [`engine`]: the [`engine::Front`] a protocol plugs in; one event loop per shard or one
+//!   multi-threaded runtime; binding, accepting, placing, draining.
+//! - [`accept`]: the accept loop and the open connections gauge.
+//! - [`config`]: the engine's sections of the TOML configuration and their checks; the front
+//!   ends' sections ride along in [`config::Sections`].
 //! - [`ctx`]: the state every session and service shares ([`ctx::Ctx`]).
-//! - `accept`: accepting client connections (HTTP and PostgreSQL), counted per event loop.
-//! - `session`: the client session loop (one request at a time, in order).
-//! - `request`: a request's body, the request ready to forward, a failed exchange.
-//! - `forward`: one request to one backend: admission, exchange, retry, learning.
-//! - `relay`: moving bodies between client and backend with bounded buffers.
-//! - `fanout`: class `all`, sent to every backend.
+//! - [`live`]: the configuration in force, swapped whole by a reload.
 //! - [`membership`]: backends at runtime and the choice of one per request.
-//! - [`backend`]: one backend, its health and its connection pool.
-//! - `handover`: handing a client connection to a backend's agent and taking it back.
-//! - `health`: active health checks.
-//! - `admin`: `/backends`, drain, `/reload`, `/metrics`; who may use it (`admin/guard.rs`).
-//! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
-//! - `live`: the configuration in force, swapped whole by a reload.
-//! - [`metrics`]: Prometheus metrics.
-//! - [`pg`]: the PostgreSQL front end.
+//! - [`backend`]: one backend, its health, ejection, admission and connection pool.
 //! - [`overload`]: admission limits, queues, deadlines, retry budget.
-//! - [`shard`]: which per-core event loop the current thread is.
-//! - [`conn`]: a client connection and its buffer.
-//! - [`error`]: the error type.
+//! - [`metrics`]: Prometheus metrics.
+//! - [`shard`]: which per-core event loop the current thread is; [`spin`]: busy polling.
+//!
+//! The words shared with the front ends (route class, error side) are in `refract-vocab`.
 
-mod accept;
-mod admin;
+pub mod accept;
 pub mod backend;
 pub mod config;
-pub mod conn;
 pub mod ctx;
-pub mod dispatcher;
-pub mod error;
-mod fanout;
-mod forward;
-mod handover;
-mod health;
-mod live;
+pub mod engine;
+pub mod live;
 pub mod membership;
 pub mod metrics;
 pub mod overload;
-pub mod pg;
-mod relay;
-mod reload;
-mod request;
-mod session;
 pub mod shard;
 pub mod spin;
 
 pub use config::Config;
-pub use dispatcher::Dispatcher;
-pub use error::Error;
-
-use std::path::Path;
-
-/// How a dispatcher run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// Every session finished within `drain_ms`.
-    Drained,
-    /// The drain timed out with sessions still open (they were cut).
-    DrainTimedOut,
-}
-
-impl Exit {
-    /// The process exit code (docs/operations.md): 0 drained, 3 the drain timed out.
-    pub fn code(self) -> i32 {
-        match self {
-            Exit::Drained => 0,
-            Exit::DrainTimedOut => 3,
-        }
-    }
-
-    fn of(ctx: &ctx::Ctx) -> Exit {
-        match ctx.drain_timed_out.load(std::sync::atomic::Ordering::Relaxed) {
-            true => Exit::DrainTimedOut,
-            false => Exit::Drained,
-        }
-    }
-}
-
-pub use reload::request as request_reload;
-
-/// Loads the configuration and runs the dispatcher until SIGINT/SIGTERM, reloading it on
-/// SIGHUP; then drains and says whether the drain finished in time.
-pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<Exit> {
-    let cfg = Config::load(path)?;
-    let workers = match cfg.listen.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
-    if cfg.listen.runtime == config::RuntimeKind::PerCore {
-        shard::set_count(workers);
-        let ctx = ctx::Ctx::new(cfg);
-        let _ = ctx.config_path.set(path.to_path_buf());
-        // Handlers are installed before any listener opens: a SIGHUP must never find the
-        // default action (terminate) in place.
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let signals = {
-            let _in = rt.enter();
-            Signals::install()?
-        };
-        let stopper = ctx.clone();
-        std::thread::Builder::new().name("refract-signals".into()).spawn(move || {
-            rt.block_on(signals.serve(&stopper));
-            stopper.stop.cancel();
-        })?;
-        dispatcher::run_sharded(ctx.clone(), workers)?;
-        return Ok(Exit::of(&ctx));
-    }
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    rt.worker_threads(workers);
-    rt.enable_all().build()?.block_on(async move {
-        let signals = Signals::install()?;
-        let dispatcher = Dispatcher::start(cfg).await?;
-        let ctx = dispatcher.ctx().clone();
-        let _ = ctx.config_path.set(path.to_path_buf());
-        signals.serve(&ctx).await;
-        dispatcher.shutdown().await;
-        Ok(Exit::of(&ctx))
-    })
-}
-
-/// The signals the dispatcher acts on.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    /// Installs the handlers (on the current runtime).
-    fn install() -> std::io::Result<Signals> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Signals {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
-        })
-    }
-
-    /// Reloads on every SIGHUP; returns at SIGTERM or SIGINT (time to drain).
-    async fn serve(mut self, ctx: &ctx::Ctx) {
-        loop {
-            tokio::select! {
-                _ = self.term.recv() => break,
-                _ = self.int.recv() => break,
-                _ = self.hup.recv() => {
-                    tracing::info!("SIGHUP: reloading the configuration");
-                    let _ = reload::reload_logged(ctx);
-                }
-            }
-        }
-        tracing::info!("signal received: draining");
-    }
-}
+pub use ctx::Ctx;

@@ -1,21 +1,18 @@
 //! The configuration in force, swapped whole by a reload while every reader keeps writing
-//! `ctx.cfg.timeouts.request_ms`: [`LiveConfig`] and [`LiveClassifier`] dereference to the
-//! current generation. A generation is never freed (each reload keeps the replaced one, a few
+//! `ctx.cfg.timeouts.request_ms`: [`LiveConfig`] dereferences to the current generation (the
+//! front ends' sections, and what they derive from them, come with it). A generation is never freed (each reload keeps the replaced one, a few
 //! kilobytes, in memory) because sessions may hold references into it across awaits; the
 //! current one is cached per thread, so the hot path reads one shared, rarely written atomic.
 
 use crate::config::Config;
-use refract_http::Classifier;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-/// One validated configuration and what is derived from it.
+/// One validated configuration.
 pub struct Generation {
     /// The configuration.
     pub cfg: Config,
-    /// Request classification built from its routes.
-    pub classifier: Classifier,
 }
 
 /// Ids unique across every [`Live`] in the process, so a thread's cache never confuses two.
@@ -63,7 +60,7 @@ impl Live {
 
 impl Generation {
     fn of(cfg: Config) -> Self {
-        Generation { classifier: Classifier::new(cfg.routes.clone()), cfg }
+        Generation { cfg }
     }
 }
 
@@ -74,16 +71,6 @@ impl std::ops::Deref for LiveConfig {
     type Target = Config;
     fn deref(&self) -> &Config {
         &self.0.get().cfg
-    }
-}
-
-/// `ctx.classifier`: the classifier of the configuration in force.
-pub struct LiveClassifier(pub(crate) Arc<Live>);
-
-impl std::ops::Deref for LiveClassifier {
-    type Target = Classifier;
-    fn deref(&self) -> &Classifier {
-        &self.0.get().classifier
     }
 }
 

@@ -7,7 +7,7 @@ use crate::config::{validate_backend, BackendConfig, Balance, Overload, Policy, 
 use crate::metrics::Metrics;
 use crate::overload::AdmissionConfig;
 use rand::Rng;
-use refract_http::RouteClass;
+use refract_vocab::RouteClass;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 

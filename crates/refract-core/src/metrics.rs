@@ -8,7 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use refract_http::RouteClass;
+use refract_vocab::RouteClass;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 

@@ -9,7 +9,7 @@
 //! it waits for readability and allocates only once the client sends (docs/operations.md,
 //! "Timeouts").
 
-use crate::config::Timeouts;
+use refract_core::config::Timeouts;
 use crate::error::Error;
 use bytes::{Buf, Bytes, BytesMut};
 use refract_http::{BodyKind, ChunkedDecoder, RequestHead};
@@ -155,7 +155,7 @@ impl<S: ClientStream> ClientConn<S> {
         }
         self.buf.reserve(HEAD_CHUNK);
         let read = self.stream.try_read_buf(&mut self.buf);
-        crate::spin::note();
+        refract_core::spin::note();
         match read {
             Ok(0) => Ok(Err(Idle::Closed)),
             Ok(_) => Ok(Ok(())),
@@ -179,7 +179,7 @@ impl<S: ClientStream> ClientConn<S> {
             self.buf.reserve(chunk);
         }
         let read = timeout(wait, self.stream.read_buf(&mut self.buf)).await;
-        crate::spin::note();
+        refract_core::spin::note();
         match read {
             Err(_) => Err(Error::ClientTimeout { what, ms: wait.as_millis() as u64 }),
             Ok(Ok(0)) => Err(Error::ClientIo(std::io::ErrorKind::UnexpectedEof.into())),

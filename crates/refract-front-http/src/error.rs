@@ -1,17 +1,9 @@
-//! The core's error type: each error says whose fault it was and whether a retry may help.
+//! The HTTP front end's error type: each error says whose fault it was, whether a retry may
+//! help, and the HTTP status its client gets.
 
+use refract_core::backend::ConnectError;
+pub use refract_vocab::Side;
 use std::io;
-
-/// Whose fault an error is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The client sent something wrong or went away.
-    Client,
-    /// A backend failed or misbehaved.
-    Backend,
-    /// refract itself (e.g. no backend available).
-    Internal,
-}
 
 /// What can go wrong while serving a request.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +100,15 @@ pub enum Error {
         /// The status it sent.
         status: u16,
     },
+}
+
+impl From<ConnectError> for Error {
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Failed { backend, source } => Error::Connect { backend, source },
+            ConnectError::TimedOut { backend } => Error::ConnectTimeout { backend },
+        }
+    }
 }
 
 impl Error {

@@ -2,10 +2,10 @@
 //! once; the client gets the primary's response only if every backend succeeded, otherwise a
 //! 502 naming the backend that failed.
 
-use crate::backend::Backend;
-use crate::config::Role;
+use refract_core::backend::Backend;
+use refract_core::config::Role;
 use crate::conn::ClientConn;
-use crate::ctx::Ctx;
+use refract_core::ctx::Ctx;
 use crate::error::Error;
 use crate::relay::{self, Sink};
 use crate::request::Failure;

@@ -4,11 +4,11 @@
 //! retried once, on another backend, within the retry budget, if nothing reached the client;
 //! writes never are.
 
-use crate::backend::{Backend, BackendConn};
+use refract_core::backend::{Backend, BackendConn};
 use crate::conn::ClientConn;
-use crate::ctx::Ctx;
+use refract_core::ctx::Ctx;
 use crate::error::Error;
-use crate::overload::{Outcome, Permit, Refusal};
+use refract_core::overload::{Outcome, Permit, Refusal};
 use crate::relay::{self, Sink};
 use crate::request::{Failure, ReqBody, Request};
 use bytes::Bytes;
@@ -189,7 +189,7 @@ async fn exchange_within(
     timeout: Duration,
     connect: Duration,
 ) -> Result<Done, Failure> {
-    let mut bc = b.checkout(connect).await.map_err(Failure::untouched)?;
+    let mut bc = b.checkout(connect).await.map_err(|e| Failure::untouched(e.into()))?;
     let sent = send_request(conn, &mut bc, &b.name, head_bytes, req.body).await.map_err(Failure::untouched)?;
     ctx.metrics.bytes_to_backend.inc_by(sent);
     let mut written = 0u64;

@@ -2,9 +2,9 @@
 //! of a configured path that must answer 2xx); a failing backend is marked down and skipped, a
 //! recovered one comes back. Requests mark a backend down at once when connecting fails.
 
-use crate::backend::Backend;
-use crate::config::Health;
-use crate::ctx::Ctx;
+use refract_core::backend::Backend;
+use refract_core::config::Health;
+use refract_core::ctx::Ctx;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

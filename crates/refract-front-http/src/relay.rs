@@ -2,7 +2,7 @@
 //! a sink (the client, or a buffer for fan-out). Bodies stream through a bounded buffer, so
 //! memory per connection stays bounded whatever the size of a result.
 
-use crate::backend::BackendConn;
+use refract_core::backend::BackendConn;
 use crate::conn::ClientConn;
 use crate::error::Error;
 use bytes::Buf;
@@ -60,7 +60,7 @@ pub async fn request_body(
 async fn read_more(bc: &mut BackendConn, timeout: Duration, backend: &str, eof_ok: bool) -> Result<usize, Error> {
     bc.buf.reserve(READ_CHUNK);
     let read = tokio::time::timeout(timeout, bc.stream.read_buf(&mut bc.buf)).await;
-    crate::spin::note();
+    refract_core::spin::note();
     match read {
         Err(_) => Err(Error::ResponseTimeout { backend: backend.to_string() }),
         Ok(Err(source)) => Err(Error::BackendIo { backend: backend.to_string(), source }),

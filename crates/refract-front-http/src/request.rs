@@ -3,7 +3,7 @@
 //! session loop, taken by forwarding, fan-out and hand-over; below all of them.
 
 use crate::error::Error;
-use crate::overload::{Arrival, Priority};
+use refract_core::overload::{Arrival, Priority};
 use bytes::Bytes;
 use refract_http::{BodyKind, RequestHead, RouteClass};
 use tokio::time::Instant;

@@ -3,12 +3,13 @@
 //! are served one at a time in arrival order, so pipelined responses keep their order and the
 //! connection is quiescent at every request boundary (where a hand-over can happen later).
 
+use crate::config::HttpConfig;
 use crate::conn::{ClientConn, ClientTimeouts};
-use crate::ctx::Ctx;
+use refract_core::ctx::Ctx;
 use crate::error::Error;
 use crate::fanout;
 use crate::forward;
-use crate::overload::{Arrival, Priority};
+use refract_core::overload::{Arrival, Priority};
 use crate::request::{ReqBody, Request};
 use bytes::Bytes;
 use refract_http::chunked::decode_all;
@@ -86,7 +87,7 @@ async fn serve(
         return reply_error(ctx, conn, &Error::RateLimited(user.to_string()), keep).await;
     }
     let offered = crate::handover::Offered { class, head_bytes: &head_bytes, body: &body };
-    if ctx.cfg.handover.is_some() {
+    if HttpConfig::of(&ctx.cfg).handover.is_some() {
         let ho = ho.get_or_insert_with(|| Box::new(crate::handover::Session::new()));
         if let Some(go_on) = crate::handover::offer(ctx, conn, ho, &offered).await {
             return if go_on { Next::Continue } else { Next::Close };
@@ -136,13 +137,13 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
     let limit = ctx.cfg.limits.max_buffered_body;
     let mut body = match head.body {
         BodyKind::None => ReqBody::Buffered(Bytes::new()),
-        kind if ctx.classifier.needs_body(head) => ReqBody::Buffered(conn.read_body(kind, limit).await?),
+        kind if HttpConfig::of(&ctx.cfg).classifier.needs_body(head) => ReqBody::Buffered(conn.read_body(kind, limit).await?),
         kind => ReqBody::Stream(kind),
     };
     let class = match &body {
-        ReqBody::Buffered(raw) if head.body == BodyKind::Chunked => ctx.classifier.classify(head, &decode_all(raw))?,
-        ReqBody::Buffered(raw) => ctx.classifier.classify(head, raw)?,
-        ReqBody::Stream(_) => ctx.classifier.classify(head, &[])?,
+        ReqBody::Buffered(raw) if head.body == BodyKind::Chunked => HttpConfig::of(&ctx.cfg).classifier.classify(head, &decode_all(raw))?,
+        ReqBody::Buffered(raw) => HttpConfig::of(&ctx.cfg).classifier.classify(head, raw)?,
+        ReqBody::Stream(_) => HttpConfig::of(&ctx.cfg).classifier.classify(head, &[])?,
     };
     match (class, &body) {
         (RouteClass::All, ReqBody::Stream(kind)) => body = ReqBody::Buffered(conn.read_body(*kind, limit).await?),
@@ -182,13 +183,13 @@ async fn reply_error(ctx: &Ctx, conn: &mut ClientConn, err: &Error, keep: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use refract_core::Config;
 
     /// Every idle connection holds this future: it must stay small (the state of serving a
     /// request, several KiB, is boxed and lives only while a request is served).
     #[tokio::test]
     async fn an_idle_session_is_small() {
-        let ctx = crate::ctx::Ctx::new(Config::parse(
+        let ctx = refract_core::ctx::Ctx::new(Config::parse(
             "[listen]\nhttp = \"127.0.0.1:0\"\n[[backend]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n",
         )
         .unwrap());

@@ -20,7 +20,7 @@
 use super::error::PgError;
 use super::session::Session;
 use super::wire::STREAM_ABOVE;
-use crate::config::pg::PgRole;
+use crate::config::PgRole;
 use bytes::BytesMut;
 use refract_pg::classify::Route;
 use refract_pg::frame::Header;

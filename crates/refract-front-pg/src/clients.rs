@@ -1,6 +1,6 @@
 //! [`Clients`]: the connected PostgreSQL clients and what each is doing (`GET /pg/clients`).
 
-use crate::config::pg::PoolMode;
+use crate::config::PoolMode;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -61,7 +61,7 @@ pub struct ClientInfo {
     pub pool_mode: PoolMode,
     /// Whether it connected over TLS.
     pub tls: bool,
-    /// The event loop serving it (`crate::shard::current()` at login).
+    /// The event loop serving it (`refract_core::shard::current()` at login).
     pub shard: usize,
     state: AtomicU8,
     /// Index + 1 in `Servers::list` of the server connection it holds; 0 = none.
@@ -87,7 +87,7 @@ impl ClientInfo {
             remote,
             pool_mode,
             tls,
-            shard: crate::shard::current(),
+            shard: refract_core::shard::current(),
             state: AtomicU8::new(ClientState::Idle as u8),
             bound: AtomicUsize::new(0),
             pinned: AtomicU8::new(0),

@@ -339,17 +339,6 @@ mod tests {
     }
 
     #[test]
-    fn the_example_has_the_documented_addresses() {
-        let cfg = crate::Config::parse(include_str!("../../../../examples/postgres.toml")).map(|c| c.postgres);
-        let pg = cfg.ok().flatten().map(|p| {
-            let servers: Vec<String> = p.servers.iter().map(|s| format!("{} {:?}", s.addr, s.role)).collect();
-            (p.listen.to_string(), servers, p.user("refract").map(|u| u.method))
-        });
-        let servers = vec!["127.0.0.1:5433 Primary".to_owned(), "127.0.0.1:5434 Replica".to_owned()];
-        assert_eq!(pg, Some(("127.0.0.1:6432".to_owned(), servers, Some(AuthMethod::ScramSha256))));
-    }
-
-    #[test]
     fn defaults_and_validation() {
         let c = parse("").map_err(|e| e.to_string());
         let c = c.as_ref().map(|c| (c.pool_mode, c.pool_size, c.read_your_writes, c.login_timeout_ms));

@@ -1,8 +1,10 @@
-//! The PostgreSQL front end: a listener speaking the v3 protocol to clients, pooling server
-//! connections and routing each statement to the primary or a replica (`docs/postgres.md`).
+//! refract's PostgreSQL front end, on the engine (`refract-core`): a listener speaking the v3
+//! protocol to clients, pooling server connections and routing each statement to the primary
+//! or a replica (`docs/postgres.md`).
 //!
 //! # Layout
-//! - `[postgres]` ([`PgConfig`]) is parsed and validated in `config/pg.rs`.
+//! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
+//! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
@@ -19,7 +21,7 @@
 //! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary);
 //!   `listen`: a client's LISTEN/UNLISTEN answered by refract, its notifications delivered.
 //! - `extended`: SETs run through the extended protocol, tracked at Sync.
-//! - `shared`: what every session shares (kept in the dispatcher's `ctx`).
+//! - `shared`: what every session shares (kept by the [`PgFront`]).
 //! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
@@ -27,6 +29,7 @@ mod batch;
 mod bind;
 mod cancel;
 mod clients;
+pub mod config;
 mod error;
 mod extended;
 mod held;
@@ -41,77 +44,88 @@ mod reset;
 mod server;
 mod servers;
 mod session;
-pub(crate) mod shared;
+mod shared;
 mod status;
 mod unreadable;
 mod wire;
 
-pub use crate::config::pg::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
+pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
 pub use error::PgError;
 
-use crate::accept::{accept_each, named, OpenConnection};
-use crate::ctx::Ctx;
+use refract_core::engine::{Front, Serving};
+use refract_core::{Config, Ctx};
+use serde_json::Value;
 use shared::Shared;
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::TcpStream;
 
-pub(crate) use status::{clients_view, pools_view, publish_metrics, servers_view};
-
-/// The front end's shared state, built on first use (the pools need the shard count).
-fn shared(ctx: &Ctx, cfg: &PgConfig) -> Arc<Shared> {
-    ctx.pg.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop))).clone()
+/// The PostgreSQL front end: clients on `[postgres] listen`, servers from `[[postgres.server]]`.
+#[derive(Default)]
+pub struct PgFront {
+    /// What every session shares, built on first use (the pools need the shard count).
+    shared: OnceLock<Arc<Shared>>,
 }
 
-/// Binds the PostgreSQL listener and starts serving (and probing the servers) in the background.
-pub async fn start(ctx: Arc<Ctx>, cfg: PgConfig) -> std::io::Result<()> {
-    let listener = TcpListener::bind(cfg.listen).await.map_err(named("[postgres] listen", cfg.listen))?;
-    start_background(&ctx, &cfg);
-    serve(&ctx, &cfg, listener)
-}
-
-/// Starts the health checks and lag polls (once per dispatcher, on any runtime).
-pub(crate) fn start_background(ctx: &Ctx, cfg: &PgConfig) {
-    let shared = shared(ctx, cfg);
-    let servers = shared.servers.clone();
-    let interval = Duration::from_millis(shared.cfg.health_interval_ms);
-    if shared.cfg.read_your_writes && servers.list.iter().any(|s| s.role == PgRole::Replica) {
-        tokio::spawn(servers::run_lsn_poll(servers.clone(), ctx.stop.clone()));
+impl PgFront {
+    /// The front end's shared state for `[postgres]` of the configuration in force.
+    fn shared(&self, ctx: &Ctx) -> Option<Arc<Shared>> {
+        let cfg = ctx.cfg.sections.get::<PgConfig>()?;
+        Some(self.shared.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop))).clone())
     }
-    tokio::spawn(servers::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
+
+    /// An admin view (`/pg/pools`, `/pg/clients`, `/pg/servers`), once the front end runs.
+    pub fn view(&self, path: &str) -> Option<Value> {
+        let shared = self.shared.get()?;
+        match path {
+            "/pg/pools" => Some(status::pools_view(shared)),
+            "/pg/clients" => Some(status::clients_view(shared)),
+            "/pg/servers" => Some(status::servers_view(shared)),
+            _ => None,
+        }
+    }
+
+    /// Brings the pool gauges up to date (before `/metrics` is written).
+    pub fn publish_metrics(&self) {
+        if let Some(shared) = self.shared.get() {
+            status::publish_metrics(shared);
+        }
+    }
 }
 
-/// Serves the clients that `listener` accepts on the current runtime. With the per-core
-/// runtime and `accept = "reuseport"` every shard calls this with its own `SO_REUSEPORT`
-/// listener on the same address, so sessions spread over the cores and each keeps its server
-/// connections on its own loop.
-pub(crate) fn serve(ctx: &Ctx, cfg: &PgConfig, listener: TcpListener) -> std::io::Result<()> {
-    let shared = shared(ctx, cfg);
-    let open = ctx.metrics.open_connections(crate::shard::current());
-    accept_placing(ctx, cfg, listener, move |stream, peer| {
-        let (shared, open) = (shared.clone(), OpenConnection::count(open.clone()));
-        tokio::spawn(async move {
-            session::run(shared, stream, peer).await;
-            drop(open);
-        });
-    })
-}
+impl Front for PgFront {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
 
-/// Accepts PostgreSQL clients on `listener` and hands each (with `TCP_NODELAY`) to `place`
-/// (with `accept = "balanced"`: to the event loop with the fewest open client connections).
-pub(crate) fn accept_placing(
-    ctx: &Ctx,
-    cfg: &PgConfig,
-    listener: TcpListener,
-    place: impl FnMut(tokio::net::TcpStream, std::net::SocketAddr) + Send + 'static,
-) -> std::io::Result<()> {
-    let shared = shared(ctx, cfg);
-    tracing::info!(addr = %listener.local_addr()?, shard = crate::shard::current(), "postgres listening");
-    tokio::spawn(async move { accept_each(&shared.stop, &shared.metrics, "postgres", listener, place).await });
-    Ok(())
-}
+    fn listener(&self, cfg: &Config) -> Option<(&'static str, SocketAddr)> {
+        cfg.sections.get::<PgConfig>().map(|pg| ("[postgres] listen", pg.listen))
+    }
 
-/// Serves one PostgreSQL client connection accepted elsewhere, on the current runtime.
-pub(crate) async fn run_session(ctx: &Ctx, cfg: &PgConfig, stream: tokio::net::TcpStream, peer: std::net::SocketAddr) {
-    session::run(shared(ctx, cfg), stream, peer).await;
+    /// PostgreSQL sessions are not drained: an idle client may stay connected for hours.
+    fn drained(&self) -> bool {
+        false
+    }
+
+    /// Starts the health checks and lag polls.
+    fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
+        let Some(shared) = self.shared(ctx) else { return Ok(()) };
+        let servers = shared.servers.clone();
+        let interval = Duration::from_millis(shared.cfg.health_interval_ms);
+        if shared.cfg.read_your_writes && servers.list.iter().any(|s| s.role == PgRole::Replica) {
+            tokio::spawn(servers::run_lsn_poll(servers.clone(), ctx.stop.clone()));
+        }
+        tokio::spawn(servers::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
+        Ok(())
+    }
+
+    fn serve(&self, ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> Serving {
+        let shared = self.shared(&ctx);
+        Box::pin(async move {
+            if let Some(shared) = shared {
+                session::run(shared, stream, peer).await;
+            }
+        })
+    }
 }

@@ -7,7 +7,7 @@ use super::error::PgError;
 use super::notify::Listening;
 use super::session::Session;
 use super::wire::Incoming;
-use crate::config::pg::PoolMode;
+use crate::config::PoolMode;
 use refract_pg::classify::Statement;
 use refract_pg::frontend::Target;
 use refract_pg::notice::sqlstate;

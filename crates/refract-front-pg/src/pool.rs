@@ -41,7 +41,7 @@ impl Pool {
     pub fn new(addr: SocketAddr, login: Arc<Login>, size: usize, checkout_timeout: Duration) -> Arc<Pool> {
         let slots = Arc::new(Semaphore::new(size));
         let waiting = AtomicUsize::new(0);
-        let idle = (0..crate::shard::count()).map(|_| Mutex::new(vec![])).collect();
+        let idle = (0..refract_core::shard::count()).map(|_| Mutex::new(vec![])).collect();
         Arc::new(Pool { addr, login, idle, slots, size, checkout_timeout, waiting })
     }
 
@@ -54,7 +54,7 @@ impl Pool {
     /// One idle connection for this shard: its own, else (when the pool has no room for a new
     /// one) another shard's, moved here. `None`: open a new one.
     fn take_idle(&self) -> Option<ServerConn> {
-        let here = crate::shard::current();
+        let here = refract_core::shard::current();
         if let Some(c) = self.idle(here).pop() {
             return Some(c);
         }

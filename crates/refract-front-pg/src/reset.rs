@@ -4,7 +4,7 @@
 
 use super::error::PgError;
 use super::session::Session;
-use crate::config::pg::PgRole;
+use crate::config::PgRole;
 use bytes::BytesMut;
 use refract_pg::{BackendMessage, FrontendMessage, TxStatus};
 use std::time::Duration;

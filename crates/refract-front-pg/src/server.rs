@@ -96,7 +96,7 @@ impl ServerConn {
             unnamed: None,
             applied: Some(vec![]),
             broken: false,
-            home: crate::shard::current(),
+            home: refract_core::shard::current(),
         };
         conn.login(login).await?;
         Ok(conn)

@@ -4,8 +4,8 @@
 
 use super::pool::Pool;
 use super::server::{parse_lsn, Login, ServerConn};
-use crate::config::pg::{PgConfig, PgRole};
-use crate::metrics::{BackendCounters, Metrics};
+use crate::config::{PgConfig, PgRole};
+use refract_core::metrics::{BackendCounters, Metrics};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

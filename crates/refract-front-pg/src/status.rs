@@ -4,7 +4,7 @@
 use super::clients::ClientState;
 use super::servers::Server;
 use super::shared::Shared;
-use crate::config::pg::PgRole;
+use crate::config::PgRole;
 use serde_json::{json, Value};
 
 fn role(s: &Server) -> &'static str {

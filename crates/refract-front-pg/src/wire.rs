@@ -157,7 +157,7 @@ impl Wire {
             self.buf.reserve(16 * 1024);
         }
         let n = self.stream.read_buf(&mut self.buf).await.map_err(|e| PgError::io(self.peer, e))?;
-        crate::spin::note();
+        refract_core::spin::note();
         if n == 0 {
             return Err(PgError::Closed(self.peer));
         }

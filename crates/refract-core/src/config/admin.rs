@@ -61,7 +61,7 @@ impl AdminConfig {
 
     /// Whether this section may guard an admin listener on `admin` (a token, or the loopback
     /// opt-in on a loopback address; nothing to guard without a TCP listener).
-    pub(crate) fn fits(&self, admin: Option<SocketAddr>) -> Result<(), String> {
+    pub fn fits(&self, admin: Option<SocketAddr>) -> Result<(), String> {
         match (&self.token, admin) {
             (Some(t), _) if t.len() < MIN_TOKEN_LEN || t.bytes().any(|c| !c.is_ascii_graphic()) => {
                 Err(format!("[admin] token must be at least {MIN_TOKEN_LEN} printable characters without spaces"))

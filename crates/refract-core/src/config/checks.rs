@@ -16,18 +16,21 @@ pub const MAX_MS: u64 = 86_400_000;
 /// Largest count any size or count limit accepts (2^30).
 pub const MAX_COUNT: usize = 1 << 30;
 
-/// Runs every check in this module.
-pub(super) fn all(cfg: &Config, text: &str) -> Result<(), String> {
-    listeners(cfg, text)?;
+/// A front end's listener, for the clash check: (section, key, address).
+pub type Listener = (&'static str, &'static str, SocketAddr);
+
+/// Runs every check in this module; `others` are the front ends' own listeners.
+pub(super) fn all(cfg: &Config, text: &str, others: &[Listener]) -> Result<(), String> {
+    listeners(cfg, text, others)?;
     backends(cfg, text)?;
     bounds(cfg, text)
 }
 
-/// The configured listeners: (section, key, address).
-fn listener_keys(cfg: &Config) -> Vec<(&'static str, &'static str, SocketAddr)> {
+/// The configured listeners: [`Listener`]s.
+fn listener_keys(cfg: &Config, others: &[Listener]) -> Vec<Listener> {
     let mut v = vec![("listen", "http", cfg.listen.http)];
     v.extend(cfg.listen.admin.map(|a| ("listen", "admin", a)));
-    v.extend(cfg.postgres.as_ref().map(|p| ("postgres", "listen", p.listen)));
+    v.extend_from_slice(others);
     v
 }
 
@@ -46,8 +49,8 @@ fn key_line(text: &str, section: &str, key: &str) -> usize {
 }
 
 /// Two listeners on one address (port 0 picks a free port each, so never clashes).
-fn listeners(cfg: &Config, text: &str) -> Result<(), String> {
-    let keys = listener_keys(cfg);
+fn listeners(cfg: &Config, text: &str, others: &[Listener]) -> Result<(), String> {
+    let keys = listener_keys(cfg, others);
     for (i, &(section, key, addr)) in keys.iter().enumerate() {
         let clash = keys[..i].iter().find(|(_, _, a)| a.port() != 0 && a.port() == addr.port() && overlaps(*a, addr));
         if let Some((s, k, _)) = clash {
@@ -63,14 +66,8 @@ fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
     a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified()
 }
 
-/// Backends: at least one (unless `[postgres]` is the front end that serves), no address twice.
+/// Backends: no address twice (whether there must be one is the front ends' business).
 fn backends(cfg: &Config, text: &str) -> Result<(), String> {
-    if cfg.backends.is_empty() && cfg.postgres.is_none() {
-        return Err(format!(
-            "line {}: no [[backend]]: the HTTP front end needs at least one backend",
-            find_key_line(text, "[listen]")
-        ));
-    }
     for (i, b) in cfg.backends.iter().enumerate() {
         let (name, addr) = (&b.get_ref().name, b.get_ref().addr);
         if let Some(o) = cfg.backends[..i].iter().find(|o| o.get_ref().addr == addr) {
@@ -146,15 +143,6 @@ mod tests {
         let e = err(&format!("[listen]\nhttp = \"0.0.0.0:8080\"\nadmin = \"127.0.0.1:8080\"\n{B}"));
         assert!(e.contains("clashes"), "{e}");
         assert!(Config::parse(&format!("[listen]\nhttp = \"127.0.0.1:0\"\n{B}")).is_ok());
-    }
-
-    #[test]
-    fn backends_missing_or_on_one_address_refused() {
-        let e = err("[listen]\nhttp = \"127.0.0.1:8080\"\n");
-        assert!(e.starts_with("line 1:") && e.contains("no [[backend]]"), "{e}");
-        let twice = "[[backend]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\n";
-        let e = err(&format!("[listen]\nhttp = \"127.0.0.1:8080\"\n{B}{twice}"));
-        assert!(e.starts_with("line 7:") && e.contains("\"b\" has the address 127.0.0.1:1 of backend \"a\""), "{e}");
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //! routes it as usual.
 
 use super::Rec;
-use crate::backend::Backend;
-use crate::config::Role;
-use crate::ctx::Ctx;
+use crate::config::HttpConfig;
+use refract_core::backend::Backend;
+use refract_core::config::Role;
+use refract_core::ctx::Ctx;
 use refract_http::{BodyKind, RequestHead, RouteClass};
 use std::sync::Arc;
 
@@ -84,7 +85,7 @@ fn request(ctx: &Ctx, bytes: &[u8]) -> Option<(RouteClass, Option<String>)> {
     if head.body == BodyKind::Chunked || body.len() > ctx.cfg.limits.max_buffered_body || !valid_priority || rewritten {
         return None;
     }
-    let class = ctx.classifier.classify(&head, body).ok()?;
+    let class = HttpConfig::of(&ctx.cfg).classifier.classify(&head, body).ok()?;
     Some((class, head.user))
 }
 

@@ -23,11 +23,11 @@ mod remote;
 mod sizes;
 mod steer;
 
-use crate::backend::Backend;
-use crate::config::{AgentAddr, HandoverMode};
+use refract_core::backend::Backend;
+use crate::config::{AgentAddr, HandoverMode, HttpConfig};
 use crate::conn::ClientConn;
-use crate::ctx::Ctx;
-use crate::metrics::Metrics;
+use refract_core::ctx::Ctx;
+use refract_core::metrics::Metrics;
 use crate::request::ReqBody;
 use bytes::Bytes;
 use refract_handover::control::{ControlChannel, EpochTracker};
@@ -134,7 +134,7 @@ impl Rec<'_> {
 
     /// `[handover] idle_ms`: how long the agent waits for the client's next request.
     fn idle_ms(&self) -> u32 {
-        self.ctx.cfg.handover.as_ref().map_or(0, |h| h.idle_ms)
+        HttpConfig::of(&self.ctx.cfg).handover.as_ref().map_or(0, |h| h.idle_ms)
     }
 
     /// The agent was let to serve a further request (counted like a forwarded read).
@@ -198,7 +198,7 @@ impl Rec<'_> {
 /// A read relayed without the agent (hybrid): remembers its result's size, so that it goes
 /// through the agent again only once its result is large (`sizes.rs`).
 pub(crate) fn relayed_directly(ctx: &Ctx, class: RouteClass, head_bytes: &[u8], body: &ReqBody, bytes: u64) {
-    let hybrid = ctx.cfg.handover.as_ref().is_some_and(|h| h.mode == HandoverMode::Hybrid);
+    let hybrid = HttpConfig::of(&ctx.cfg).handover.as_ref().is_some_and(|h| h.mode == HandoverMode::Hybrid);
     if let (true, RouteClass::Read, ReqBody::Buffered(body)) = (hybrid, class, body) {
         sizes::learn(sizes::key(head_bytes, body), bytes);
     }
@@ -208,7 +208,7 @@ pub(crate) fn relayed_directly(ctx: &Ctx, class: RouteClass, head_bytes: &[u8], 
 /// hand-over does not pay for loading it (≈ 18 ms in the lab). A failure is logged here; every
 /// hand-over then relays with `result="steering"`, as before.
 pub(crate) fn prepare(ctx: &Ctx) {
-    let Some(cfg) = ctx.cfg.handover.as_ref().filter(|h| h.mode != HandoverMode::Off) else { return };
+    let Some(cfg) = HttpConfig::of(&ctx.cfg).handover.as_ref().filter(|h| h.mode != HandoverMode::Off) else { return };
     if let Some(iface) = cfg.interface.as_deref() {
         match steer::with(iface, cfg.map_capacity, |_| Ok(())) {
             Ok(()) => tracing::info!(interface = iface, "hand-over steering attached"),
@@ -264,7 +264,7 @@ pub(crate) struct Offered<'a> {
 /// `Some(go_on)`: the agent answered; `go_on` says whether the session continues (the
 /// connection is back, with any bytes the agent read beyond its last response in `conn.buf`).
 pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req: &Offered<'_>) -> Option<bool> {
-    let cfg = ctx.cfg.handover.as_ref()?;
+    let cfg = HttpConfig::of(&ctx.cfg).handover.as_ref()?;
     if cfg.mode == HandoverMode::Off || req.class != RouteClass::Read {
         return None;
     }

@@ -3,7 +3,7 @@
 //! socket is back here. Attached once, on first use, to `[handover] interface`.
 
 use super::{Declined, Why};
-use crate::metrics::Metrics;
+use refract_core::metrics::Metrics;
 use refract_handover::{FlowKey, SteerTarget, Steering};
 use std::net::Ipv4Addr;
 use std::sync::{Mutex, OnceLock};

@@ -346,6 +346,13 @@ pub struct ConfigError {
     message: String,
 }
 
+impl ConfigError {
+    /// An error in the file at `path`.
+    pub fn new(path: &Path, message: String) -> Self {
+        ConfigError { path: path.display().to_string(), message }
+    }
+}
+
 impl Config {
     /// Reads, parses and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {

@@ -247,7 +247,9 @@ async fn serve_inbox(ctx: Arc<Ctx>, fronts: Fronts, i: usize, feed: Feed, listen
         // Counted on this shard when it was placed.
         let open = OpenConnection::counted(spread.load[i].clone());
         match TcpStream::from_std(placed.stream) {
-            Ok(stream) => spawn_session(ctx.clone(), fronts[placed.front].as_ref(), &sessions, open, (stream, placed.peer)),
+            Ok(stream) => {
+                spawn_session(ctx.clone(), fronts[placed.front].as_ref(), &sessions, open, (stream, placed.peer))
+            }
             Err(e) => {
                 drop(open);
                 tracing::warn!(error = %e, "could not register a client connection");
@@ -315,9 +317,9 @@ fn shard_main(
         match feed {
             Some(feed) => serve_inbox(ctx.clone(), fronts, i, feed, listeners, sessions.clone()).await,
             None => {
-                let loops = listeners.into_iter().map(|(f, l)| {
-                    tokio::spawn(accept_loop(ctx.clone(), fronts[f].clone(), l, sessions.clone()))
-                });
+                let loops = listeners
+                    .into_iter()
+                    .map(|(f, l)| tokio::spawn(accept_loop(ctx.clone(), fronts[f].clone(), l, sessions.clone())));
                 for l in loops.collect::<Vec<_>>() {
                     let _ = l.await;
                 }

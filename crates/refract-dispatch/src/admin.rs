@@ -6,11 +6,15 @@
 
 mod guard;
 
-use crate::config::BackendConfig;
-use crate::conn::{ClientConn, ClientStream};
-use crate::ctx::Ctx;
-use crate::membership::AddError;
 use bytes::Bytes;
+use refract_core::accept::named;
+use refract_core::config::BackendConfig;
+use refract_core::engine::{Front, Serving};
+use refract_core::membership::AddError;
+use refract_core::Config;
+use refract_core::Ctx;
+use refract_front_http::conn::{ClientConn, ClientStream};
+use refract_front_pg::PgFront;
 use refract_http::{reply, RequestHead};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,7 +95,7 @@ pub fn bind_socket(path: &Path, mode: u32) -> std::io::Result<AdminSocket> {
 }
 
 /// Accepts admin connections until the dispatcher stops.
-pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, listener: L) {
+pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, pg: Arc<PgFront>, listener: L) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept_one() => a,
@@ -99,8 +103,8 @@ pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, listener: L) {
         };
         match accepted {
             Ok(stream) => {
-                let ctx = ctx.clone();
-                tokio::spawn(async move { connection(&ctx, ClientConn::new(stream), L::LOCAL).await });
+                let (ctx, pg) = (ctx.clone(), pg.clone());
+                tokio::spawn(async move { connection(&ctx, &pg, ClientConn::new(stream), L::LOCAL).await });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "admin accept failed");
@@ -110,7 +114,7 @@ pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, listener: L) {
     }
 }
 
-async fn connection<S: ClientStream>(ctx: &Ctx, mut conn: ClientConn<S>, local: bool) {
+async fn connection<S: ClientStream>(ctx: &Ctx, pg: &PgFront, mut conn: ClientConn<S>, local: bool) {
     let idle = Duration::from_millis(ctx.cfg.timeouts.client_idle_ms);
     loop {
         let head = match conn.read_head(ctx.cfg.limits.max_head_bytes, idle, &ctx.stop).await {
@@ -131,7 +135,7 @@ async fn connection<S: ClientStream>(ctx: &Ctx, mut conn: ClientConn<S>, local: 
         };
         let close = !head.keep_alive;
         let answer = match guard::check(&ctx.cfg.admin, &head, &raw, local) {
-            Ok(()) => route(ctx, &head, &body, close),
+            Ok(()) => route(ctx, pg, &head, &body, close),
             Err(refusal) => {
                 tracing::warn!(
                     path = head.path(),
@@ -150,16 +154,15 @@ async fn connection<S: ClientStream>(ctx: &Ctx, mut conn: ClientConn<S>, local: 
 }
 
 /// A backend's admin view; with `[handover]` and an agent for it, plus its hand-over totals.
-fn backend_view(ctx: &Ctx, b: &crate::backend::Backend) -> serde_json::Value {
+fn backend_view(ctx: &Ctx, b: &refract_core::backend::Backend) -> serde_json::Value {
     let mut v = serde_json::json!(b.view());
-    let agent = ctx.cfg.handover.as_ref().is_some_and(|h| h.agents.contains_key(&b.name));
-    if let (true, Some(obj)) = (agent, v.as_object_mut()) {
+    if let (true, Some(obj)) = (refract_front_http::has_agent(ctx, &b.name), v.as_object_mut()) {
         obj.insert("handover".into(), ctx.metrics.handover_view(&b.name));
     }
     v
 }
 
-fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
+fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
     let json =
         |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
     match (head.method.as_str(), head.path()) {
@@ -201,24 +204,54 @@ fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
                 ctx.metrics.set_backend(&b.name, b.is_up(), b.inflight());
                 ctx.metrics.set_drained(&b.name, b.is_drained());
             }
-            if let Some(pg) = ctx.pg.get() {
-                crate::pg::publish_metrics(pg);
-            }
-            crate::handover::publish_metrics(&ctx.metrics);
+            pg.publish_metrics();
+            refract_front_http::publish_metrics(ctx);
             reply::response(200, "text/plain; version=0.0.4", ctx.metrics.render().as_bytes(), close)
         }
         ("GET", "/health") => reply::response(200, "text/plain", b"ok\n", close),
-        ("GET", path @ ("/pg/pools" | "/pg/clients" | "/pg/servers")) => match ctx.pg.get() {
+        ("GET", path @ ("/pg/pools" | "/pg/clients" | "/pg/servers")) => match pg.view(path) {
             None => reply::error(404, "the PostgreSQL front end is not configured", &[("path", path)], close),
-            Some(pg) => json(
-                200,
-                match path {
-                    "/pg/pools" => crate::pg::pools_view(pg),
-                    "/pg/clients" => crate::pg::clients_view(pg),
-                    _ => crate::pg::servers_view(pg),
-                },
-            ),
+            Some(view) => json(200, view),
         },
         _ => reply::error(404, "unknown admin path", &[("path", head.path())], close),
+    }
+}
+
+/// The admin API as a front end of the engine: no client listener of its own kind, but its
+/// TCP listener (`[listen] admin`) and Unix socket (`[listen] admin_socket`), started with the
+/// other front ends' background work.
+pub struct Admin {
+    /// The PostgreSQL front end, for its `/pg/*` views and gauges.
+    pub pg: Arc<PgFront>,
+    /// The TCP address bound, once started.
+    pub bound: std::sync::OnceLock<std::net::SocketAddr>,
+}
+
+impl Front for Admin {
+    fn name(&self) -> &'static str {
+        "admin"
+    }
+
+    fn listener(&self, _cfg: &Config) -> Option<(&'static str, std::net::SocketAddr)> {
+        None
+    }
+
+    fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
+        if let Some(path) = &ctx.cfg.listen.admin_socket {
+            let listener = bind_socket(path, ctx.cfg.admin.socket_mode)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("[listen] admin_socket {}: {e}", path.display())))?;
+            tokio::spawn(serve(ctx.clone(), self.pg.clone(), listener));
+        }
+        let Some(addr) = ctx.cfg.listen.admin else { return Ok(()) };
+        let std = std::net::TcpListener::bind(addr).map_err(named("[listen] admin", addr))?;
+        std.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(std)?;
+        let _ = self.bound.set(listener.local_addr()?);
+        tokio::spawn(serve(ctx.clone(), self.pg.clone(), listener));
+        Ok(())
+    }
+
+    fn serve(&self, _ctx: Arc<Ctx>, _stream: TcpStream, _peer: std::net::SocketAddr) -> Serving {
+        Box::pin(async {})
     }
 }

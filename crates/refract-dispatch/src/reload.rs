@@ -4,8 +4,9 @@
 //! hand-over front ends, balancing and admission state) keeps its old value and is logged as
 //! "needs restart". An invalid file changes nothing.
 
-use crate::config::Config;
-use crate::ctx::Ctx;
+use refract_core::{Config, Ctx};
+use refract_front_http::config::HttpConfig;
+use refract_front_pg::PgConfig;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 /// Reloads from the dispatcher's config file, logging the outcome: an error line naming the
 /// problem when the file is refused (the old configuration stays), else what changed.
-pub(crate) fn reload_logged(ctx: &Ctx) -> Result<String, String> {
+pub fn reload_logged(ctx: &Ctx) -> Result<String, String> {
     let result = reload(ctx);
     match &result {
         Ok(summary) => tracing::info!(changes = %summary, "config reloaded"),
@@ -25,7 +26,7 @@ pub(crate) fn reload_logged(ctx: &Ctx) -> Result<String, String> {
 /// Reloads from the dispatcher's config file; returns a summary of what changed.
 fn reload(ctx: &Ctx) -> Result<String, String> {
     let path = ctx.config_path.get().ok_or("the dispatcher was not started from a config file")?;
-    let mut next = Config::load(path).map_err(|e| e.to_string())?;
+    let mut next = crate::config::load(path).map_err(|e| e.to_string())?;
     let kept = keep_restart_only(&ctx.cfg, &mut next);
     // The running admin listener stays: the new [admin] must still guard it.
     next.admin.fits(next.listen.admin).map_err(|e| format!("the running admin listener: {e}"))?;
@@ -36,7 +37,7 @@ fn reload(ctx: &Ctx) -> Result<String, String> {
     for b in ctx.members.snapshot().iter() {
         ctx.metrics.set_drained(&b.name, b.is_drained());
     }
-    if format!("{:?}", ctx.cfg.routes) != format!("{:?}", next.routes) {
+    if format!("{:?}", HttpConfig::of(&ctx.cfg).routes) != format!("{:?}", HttpConfig::of(&next).routes) {
         changes.push("routes".into());
     }
     ctx.replace_config(next);
@@ -57,15 +58,22 @@ fn keep_restart_only(old: &Config, next: &mut Config) -> Vec<&'static str> {
     keep("[balance]", same(&old.balance, &next.balance));
     keep("[health]", same(&old.health, &next.health));
     keep("[overload]", same(&old.overload, &next.overload));
-    keep("[postgres]", same(&old.postgres, &next.postgres));
-    keep("[handover]", same(&old.handover, &next.handover));
+    let (old_http, next_http) = (HttpConfig::of(old), HttpConfig::of(next).clone());
+    let old_pg = old.sections.get::<PgConfig>().cloned();
+    keep("[postgres]", same(&old_pg, &next.sections.get::<PgConfig>()));
+    keep("[handover]", same(&old_http.handover, &next_http.handover));
     keep("[limits] max_idle_per_backend", old.limits.max_idle_per_backend == next.limits.max_idle_per_backend);
     next.listen = old.listen.clone();
     next.balance = old.balance.clone();
     next.health = old.health.clone();
     next.overload = old.overload.clone();
-    next.postgres = old.postgres.clone();
-    next.handover = old.handover.clone();
+    // The new routes, the old hand-over.
+    let http = HttpConfig::new(next_http.routes, old_http.handover.clone());
+    next.sections.insert(http);
+    match old_pg {
+        Some(pg) => next.sections.insert(pg),
+        None => next.sections.remove::<PgConfig>(),
+    }
     next.limits.max_idle_per_backend = old.limits.max_idle_per_backend;
     differ
 }
@@ -74,7 +82,7 @@ fn keep_restart_only(old: &Config, next: &mut Config) -> Vec<&'static str> {
 /// `POST /reload` on its admin listener with the token from `FILE`. Returns its answer; an
 /// error when the dispatcher refused the file (with its reason) or could not be reached.
 pub fn request(config: &Path) -> Result<String, String> {
-    let cfg = Config::load(config).map_err(|e| e.to_string())?;
+    let cfg = crate::config::load(config).map_err(|e| e.to_string())?;
     let post = |host: &str, auth: &str| {
         format!(
             "POST /reload HTTP/1.1\r\nhost: {host}\r\n{auth}content-type: application/json\r\n\

@@ -1,7 +1,7 @@
 //! Every example dispatcher configuration parses and validates.
 #![allow(clippy::unwrap_used)]
 
-use refract_core::Config;
+use refract_dispatch::config;
 use std::path::Path;
 
 fn toml_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -25,7 +25,7 @@ fn every_example_parses() {
     toml_files(&root, &mut files);
     assert!(files.iter().any(|f| f.ends_with("loopback.toml")), "{files:?}");
     for f in files {
-        if let Err(e) = Config::load(&f) {
+        if let Err(e) = config::load(&f) {
             panic!("{e}");
         }
     }
@@ -34,7 +34,7 @@ fn every_example_parses() {
 #[test]
 fn loopback_example_has_the_documented_addresses() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/loopback.toml");
-    let cfg = Config::load(&path).unwrap();
+    let cfg = config::load(&path).unwrap();
     assert_eq!(cfg.listen.http.to_string(), "127.0.0.1:8080");
     assert_eq!(cfg.listen.admin.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:8081"));
     let b: Vec<_> = cfg.backend_list().iter().map(|b| format!("{} {:?} {}", b.name, b.role, b.addr)).collect();

@@ -143,4 +143,3 @@ impl HandoverConfig {
         Ok(())
     }
 }
-

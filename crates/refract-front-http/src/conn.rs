@@ -9,9 +9,9 @@
 //! it waits for readability and allocates only once the client sends (docs/operations.md,
 //! "Timeouts").
 
-use refract_core::config::Timeouts;
 use crate::error::Error;
 use bytes::{Buf, Bytes, BytesMut};
+use refract_core::config::Timeouts;
 use refract_http::{BodyKind, ChunkedDecoder, RequestHead};
 use std::future::Future;
 use std::time::Duration;

@@ -2,14 +2,14 @@
 //! once; the client gets the primary's response only if every backend succeeded, otherwise a
 //! 502 naming the backend that failed.
 
-use refract_core::backend::Backend;
-use refract_core::config::Role;
 use crate::conn::ClientConn;
-use refract_core::ctx::Ctx;
 use crate::error::Error;
 use crate::relay::{self, Sink};
 use crate::request::Failure;
 use bytes::{Buf, Bytes};
+use refract_core::backend::Backend;
+use refract_core::config::Role;
+use refract_core::ctx::Ctx;
 use refract_http::{BodyKind, RequestHead, ResponseHead, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,14 +4,14 @@
 //! retried once, on another backend, within the retry budget, if nothing reached the client;
 //! writes never are.
 
-use refract_core::backend::{Backend, BackendConn};
 use crate::conn::ClientConn;
-use refract_core::ctx::Ctx;
 use crate::error::Error;
-use refract_core::overload::{Outcome, Permit, Refusal};
 use crate::relay::{self, Sink};
 use crate::request::{Failure, ReqBody, Request};
 use bytes::Bytes;
+use refract_core::backend::{Backend, BackendConn};
+use refract_core::ctx::Ctx;
+use refract_core::overload::{Outcome, Permit, Refusal};
 use refract_http::{BodyKind, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,10 +2,10 @@
 //! a sink (the client, or a buffer for fan-out). Bodies stream through a bounded buffer, so
 //! memory per connection stays bounded whatever the size of a result.
 
-use refract_core::backend::BackendConn;
 use crate::conn::ClientConn;
 use crate::error::Error;
 use bytes::Buf;
+use refract_core::backend::BackendConn;
 use refract_http::{BodyKind, ChunkedDecoder, ResponseHead};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};

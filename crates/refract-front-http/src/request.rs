@@ -3,8 +3,8 @@
 //! session loop, taken by forwarding, fan-out and hand-over; below all of them.
 
 use crate::error::Error;
-use refract_core::overload::{Arrival, Priority};
 use bytes::Bytes;
+use refract_core::overload::{Arrival, Priority};
 use refract_http::{BodyKind, RequestHead, RouteClass};
 use tokio::time::Instant;
 

@@ -5,13 +5,13 @@
 
 use crate::config::HttpConfig;
 use crate::conn::{ClientConn, ClientTimeouts};
-use refract_core::ctx::Ctx;
 use crate::error::Error;
 use crate::fanout;
 use crate::forward;
-use refract_core::overload::{Arrival, Priority};
 use crate::request::{ReqBody, Request};
 use bytes::Bytes;
+use refract_core::ctx::Ctx;
+use refract_core::overload::{Arrival, Priority};
 use refract_http::chunked::decode_all;
 use refract_http::{reply, BodyKind, RequestHead, RouteClass};
 use std::sync::Arc;
@@ -137,11 +137,15 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
     let limit = ctx.cfg.limits.max_buffered_body;
     let mut body = match head.body {
         BodyKind::None => ReqBody::Buffered(Bytes::new()),
-        kind if HttpConfig::of(&ctx.cfg).classifier.needs_body(head) => ReqBody::Buffered(conn.read_body(kind, limit).await?),
+        kind if HttpConfig::of(&ctx.cfg).classifier.needs_body(head) => {
+            ReqBody::Buffered(conn.read_body(kind, limit).await?)
+        }
         kind => ReqBody::Stream(kind),
     };
     let class = match &body {
-        ReqBody::Buffered(raw) if head.body == BodyKind::Chunked => HttpConfig::of(&ctx.cfg).classifier.classify(head, &decode_all(raw))?,
+        ReqBody::Buffered(raw) if head.body == BodyKind::Chunked => {
+            HttpConfig::of(&ctx.cfg).classifier.classify(head, &decode_all(raw))?
+        }
         ReqBody::Buffered(raw) => HttpConfig::of(&ctx.cfg).classifier.classify(head, raw)?,
         ReqBody::Stream(_) => HttpConfig::of(&ctx.cfg).classifier.classify(head, &[])?,
     };

@@ -116,7 +116,13 @@ impl Front for PgFront {
         if shared.cfg.read_your_writes && servers.list.iter().any(|s| s.role == PgRole::Replica) {
             tokio::spawn(servers::run_lsn_poll(servers.clone(), ctx.stop.clone()));
         }
-        tokio::spawn(servers::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
+        tokio::spawn(servers::run_health(
+            servers,
+            interval,
+            shared.cfg.min_idle,
+            ctx.metrics.clone(),
+            ctx.stop.clone(),
+        ));
         Ok(())
     }
 

@@ -60,15 +60,15 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Dispatch { config } => {
-            let exit = refract_core::run_dispatcher_from_file(&config)?;
-            if exit != refract_core::Exit::Drained {
+            let exit = refract_dispatch::run_dispatcher_from_file(&config)?;
+            if exit != refract_dispatch::Exit::Drained {
                 tracing::error!(code = exit.code(), "exiting: the drain timed out with connections still open");
                 std::process::exit(exit.code());
             }
             Ok(())
         }
         Cmd::Reload { config } => {
-            let changes = refract_core::request_reload(&config).map_err(anyhow::Error::msg)?;
+            let changes = refract_dispatch::request_reload(&config).map_err(anyhow::Error::msg)?;
             println!("reloaded: {changes}");
             Ok(())
         }

@@ -17,6 +17,11 @@ impl Sections {
         self.0.push(Arc::new(value));
     }
 
+    /// Removes the value of type `T`, if there is one.
+    pub fn remove<T: Any>(&mut self) {
+        self.0.retain(|v| !v.is::<T>());
+    }
+
     /// The value of type `T`, if there is one.
     pub fn get<T: Any>(&self) -> Option<&T> {
         self.0.iter().find_map(|v| v.downcast_ref::<T>())
@@ -43,5 +48,7 @@ mod tests {
         assert_eq!(s.get::<u32>(), Some(&9));
         assert_eq!(s.get::<String>().map(String::as_str), Some("pg"));
         assert_eq!(s.get::<u64>(), None);
+        s.remove::<u32>();
+        assert_eq!((s.get::<u32>(), s.get::<String>().is_some()), (None, true));
     }
 }

@@ -3,8 +3,8 @@
 //! is refused, and writes must be JSON (a form or `text/plain` POST, which a page may send
 //! without a CORS preflight, is refused). `/health` and `/metrics` stay open to scrapers.
 
-use crate::config::AdminConfig;
 use bytes::Bytes;
+use refract_core::config::AdminConfig;
 use refract_http::RequestHead;
 
 /// Why a request was refused.

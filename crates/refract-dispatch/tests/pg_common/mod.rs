@@ -4,8 +4,8 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use bytes::BytesMut;
-use refract_core::dispatcher::{run_sharded, Ctx};
-use refract_core::Config;
+use refract_dispatch::config;
+use refract_dispatch::{run_sharded, Ctx};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::testkit::{self, PgCluster, DATABASE, PASSWORD, USER};
@@ -122,7 +122,7 @@ role = "replica"
             cluster.primary.addr(),
             cluster.replica().addr()
         );
-        let cfg = Config::parse(&text).unwrap();
+        let cfg = config::parse(&text).unwrap();
         refract_core::shard::set_count(SHARDS);
         let ctx = Ctx::new(cfg);
         let run = ctx.clone();

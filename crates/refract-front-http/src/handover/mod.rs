@@ -23,13 +23,13 @@ mod remote;
 mod sizes;
 mod steer;
 
-use refract_core::backend::Backend;
 use crate::config::{AgentAddr, HandoverMode, HttpConfig};
 use crate::conn::ClientConn;
-use refract_core::ctx::Ctx;
-use refract_core::metrics::Metrics;
 use crate::request::ReqBody;
 use bytes::Bytes;
+use refract_core::backend::Backend;
+use refract_core::ctx::Ctx;
+use refract_core::metrics::Metrics;
 use refract_handover::control::{ControlChannel, EpochTracker};
 use refract_handover::local::LocalLink;
 use refract_http::RouteClass;

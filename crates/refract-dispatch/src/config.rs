@@ -1,0 +1,155 @@
+//! The whole configuration file: the engine's sections (`refract_core::config`) and the front
+//! ends' (`[[route]]` and `[handover]` for HTTP, `[postgres]`), parsed in one pass with unknown
+//! keys refused and every error naming its line (`docs/config.md`). The front ends' sections
+//! ride in the engine's [`Config`] as [`Sections`](refract_core::config::Sections).
+
+use refract_core::config::{
+    describe_toml_error, find_key_line, AdminConfig, BackendConfig, Balance, Config, ConfigError, Health, Limits,
+    Listen, Overload, Sections, Timeouts,
+};
+use refract_front_http::config::{HandoverConfig, HttpConfig};
+use refract_front_pg::PgConfig;
+use refract_http::RouteRule;
+use serde::Deserialize;
+use std::path::Path;
+use toml::Spanned;
+
+/// Every section of the file, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: Listen,
+    #[serde(default)]
+    balance: Balance,
+    #[serde(default)]
+    timeouts: Timeouts,
+    #[serde(default)]
+    limits: Limits,
+    #[serde(default)]
+    health: Health,
+    #[serde(default, rename = "backend")]
+    backends: Vec<Spanned<BackendConfig>>,
+    #[serde(default, rename = "route")]
+    routes: Vec<RouteRule>,
+    #[serde(default)]
+    overload: Overload,
+    #[serde(default)]
+    postgres: Option<PgConfig>,
+    #[serde(default)]
+    handover: Option<HandoverConfig>,
+    #[serde(default)]
+    admin: AdminConfig,
+}
+
+/// Reads, parses and validates a configuration file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::new(path, e.to_string()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse_in(&text, base).map_err(|message| ConfigError::new(path, message))
+}
+
+/// Parses and validates configuration text; the error names the line. Relative paths in it
+/// (`[admin] token_file`) are taken from the current directory.
+pub fn parse(text: &str) -> Result<Config, String> {
+    parse_in(text, Path::new("."))
+}
+
+/// Parses and validates configuration text whose relative paths start at `base`.
+pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
+    let f: File = toml::from_str(text).map_err(|e| describe_toml_error(text, &e))?;
+    if f.backends.is_empty() && f.postgres.is_none() {
+        return Err(format!(
+            "line {}: no [[backend]]: the HTTP front end needs at least one backend",
+            find_key_line(text, "[listen]")
+        ));
+    }
+    let others: Vec<_> = f.postgres.iter().map(|p| ("postgres", "listen", p.listen)).collect();
+    let engine = Config {
+        listen: f.listen,
+        balance: f.balance,
+        timeouts: f.timeouts,
+        limits: f.limits,
+        health: f.health,
+        backends: f.backends,
+        overload: f.overload,
+        admin: f.admin,
+        sections: Sections::default(),
+    };
+    let mut cfg = engine.checked(text, base, &others)?;
+    if let Some(h) = &f.handover {
+        h.validate(&cfg.backends, text)?;
+    }
+    cfg.sections.insert(HttpConfig::new(f.routes, f.handover));
+    if let Some(pg) = f.postgres {
+        cfg.sections.insert(pg);
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use refract_front_http::config::{AgentAddr, HandoverMode};
+    use refract_pg::auth::AuthMethod;
+
+    /// A replica, then `[listen]` (so that tests append `[listen]` keys); 7 lines.
+    const MIN: &str =
+        "[[backend]]\nname = \"r0\"\naddr = \"127.0.0.1:9\"\nrole = \"replica\"\n\n[listen]\nhttp = \"127.0.0.1:8080\"\n";
+
+    const B: &str = "[[backend]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n";
+
+    fn err(text: &str) -> String {
+        parse(text).expect_err(text)
+    }
+
+    /// The `[handover]` section of a parsed configuration.
+    fn handover(c: Config) -> Option<HandoverConfig> {
+        HttpConfig::of(&c).handover.clone()
+    }
+    #[test]
+    fn handover_section() {
+        let b = "[[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\n";
+        assert!(handover(parse(MIN).unwrap()).is_none());
+        let c = parse(&format!("{MIN}{b}[handover]\nmode = \"always\"\nagents = {{ b1 = \"unix:/tmp/a.sock\" }}\n"))
+            .unwrap();
+        let h = handover(c).unwrap();
+        assert_eq!((h.mode, h.threshold, h.idle_ms), (HandoverMode::Always, 32 << 10, 20));
+        assert_eq!(h.agents["b1"], AgentAddr::Unix("/tmp/a.sock".into()));
+        let e = parse(&format!("{MIN}{b}[handover]\nmode = \"hybrid\"\n")).unwrap_err();
+        assert!(e.contains("at least one agent"), "{e}");
+        let e = parse(&format!("{MIN}{b}[handover]\nagents = {{ b9 = \"unix:/a\" }}\n")).unwrap_err();
+        assert!(e.contains("not a backend"), "{e}");
+        let e = parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"198.18.0.21:7000\" }}\n")).unwrap_err();
+        assert!(e.contains("key_file"), "{e}");
+        let e = parse(&format!("{MIN}{b}[handover]\nagents = {{ b1 = \"nowhere\" }}\n")).unwrap_err();
+        assert!(e.contains("unix:/path"), "{e}");
+        let e = parse(&format!("{MIN}{b}[handover]\nmode = \"sometimes\"\n")).unwrap_err();
+        assert!(e.starts_with("line 13:"), "{e}");
+        let agents = "agents = { b1 = \"unix:/a\" }\n";
+        let c = parse(&format!("{MIN}{b}[handover]\nidle_ms = 0\n{agents}")).unwrap();
+        assert_eq!(handover(c).unwrap().idle_ms, 0);
+        let e = parse(&format!("{MIN}{b}[handover]\nidle_ms = 1001\n{agents}")).unwrap_err();
+        assert!(e.contains("idle_ms must be at most 1000"), "{e}");
+        assert!(parse(&format!("{MIN}{b}[handover]\nidle_ms = -1\n{agents}")).is_err());
+    }
+
+    #[test]
+    fn backends_missing_or_on_one_address_refused() {
+        let e = err("[listen]\nhttp = \"127.0.0.1:8080\"\n");
+        assert!(e.starts_with("line 1:") && e.contains("no [[backend]]"), "{e}");
+        let twice = "[[backend]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\n";
+        let e = err(&format!("[listen]\nhttp = \"127.0.0.1:8080\"\n{B}{twice}"));
+        assert!(e.starts_with("line 7:") && e.contains("\"b\" has the address 127.0.0.1:1 of backend \"a\""), "{e}");
+    }
+
+    #[test]
+    fn the_example_has_the_documented_addresses() {
+        let cfg = parse(include_str!("../../../examples/postgres.toml")).map(|c| c.sections.get::<PgConfig>().cloned());
+        let pg = cfg.ok().flatten().map(|p| {
+            let servers: Vec<String> = p.servers.iter().map(|s| format!("{} {:?}", s.addr, s.role)).collect();
+            (p.listen.to_string(), servers, p.user("refract").map(|u| u.method))
+        });
+        let servers = vec!["127.0.0.1:5433 Primary".to_owned(), "127.0.0.1:5434 Replica".to_owned()];
+        assert_eq!(pg, Some(("127.0.0.1:6432".to_owned(), servers, Some(AuthMethod::ScramSha256))));
+    }
+}

@@ -31,10 +31,18 @@ lint: deps
 	@if $(CARGO) tree -p refract --no-default-features -e normal,features | grep -E 'plotters|ctrlc|refract-lab|feature "testkit"'; then \
 	  echo "lint: refract --no-default-features pulls in the lab (above)"; exit 1; fi
 	cd fuzz && $(CARGO) fmt -- --check && $(CARGO) clippy --release --all-targets --target-dir ../target -- -D warnings
+	@# The layering (docs/architecture.md): the engine names no protocol, no hand-over and no
+	@# front end; no front end depends on another.
+	@if $(CARGO) tree -p refract-core -e normal | grep -E 'refract-(http|pg|handover|front|dispatch|agent|blob|lab)'; then \
+	  echo "lint: refract-core depends on a protocol, the hand-over or a front end (above)"; exit 1; fi
+	@if $(CARGO) tree -p refract-front-http -e normal | grep -E 'refract-(front-pg|pg|dispatch)'; then \
+	  echo "lint: the HTTP front end depends on the PostgreSQL one (above)"; exit 1; fi
+	@if $(CARGO) tree -p refract-front-pg -e normal | grep -E 'refract-(front-http|http |dispatch)'; then \
+	  echo "lint: the PostgreSQL front end depends on the HTTP one (above)"; exit 1; fi
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.
-# The Python driver suites (crates/refract-core/tests/pg_drivers.rs) need their venv first.
+# The Python driver suites (crates/refract-dispatch/tests/pg_drivers.rs) need their venv first.
 test: lint release
 	tests/drivers/setup-python.sh
 	$(CARGO) test --workspace --release --no-fail-fast -- --test-threads=2
@@ -54,14 +62,14 @@ fmt:
 clean:
 	$(CARGO) clean
 
-# Every driver suite of crates/refract-core/tests/pg_drivers.rs (psycopg 3, psycopg2, asyncpg,
+# Every driver suite of crates/refract-dispatch/tests/pg_drivers.rs (psycopg 3, psycopg2, asyncpg,
 # SQLAlchemy, pgx v5, node-postgres, pgjdbc) through refract; installs the drivers first
 # (PyPI, Go module proxy, npm, Maven Central; needs go, node/npm, mvn, JDK 17). See
 # docs/postgres.md, "Drivers tested".
 .PHONY: test-drivers
 test-drivers:
 	tests/drivers/setup-all.sh
-	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-core --test pg_drivers -- --nocapture
+	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-dispatch --test pg_drivers -- --nocapture
 
 # Coverage-guided fuzzing of the decoders under AFL++ (cargo-afl, stable Rust; installed if
 # missing): every target in fuzz/ for FUZZ_SECONDS each, then executions and findings per

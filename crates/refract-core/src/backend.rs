@@ -60,6 +60,8 @@ pub struct Backend {
     /// Peak-EWMA latency, for balancing.
     pub latency: PeakEwma,
     consecutive_failures: AtomicU32,
+    /// Latencies observed since the last outlier check (see `membership::eject_slow`).
+    window: crate::overload::LatencyWindow,
     /// Ejected until this instant (milliseconds since `EPOCH`); 0 = not ejected.
     ejected_until: AtomicU64,
 }
@@ -146,6 +148,7 @@ impl Backend {
             admission: Admission::new(adm),
             latency: PeakEwma::new(Duration::ZERO, Duration::from_secs(10)),
             consecutive_failures: AtomicU32::new(0),
+            window: Default::default(),
             ejected_until: AtomicU64::new(0),
         }
     }
@@ -190,6 +193,18 @@ impl Backend {
     pub fn eject(&self, for_ms: u64) {
         self.ejected_until.store(now_ms() + for_ms, Relaxed);
         self.consecutive_failures.store(0, Relaxed);
+    }
+
+    /// Books the latency of one completed exchange: the balancer's estimate and the window
+    /// the outlier check reads.
+    pub fn observe(&self, rtt: Duration) {
+        self.latency.observe(rtt);
+        self.window.add(rtt);
+    }
+
+    /// The latencies since the last outlier check.
+    pub fn window(&self) -> &crate::overload::LatencyWindow {
+        &self.window
     }
 
     /// Balancing cost: peak-EWMA latency × (requests in flight + 1).

@@ -80,6 +80,14 @@ pub struct Overload {
     pub eject_ms: u64,
     /// At most this fraction of the replicas is ejected at once.
     pub eject_max_fraction: f64,
+    /// A replica whose median latency over a health interval is at least this many times the
+    /// median of the other serving members' (and at least `eject_slow_min_ms`), for
+    /// `eject_slow_intervals` intervals in a row, is ejected for `eject_ms`; 0 = never.
+    pub eject_slow_factor: f64,
+    /// The smallest median latency that counts as slow, in milliseconds.
+    pub eject_slow_min_ms: u64,
+    /// How many health intervals in a row a replica must be slow to be ejected.
+    pub eject_slow_intervals: u32,
     /// Per-user token buckets (`x-refract-user`); users not listed are not limited.
     #[serde(rename = "user")]
     pub users: Vec<UserLimit>,
@@ -134,6 +142,9 @@ impl Default for Overload {
             eject_after_failures: 5,
             eject_ms: 10_000,
             eject_max_fraction: 0.5,
+            eject_slow_factor: 5.0,
+            eject_slow_min_ms: 50,
+            eject_slow_intervals: 3,
             users: Vec::new(),
         }
     }
@@ -418,9 +429,14 @@ impl Config {
                 find_key_line(text, "overload")
             ));
         }
-        if !(0.0..=1.0).contains(&o.eject_max_fraction) || o.retry_budget_ratio < 0.0 || o.retry_budget_floor < 0.0 {
+        if !(0.0..=1.0).contains(&o.eject_max_fraction)
+            || o.retry_budget_ratio < 0.0
+            || o.retry_budget_floor < 0.0
+            || o.eject_slow_factor.is_nan()
+            || o.eject_slow_factor < 0.0
+        {
             return Err(format!(
-                "line {}: [overload] fractions must be in 0..=1 and budgets ≥ 0",
+                "line {}: [overload] fractions must be in 0..=1, budgets and eject_slow_factor ≥ 0",
                 find_key_line(text, "overload")
             ));
         }

@@ -10,6 +10,7 @@ use rand::Rng;
 use refract_vocab::RouteClass;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 /// Why a backend could not be added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,16 +63,7 @@ impl Membership {
     /// Ejects a failing replica for `for_ms`, unless that would eject more than the allowed
     /// fraction of replicas (the primary is never ejected: writes have nowhere else to go).
     pub fn try_eject(&self, b: &Backend, for_ms: u64) -> bool {
-        let list = self.snapshot();
-        let replicas = list.iter().filter(|r| r.role == Role::Replica).count();
-        let ejected = list.iter().filter(|r| r.role == Role::Replica && r.is_ejected()).count();
-        let allowed = (replicas as f64 * self.eject_max_fraction).floor() as usize;
-        if b.role != Role::Replica || b.is_ejected() || ejected + 1 > allowed {
-            return false;
-        }
-        b.eject(for_ms);
-        tracing::warn!(backend = %b.name, for_ms, "backend ejected after consecutive failures");
-        true
+        try_eject_in(&self.snapshot(), b, for_ms, self.eject_max_fraction, "consecutive failures")
     }
 
     /// The backends now (a cheap snapshot; membership may change after).
@@ -205,6 +197,60 @@ fn two_choices<'a>(readers: &[&'a Arc<Backend>], cost: impl Fn(&Backend) -> f64)
     }
 }
 
+/// Ejects replica `b` of `list` for `for_ms` (`why` goes to the log), unless it is the primary,
+/// is ejected already, or more than `max_fraction` of the replicas would then be out.
+pub fn try_eject_in(list: &[Arc<Backend>], b: &Backend, for_ms: u64, max_fraction: f64, why: &str) -> bool {
+    let replicas = list.iter().filter(|r| r.role == Role::Replica).count();
+    let ejected = list.iter().filter(|r| r.role == Role::Replica && r.is_ejected()).count();
+    let allowed = (replicas as f64 * max_fraction).floor() as usize;
+    if b.role != Role::Replica || b.is_ejected() || ejected + 1 > allowed {
+        return false;
+    }
+    b.eject(for_ms);
+    tracing::warn!(backend = %b.name, for_ms, why, "backend ejected");
+    true
+}
+
+/// The latency outlier check, run once per health interval for any front end's members: each
+/// member's median latency over the interval is compared with the median of the others' (those
+/// that served in it); a replica at least `eject_slow_factor` times slower, and slower than
+/// `eject_slow_min_ms`, for `eject_slow_intervals` checks in a row, is ejected for `eject_ms`
+/// (within `eject_max_fraction`). Returns the members it ejected.
+pub fn eject_slow(list: &[Arc<Backend>], o: &Overload) -> Vec<Arc<Backend>> {
+    let medians: Vec<Option<Duration>> = list.iter().map(|b| b.window().take_median()).collect();
+    if o.eject_slow_factor <= 0.0 {
+        return Vec::new();
+    }
+    let floor = Duration::from_millis(o.eject_slow_min_ms);
+    let mut out = Vec::new();
+    for (i, b) in list.iter().enumerate() {
+        let others = medians.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, m)| *m).collect();
+        let slow = match (medians[i], median(others)) {
+            (Some(mine), Some(median)) => {
+                mine >= floor && mine.as_secs_f64() >= o.eject_slow_factor * median.as_secs_f64()
+            }
+            // No sample this interval: no verdict, the streak stays.
+            _ => continue,
+        };
+        let streak = b.window().note_slow(slow);
+        let why = "slow: a latency outlier";
+        if slow
+            && streak >= o.eject_slow_intervals.max(1)
+            && try_eject_in(list, b, o.eject_ms, o.eject_max_fraction, why)
+        {
+            b.window().note_slow(false);
+            out.push(b.clone());
+        }
+    }
+    out
+}
+
+/// The median of `v` (the lower middle value of an even count); `None` when empty.
+fn median(mut v: Vec<Duration>) -> Option<Duration> {
+    v.sort();
+    v.get(v.len().saturating_sub(1) / 2).copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,5 +380,48 @@ mod tests {
         assert!(!m.remove("r1"));
         let names: Vec<_> = (0..4).map(|_| m.pick(RouteClass::Read, &[], &[]).unwrap().name.clone()).collect();
         assert!(names.iter().all(|n| n == "r2" || n == "r3"), "{names:?}");
+    }
+
+    #[test]
+    fn a_replica_slow_for_three_intervals_in_a_row_is_ejected_and_a_fast_one_never() {
+        let m = three(Policy::PeakEwma);
+        let list = m.snapshot();
+        let o = Overload::default();
+        let interval = |slow_ms: u64| {
+            list[0].observe(Duration::from_millis(2));
+            list[1].observe(Duration::from_millis(3));
+            list[2].observe(Duration::from_millis(slow_ms));
+            eject_slow(&list, &o)
+        };
+        assert!(interval(200).is_empty() && interval(200).is_empty(), "two intervals are not a streak");
+        assert!(interval(4).is_empty(), "a fast interval ends the streak");
+        assert!(interval(200).is_empty() && interval(200).is_empty());
+        let out = interval(200);
+        assert_eq!(out.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["r2"]);
+        assert!(list[2].is_ejected() && !list[1].is_ejected());
+        // Only half of the replicas may be out: r1 slow now is not ejected.
+        for _ in 0..4 {
+            list[0].observe(Duration::from_millis(2));
+            list[1].observe(Duration::from_millis(300));
+            assert!(eject_slow(&list, &o).is_empty());
+        }
+    }
+
+    #[test]
+    fn slow_but_under_the_floor_or_switched_off_is_not_ejected() {
+        let m = three(Policy::PeakEwma);
+        let list = m.snapshot();
+        let off = Overload { eject_slow_factor: 0.0, ..Overload::default() };
+        for o in [Overload::default(), off] {
+            for _ in 0..5 {
+                list[0].observe(Duration::from_millis(1));
+                list[1].observe(Duration::from_millis(1));
+                // 20 ms is 20 times the others but under the 50 ms floor; with the factor 0
+                // nothing is checked at all.
+                list[2].observe(Duration::from_millis(if o.eject_slow_factor > 0.0 { 20 } else { 900 }));
+                assert!(eject_slow(&list, &o).is_empty());
+            }
+        }
+        assert!(!list[2].is_ejected());
     }
 }

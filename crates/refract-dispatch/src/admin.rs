@@ -1,7 +1,8 @@
 //! The admin listener: `GET /backends`, `POST /backends`, `DELETE /backends/NAME`,
 //! `POST /backends/NAME/drain` and `/undrain`, `POST /reload`, `GET /metrics` (Prometheus
 //! text), `GET /health`, and with `[postgres]` `GET /pg/pools`, `GET /pg/clients`,
-//! `GET /pg/servers` (JSON). It runs on its own address so that operators reach it even when
+//! `GET /pg/servers` (JSON). PostgreSQL servers are members too: `/backends` lists them after
+//! the HTTP backends as `pg:NAME`, and the same calls add, remove, drain them. It runs on its own address so that operators reach it even when
 //! the client listener is saturated; `guard` decides who may use it (docs/operations.md).
 
 mod guard;
@@ -14,7 +15,7 @@ use refract_core::membership::AddError;
 use refract_core::Config;
 use refract_core::Ctx;
 use refract_front_http::conn::{ClientConn, ClientStream};
-use refract_front_pg::PgFront;
+use refract_front_pg::{Change, ChangeError, PgFront};
 use refract_http::{reply, RequestHead};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -167,11 +168,17 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
         |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
     match (head.method.as_str(), head.path()) {
         ("GET", "/backends") => {
-            let views: Vec<_> = ctx.members.snapshot().iter().map(|b| backend_view(ctx, b)).collect();
+            let mut views: Vec<_> = ctx.members.snapshot().iter().map(|b| backend_view(ctx, b)).collect();
+            views.extend(pg.members());
             json(200, serde_json::json!(views))
         }
         ("POST", "/backends") => match serde_json::from_slice::<BackendConfig>(body) {
             Err(e) => reply::error(400, &format!("bad backend definition: {e}"), &[], close),
+            Ok(cfg) if cfg.name.starts_with("pg:") => match pg.change(ctx, Change::Add(&cfg)) {
+                Some(Ok(())) => json(201, serde_json::json!({ "added": cfg.name })),
+                Some(Err(e)) => reply::error(409, &e.to_string(), &[], close),
+                None => reply::error(404, "the PostgreSQL front end is not configured", &[], close),
+            },
             Ok(cfg) => match ctx.members.add(cfg.clone()) {
                 Ok(()) => json(201, serde_json::json!({ "added": cfg.name })),
                 Err(AddError::Conflict(e)) => reply::error(409, &e, &[], close),
@@ -186,14 +193,23 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
             if path.starts_with("/backends/") && (path.ends_with("/drain") || path.ends_with("/undrain")) =>
         {
             let (name, action) = path["/backends/".len()..].rsplit_once('/').unwrap_or_default();
-            match ctx.members.set_drained(name, action == "drain") {
+            let drained = match pg.change(ctx, Change::Drain(name, action == "drain")) {
+                Some(r) => r.ok().map(|()| true),
+                None => ctx.members.set_drained(name, action == "drain"),
+            };
+            match drained {
                 Some(_) => json(200, serde_json::json!({ "backend": name, "drained": action == "drain" })),
                 None => reply::error(404, "no such backend", &[("backend", name)], close),
             }
         }
         ("DELETE", path) if path.starts_with("/backends/") && !path["/backends/".len()..].contains('/') => {
             let name = &path["/backends/".len()..];
-            if ctx.members.remove(name) {
+            let removed = match pg.change(ctx, Change::Remove(name)) {
+                Some(Err(ChangeError::Conflict(e))) => return reply::error(409, &e, &[("backend", name)], close),
+                Some(r) => r.is_ok(),
+                None => ctx.members.remove(name),
+            };
+            if removed {
                 json(200, serde_json::json!({ "removed": name }))
             } else {
                 reply::error(404, "no such backend", &[("backend", name)], close)

@@ -131,10 +131,10 @@ fn learn(ctx: &Ctx, b: &Backend, class: RouteClass, started: Instant, ok: bool) 
     b.record(ok);
     if ok {
         b.counters.request(class);
-        b.latency.observe(started.elapsed());
+        b.observe(started.elapsed());
     } else {
         // A failure costs as much as the request timeout: the balancer should avoid it.
-        b.latency.observe(started.elapsed().max(Duration::from_millis(ctx.cfg.timeouts.request_ms.min(1000))));
+        b.observe(started.elapsed().max(Duration::from_millis(ctx.cfg.timeouts.request_ms.min(1000))));
     }
     let o = &ctx.cfg.overload;
     if b.note_outcome(ok, o.eject_after_failures) {

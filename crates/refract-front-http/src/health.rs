@@ -1,6 +1,7 @@
 //! Active health checks: every backend is probed at an interval (a TCP connect, or an HTTP GET
 //! of a configured path that must answer 2xx); a failing backend is marked down and skipped, a
-//! recovered one comes back. Requests mark a backend down at once when connecting fails.
+//! recovered one comes back. Requests mark a backend down at once when connecting fails. Each
+//! interval also runs the engine's latency outlier check (`membership::eject_slow`).
 
 use refract_core::backend::Backend;
 use refract_core::config::Health;
@@ -33,6 +34,7 @@ pub async fn run(ctx: Arc<Ctx>) {
                 tracing::warn!(backend = %b.name, up = ok, "backend health changed");
             }
         }
+        refract_core::membership::eject_slow(&ctx.members.snapshot(), &ctx.cfg.overload);
     }
 }
 

@@ -148,6 +148,7 @@ impl Session {
         route: Route,
     ) -> Result<(), PgError> {
         self.mirror_batch_names(&msgs).await?;
+        let started = std::time::Instant::now();
         let mut head = BytesMut::new();
         let prefixed = self.params_prefix(&mut head)?;
         let plan = self.plan(msgs)?;
@@ -160,6 +161,7 @@ impl Session {
         }
         self.relay_batch(plan.expect).await?;
         if synced {
+            self.book(started);
             self.after_ready(route == Route::Write).await?;
         }
         Ok(())

@@ -40,6 +40,7 @@ mod names;
 mod notify;
 mod pin;
 mod pool;
+mod probes;
 mod reset;
 mod server;
 mod servers;
@@ -51,6 +52,17 @@ mod wire;
 
 pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
 pub use error::PgError;
+pub use servers::ChangeError;
+
+/// A membership change from the admin API.
+pub enum Change<'a> {
+    /// A server joins (its name is `pg:NAME`).
+    Add(&'a refract_core::config::BackendConfig),
+    /// `pg:NAME` leaves.
+    Remove(&'a str),
+    /// `pg:NAME` is drained (`true`) or undrained.
+    Drain(&'a str, bool),
+}
 
 use refract_core::engine::{Front, Serving};
 use refract_core::{Config, Ctx};
@@ -72,7 +84,7 @@ impl PgFront {
     /// The front end's shared state for `[postgres]` of the configuration in force.
     fn shared(&self, ctx: &Ctx) -> Option<Arc<Shared>> {
         let cfg = ctx.cfg.sections.get::<PgConfig>()?;
-        Some(self.shared.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop))).clone())
+        Some(self.shared.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop, &ctx.cfg.overload))).clone())
     }
 
     /// An admin view (`/pg/pools`, `/pg/clients`, `/pg/servers`), once the front end runs.
@@ -84,6 +96,39 @@ impl PgFront {
             "/pg/servers" => Some(status::servers_view(shared)),
             _ => None,
         }
+    }
+
+    /// The servers as the engine's members, for `GET /backends` (empty when not running).
+    pub fn members(&self) -> Vec<Value> {
+        self.shared.get().map_or_else(Vec::new, |s| status::members_view(s))
+    }
+
+    /// Runtime membership from the admin API, for a member named `pg:NAME`: a replica joins
+    /// ([`Change::Add`]), leaves, is drained or undrained. `None`: not a PostgreSQL name, or
+    /// the front end does not run.
+    pub fn change(&self, ctx: &Ctx, change: Change<'_>) -> Option<Result<(), ChangeError>> {
+        let shared = self.shared.get()?;
+        let servers = &shared.servers;
+        Some(match change {
+            Change::Add(def) => {
+                let name = def.name.strip_prefix("pg:")?;
+                let role = match def.role {
+                    refract_core::config::Role::Primary => PgRole::Primary,
+                    refract_core::config::Role::Replica => PgRole::Replica,
+                };
+                servers.add(&PgServerConfig { name: name.into(), addr: def.addr, role }, &ctx.metrics)
+            }
+            Change::Remove(name) => servers.remove(name.strip_prefix("pg:")?, &ctx.metrics),
+            Change::Drain(name, drained) => {
+                let name = name.strip_prefix("pg:")?;
+                let s = servers.get(name).ok_or_else(|| ChangeError::Unknown(name.into()));
+                s.map(|s| {
+                    if s.member.set_drained(drained) {
+                        tracing::info!(server = %s.name, drained, "postgres server drain changed");
+                    }
+                })
+            }
+        })
     }
 
     /// Brings the pool gauges up to date (before `/metrics` is written).
@@ -113,16 +158,10 @@ impl Front for PgFront {
         let Some(shared) = self.shared(ctx) else { return Ok(()) };
         let servers = shared.servers.clone();
         let interval = Duration::from_millis(shared.cfg.health_interval_ms);
-        if shared.cfg.read_your_writes && servers.list.iter().any(|s| s.role == PgRole::Replica) {
-            tokio::spawn(servers::run_lsn_poll(servers.clone(), ctx.stop.clone()));
+        if shared.cfg.read_your_writes && servers.list().iter().any(|s| s.role == PgRole::Replica) {
+            tokio::spawn(probes::run_lsn_poll(servers.clone(), ctx.stop.clone()));
         }
-        tokio::spawn(servers::run_health(
-            servers,
-            interval,
-            shared.cfg.min_idle,
-            ctx.metrics.clone(),
-            ctx.stop.clone(),
-        ));
+        tokio::spawn(probes::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
         Ok(())
     }
 

@@ -182,7 +182,7 @@ async fn greeting_params(shared: &Shared, startup: &Startup) -> Vec<(String, Str
 }
 
 async fn learn_server_params(shared: &Shared) -> Vec<(String, String)> {
-    for s in shared.servers.list.iter() {
+    for s in shared.servers.list().iter() {
         let login = s.pool.login();
         if let Ok(conn) = ServerConn::connect(s.pool.addr(), login).await {
             let params: Vec<(String, String)> =
@@ -277,7 +277,7 @@ async fn check_options(shared: &Shared, startup: &Startup) -> Result<(), Refusal
         return Ok(());
     }
     let sets: Vec<String> = startup_sets(startup).into_iter().map(|(_, sql)| sql).collect();
-    let Some(server) = shared.servers.primary().or_else(|| shared.servers.list.first().cloned()) else { return Ok(()) };
+    let Some(server) = shared.servers.primary().or_else(|| shared.servers.any_primary()) else { return Ok(()) };
     let Ok(mut conn) = server.pool.get().await else { return Ok(()) };
     let tried = conn.query(&format!("BEGIN; {}", sets.join("; "))).await;
     if conn.query("ROLLBACK").await.is_ok() {

@@ -1,17 +1,20 @@
-//! [`Servers`]: the primary and the replicas with their pools, health and replication lag,
-//! and the choice of a server per statement; [`run_health`] probes them and publishes their
-//! gauges.
+//! [`Servers`]: the primary and the replicas with their pools and replication lag, and the
+//! choice of a server per statement. Each server is a member of the engine
+//! ([`refract_core::backend::Backend`]): its health state, drain, ejection (failures and the
+//! latency outlier check), admission control and latency live there, as for an HTTP backend.
+//! Replicas join and leave at run time ([`Servers::add`], [`Servers::remove`]); the probes are
+//! in `probes.rs`.
 
 use super::pool::Pool;
-use super::server::{parse_lsn, Login, ServerConn};
-use crate::config::{PgConfig, PgRole};
+use super::server::Login;
+use crate::config::{PgConfig, PgRole, PgServerConfig};
+use refract_core::backend::Backend;
+use refract_core::config::{BackendConfig, Overload, Role};
 use refract_core::metrics::{BackendCounters, Metrics};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio_util::sync::CancellationToken;
 
 /// One server at run time.
 #[derive(Debug)]
@@ -22,32 +25,38 @@ pub struct Server {
     pub role: PgRole,
     /// Its connections.
     pub pool: Arc<Pool>,
-    /// Its position in [`Servers::list`].
+    /// Unique among the servers this front end ever had (clients name their bound server by it).
     pub index: usize,
     /// Its request counters (`pg:<name>`), looked up once.
     pub counters: BackendCounters,
-    up: AtomicBool,
+    /// The engine's view of it: health, drain, ejection, admission, latency.
+    pub member: Arc<Backend>,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
-    lsn: AtomicU64,
+    pub(super) lsn: AtomicU64,
     /// Replica: bytes behind the primary at the last poll.
-    lag: AtomicU64,
-    /// Replica: replay delay in milliseconds at the last poll (see [`REPLICA_PROBE`]).
-    lag_ms: AtomicU64,
+    pub(super) lag: AtomicU64,
+    /// Replica: replay delay in milliseconds at the last poll (see `probes::REPLICA_PROBE`).
+    pub(super) lag_ms: AtomicU64,
     /// When the last probe finished (Unix milliseconds; 0 = never).
-    last_check: AtomicU64,
-    login: Arc<Login>,
+    pub(super) last_check: AtomicU64,
+    pub(super) login: Arc<Login>,
     addr: std::net::SocketAddr,
 }
 
 impl Server {
     /// Whether it passed its last check.
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        self.member.is_up()
+    }
+
+    /// Whether it may take a new statement: up, not ejected, not drained, not removed.
+    pub fn is_available(&self) -> bool {
+        self.member.is_available()
     }
 
     /// Marks it down (a connection to it failed); the health loop brings it back.
     pub fn mark_down(&self) {
-        if self.up.swap(false, Ordering::Relaxed) {
+        if self.member.set_up(false) {
             tracing::warn!(server = %self.name, "postgres server marked down");
             self.pool.clear();
         }
@@ -79,11 +88,22 @@ impl Server {
         self.addr
     }
 
+    /// Books one statement's result (at its ReadyForQuery, or its failure): the engine's
+    /// latency estimate and outlier window, and its success and failure counts.
+    pub fn book(&self, took: Duration, ok: bool) {
+        self.member.record(ok);
+        self.member.observe(took);
+        if ok {
+            self.member.note_outcome(true, 0);
+        }
+    }
+
     /// Publishes its gauges (health loop and `/metrics` scrape time). Lives here, not in
     /// `status`, so that the health loop does not reach back into the admin views.
     pub(super) fn publish(&self, metrics: &Metrics) {
-        let name = format!("pg:{}", self.name);
+        let name = metrics_name(&self.name);
         metrics.set_backend(&name, self.is_up(), self.pool.in_use());
+        metrics.set_drained(&name, self.member.is_drained());
         metrics.set_pg_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
         if self.role == PgRole::Replica {
             metrics.set_pg_lag(&name, self.lag_bytes());
@@ -92,17 +112,38 @@ impl Server {
     }
 }
 
+/// A server's name in metrics and in the admin API's `/backends` (`pg:NAME`: HTTP backends and
+/// PostgreSQL servers share those).
+pub fn metrics_name(name: &str) -> String {
+    format!("pg:{name}")
+}
+
+/// Why a server cannot join or leave.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChangeError {
+    /// The request conflicts with the servers there are (a name or address taken, the primary).
+    #[error("{0}")]
+    Conflict(String),
+    /// No server has that name.
+    #[error("no postgres server {0:?}")]
+    Unknown(String),
+}
+
 /// All servers.
 #[derive(Debug)]
 pub struct Servers {
-    /// In configuration order.
-    pub list: Vec<Arc<Server>>,
-    primary: Arc<Server>,
-    /// The replicas, in configuration order.
-    replicas: Vec<Arc<Server>>,
+    /// In configuration order, then in the order they joined (replaced whole on a change).
+    list: RwLock<Arc<Vec<Arc<Server>>>>,
     next: AtomicUsize,
+    /// The next server's [`Server::index`].
+    next_index: AtomicUsize,
     max_lag: u64,
     max_lag_ms: u64,
+    /// What a new server's pool and member are built from.
+    login: Arc<Login>,
+    pool_size: usize,
+    checkout: Duration,
+    overload: Overload,
     /// Sequence number of the last primary WAL-position poll started (health or fast poll).
     poll_started: AtomicU64,
     /// Recent primary polls that finished: (sequence number, WAL position), oldest first.
@@ -115,57 +156,109 @@ pub struct Servers {
 /// How many finished primary polls [`Servers::polls`] keeps.
 const POLLS_KEPT: usize = 256;
 
-/// The fast WAL-position poll interval (read-your-writes, while sessions wait for it).
-pub const LSN_POLL: Duration = Duration::from_millis(10);
-
 /// Fast polling goes on this long after the last session that needed it.
 const DEMAND_FOR_MS: u64 = 2000;
 
 impl Servers {
-    /// Pools for every configured server; all start up (the first probe corrects that).
-    pub fn new(cfg: &PgConfig, metrics: &Metrics) -> Servers {
+    /// Pools for every configured server; all start up (the first probe corrects that). Each
+    /// server's admission control and ejection follow `overload` (the engine's `[overload]`).
+    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload) -> Servers {
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
             database: cfg.database.clone(),
             timeout: Duration::from_millis(cfg.connect_timeout_ms),
         });
-        let checkout = Duration::from_millis(cfg.checkout_timeout_ms);
-        let list: Vec<Arc<Server>> = cfg
-            .servers
-            .iter()
-            .enumerate()
-            .map(|(index, s)| {
-                Arc::new(Server {
-                    name: s.name.clone(),
-                    role: s.role,
-                    pool: Pool::new(s.addr, login.clone(), cfg.pool_size, checkout),
-                    index,
-                    counters: metrics.backend(&format!("pg:{}", s.name)),
-                    up: AtomicBool::new(true),
-                    lsn: AtomicU64::new(0),
-                    lag: AtomicU64::new(0),
-                    lag_ms: AtomicU64::new(0),
-                    last_check: AtomicU64::new(0),
-                    login: login.clone(),
-                    addr: s.addr,
-                })
-            })
-            .collect();
-        // Validation guarantees exactly one primary.
-        let primary = list.iter().find(|s| s.role == PgRole::Primary).cloned().unwrap_or_else(|| list[0].clone());
-        let replicas = list.iter().filter(|s| s.role == PgRole::Replica).cloned().collect();
-        Servers {
-            list,
-            primary,
-            replicas,
+        let servers = Servers {
+            list: RwLock::new(Arc::new(Vec::new())),
             next: AtomicUsize::new(0),
+            next_index: AtomicUsize::new(0),
             max_lag: cfg.max_lag_bytes,
             max_lag_ms: cfg.max_lag_ms,
+            login,
+            pool_size: cfg.pool_size,
+            checkout: Duration::from_millis(cfg.checkout_timeout_ms),
+            overload: overload.clone(),
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
             demand: AtomicU64::new(0),
+        };
+        let list = cfg.servers.iter().map(|s| servers.server(s, metrics)).collect();
+        *servers.list.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(list);
+        servers
+    }
+
+    /// A new server, its pool and its engine member.
+    fn server(&self, s: &PgServerConfig, metrics: &Metrics) -> Arc<Server> {
+        let role = match s.role {
+            PgRole::Primary => Role::Primary,
+            PgRole::Replica => Role::Replica,
+        };
+        let name = metrics_name(&s.name);
+        let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None };
+        let member = Arc::new(Backend::new(&def, 0, metrics.backend(&name), self.overload.admission()));
+        Arc::new(Server {
+            name: s.name.clone(),
+            role: s.role,
+            pool: Pool::new(s.addr, self.login.clone(), self.pool_size, self.checkout),
+            index: self.next_index.fetch_add(1, Ordering::Relaxed),
+            counters: metrics.backend(&name),
+            member,
+            lsn: AtomicU64::new(0),
+            lag: AtomicU64::new(0),
+            lag_ms: AtomicU64::new(0),
+            last_check: AtomicU64::new(0),
+            login: self.login.clone(),
+            addr: s.addr,
+        })
+    }
+
+    /// The servers now (a cheap snapshot; servers may join or leave after).
+    pub fn list(&self) -> Arc<Vec<Arc<Server>>> {
+        self.list.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// A replica joins (`POST /backends` with a `pg:` name): it takes reads once its first
+    /// probe passes. A second primary, or a name or address already there, is refused.
+    pub fn add(&self, s: &PgServerConfig, metrics: &Metrics) -> Result<(), ChangeError> {
+        let mut list = self.list.write().unwrap_or_else(PoisonError::into_inner);
+        if s.role == PgRole::Primary {
+            return Err(ChangeError::Conflict("a postgres primary cannot join at run time".into()));
         }
+        if let Some(o) = list.iter().find(|o| o.name == s.name || o.addr == s.addr) {
+            return Err(ChangeError::Conflict(format!("postgres server {} has that name or address", o.name)));
+        }
+        let server = self.server(s, metrics);
+        // Not up until the health loop has seen it answer.
+        server.member.set_up(false);
+        let mut next = list.as_ref().clone();
+        next.push(server);
+        *list = Arc::new(next);
+        tracing::info!(server = %s.name, addr = %s.addr, "postgres replica joined");
+        Ok(())
+    }
+
+    /// A replica leaves: no new statement goes to it, its idle connections close, and the
+    /// transactions running on it finish. The primary cannot leave.
+    pub fn remove(&self, name: &str, metrics: &Metrics) -> Result<(), ChangeError> {
+        let mut list = self.list.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(gone) = list.iter().find(|s| s.name == name).cloned() else {
+            return Err(ChangeError::Unknown(name.into()));
+        };
+        if gone.role == PgRole::Primary {
+            return Err(ChangeError::Conflict("the postgres primary cannot leave at run time".into()));
+        }
+        *list = Arc::new(list.iter().filter(|s| s.name != name).cloned().collect());
+        gone.member.retire();
+        gone.pool.clear();
+        metrics.remove_backend(&metrics_name(name));
+        tracing::info!(server = %name, "postgres replica left");
+        Ok(())
+    }
+
+    /// The server called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Server>> {
+        self.list().iter().find(|s| s.name == name).cloned()
     }
 
     /// A write just committed (its ReadyForQuery came): returns the sequence number of the
@@ -179,7 +272,7 @@ impl Servers {
     /// The primary's WAL position from the first finished poll numbered `seq` or later, if one
     /// has finished.
     pub fn primary_lsn_since(&self, seq: u64) -> Option<u64> {
-        let polls = self.polls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let polls = self.polls.lock().unwrap_or_else(PoisonError::into_inner);
         polls.iter().find(|(s, _)| *s >= seq).map(|(_, lsn)| *lsn)
     }
 
@@ -188,19 +281,19 @@ impl Servers {
         self.demand.store(unix_ms(), Ordering::Relaxed);
     }
 
-    fn fast_poll_wanted(&self) -> bool {
+    pub(super) fn fast_poll_wanted(&self) -> bool {
         unix_ms().saturating_sub(self.demand.load(Ordering::Relaxed)) < DEMAND_FOR_MS
     }
 
     /// Numbers a primary poll about to be sent.
-    fn begin_primary_poll(&self) -> u64 {
+    pub(super) fn begin_primary_poll(&self) -> u64 {
         self.poll_started.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// Records a finished primary poll.
-    fn record_primary_poll(&self, seq: u64, lsn: u64) {
-        self.primary.lsn.fetch_max(lsn, Ordering::Relaxed);
-        let mut polls = self.polls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    pub(super) fn record_primary_poll(&self, primary: &Server, seq: u64, lsn: u64) {
+        primary.lsn.fetch_max(lsn, Ordering::Relaxed);
+        let mut polls = self.polls.lock().unwrap_or_else(PoisonError::into_inner);
         if polls.len() == POLLS_KEPT {
             polls.pop_front();
         }
@@ -209,22 +302,29 @@ impl Servers {
         polls.insert(at, (seq, lsn));
     }
 
-    /// The primary, if it is up.
+    /// The primary, if it may take statements (up, not drained).
     pub fn primary(&self) -> Option<Arc<Server>> {
-        self.primary.is_up().then(|| self.primary.clone())
+        self.list().iter().find(|s| s.role == PgRole::Primary && s.is_available()).cloned()
     }
 
-    /// Replicas that may serve a read, round robin from the next one: up, within the lag bounds
-    /// (bytes and time), and (read-your-writes) past `min_lsn`.
+    /// The primary whatever its state (validation guarantees there is one).
+    pub fn any_primary(&self) -> Option<Arc<Server>> {
+        self.list().iter().find(|s| s.role == PgRole::Primary).cloned()
+    }
+
+    /// Replicas that may serve a read, round robin from the next one: available (up, not
+    /// ejected or drained), within the lag bounds (bytes and time), and (read-your-writes) past
+    /// `min_lsn`.
     pub fn replicas_for_read(&self, min_lsn: Option<u64>) -> Vec<Arc<Server>> {
-        let replicas = &self.replicas;
+        let list = self.list();
+        let replicas: Vec<&Arc<Server>> = list.iter().filter(|s| s.role == PgRole::Replica).collect();
         if replicas.is_empty() {
             return vec![];
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         (0..replicas.len())
-            .map(|i| &replicas[(start + i) % replicas.len()])
-            .filter(|s| s.is_up() && (self.max_lag == 0 || s.lag_bytes() <= self.max_lag))
+            .map(|i| replicas[(start + i) % replicas.len()])
+            .filter(|s| s.is_available() && (self.max_lag == 0 || s.lag_bytes() <= self.max_lag))
             .filter(|s| self.max_lag_ms == 0 || s.lag_ms() <= self.max_lag_ms)
             .filter(|s| match min_lsn {
                 None => true,
@@ -237,144 +337,30 @@ impl Servers {
             .cloned()
             .collect()
     }
-}
 
-/// Probes every server each interval until `stop`: up/down, WAL positions, lag; keeps
-/// `min_idle` connections open on healthy servers and publishes gauges.
-pub async fn run_health(
-    servers: Arc<Servers>,
-    interval: Duration,
-    min_idle: usize,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) {
-    let mut probes: Vec<Option<ServerConn>> = servers.list.iter().map(|_| None).collect();
-    loop {
-        let primary_lsn = probe_all(&servers, &mut probes).await;
-        for s in &servers.list {
-            if s.role == PgRole::Replica {
-                let lag = match (primary_lsn, s.lsn()) {
-                    (Some(p), r) if r > 0 => p.saturating_sub(r),
-                    _ => s.lag.load(Ordering::Relaxed),
-                };
-                s.lag.store(lag, Ordering::Relaxed);
-            }
-            if s.is_up() {
-                let _ = s.pool.fill_to(min_idle).await;
-            }
-            s.publish(&metrics);
+    /// A conversation with `s` failed (its connection broke, or it closed it): counted, and
+    /// after `eject_after_failures` in a row the replica is ejected for `eject_ms`, as an HTTP
+    /// backend would be.
+    pub fn failed(&self, s: &Server) {
+        s.member.record(false);
+        let o = &self.overload;
+        if s.member.note_outcome(false, o.eject_after_failures) {
+            let members = self.members();
+            refract_core::membership::try_eject_in(&members, &s.member, o.eject_ms, o.eject_max_fraction, "failures");
         }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stop.cancelled() => return,
-        }
+    }
+
+    /// The engine's members, for its outlier check.
+    pub(super) fn members(&self) -> Vec<Arc<Backend>> {
+        self.list().iter().map(|s| s.member.clone()).collect()
+    }
+
+    /// The `[overload]` the servers follow.
+    pub(super) fn overload(&self) -> &Overload {
+        &self.overload
     }
 }
 
-/// Read-your-writes: while sessions wait for a replica to pass their writes, polls the
-/// primary's WAL position and the replicas' replay positions every [`LSN_POLL`], each on a
-/// dedicated connection (one tiny query per server); idle otherwise.
-pub async fn run_lsn_poll(servers: Arc<Servers>, stop: CancellationToken) {
-    let mut conns: Vec<Option<ServerConn>> = servers.list.iter().map(|_| None).collect();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(LSN_POLL) => {}
-            _ = stop.cancelled() => return,
-        }
-        if !servers.fast_poll_wanted() {
-            continue;
-        }
-        for (s, conn) in servers.list.iter().zip(conns.iter_mut()) {
-            if !s.is_up() {
-                *conn = None;
-                continue;
-            }
-            let seq = (s.role == PgRole::Primary).then(|| servers.begin_primary_poll());
-            let sql = match s.role {
-                PgRole::Primary => "SELECT pg_current_wal_lsn()::text",
-                PgRole::Replica => "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text",
-            };
-            let Some(lsn) = poll_lsn(s, conn, sql).await else {
-                *conn = None;
-                continue;
-            };
-            match seq {
-                Some(seq) => servers.record_primary_poll(seq, lsn),
-                None => drop(s.lsn.fetch_max(lsn, Ordering::Relaxed)),
-            }
-        }
-    }
-}
-
-/// One WAL position from `sql` on `conn` (connected first if need be).
-async fn poll_lsn(s: &Server, conn: &mut Option<ServerConn>, sql: &str) -> Option<u64> {
-    if conn.is_none() {
-        *conn = ServerConn::connect(s.addr, &s.login).await.ok();
-    }
-    let lsn = tokio::time::timeout(s.login.timeout, conn.as_mut()?.query_one(sql)).await.ok()?.ok()??;
-    parse_lsn(&lsn)
-}
-
-/// Probes each server; returns the primary's WAL position if it answered.
-async fn probe_all(servers: &Servers, probes: &mut [Option<ServerConn>]) -> Option<u64> {
-    let mut primary_lsn = None;
-    for (s, probe) in servers.list.iter().zip(probes.iter_mut()) {
-        let seq = (s.role == PgRole::Primary).then(|| servers.begin_primary_poll());
-        let result = probe_one(s, probe).await;
-        s.last_check.store(unix_ms(), Ordering::Relaxed);
-        match result {
-            Some((lsn, lag_ms)) => {
-                match seq {
-                    Some(seq) => servers.record_primary_poll(seq, lsn),
-                    None => s.lsn.store(lsn, Ordering::Relaxed),
-                }
-                s.lag_ms.store(lag_ms, Ordering::Relaxed);
-                if !s.up.swap(true, Ordering::Relaxed) {
-                    tracing::info!(server = %s.name, "postgres server up");
-                }
-                if s.role == PgRole::Primary {
-                    primary_lsn = Some(lsn);
-                }
-            }
-            None => {
-                *probe = None;
-                s.mark_down();
-            }
-        }
-    }
-    primary_lsn
-}
-
-/// The primary's probe: its WAL position.
-const PRIMARY_PROBE: &str = "SELECT pg_current_wal_lsn()::text, 0";
-
-/// A replica's probe: its replay position, and its replay delay in milliseconds, measured on
-/// the replica as `now() - pg_last_xact_replay_timestamp()` but only while it has received WAL
-/// it has not replayed yet (`pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()`). An idle
-/// replica that has replayed everything is not lagging however old its last replayed commit
-/// is; one that has replayed no commit since it started counts 0.
-pub(super) const REPLICA_PROBE: &str = "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text, \
-     CASE WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
-     THEN greatest(0, coalesce((extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint, 0)) \
-     ELSE 0 END";
-
-/// (WAL position, replay delay in ms) if the server answered.
-async fn probe_one(s: &Server, probe: &mut Option<ServerConn>) -> Option<(u64, u64)> {
-    if probe.is_none() {
-        *probe = ServerConn::connect(s.addr, &s.login).await.ok();
-    }
-    let conn = probe.as_mut()?;
-    let sql = match s.role {
-        PgRole::Primary => PRIMARY_PROBE,
-        PgRole::Replica => REPLICA_PROBE,
-    };
-    let rows = tokio::time::timeout(s.login.timeout, conn.query(sql)).await.ok()?.ok()?;
-    let row = rows.into_iter().next()?;
-    let lsn = parse_lsn(row.first()?.as_deref()?)?;
-    let lag_ms = row.get(1).and_then(|v| v.as_deref()).and_then(|v| v.parse().ok()).unwrap_or(0);
-    Some((lsn, lag_ms))
-}
-
-fn unix_ms() -> u64 {
+pub(super) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

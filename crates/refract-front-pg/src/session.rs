@@ -21,6 +21,7 @@ use refract_vocab::RouteClass;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::net::TcpStream;
 
 /// Flush relayed bytes to the client once this much is pending.
@@ -208,6 +209,7 @@ impl Session {
         route: Route,
     ) -> Result<(), PgError> {
         let in_tx_before = self.state.tx.in_transaction();
+        let started = Instant::now();
         let mut head = BytesMut::new();
         let mut prefixed = self.params_prefix(&mut head)?;
         let prepares = c
@@ -244,6 +246,7 @@ impl Session {
         }
         self.sql_names_done(c, failed)?;
         let wrote = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
+        self.book(started);
         self.after_ready(route == Route::Write && wrote).await
     }
 
@@ -291,6 +294,7 @@ impl Session {
             if matches!(e, PgError::Io { .. } | PgError::Closed(_)) {
                 b.server.mark_down();
             }
+            self.shared.servers.failed(&b.server);
             drop(b.guard); // not released: its state is unknown
         }
         self.client.info.set_bound(None);
@@ -592,6 +596,15 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Books a statement (or batch) sent at `started` whose ReadyForQuery came: the server
+    /// answered, whatever the answer (an SQL error is the client's), so it counts as served,
+    /// with its latency, for the engine's balancing and outlier check.
+    pub(super) fn book(&self, started: Instant) {
+        if let Some(b) = &self.bound {
+            b.server.book(started.elapsed(), true);
+        }
     }
 
     /// After ReadyForQuery: note a write, and in transaction mode release the connection when

@@ -6,6 +6,7 @@ use super::servers::Server;
 use super::shared::Shared;
 use crate::config::PgRole;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 fn role(s: &Server) -> &'static str {
     match s.role {
@@ -18,7 +19,7 @@ fn role(s: &Server) -> &'static str {
 pub(crate) fn pools_view(shared: &Shared) -> Value {
     let pools: Vec<Value> = shared
         .servers
-        .list
+        .list()
         .iter()
         .map(|s| {
             json!({
@@ -43,7 +44,8 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
         .snapshot()
         .iter()
         .map(|c| {
-            let bound = c.bound().and_then(|i| shared.servers.list.get(i)).map(|s| s.name.clone());
+            let bound =
+                c.bound().and_then(|i| shared.servers.list().iter().find(|s| s.index == i).map(|s| s.name.clone()));
             json!({
                 "id": c.id,
                 "user": c.user,
@@ -65,7 +67,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
 pub(crate) fn servers_view(shared: &Shared) -> Value {
     let servers: Vec<Value> = shared
         .servers
-        .list
+        .list()
         .iter()
         .map(|s| {
             json!({
@@ -82,9 +84,25 @@ pub(crate) fn servers_view(shared: &Shared) -> Value {
     json!(servers)
 }
 
+/// The servers as members of the engine, for `GET /backends` (after the HTTP backends): the
+/// engine's view of each (`pg:NAME`, state, admission, latency, counts) with `"front":
+/// "postgres"` and its replication lag.
+pub(crate) fn members_view(shared: &Shared) -> Vec<Value> {
+    let list = shared.servers.list();
+    let view = |s: &Arc<Server>| {
+        let mut v = json!(s.member.view());
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("front".into(), json!("postgres"));
+            obj.insert("lag_bytes".into(), json!(s.lag_bytes()));
+        }
+        v
+    };
+    list.iter().map(view).collect()
+}
+
 /// Refreshes every PostgreSQL gauge (called when `/metrics` is scraped).
 pub(crate) fn publish_metrics(shared: &Shared) {
-    for s in &shared.servers.list {
+    for s in shared.servers.list().iter() {
         s.publish(&shared.metrics);
     }
     let mut counts = [0usize; ClientState::ALL.len()];

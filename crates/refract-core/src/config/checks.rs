@@ -105,6 +105,7 @@ fn bounds(cfg: &Config, text: &str) -> Result<(), String> {
         ("[overload] max_queue_wait_ms", "max_queue_wait_ms", o.max_queue_wait_ms),
         ("[overload] default_timeout_ms", "default_timeout_ms", o.default_timeout_ms),
         ("[overload] eject_ms", "eject_ms", o.eject_ms),
+        ("[overload] eject_slow_min_ms", "eject_slow_min_ms", o.eject_slow_min_ms),
     ];
     if let Some((key, name, v)) = times.into_iter().find(|(_, _, v)| *v > MAX_MS) {
         return Err(format!("line {}: {key} = {v} is more than a day ({MAX_MS})", find_key_line(text, name)));

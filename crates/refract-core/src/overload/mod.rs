@@ -1,6 +1,6 @@
 //! Overload control: adaptive per-backend concurrency limits, CoDel-managed wait queues with
 //! priorities, deadlines, a retry budget, peak-EWMA latency for balancing and per-user token
-//! buckets.
+//! buckets, and the latency windows that find slow outliers.
 
 pub mod admission;
 pub mod bucket;
@@ -9,9 +9,11 @@ pub mod ewma;
 pub mod limit;
 #[cfg(test)]
 mod sim;
+pub mod window;
 
 pub use admission::{Admission, AdmissionConfig, Arrival, Outcome, Permit, Priority, Refusal};
 pub use bucket::UserLimits;
 pub use budget::RetryBudget;
 pub use ewma::PeakEwma;
 pub use limit::{AdaptiveLimit, LimitConfig};
+pub use window::LatencyWindow;

@@ -181,6 +181,22 @@ role = "replica"
         serde_json::from_str(body).unwrap()
     }
 
+    /// `method path` with a JSON `body` to the admin listener: (status, body).
+    pub fn admin_call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, self.admin)).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        (head[9..12].parse().unwrap(), body.to_owned())
+    }
+
     /// pgbench through refract.
     pub fn pgbench(&self, args: &[&str]) -> Result<String, String> {
         let mut cmd = Command::new(testkit::tool("pgbench").unwrap());

@@ -1,0 +1,166 @@
+//! The servers' probes: [`run_health`] checks each server every interval (up or down, WAL
+//! positions, lag), keeps `min_idle` connections open, publishes gauges and runs the engine's
+//! latency outlier check; [`run_lsn_poll`] polls WAL positions fast while read-your-writes
+//! sessions wait for them.
+
+use super::server::{parse_lsn, ServerConn};
+use super::servers::{unix_ms, Server, Servers};
+use crate::config::PgRole;
+use refract_core::metrics::Metrics;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The fast WAL-position poll interval (read-your-writes, while sessions wait for it).
+pub const LSN_POLL: Duration = Duration::from_millis(10);
+
+/// A connection per server, by [`Server::index`], kept across rounds.
+type Conns = HashMap<usize, ServerConn>;
+
+/// Probes every server each interval until `stop`: up/down, WAL positions, lag; keeps
+/// `min_idle` connections open on healthy servers and publishes gauges.
+pub async fn run_health(
+    servers: Arc<Servers>,
+    interval: Duration,
+    min_idle: usize,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let mut probes = Conns::new();
+    loop {
+        let list = servers.list();
+        probes.retain(|i, _| list.iter().any(|s| s.index == *i));
+        let primary_lsn = probe_all(&servers, &list, &mut probes).await;
+        for s in list.iter() {
+            if s.role == PgRole::Replica {
+                let lag = match (primary_lsn, s.lsn()) {
+                    (Some(p), r) if r > 0 => p.saturating_sub(r),
+                    _ => s.lag.load(Ordering::Relaxed),
+                };
+                s.lag.store(lag, Ordering::Relaxed);
+            }
+            if s.is_up() {
+                let _ = s.pool.fill_to(min_idle).await;
+            }
+            s.publish(&metrics);
+        }
+        refract_core::membership::eject_slow(&servers.members(), servers.overload());
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Read-your-writes: while sessions wait for a replica to pass their writes, polls the
+/// primary's WAL position and the replicas' replay positions every [`LSN_POLL`], each on a
+/// dedicated connection (one tiny query per server); idle otherwise.
+pub async fn run_lsn_poll(servers: Arc<Servers>, stop: CancellationToken) {
+    let mut conns = Conns::new();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(LSN_POLL) => {}
+            _ = stop.cancelled() => return,
+        }
+        if !servers.fast_poll_wanted() {
+            continue;
+        }
+        let list = servers.list();
+        conns.retain(|i, _| list.iter().any(|s| s.index == *i));
+        for s in list.iter() {
+            if !s.is_up() {
+                conns.remove(&s.index);
+                continue;
+            }
+            let seq = (s.role == PgRole::Primary).then(|| servers.begin_primary_poll());
+            let sql = match s.role {
+                PgRole::Primary => "SELECT pg_current_wal_lsn()::text",
+                PgRole::Replica => "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text",
+            };
+            let Some(lsn) = poll_lsn(s, &mut conns, sql).await else {
+                conns.remove(&s.index);
+                continue;
+            };
+            match seq {
+                Some(seq) => servers.record_primary_poll(s, seq, lsn),
+                None => drop(s.lsn.fetch_max(lsn, Ordering::Relaxed)),
+            }
+        }
+    }
+}
+
+/// One WAL position from `sql` on `conn` (connected first if need be).
+async fn poll_lsn(s: &Server, conns: &mut Conns, sql: &str) -> Option<u64> {
+    let conn = connected(s, conns).await?;
+    let lsn = tokio::time::timeout(s.login.timeout, conn.query_one(sql)).await.ok()?.ok()??;
+    parse_lsn(&lsn)
+}
+
+/// Probes each server; returns the primary's WAL position if it answered.
+async fn probe_all(servers: &Servers, list: &[Arc<Server>], probes: &mut Conns) -> Option<u64> {
+    let mut primary_lsn = None;
+    for s in list {
+        let seq = (s.role == PgRole::Primary).then(|| servers.begin_primary_poll());
+        let result = probe_one(s, probes).await;
+        s.last_check.store(unix_ms(), Ordering::Relaxed);
+        match result {
+            Some((lsn, lag_ms)) => {
+                match seq {
+                    Some(seq) => servers.record_primary_poll(s, seq, lsn),
+                    None => s.lsn.store(lsn, Ordering::Relaxed),
+                }
+                s.lag_ms.store(lag_ms, Ordering::Relaxed);
+                if s.member.set_up(true) {
+                    tracing::info!(server = %s.name, "postgres server up");
+                }
+                if s.role == PgRole::Primary {
+                    primary_lsn = Some(lsn);
+                }
+            }
+            None => {
+                probes.remove(&s.index);
+                s.mark_down();
+            }
+        }
+    }
+    primary_lsn
+}
+
+/// The primary's probe: its WAL position.
+const PRIMARY_PROBE: &str = "SELECT pg_current_wal_lsn()::text, 0";
+
+/// A replica's probe: its replay position, and its replay delay in milliseconds, measured on
+/// the replica as `now() - pg_last_xact_replay_timestamp()` but only while it has received WAL
+/// it has not replayed yet (`pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()`). An idle
+/// replica that has replayed everything is not lagging however old its last replayed commit
+/// is; one that has replayed no commit since it started counts 0.
+pub(super) const REPLICA_PROBE: &str = "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text, \
+     CASE WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
+     THEN greatest(0, coalesce((extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint, 0)) \
+     ELSE 0 END";
+
+/// (WAL position, replay delay in ms) if the server answered.
+async fn probe_one(s: &Server, probes: &mut Conns) -> Option<(u64, u64)> {
+    let conn = connected(s, probes).await?;
+    let sql = match s.role {
+        PgRole::Primary => PRIMARY_PROBE,
+        PgRole::Replica => REPLICA_PROBE,
+    };
+    let rows = tokio::time::timeout(s.login.timeout, conn.query(sql)).await.ok()?.ok()?;
+    let row = rows.into_iter().next()?;
+    let lsn = parse_lsn(row.first()?.as_deref()?)?;
+    let lag_ms = row.get(1).and_then(|v| v.as_deref()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Some((lsn, lag_ms))
+}
+
+/// `s`'s connection in `conns`, connected first if need be.
+async fn connected<'a>(s: &Server, conns: &'a mut Conns) -> Option<&'a mut ServerConn> {
+    match conns.entry(s.index) {
+        std::collections::hash_map::Entry::Occupied(e) => Some(e.into_mut()),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            Some(e.insert(ServerConn::connect(s.addr(), &s.login).await.ok()?))
+        }
+    }
+}

@@ -22,7 +22,9 @@
 //! - [`control`]: the cross-host carrier, [`control::ControlChannel`] (TCP, HMAC-SHA256
 //!   authentication, heartbeats).
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
-//! - `sys.rs`: the raw socket options and ioctls (the `unsafe` lives here).
+//! - `sys.rs`: the raw socket options and ioctls, descriptors received by SCM_RIGHTS, the
+//!   `Pod` promises of the map types (every `unsafe` of the crate lives here);
+//!   [`queued_bytes`].
 //! - [`Error`] (`error.rs`): what failed, whose fault, whether to retry.
 
 mod bpf;
@@ -54,6 +56,7 @@ pub use restore::restore;
 pub use restore::restore_with;
 pub use snapshot::{conn_info, discard, discard_in_place, resume, snapshot, unacked, unsent, ConnInfo, Repair};
 pub use steering::{FlowAction, FlowEntry, SteerTarget, Steering, SteeringStats};
+pub use sys::queued_bytes;
 pub use tcp_state::{RepairWindow, SockOpts, TcpOptions, TcpState};
 pub use transfer::{Serving, Socket, Transfer};
 

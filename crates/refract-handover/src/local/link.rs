@@ -6,11 +6,11 @@
 //! across frames with descriptors, so a frame is read as header (with `recvmsg`) then body.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use bytes::BytesMut;
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, MsgFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
@@ -127,21 +127,11 @@ fn recv_with_fd(raw: RawFd, header: &mut [u8; 4]) -> std::io::Result<Result<(usi
     let mut iov = [IoSliceMut::new(header)];
     let msg =
         recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).map_err(std::io::Error::from)?;
-    let mut fd = None;
     let cmsgs = match msg.cmsgs() {
         Ok(c) => c,
         Err(e) => return Ok(Err(Error::nix("recvmsg cmsgs", e))),
     };
-    for c in cmsgs {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for raw in fds {
-                // SAFETY: the kernel just installed `raw` in our table for us (SCM_RIGHTS); no
-                // one else owns it, so it is wrapped exactly once and closed when dropped.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                fd.get_or_insert(owned); // extra descriptors (none expected) are closed
-            }
-        }
-    }
+    let fd = crate::sys::passed_fd(cmsgs);
     if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
         return Ok(Err(Error::Codec("control data truncated")));
     }

@@ -3,22 +3,22 @@
 //! one the agent asks for the client's connection, holds the result, and once the connection is
 //! here writes it straight to the client (docs/handover.md, "Hand-off D → A").
 //!
-//! The logic is the same over both links ([`Link`]): the same-host Unix link (`Want`, then
-//! `Adopt` with the socket; `local::HybridLink`) and the cross-host control channel
-//! (`WantConnection`, then `HandOff` with a TCP_REPAIR state; `remote::HybridLink`). Only the
-//! adoption differs, so each link's implementation lives beside its adoption and this file
-//! knows neither.
+//! The logic is one over both carriers ([`Over`]): `WantConnection`, then a `HandOff` whose
+//! socket comes beside the frame (same host, `local::adopt`) or as a TCP_REPAIR state (across
+//! hosts, `remote::adopt`), or `RelayInstead`.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Mutex;
 
-use refract_handover::{Error, Result};
+use refract_handover::{Carrier, EpochTracker, Error, Msg, Result, Socket};
 use refract_http::{defer, BodyKind, RequestHead};
 use tokio::io::AsyncWriteExt;
 
 use crate::backend::{connect_backend, BackendStream};
 use crate::exchange::{read_response_head, to_backend, BodyReader, Held};
 use crate::options::LocalOptions;
+use crate::{local, remote};
 
 /// Results at most this large may be relayed in one `Response` frame; larger ones always ask
 /// for the connection (whatever the threshold says), so frames stay far below the limit.
@@ -150,9 +150,52 @@ async fn relay<L: Link>(
     Ok(reusable)
 }
 
-/// The error for an answer to `Want` / `WantConnection` that is neither a hand-off nor
-/// `RelayInstead` (logged with its name): the link cannot go on.
-pub(crate) fn unexpected_after_want(name: &str) -> Error {
+/// A link over either carrier as forwarded requests use it.
+pub(crate) struct Over<'a, C> {
+    pub link: &'a mut C,
+    pub opts: &'a LocalOptions,
+    pub epochs: &'a Mutex<EpochTracker>,
+}
+
+impl<C: Carrier> Link for Over<'_, C> {
+    async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
+        let (conn, request) = (fw.conn, fw.request);
+        self.link.send(&Msg::Response { conn, request, last, keep, bytes }, None).await
+    }
+
+    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut BackendStream) -> Result<Option<Held>> {
+        self.link.send(&Msg::WantConnection { conn: fw.conn, request: fw.request }, None).await?;
+        let (opts, epochs) = (self.opts, self.epochs);
+        match self.link.recv().await? {
+            (Msg::HandOff(t), Some(fd)) if t.conn == fw.conn => {
+                local::adopt(self.link, opts, epochs, *t, fd, Some((held, be))).await.map(|()| None)
+            }
+            (Msg::HandOff(t), None) if t.conn == fw.conn && matches!(t.socket, Socket::Repair { .. }) => {
+                let observed = local::lock(epochs).observe(t.conn, t.epoch);
+                if let Err(e) = observed {
+                    let reason = e.to_string();
+                    tracing::warn!(conn = t.conn, "HandOff refused: {reason}");
+                    let refusal = Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason };
+                    return self.link.send(&refusal, None).await.map(|()| None);
+                }
+                remote::adopt(self.link, epochs, *t, opts, Some((held, be))).await.map(|()| None)
+            }
+            (Msg::RelayInstead { conn, reason, .. }, None) if conn == fw.conn => {
+                tracing::debug!(conn, "relaying a large result: {reason}");
+                Ok(Some(held))
+            }
+            (other, _) => Err(unexpected_after_want(other.name())),
+        }
+    }
+
+    async fn beat(&mut self) -> Result<Infallible> {
+        self.link.beat().await
+    }
+}
+
+/// The error for an answer to `WantConnection` that is neither a hand-off nor `RelayInstead`
+/// (logged with its name): the link cannot go on.
+fn unexpected_after_want(name: &str) -> Error {
     tracing::warn!("expected a hand-off or RelayInstead after asking for the connection, got {name}");
     Error::Codec("unexpected message after asking for the connection")
 }

@@ -14,21 +14,21 @@
 //! - [`AgentArgs`], [`run`] (this file): the command line and the start-up sequence.
 //! - [`AgentConfig`] (`config.rs`): the TOML configuration.
 //! - [`check_host`] (`checks.rs`): the host checks; returns the attached guard.
-//! - [`serve`] (`server.rs`): the control listener.
-//! - [`serve_local`] (`local.rs`): the same-host listener (adopt, serve, hand back), and the
-//!   same-host side of forwarded requests.
+//! - [`serve`], [`serve_local`] (`server.rs`): the control listener and the same-host listener.
+//! - `local.rs`: same-host adoption (the socket beside the `HandOff`; serve, hand back).
 //! - [`LocalOptions`] (`options.rs`): how adopted connections reach the backend, their bounds.
 //! - [`PeerPolicy`], [`bind_local`] (`peer.rs`): who may use the same-host link (file mode, uid).
-//! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back), and the
-//!   cross-host side of forwarded requests.
+//! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
+//! - `ask.rs`: the dispatcher asked about each further request, over either carrier.
 //! - `exchange.rs`: serving adopted requests from the backend straight to the client.
 //! - `backend.rs`: the connection to the backend (TCP, or its Unix socket) and connecting it.
 //! - `pipe.rs`: splicing large bodies backend → pipe → client (zero-copy).
-//! - `hybrid.rs`: forwarded requests over either link (its `Link` is implemented in `local.rs`
-//!   and `remote.rs`); a large result asks for the client's connection.
+//! - `hybrid.rs`: forwarded requests over either carrier; a large result asks for the client's
+//!   connection and adopts it the way it comes (`local.rs` or `remote.rs`).
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry; the I/O errors
 //!   that end serving an adopted connection.
 
+mod ask;
 mod backend;
 mod checks;
 mod config;
@@ -47,10 +47,9 @@ use std::path::PathBuf;
 pub use checks::{check_host, HostSpec};
 pub use config::AgentConfig;
 pub use error::{Error, Problem, Result, Side};
-pub use local::{serve_local, serve_local_for};
 pub use options::LocalOptions;
 pub use peer::{bind_local, PeerPolicy};
-pub use server::{serve, serve_with, NOT_YET};
+pub use server::{serve, serve_local, serve_local_for, serve_with, NOT_YET};
 
 /// `refract agent --config FILE`.
 #[derive(Debug, clap::Args)]

@@ -21,3 +21,14 @@ pub struct LocalOptions {
     /// The guard on this host's NIC (cross host): a flow being handed back is tombstoned in it.
     pub guard: Option<Arc<Mutex<refract_handover::Guard>>>,
 }
+
+impl LocalOptions {
+    /// Refuses a hand-off meant for another backend than the one this agent fronts (`None`:
+    /// the dispatcher did not say, as across hosts); `Err` is the refusal reason.
+    pub(crate) fn fronts(&self, backend: Option<SocketAddr>) -> Result<(), String> {
+        match backend {
+            Some(b) if b != self.backend => Err(format!("this agent fronts {}, not {b}", self.backend)),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,29 +1,29 @@
 //! Cross-host adoption over the control channel: restore the client's TCP socket from the
 //! `HandOff` state (TCP_REPAIR), serve the request from the backend straight to the client,
 //! ask the dispatcher about each further one (`Next` → `Serve` / `Return`), wait at most the
-//! `HandOff`'s `idle_ms` ([`AppState`]) for the next, then quiesce, snapshot and send
-//! `HandBack`.
+//! `HandOff`'s `idle_ms` ([`refract_handover::Serving`]) for the next, then quiesce, snapshot
+//! and send `HandBack`.
 //!
 //! This is the agent's half of docs/handover.md, "Hand-off D → A" / "Hand-back A → D": the
 //! dispatcher steers the flow here; the guard (when the agent attached one) tombstones it while
 //! it goes back.
 //! The same adoption serves `always` (a `HandOff` out of the blue) and hybrid (a `HandOff`
-//! answering this agent's `WantConnection`, with the result it holds; [`HybridLink`] asks).
+//! answering this agent's `WantConnection`, with the result it holds; `hybrid.rs` asks).
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use refract_handover::control::{AppState, ControlChannel, EpochTracker, Msg, Transfer};
 use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Result};
+use refract_handover::{Carrier, EpochTracker, Msg, Serving, Socket, TcpState, Transfer};
 use tokio::net::TcpStream;
 
+use crate::ask::AskOver;
 use crate::backend::{connect_backend, BackendStream};
-use crate::exchange::{Adopted, Ask, Held, Served};
-use crate::hybrid::{unexpected_after_want, Forwarded, Link};
+use crate::exchange::{Adopted, Held, Served};
+use crate::local::lock;
 use crate::options::LocalOptions;
 
 /// Bound on waiting for the client to acknowledge everything before a hand-back (I3).
@@ -34,139 +34,75 @@ const GRACE: Duration = Duration::from_secs(1);
 /// Adopts the connection in `t` (its epoch already accepted), serves it, and hands it back.
 /// With `held` (hybrid: the agent asked for the connection), that response is finished first
 /// and its backend connection serves the pipelined requests; else a new one does.
-pub(crate) async fn adopt(
-    ch: &mut ControlChannel,
-    epochs: &mut EpochTracker,
+pub(crate) async fn adopt<C: Carrier>(
+    ch: &mut C,
+    epochs: &Mutex<EpochTracker>,
     t: Transfer,
     opts: &LocalOptions,
     held: Option<(Held, &mut BackendStream)>,
 ) -> Result<()> {
     let (conn, epoch) = (t.conn, t.epoch);
-    let app = match AppState::parse(&t.app_state) {
-        Ok(a) => a,
-        Err(e) => return ch.send(&Msg::HandOffErr { conn, epoch, reason: format!("app state: {e}") }).await,
+    let Socket::Repair { flow, tcp_state } = &t.socket else {
+        return ch.send(&Msg::HandOffErr { conn, epoch, reason: "no TCP state to restore".into() }, None).await;
     };
-    let (mut client, mut own) = match ready(&t, opts, held.is_none()).await {
+    let (mut client, mut own) = match ready(*flow, tcp_state, t.serving, opts, held.is_none()).await {
         Ok(x) => x,
-        Err(reason) => return ch.send(&Msg::HandOffErr { conn, epoch, reason }).await,
+        Err(reason) => return ch.send(&Msg::HandOffErr { conn, epoch, reason }, None).await,
     };
-    ch.send(&Msg::HandOffOk { conn, epoch }).await?;
+    ch.send(&Msg::HandOffOk { conn, epoch }, None).await?;
     let (held, backend) = match (held, own.as_mut()) {
         (Some((h, b)), _) => (Some(h), b),
         (None, Some(b)) => (None, b),
         (None, None) => return Err(refract_handover::Error::Codec("no backend connection")),
     };
-    let pending = BytesMut::from(&t.pending_bytes[..]);
-    let idle = Duration::from_millis(app.idle_ms.into());
+    let pending = BytesMut::from(&t.pending[..]);
+    let idle = Duration::from_millis(t.serving.idle_ms.into());
     let adopted = Adopted::new(&mut client, backend, pending, opts.backend_timeout, idle, epoch, opts.pass_socket)
         .with_write_stall(opts.write_stall);
-    // Heartbeats go on while serving and waiting (`AskChannel::beat`): the dispatcher waits for
+    // Heartbeats go on while serving and waiting (`AskOver::beat`): the dispatcher waits for
     // the hand-back with a dead bound.
-    let (served, sent) = adopted.run(held, &mut AskChannel { ch: &mut *ch, conn }).await?;
+    let (served, sent) = adopted.run(held, &mut AskOver { link: &mut *ch, conn }).await?;
+    let closed = |reason: String| Msg::Closed { conn, epoch, sent, reason };
     match served {
-        Served::Boundary(pending) => match hand_back_state(client, t.flow, opts).await {
+        Served::Boundary(pending) => match hand_back_state(client, *flow, opts).await {
             Ok(tcp_state) => {
-                let back = epochs.advance(conn);
-                let (flow, pending_bytes) = (t.flow, pending);
-                let t = Transfer { conn, flow, epoch: back, tcp_state, pending_bytes, app_state: vec![], sent };
-                ch.send(&Msg::HandBack(Box::new(t))).await
+                let back = lock(epochs).advance(conn);
+                let socket = Socket::Repair { flow: *flow, tcp_state };
+                let t = Transfer { conn, epoch: back, socket, pending, serving: Serving::default(), sent };
+                ch.send(&Msg::HandBack(Box::new(t)), None).await
             }
             Err(e) => {
                 tracing::warn!(conn, "hand-back impossible ({e}); closing the connection");
-                epochs.remove(conn);
-                ch.send(&Msg::Closed { conn, epoch, sent }).await
+                lock(epochs).remove(conn);
+                ch.send(&closed(format!("no hand-back: {e}")), None).await
             }
         },
         Served::Close(reason) => {
             tracing::debug!(conn, "connection ends at the agent: {reason}");
-            epochs.remove(conn);
-            ch.send(&Msg::Closed { conn, epoch, sent }).await
+            lock(epochs).remove(conn);
+            ch.send(&closed(reason), None).await
         }
-    }
-}
-
-/// The control channel, asked about each further request of an adopted connection.
-struct AskChannel<'a> {
-    ch: &'a mut ControlChannel,
-    conn: u64,
-}
-
-impl Ask for AskChannel<'_> {
-    async fn idle(&mut self, _request: u64) -> Result<()> {
-        Ok(()) // across hosts the connection dies with the agent (no descriptor kept here)
-    }
-
-    async fn next(&mut self, request: u64, bytes: &[u8]) -> Result<bool> {
-        let conn = self.conn;
-        self.ch.send(&Msg::Next { conn, request, bytes: bytes.to_vec() }).await?;
-        match self.ch.recv().await? {
-            Msg::Serve { conn: c, request: r } if (c, r) == (conn, request) => Ok(true),
-            Msg::Return { conn: c, request: r } if (c, r) == (conn, request) => Ok(false),
-            other => {
-                tracing::warn!(conn, "expected Serve or Return, got {}", other.name());
-                Err(refract_handover::Error::Codec("unexpected answer to Next"))
-            }
-        }
-    }
-
-    async fn beat(&mut self) -> Result<std::convert::Infallible> {
-        self.ch.heartbeats().await
-    }
-}
-
-/// The control channel as forwarded requests use it (hybrid): `WantConnection`, then
-/// `HandOff` with the client's TCP state.
-pub(crate) struct HybridLink<'a> {
-    pub ch: &'a mut ControlChannel,
-    pub opts: &'a LocalOptions,
-    pub epochs: &'a mut EpochTracker,
-}
-
-impl Link for HybridLink<'_> {
-    async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
-        self.ch.send(&Msg::Response { conn: fw.conn, request: fw.request, last, keep, bytes }).await
-    }
-
-    async fn want(&mut self, fw: &Forwarded, held: Held, be: &mut BackendStream) -> Result<Option<Held>> {
-        self.ch.send(&Msg::WantConnection { conn: fw.conn, request: fw.request }).await?;
-        match self.ch.recv().await? {
-            Msg::HandOff(t) if t.conn == fw.conn => {
-                if let Err(e) = self.epochs.observe(t.conn, t.epoch) {
-                    let reason = e.to_string();
-                    tracing::warn!(conn = t.conn, "HandOff refused: {reason}");
-                    return self
-                        .ch
-                        .send(&Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason })
-                        .await
-                        .map(|()| None);
-                }
-                let adopted = adopt(self.ch, self.epochs, *t, self.opts, Some((held, be)));
-                adopted.await.map(|()| None)
-            }
-            Msg::RelayInstead { conn, reason, .. } if conn == fw.conn => {
-                tracing::debug!(conn, "relaying a large result: {reason}");
-                Ok(Some(held))
-            }
-            other => Err(unexpected_after_want(other.name())),
-        }
-    }
-
-    async fn beat(&mut self) -> Result<Infallible> {
-        self.ch.heartbeats().await
     }
 }
 
 /// Gets the sockets ready before answering: the backend first when `connect` (refusing after
 /// the restore would need the socket discarded unseen), then the restored client socket.
 /// `Err` is the refusal reason.
-async fn ready(t: &Transfer, opts: &LocalOptions, connect: bool) -> Result<(TcpStream, Option<BackendStream>), String> {
+async fn ready(
+    flow: FlowKey,
+    state: &TcpState,
+    serving: Serving,
+    opts: &LocalOptions,
+    connect: bool,
+) -> Result<(TcpStream, Option<BackendStream>), String> {
+    opts.fronts(serving.backend)?;
     let backend = if connect { Some(connect_backend(opts).await?) } else { None };
     if let Some(guard) = &opts.guard {
         // The flow may come back within the grace of its last hand-back from here: its
         // tombstone would drop every segment of the adopted connection until it expired.
-        lift(guard, t.flow);
+        lift(guard, flow);
     }
-    let client = restore(&t.tcp_state).and_then(|fd| Ok(to_tokio(fd)?)).map_err(|e| format!("restore: {e}"))?;
+    let client = restore(state).and_then(|fd| Ok(to_tokio(fd)?)).map_err(|e| format!("restore: {e}"))?;
     Ok((client, backend))
 }
 
@@ -180,7 +116,7 @@ fn to_tokio(fd: OwnedFd) -> std::io::Result<TcpStream> {
 /// client's segments are dropped, not ACKed by the repaired socket nor reset once it is gone;
 /// removed after a grace period), snapshots, and discards the socket silently. On error the
 /// socket is closed normally by the caller's drop (FIN).
-async fn hand_back_state(client: TcpStream, flow: FlowKey, opts: &LocalOptions) -> Result<refract_handover::TcpState> {
+async fn hand_back_state(client: TcpStream, flow: FlowKey, opts: &LocalOptions) -> Result<TcpState> {
     let deadline = tokio::time::Instant::now() + QUIESCE;
     loop {
         let left = unacked(&client)?;

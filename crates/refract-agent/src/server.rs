@@ -1,14 +1,21 @@
-//! The control listener: accepts dispatcher connections, authenticates them, answers them.
+//! The listeners: the control listener accepts dispatcher connections from other hosts,
+//! authenticates them and answers them; the same-host listener answers dispatchers on this host
+//! over a Unix socket. Both answer the same messages through the same code (`hybrid.rs`,
+//! `local.rs`, `remote.rs`); only the hand-off each can take differs.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, EpochTracker, Msg, NonceCache};
-use tokio::net::{TcpListener, TcpStream};
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, NonceCache};
+use refract_handover::local::LocalLink;
+use refract_handover::{EpochTracker, Msg};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 
 use crate::backend::BackendStream;
-use crate::hybrid::{self, Forwarded};
+use crate::hybrid::{self, Forwarded, Over};
+use crate::local::{self, lock};
 use crate::options::LocalOptions;
+use crate::peer::PeerPolicy;
 use crate::remote;
 
 /// What `HandOffErr` says while this agent cannot adopt cross-host connections (issue 3: the
@@ -67,19 +74,20 @@ async fn connection(
 
 /// One authenticated dispatcher: answers until the channel ends (closed, dead or malformed).
 async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refract_handover::Result<()> {
-    let mut epochs = EpochTracker::new();
+    let epochs = Mutex::new(EpochTracker::new());
     // The backend connection of forwarded requests (hybrid), kept across them.
     let mut pooled: Option<BackendStream> = None;
     loop {
         let msg = ch.recv().await?;
         match msg {
             Msg::HandOff(t) => {
-                if let Err(e) = epochs.observe(t.conn, t.epoch) {
+                let observed = lock(&epochs).observe(t.conn, t.epoch);
+                if let Err(e) = observed {
                     tracing::warn!(conn = t.conn, "HandOff ignored: {e}");
                     continue;
                 }
                 match &backend {
-                    Some(b) => remote::adopt(&mut ch, &mut epochs, *t, b, None).await?,
+                    Some(b) => remote::adopt(&mut ch, &epochs, *t, b, None).await?,
                     None => {
                         let reply = Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason: NOT_YET.into() };
                         ch.send(&reply).await?;
@@ -90,11 +98,11 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
                 // Without a backend nothing can answer: ending the channel makes the dispatcher relay.
                 let opts = backend.as_ref().ok_or(refract_handover::Error::Codec("Forward, but no backend"))?;
                 let fw = Forwarded { conn, request, threshold, bytes };
-                let mut via = remote::HybridLink { ch: &mut ch, opts, epochs: &mut epochs };
+                let mut via = Over { link: &mut ch, opts, epochs: &epochs };
                 hybrid::forward(&mut via, opts, &mut pooled, fw).await?;
             }
             Msg::HandBackOk { conn, epoch } => {
-                if let Err(e) = epochs.check(conn, epoch) {
+                if let Err(e) = lock(&epochs).check(conn, epoch) {
                     tracing::warn!(conn, "HandBackOk ignored: {e}");
                 }
             }
@@ -102,6 +110,56 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
                 tracing::debug!(conn, request, "relay instead (nothing held): {reason}");
             }
             other => tracing::warn!("unexpected {} from the dispatcher, ignored", other.name()),
+        }
+    }
+}
+
+/// Serves same-host dispatcher links on `listener` until it fails, to peers running as the
+/// agent's own uid only; one task per link.
+pub async fn serve_local(listener: UnixListener, opts: LocalOptions) -> std::io::Result<()> {
+    serve_local_for(listener, opts, PeerPolicy::default()).await
+}
+
+/// Like [`serve_local`], to the peers `peers` allows: any other is refused (logged) and its
+/// link closed before a message is read.
+pub async fn serve_local_for(listener: UnixListener, opts: LocalOptions, peers: PeerPolicy) -> std::io::Result<()> {
+    let epochs = Arc::new(Mutex::new(EpochTracker::new()));
+    loop {
+        let (stream, _) = listener.accept().await?;
+        if let Err(reason) = peers.check(&stream) {
+            tracing::warn!("same-host link refused: {reason}");
+            continue; // dropping the stream closes it
+        }
+        let (opts, epochs) = (opts.clone(), epochs.clone());
+        tokio::spawn(async move {
+            match same_host_link(LocalLink::new(stream), &opts, &epochs).await {
+                Err(refract_handover::Error::Closed) | Ok(()) => {}
+                Err(e) => tracing::warn!("same-host link ended: {e}"),
+            }
+        });
+    }
+}
+
+/// One same-host link: any number of hand-offs and forwarded requests in turn, each finished
+/// on it.
+async fn same_host_link(
+    mut link: LocalLink,
+    opts: &LocalOptions,
+    epochs: &Mutex<EpochTracker>,
+) -> refract_handover::Result<()> {
+    // The backend connection of forwarded requests (hybrid), kept across them.
+    let mut backend: Option<BackendStream> = None;
+    loop {
+        match link.recv().await? {
+            (Msg::HandOff(t), Some(fd)) => local::adopt(&mut link, opts, epochs, *t, fd, None).await?,
+            (Msg::Forward { conn, request, threshold, bytes }, None) => {
+                let fw = Forwarded { conn, request, threshold, bytes };
+                let mut via = Over { link: &mut link, opts, epochs };
+                hybrid::forward(&mut via, opts, &mut backend, fw).await?;
+            }
+            (other, _) => {
+                tracing::warn!("unexpected {} from the dispatcher on a same-host link, ignored", other.name())
+            }
         }
     }
 }

@@ -11,21 +11,29 @@ use std::time::Duration;
 
 use refract_agent::{serve_local, LocalOptions};
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
-use refract_handover::local::{LocalLink, LocalMsg};
+use refract_handover::local::LocalLink;
+use refract_handover::{Msg, Serving, Socket, Transfer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
+
+/// A same-host `HandOff` of `conn` at `epoch` to be served from `backend`: the client socket
+/// goes beside it.
+fn passed_hand_off(conn: u64, epoch: u64, backend: SocketAddr, idle_ms: u32, pending: Vec<u8>) -> Msg {
+    let serving = Serving { idle_ms, backend: Some(backend) };
+    Msg::HandOff(Box::new(Transfer { conn, epoch, socket: Socket::Passed, pending, serving, sent: 0 }))
+}
 
 /// The link's next message, past the `Idle`s the agent sends when it starts waiting for the
 /// client (`an_idle_client_is_announced` checks those).
 trait RecvMsg {
-    async fn recv_msg(&mut self) -> (LocalMsg, Option<std::os::fd::OwnedFd>);
+    async fn recv_msg(&mut self) -> (Msg, Option<std::os::fd::OwnedFd>);
 }
 
 impl RecvMsg for LocalLink {
-    async fn recv_msg(&mut self) -> (LocalMsg, Option<std::os::fd::OwnedFd>) {
+    async fn recv_msg(&mut self) -> (Msg, Option<std::os::fd::OwnedFd>) {
         loop {
             match self.recv().await.unwrap() {
-                (LocalMsg::Idle { .. }, None) => continue,
+                (Msg::Idle { .. }, None) => continue,
                 other => return other,
             }
         }
@@ -77,9 +85,9 @@ async fn adopted(
 ) -> (TcpStream, TcpStream, LocalLink) {
     let (client, server) = client_pair().await;
     let mut link = LocalLink::connect(path).await.unwrap();
-    let adopt = LocalMsg::Adopt { conn, epoch: 1, backend, idle_ms, pending };
+    let adopt = passed_hand_off(conn, 1, backend, idle_ms, pending);
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv_msg().await.0, LocalMsg::AdoptOk { conn, epoch: 1 });
+    assert_eq!(link.recv_msg().await.0, Msg::HandOffOk { conn, epoch: 1 });
     (client, server, link)
 }
 
@@ -97,8 +105,8 @@ async fn serve_next(
     (conn, request): (u64, u64),
     (bytes, seed): (u64, u64),
 ) -> String {
-    assert_eq!(link.recv_msg().await.0, LocalMsg::Next { conn, request, bytes: get(bytes, seed).into_bytes() });
-    link.send(&LocalMsg::Serve { conn, request }, None).await.unwrap();
+    assert_eq!(link.recv_msg().await.0, Msg::Next { conn, request, bytes: get(bytes, seed).into_bytes() });
+    link.send(&Msg::Serve { conn, request }, None).await.unwrap();
     let (head, body) = response(client, buf).await;
     assert_eq!((body.len() as u64, pattern::first_mismatch(&body, 0, seed)), (bytes, None));
     head
@@ -139,8 +147,8 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
         if seed == 1 {
             // The pipelined request is asked about before it is served.
             let (next, _) = link.recv_msg().await;
-            assert_eq!(next, LocalMsg::Next { conn: 9, request: 1, bytes: get(1000, 1).into_bytes() });
-            link.send(&LocalMsg::Serve { conn: 9, request: 1 }, None).await.unwrap();
+            assert_eq!(next, Msg::Next { conn: 9, request: 1, bytes: get(1000, 1).into_bytes() });
+            link.send(&Msg::Serve { conn: 9, request: 1 }, None).await.unwrap();
         }
         let (head, body) = response(&mut client, &mut buf).await;
         assert!(head.contains("x-refract-handover: 1"), "{head}");
@@ -148,7 +156,10 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
         assert_eq!(pattern::first_mismatch(&body, 0, seed), None);
     }
     let (back, fd) = link.recv_msg().await;
-    let LocalMsg::HandBack { conn: 9, epoch: 2, sent, pending } = back else { panic!("{back:?}") };
+    let Msg::HandBack(t) = back else { panic!("{back:?}") };
+    let Transfer { conn: 9, epoch: 2, sent, pending, .. } = *t else {
+        panic!("a hand-back of another connection or epoch")
+    };
     assert_eq!(pending, partial);
     let bodies = (3u64 << 20) + 1000;
     assert!(sent > bodies && sent < bodies + 1000, "the agent reports what it wrote (heads and bodies): {sent}");
@@ -160,12 +171,12 @@ async fn pipelined_requests_are_served_and_the_socket_comes_back() {
     client.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"HTTP/1.1 204 No Content\r\n");
     // A stale hand-off (epoch 1 again) is refused; the next one (3) is adopted.
-    let stale = LocalMsg::Adopt { conn: 9, epoch: 1, backend, idle_ms: 0, pending: get(1, 0).into_bytes() };
+    let stale = passed_hand_off(9, 1, backend, 0, get(1, 0).into_bytes());
     link.send(&stale, Some(server.as_fd())).await.unwrap();
-    assert!(matches!(link.recv_msg().await.0, LocalMsg::AdoptErr { conn: 9, epoch: 1, .. }));
-    let fresh = LocalMsg::Adopt { conn: 9, epoch: 3, backend, idle_ms: 0, pending: get(1, 0).into_bytes() };
+    assert!(matches!(link.recv_msg().await.0, Msg::HandOffErr { conn: 9, epoch: 1, .. }));
+    let fresh = passed_hand_off(9, 3, backend, 0, get(1, 0).into_bytes());
     link.send(&fresh, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv_msg().await.0, LocalMsg::AdoptOk { conn: 9, epoch: 3 });
+    assert_eq!(link.recv_msg().await.0, Msg::HandOffOk { conn: 9, epoch: 3 });
 }
 
 /// The blob server's `/stats` JSON (`reads`, `writes`, …), asked directly.
@@ -185,11 +196,12 @@ async fn a_returned_request_goes_back_unserved() {
     let (mut client, _server, mut link) = adopted(&path, backend, 4, 5000, pending).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(pattern::first_mismatch(&body, 0, 2), None);
-    assert_eq!(link.recv_msg().await.0, LocalMsg::Next { conn: 4, request: 1, bytes: post.clone() });
-    link.send(&LocalMsg::Return { conn: 4, request: 1 }, None).await.unwrap();
+    assert_eq!(link.recv_msg().await.0, Msg::Next { conn: 4, request: 1, bytes: post.clone() });
+    link.send(&Msg::Return { conn: 4, request: 1 }, None).await.unwrap();
     let (back, fd) = link.recv_msg().await;
     assert!(fd.is_some());
-    let LocalMsg::HandBack { conn: 4, epoch: 2, pending, .. } = back else { panic!("{back:?}") };
+    let Msg::HandBack(t) = back else { panic!("{back:?}") };
+    let Transfer { conn: 4, epoch: 2, pending, .. } = *t else { panic!("a hand-back of another connection or epoch") };
     assert_eq!(pending, post, "the write travels back unserved");
     let stats = stats(backend).await;
     assert!(stats.contains("\"writes\":0"), "the agent's backend saw no write: {stats}");
@@ -207,8 +219,8 @@ async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
     client.write_all(&next.as_bytes()[..7]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     client.write_all(&next.as_bytes()[7..]).await.unwrap();
-    assert_eq!(link.recv_msg().await.0, LocalMsg::Next { conn: 5, request: 1, bytes: next.into_bytes() });
-    link.send(&LocalMsg::Serve { conn: 5, request: 1 }, None).await.unwrap();
+    assert_eq!(link.recv_msg().await.0, Msg::Next { conn: 5, request: 1, bytes: next.into_bytes() });
+    link.send(&Msg::Serve { conn: 5, request: 1 }, None).await.unwrap();
     let (head, body) = response(&mut client, &mut buf).await;
     assert!(head.contains("x-refract-handover: 1"), "{head}");
     assert_eq!(pattern::first_mismatch(&body, 0, 2), None);
@@ -217,7 +229,8 @@ async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
     client.write_all(b"GET /blob?by").await.unwrap();
     let (back, _fd) = link.recv_msg().await;
     let waited = started.elapsed();
-    let LocalMsg::HandBack { conn: 5, epoch: 2, pending, .. } = back else { panic!("{back:?}") };
+    let Msg::HandBack(t) = back else { panic!("{back:?}") };
+    let Transfer { conn: 5, epoch: 2, pending, .. } = *t else { panic!("a hand-back of another connection or epoch") };
     assert_eq!(pending, b"GET /blob?by", "what the agent read while it waited goes back");
     assert!(waited >= Duration::from_millis(200), "waited {waited:?}");
 }
@@ -229,15 +242,15 @@ async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
     let (mut client, server) = client_pair().await;
     let mut link = LocalLink::connect(&path).await.unwrap();
     let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
-    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, idle_ms: 0, pending: get(10, 0).into_bytes() };
+    let adopt = passed_hand_off(1, 1, other, 0, get(10, 0).into_bytes());
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert!(matches!(link.recv_msg().await.0, LocalMsg::AdoptErr { conn: 1, epoch: 1, .. }));
+    assert!(matches!(link.recv_msg().await.0, Msg::HandOffErr { conn: 1, epoch: 1, .. }));
     // An agent whose backend is down refuses too.
     let dead = agent(other, "dead").await;
     let mut link = LocalLink::connect(&dead).await.unwrap();
-    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: other, idle_ms: 0, pending: get(10, 0).into_bytes() };
+    let adopt = passed_hand_off(1, 1, other, 0, get(10, 0).into_bytes());
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert!(matches!(link.recv_msg().await.0, LocalMsg::AdoptErr { .. }));
+    assert!(matches!(link.recv_msg().await.0, Msg::HandOffErr { .. }));
     let mut probe = [0u8; 1];
     let r = tokio::time::timeout(Duration::from_millis(100), client.read(&mut probe)).await;
     assert!(r.is_err(), "nothing reached the client");
@@ -251,7 +264,7 @@ async fn connection_close_ends_with_closed() {
     let (mut client, _server, mut link) = adopted(&path, backend, 2, 0, req.as_bytes().to_vec()).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(pattern::first_mismatch(&body, 0, 3), None);
-    assert!(matches!(link.recv_msg().await.0, LocalMsg::Closed { conn: 2, epoch: 1, .. }));
+    assert!(matches!(link.recv_msg().await.0, Msg::Closed { conn: 2, epoch: 1, .. }));
 }
 
 /// Reads `n` bytes (or what comes before the end, if sooner); `None` after a timeout.
@@ -280,9 +293,9 @@ async fn large_bodies_are_spliced_byte_exact_and_counted() {
     for (i, &(n, seed)) in sizes.iter().enumerate() {
         if i > 0 {
             let (next, _) = link.recv_msg().await;
-            let want = LocalMsg::Next { conn: 6, request: i as u64, bytes: reqs[i].clone().into_bytes() };
+            let want = Msg::Next { conn: 6, request: i as u64, bytes: reqs[i].clone().into_bytes() };
             assert_eq!(next, want);
-            link.send(&LocalMsg::Serve { conn: 6, request: i as u64 }, None).await.unwrap();
+            link.send(&Msg::Serve { conn: 6, request: i as u64 }, None).await.unwrap();
         }
         let (head, body) = response(&mut client, &mut buf).await;
         assert!(head.contains("x-refract-handover: 1"), "{head}");
@@ -292,7 +305,8 @@ async fn large_bodies_are_spliced_byte_exact_and_counted() {
     }
     assert!(buf.is_empty(), "nothing after the last response: {} bytes", buf.len());
     let (back, _fd) = link.recv_msg().await;
-    let LocalMsg::HandBack { conn: 6, epoch: 2, sent, .. } = back else { panic!("{back:?}") };
+    let Msg::HandBack(t) = back else { panic!("{back:?}") };
+    let Transfer { conn: 6, epoch: 2, sent, .. } = *t else { panic!("a hand-back of another connection or epoch") };
     assert_eq!(sent, got, "sent counts every byte the client got, spliced or copied");
 }
 
@@ -321,7 +335,7 @@ async fn short_backend(part: usize, close: bool) -> SocketAddr {
 
 /// Adopts a client for one request to `backend` (agent timeout `timeout`); returns what the
 /// client got before the agent gave up, and the agent's `Closed`.
-async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8>, LocalMsg) {
+async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8>, Msg) {
     let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
@@ -351,7 +365,7 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
 async fn a_backend_closing_mid_body_ends_the_connection() {
     let part = 3 << 20;
     let (got, closed) = cut_short(short_backend(part, true).await, "short", Duration::from_secs(5)).await;
-    let LocalMsg::Closed { conn: 7, epoch: 1, sent, reason } = closed else { panic!("{closed:?}") };
+    let Msg::Closed { conn: 7, epoch: 1, sent, reason } = closed else { panic!("{closed:?}") };
     assert!(reason.contains("cut short"), "{reason}");
     assert_eq!(sent, got.len() as u64);
     let head = refract_http::ResponseHead::parse(&got, 1 << 16, false).unwrap().unwrap();
@@ -363,7 +377,7 @@ async fn a_backend_closing_mid_body_ends_the_connection() {
 async fn a_backend_stalling_mid_body_times_out() {
     let part = 1 << 20;
     let (got, closed) = cut_short(short_backend(part, false).await, "stall", Duration::from_millis(300)).await;
-    let LocalMsg::Closed { sent, reason, .. } = closed else { panic!("{closed:?}") };
+    let Msg::Closed { sent, reason, .. } = closed else { panic!("{closed:?}") };
     assert!(reason.contains("timed out"), "{reason}");
     assert_eq!(sent, got.len() as u64);
     let head = refract_http::ResponseHead::parse(&got, 1 << 16, false).unwrap().unwrap();
@@ -466,9 +480,9 @@ async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
     let (server, _) = l.accept().await.unwrap();
     let mut link = LocalLink::connect(&path).await.unwrap();
     let (conn, idle_ms, size) = (14, 200, 4u64 << 20);
-    let adopt = LocalMsg::Adopt { conn, epoch: 1, backend: identity, idle_ms, pending: get(size, 6).into_bytes() };
+    let adopt = passed_hand_off(conn, 1, identity, idle_ms, get(size, 6).into_bytes());
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv_msg().await.0, LocalMsg::AdoptOk { conn, epoch: 1 });
+    assert_eq!(link.recv_msg().await.0, Msg::HandOffOk { conn, epoch: 1 });
     let started = std::time::Instant::now();
     let mut got = Vec::new();
     let mut chunk = vec![0u8; 32 * 1024];
@@ -487,7 +501,7 @@ async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
     assert!(took > Duration::from_millis(4 * u64::from(idle_ms)), "read too fast to test anything: {took:?}");
     assert_eq!(pattern::first_mismatch(&got[total..], 0, 6), None);
     client.write_all(get(10, 1).as_bytes()).await.unwrap();
-    let next = LocalMsg::Next { conn, request: 1, bytes: get(10, 1).into_bytes() };
+    let next = Msg::Next { conn, request: 1, bytes: get(10, 1).into_bytes() };
     assert_eq!(link.recv_msg().await.0, next, "handed back while the client was still reading ({took:?})");
     let _ = std::fs::remove_file(socket);
 }
@@ -500,10 +514,10 @@ async fn a_missing_backend_socket_is_refused_before_any_byte() {
     let path = agent_over(identity, gone, "gone").await;
     let (mut client, server) = client_pair().await;
     let mut link = LocalLink::connect(&path).await.unwrap();
-    let adopt = LocalMsg::Adopt { conn: 1, epoch: 1, backend: identity, idle_ms: 0, pending: get(10, 0).into_bytes() };
+    let adopt = passed_hand_off(1, 1, identity, 0, get(10, 0).into_bytes());
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
     let (reply, _) = link.recv_msg().await;
-    let LocalMsg::AdoptErr { reason, .. } = reply else { panic!("{reply:?}") };
+    let Msg::HandOffErr { reason, .. } = reply else { panic!("{reply:?}") };
     assert!(reason.contains("gone.sock"), "the refusal names the socket: {reason}");
     let mut probe = [0u8; 1];
     let r = tokio::time::timeout(Duration::from_millis(100), client.read(&mut probe)).await;
@@ -519,10 +533,10 @@ async fn an_idle_client_is_announced() {
     let (_, body) = response(&mut client, &mut buf).await;
     assert_eq!(body.len(), 100);
     // Response 0 is whole: the agent says it waits for the client, before asking about more.
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Idle { conn: 11, request: 0 });
+    assert_eq!(link.recv().await.unwrap().0, Msg::Idle { conn: 11, request: 0 });
     client.write_all(get(10, 4).as_bytes()).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Next { conn: 11, request: 1, bytes: get(10, 4).into_bytes() });
-    link.send(&LocalMsg::Serve { conn: 11, request: 1 }, None).await.unwrap();
+    assert_eq!(link.recv().await.unwrap().0, Msg::Next { conn: 11, request: 1, bytes: get(10, 4).into_bytes() });
+    link.send(&Msg::Serve { conn: 11, request: 1 }, None).await.unwrap();
     assert_eq!(response(&mut client, &mut buf).await.1.len(), 10);
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::Idle { conn: 11, request: 1 });
+    assert_eq!(link.recv().await.unwrap().0, Msg::Idle { conn: 11, request: 1 });
 }

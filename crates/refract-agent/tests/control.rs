@@ -8,8 +8,9 @@ mod common;
 
 use common::hand_off;
 use refract_agent::{serve, AgentConfig, NOT_YET};
-use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg};
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey};
 use refract_handover::Error;
+use refract_handover::Msg;
 
 /// What the dispatcher had read from the client when it handed the connection off.
 const PENDING: &[u8] = b"GET /blob?bytes=1 HTTP/1.1\r\nhost: t\r\n\r\n";

@@ -11,7 +11,8 @@ mod common;
 use common::hand_off;
 use refract_agent::{serve_with, LocalOptions};
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
-use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, Msg};
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey};
+use refract_handover::Msg;
 use tokio::net::TcpListener;
 
 const KEY: &str = "agent test key, sixteen+ bytes";

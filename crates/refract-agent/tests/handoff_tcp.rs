@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use refract_agent::{serve_with, LocalOptions};
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
-use refract_handover::control::{AppState, ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
-use refract_handover::{discard, restore, snapshot, FlowKey, Guard};
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey};
+use refract_handover::{discard, restore, snapshot, FlowKey, Guard, Msg, Serving, Socket, Transfer};
 
 const KEY: &str = "agent test key, sixteen+ bytes";
 
@@ -137,16 +137,17 @@ async fn scenario() {
     let tcp_state = snapshot(&fd).unwrap();
     discard(fd).unwrap();
     let flow = FlowKey::new(v4(peer), v4(vip_addr));
-    let app_state = AppState { idle_ms: 0 }.encode();
-    let t = Transfer { conn: 1, flow, epoch: 1, tcp_state, pending_bytes: pending, app_state, sent: 0 };
+    let socket = Socket::Repair { flow, tcp_state };
+    let t = Transfer { conn: 1, epoch: 1, socket, pending, serving: Serving { idle_ms: 0, backend: None }, sent: 0 };
     ch.send(&Msg::HandOff(Box::new(t))).await.unwrap();
     assert_eq!(ch.recv().await.unwrap(), Msg::HandOffOk { conn: 1, epoch: 1 });
     // The pipelined second request is asked about before it is served.
     assert_eq!(ch.recv().await.unwrap(), Msg::Next { conn: 1, request: 1, bytes: get(777, 4).into_bytes() });
     ch.send(&Msg::Serve { conn: 1, request: 1 }).await.unwrap();
     let Msg::HandBack(back) = ch.recv().await.unwrap() else { panic!("expected HandBack") };
-    assert_eq!((back.conn, back.epoch, &back.pending_bytes), (1, 2, &partial));
-    let mut restored = std::net::TcpStream::from(restore(&back.tcp_state).unwrap());
+    assert_eq!((back.conn, back.epoch, &back.pending), (1, 2, &partial));
+    let Socket::Repair { tcp_state: back_state, .. } = &back.socket else { panic!("a hand-back without its state") };
+    let mut restored = std::net::TcpStream::from(restore(back_state).unwrap());
     ch.send(&Msg::HandBackOk { conn: 1, epoch: 2 }).await.unwrap();
     restored.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap();
     let heads = tokio::task::spawn_blocking(move || client.join().unwrap()).await.unwrap();

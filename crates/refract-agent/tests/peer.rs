@@ -12,16 +12,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use refract_agent::{bind_local, serve_local, LocalOptions};
-use refract_handover::local::{LocalLink, LocalMsg};
+use refract_handover::local::LocalLink;
+use refract_handover::Msg;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const PEER_ENV: &str = "RF_AGENT_PEER_SOCKET";
 const NOBODY: u32 = 65534;
 
-fn forward() -> LocalMsg {
+fn forward() -> Msg {
     let get = b"GET /blob?bytes=10&seed=1 HTTP/1.1\r\nhost: t\r\n\r\n".to_vec();
-    LocalMsg::Forward { conn: 1, request: 1, threshold: 1 << 20, bytes: get }
+    Msg::Forward { conn: 1, request: 1, threshold: 1 << 20, bytes: get }
 }
 
 /// The peer's half (run in the child as uid 65534): connect, send a `Forward`, wait for an
@@ -108,7 +109,7 @@ async fn another_uid_is_refused_by_mode_and_by_credentials() {
     let mut link = LocalLink::connect(&path).await.unwrap();
     link.send(&forward(), None).await.unwrap();
     match link.recv().await.unwrap().0 {
-        LocalMsg::Response { conn: 1, request: 1, last: true, bytes, .. } => assert!(bytes.ends_with(b"ok")),
+        Msg::Response { conn: 1, request: 1, last: true, bytes, .. } => assert!(bytes.ends_with(b"ok")),
         other => panic!("expected a Response, got {other:?}"),
     }
     assert!(backend.try_recv().is_ok());

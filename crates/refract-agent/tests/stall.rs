@@ -10,10 +10,18 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use refract_agent::{serve_local, LocalOptions};
-use refract_handover::local::{LocalLink, LocalMsg};
+use refract_handover::local::LocalLink;
+use refract_handover::{Msg, Serving, Socket, Transfer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::mpsc;
+
+/// A same-host `HandOff` of `conn` at `epoch` to be served from `backend`: the client socket
+/// goes beside it.
+fn passed_hand_off(conn: u64, epoch: u64, backend: SocketAddr, idle_ms: u32, pending: Vec<u8>) -> Msg {
+    let serving = Serving { idle_ms, backend: Some(backend) };
+    Msg::HandOff(Box::new(Transfer { conn, epoch, socket: Socket::Passed, pending, serving, sent: 0 }))
+}
 
 /// The bound the agent is given: small, so the test is fast.
 const STALL: Duration = Duration::from_millis(500);
@@ -108,9 +116,9 @@ async fn adopt(link: &mut LocalLink, backend: SocketAddr, conn: u64, request: &s
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
     let (server, _) = l.accept().await.unwrap();
-    let adopt = LocalMsg::Adopt { conn, epoch: 1, backend, idle_ms: 0, pending: request.as_bytes().to_vec() };
+    let adopt = passed_hand_off(conn, 1, backend, 0, request.as_bytes().to_vec());
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
-    assert_eq!(link.recv().await.unwrap().0, LocalMsg::AdoptOk { conn, epoch: 1 });
+    assert_eq!(link.recv().await.unwrap().0, Msg::HandOffOk { conn, epoch: 1 });
     (client, server)
 }
 
@@ -124,7 +132,7 @@ async fn a_stalled_client_is_ended_within_the_bound(query: &str, tag: &str) {
     let (client, server) = adopt(&mut link, addr, 1, &request).await;
     let closed = tokio::time::timeout(WITHIN, link.recv()).await.expect("the agent ends a stalled client");
     let took = started.elapsed();
-    let LocalMsg::Closed { conn: 1, epoch: 1, sent, reason } = closed.unwrap().0 else { panic!("not Closed") };
+    let Msg::Closed { conn: 1, epoch: 1, sent, reason } = closed.unwrap().0 else { panic!("not Closed") };
     assert!(reason.contains("took no byte"), "{reason}");
     assert!(sent > 0 && sent < 64 << 20, "part of the body went: {sent}");
     assert!(took >= STALL, "ended after {took:?}, before the bound");
@@ -142,10 +150,10 @@ async fn a_stalled_client_is_ended_within_the_bound(query: &str, tag: &str) {
     }
     // Past the `Idle` the agent sends when it starts waiting for the client's next request.
     let mut back = tokio::time::timeout(WITHIN, link.recv()).await.unwrap().unwrap().0;
-    while matches!(back, LocalMsg::Idle { conn: 2, .. }) {
+    while matches!(back, Msg::Idle { conn: 2, .. }) {
         back = tokio::time::timeout(WITHIN, link.recv()).await.unwrap().unwrap().0;
     }
-    assert!(matches!(back, LocalMsg::HandBack { conn: 2, .. }), "{back:?}");
+    assert!(matches!(&back, Msg::HandBack(t) if t.conn == 2), "{back:?}");
 }
 
 #[tokio::test]

@@ -5,12 +5,13 @@
 //! The calls block; use them on a blocking socket (e.g. from `spawn_blocking`).
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, MsgFlags};
 
 use crate::error::{Error, Result};
+use crate::sys;
 
 /// Sends `fd` and `payload` as one frame. The receiver gets its own descriptor for the same
 /// open socket; the sender may close its copy once this returns.
@@ -48,17 +49,7 @@ fn recv_header(sock: &UnixStream, header: &mut [u8; 4]) -> Result<OwnedFd> {
     let mut iov = [IoSliceMut::new(header)];
     let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
         .map_err(|e| Error::nix("recvmsg(SCM_RIGHTS)", e))?;
-    let mut fd = None;
-    for c in msg.cmsgs().map_err(|e| Error::nix("recvmsg cmsgs", e))? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for raw in fds {
-                // SAFETY: the kernel just installed `raw` in our table for us (SCM_RIGHTS); no
-                // one else owns it, so it is wrapped exactly once and closed when dropped.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                fd.get_or_insert(owned); // extra descriptors (none expected) are closed
-            }
-        }
-    }
+    let fd = sys::passed_fd(msg.cmsgs().map_err(|e| Error::nix("recvmsg cmsgs", e))?);
     let bytes = msg.bytes;
     if bytes == 0 {
         return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
@@ -93,17 +84,7 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(us
     let mut iov = [IoSliceMut::new(buf)];
     let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
     let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), flags)?;
-    let mut fd = None;
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for raw in fds {
-                // SAFETY: the kernel just installed `raw` in our table for us (SCM_RIGHTS); no
-                // one else owns it, so it is wrapped exactly once and closed when dropped.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                fd.get_or_insert(owned); // extra descriptors (none expected) are closed
-            }
-        }
-    }
+    let fd = sys::passed_fd(msg.cmsgs()?);
     if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "control data truncated"));
     }

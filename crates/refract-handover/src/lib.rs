@@ -13,35 +13,52 @@
 //! - [`Steering`] (`steering.rs`): the dispatcher's ingress program, FREEZE / STEER per flow.
 //! - [`Guard`] (`guard.rs`): the agent host's no-RST guard and its tombstones.
 //! - [`send_fd`] / [`recv_fd`] (`fd_pass.rs`): same-host hand-over by SCM_RIGHTS.
-//! - [`local`]: same-host hand-over links ([`local::LocalMsg`], [`local::LocalLink`]).
-//! - [`control`]: control messages dispatcher ↔ agent ([`control::Msg`] codec, epochs,
-//!   HMAC-SHA256 authentication, [`control::ControlChannel`] with heartbeats).
+//! - [`Msg`], [`msg::parse`], [`msg::encode`] (`msg.rs`): every message dispatcher ↔ agent and
+//!   their one pure codec; [`Transfer`], [`Socket`], [`Serving`] (`transfer.rs`): a moving
+//!   connection; `wire.rs`: field encoding.
+//! - [`EpochTracker`] (`epoch.rs`): per-connection transfer epochs; stale messages refused.
+//! - [`Carrier`] (`carrier.rs`): a link that carries the messages, and what each may carry.
+//! - [`local`]: the same-host carrier, [`local::LocalLink`] (Unix stream, SCM_RIGHTS).
+//! - [`control`]: the cross-host carrier, [`control::ControlChannel`] (TCP, HMAC-SHA256
+//!   authentication, heartbeats).
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
-//! - `sys.rs`: the raw socket options and ioctls (the `unsafe` lives here).
+//! - `sys.rs`: the raw socket options and ioctls, descriptors received by SCM_RIGHTS, the
+//!   `Pod` promises of the map types (every `unsafe` of the crate lives here);
+//!   [`queued_bytes`].
 //! - [`Error`] (`error.rs`): what failed, whose fault, whether to retry.
 
 mod bpf;
+mod carrier;
 pub mod control;
+mod epoch;
 mod error;
 mod fd_pass;
 mod guard;
 pub mod local;
+pub mod msg;
 mod restore;
 mod snapshot;
 mod steering;
 mod sys;
 mod tcp_state;
+mod transfer;
+mod wire;
 
 pub use bpf::FlowKey;
+pub use carrier::Carrier;
+pub use epoch::EpochTracker;
 pub use error::{Error, Result, Side};
 pub use fd_pass::{recv_fd, recv_with_fd, send_fd, send_with_fd};
 pub use guard::{Guard, GuardStats};
+pub use msg::{Msg, MAX_FRAME, NONCE_LEN, VERSION};
 pub use restore::restore;
 #[doc(hidden)]
 pub use restore::restore_with;
 pub use snapshot::{conn_info, discard, discard_in_place, resume, snapshot, unacked, unsent, ConnInfo, Repair};
 pub use steering::{FlowAction, FlowEntry, SteerTarget, Steering, SteeringStats};
+pub use sys::queued_bytes;
 pub use tcp_state::{RepairWindow, SockOpts, TcpOptions, TcpState};
+pub use transfer::{Serving, Socket, Transfer};
 
 /// The ★ rules of the protocol (docs/handover.md) that snapshot and restore follow. Production code
 /// always uses [`Rules::ALL`]; the switches exist so the negative-control tests can show each

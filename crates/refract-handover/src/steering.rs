@@ -10,9 +10,10 @@ const ACT_FREEZE: u32 = 1;
 const ACT_STEER: u32 = 2;
 
 /// The value of one flow entry; layout must match `struct flow_val` in `bpf/ingress.bpf.c`.
+/// Its `aya::Pod` impl (a promise the compiler cannot check) is in `sys.rs`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct FlowValue {
+pub(crate) struct FlowValue {
     action: u32,
     ifindex: u32,
     dmac: [u8; 6],
@@ -21,11 +22,6 @@ struct FlowValue {
     epoch: u64,
     packets: u64,
 }
-
-// SAFETY: `FlowValue` is `repr(C)` and `Copy`, made only of integers and byte arrays with an
-// explicit `pad` field, so it has no implicit padding (the size test checks 40 bytes) and every
-// bit pattern is a valid value.
-unsafe impl aya::Pod for FlowValue {}
 
 /// Where STEER sends a flow: out of `ifindex` with these MACs (docs/handover.md, "Host setup").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,13 @@
-//! Thin wrappers over the socket options and ioctls TCP_REPAIR needs (libc has no safe API).
+//! Thin wrappers over the socket options and ioctls TCP_REPAIR needs (libc has no safe API),
+//! and every other `unsafe` of the crate: taking ownership of descriptors received by
+//! SCM_RIGHTS, and the `aya::Pod` promises of the `#[repr(C)]` map types.
 //!
 //! Every function takes a `BorrowedFd`, so the descriptor is open for the whole call; buffers
 //! are Rust slices whose lengths are passed to the kernel, so it never reads or writes past them.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use nix::sys::socket::ControlMessageOwned;
 
 use crate::error::{Error, Result};
 
@@ -121,3 +125,37 @@ pub(crate) fn disconnect(fd: BorrowedFd<'_>) -> Result<()> {
     }
     Ok(())
 }
+
+/// The bytes waiting in a socket's receive queue (`SIOCINQ`, alias `FIONREAD`).
+pub fn queued_bytes(fd: BorrowedFd<'_>) -> Result<u32> {
+    ioctl_int(fd, SIOCINQ, "ioctl(SIOCINQ)")
+}
+
+/// Owns every descriptor that arrived in `cmsgs` (the control messages of one `recvmsg`) and
+/// returns the first; the others (none expected) are closed.
+pub(crate) fn passed_fd(cmsgs: impl Iterator<Item = ControlMessageOwned>) -> Option<OwnedFd> {
+    let mut fd = None;
+    for c in cmsgs {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for raw in fds {
+                // SAFETY: the kernel just installed `raw` in our table for us (SCM_RIGHTS, parsed
+                // by nix from the control data of our `recvmsg`); no one else owns it, so it is
+                // wrapped exactly once and closed when dropped.
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                fd.get_or_insert(owned);
+            }
+        }
+    }
+    fd
+}
+
+// The map types the eBPF programs share with us: `aya` copies them to and from the kernel as
+// plain bytes, which `Pod` promises is sound.
+//
+// SAFETY: `FlowKey` is `repr(C)`, `Copy`, made only of byte arrays (no padding, no pointers),
+// so every bit pattern is valid and its bytes can be handed to the kernel as they are.
+unsafe impl aya::Pod for crate::bpf::FlowKey {}
+// SAFETY: `FlowValue` is `repr(C)` and `Copy`, made only of integers and byte arrays with an
+// explicit `pad` field, so it has no implicit padding (the size test checks 40 bytes) and every
+// bit pattern is a valid value.
+unsafe impl aya::Pod for crate::steering::FlowValue {}

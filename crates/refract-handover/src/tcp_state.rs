@@ -164,7 +164,7 @@ impl TcpState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> TcpState {

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use proptest::prelude::*;
-use refract_handover::control::{
-    encode, parse, ChannelOptions, ControlChannel, ControlKey, Msg, NonceCache, Transfer, MAX_FRAME, VERSION,
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey, NonceCache};
+use refract_handover::msg::{encode, parse};
+use refract_handover::{
+    Carrier, Error, FlowKey, Msg, RepairWindow, Serving, SockOpts, Socket, TcpOptions, TcpState, Transfer, MAX_FRAME,
+    VERSION,
 };
-use refract_handover::{Error, FlowKey, RepairWindow, SockOpts, TcpOptions, TcpState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -65,12 +67,16 @@ fn tcp_state() -> impl Strategy<Value = TcpState> {
 fn transfer() -> impl Strategy<Value = Box<Transfer>> {
     let flow = (any::<[u8; 4]>(), any::<u16>(), any::<[u8; 4]>(), any::<u16>())
         .prop_map(|(a, p, b, q)| FlowKey::new(SocketAddrV4::new(a.into(), p), SocketAddrV4::new(b.into(), q)));
-    let blob = || proptest::collection::vec(any::<u8>(), 0..200);
-    (any::<u64>(), flow, any::<u64>(), tcp_state(), blob(), blob(), any::<u64>()).prop_map(
-        |(conn, flow, epoch, tcp_state, p, a, sent)| {
-            Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: p, app_state: a, sent })
-        },
-    )
+    let socket = prop_oneof![
+        Just(Socket::Passed),
+        (flow, tcp_state()).prop_map(|(flow, tcp_state)| Socket::Repair { flow, tcp_state }),
+    ];
+    let backend = prop_oneof![Just(None), addr_pair().prop_map(|(a, _)| Some(a))];
+    let serving = (any::<u32>(), backend).prop_map(|(idle_ms, backend)| Serving { idle_ms, backend });
+    let blob = proptest::collection::vec(any::<u8>(), 0..200);
+    (any::<(u64, u64, u64)>(), socket, blob, serving).prop_map(|((conn, epoch, sent), socket, pending, serving)| {
+        Box::new(Transfer { conn, epoch, socket, pending, serving, sent })
+    })
 }
 
 fn msg() -> impl Strategy<Value = Msg> {
@@ -86,12 +92,22 @@ fn msg() -> impl Strategy<Value = Msg> {
         (any::<(u64, u64)>(), reason).prop_map(|((conn, epoch), reason)| Msg::HandOffErr { conn, epoch, reason }),
         transfer().prop_map(Msg::HandBack),
         any::<(u64, u64)>().prop_map(|(conn, epoch)| Msg::HandBackOk { conn, epoch }),
-        any::<(u64, u64, u64)>().prop_map(|(conn, epoch, sent)| Msg::Closed { conn, epoch, sent }),
+        (any::<(u64, u64, u64)>(), reason).prop_map(|((conn, epoch, sent), reason)| Msg::Closed {
+            conn,
+            epoch,
+            sent,
+            reason
+        }),
         (any::<(u64, u64)>(), reason).prop_map(|((conn, request), reason)| Msg::RelayInstead { conn, request, reason }),
         (any::<(u64, u64, u64)>(), proptest::collection::vec(any::<u8>(), 0..300))
             .prop_map(|((conn, request, threshold), bytes)| Msg::Forward { conn, request, threshold, bytes }),
         (any::<(u64, u64, bool, bool)>(), proptest::collection::vec(any::<u8>(), 0..300))
             .prop_map(|((conn, request, last, keep), bytes)| Msg::Response { conn, request, last, keep, bytes }),
+        (any::<(u64, u64)>(), proptest::collection::vec(any::<u8>(), 0..300))
+            .prop_map(|((conn, request), bytes)| Msg::Next { conn, request, bytes }),
+        any::<(u64, u64)>().prop_map(|(conn, request)| Msg::Serve { conn, request }),
+        any::<(u64, u64)>().prop_map(|(conn, request)| Msg::Return { conn, request }),
+        any::<(u64, u64)>().prop_map(|(conn, request)| Msg::Idle { conn, request }),
     ]
 }
 
@@ -118,7 +134,7 @@ proptest! {
 
     /// Garbage behind a valid length prefix reaches every field decoder.
     #[test]
-    fn framed_garbage_never_panics(kind in prop_oneof![1u8..4, 10u8..21, any::<u8>()],
+    fn framed_garbage_never_panics(kind in prop_oneof![1u8..4, 10u8..25, any::<u8>()],
                                    body in proptest::collection::vec(any::<u8>(), 0..400)) {
         let mut f = ((body.len() + 1) as u32).to_be_bytes().to_vec();
         f.push(kind);
@@ -197,9 +213,28 @@ async fn an_authenticated_exchange_with_heartbeats() {
     });
     let idle = tokio::time::timeout(Duration::from_millis(1200), a.recv()).await;
     assert!(idle.is_err(), "nothing but heartbeats arrived, and the peer is alive: {idle:?}");
-    a.send(&Msg::Closed { conn: 7, epoch: 2, sent: 9 }).await.unwrap();
+    a.send(&Msg::Closed { conn: 7, epoch: 2, sent: 9, reason: "client closed".into() }).await.unwrap();
     let (_d, m) = d_task.await.unwrap();
-    assert_eq!(m.unwrap(), Msg::Closed { conn: 7, epoch: 2, sent: 9 });
+    assert_eq!(m.unwrap(), Msg::Closed { conn: 7, epoch: 2, sent: 9, reason: "client closed".into() });
+}
+
+#[tokio::test]
+async fn a_passed_socket_is_refused_on_a_tcp_channel() {
+    let (l, addr) = listener().await;
+    let agent = accept_one(l, key(KEY));
+    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
+    let mut a = agent.await.unwrap().unwrap();
+    let t =
+        Transfer { conn: 1, epoch: 1, socket: Socket::Passed, pending: vec![], serving: Serving::default(), sent: 0 };
+    let passed = Msg::HandOff(Box::new(t));
+    assert!(matches!(d.send(&passed).await, Err(Error::Codec("a passed socket on a TCP channel"))));
+    let some_socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let fd = std::os::fd::AsFd::as_fd(&some_socket);
+    let beside = Carrier::send(&mut d, &Msg::HandOffOk { conn: 1, epoch: 1 }, Some(fd)).await;
+    assert!(matches!(beside, Err(Error::Codec("a descriptor on a TCP channel"))));
+    // Nothing of either reached the peer: the channel still carries the next message.
+    d.send(&Msg::HandOffOk { conn: 1, epoch: 1 }).await.unwrap();
+    assert_eq!(Carrier::recv(&mut a).await.unwrap().0, Msg::HandOffOk { conn: 1, epoch: 1 });
 }
 
 #[tokio::test]

@@ -3,8 +3,7 @@
 
 use std::net::SocketAddrV4;
 
-use refract_handover::control::{Msg, Transfer};
-use refract_handover::{FlowKey, RepairWindow, SockOpts, TcpOptions, TcpState};
+use refract_handover::{FlowKey, Msg, RepairWindow, Serving, SockOpts, Socket, TcpOptions, TcpState, Transfer};
 
 /// A `HandOff` of connection `conn` at `epoch` for the flow 198.18.2.1:40000 → VIP
 /// 198.18.2.100:8080, with `recv_queue` as the bytes the dispatcher read but did not consume.
@@ -30,5 +29,6 @@ pub fn hand_off(conn: u64, epoch: u64, recv_queue: &[u8]) -> Msg {
         sockopts: SockOpts::default(),
     };
     let flow = FlowKey::new(client, vip);
-    Msg::HandOff(Box::new(Transfer { conn, flow, epoch, tcp_state, pending_bytes: vec![], app_state: vec![], sent: 0 }))
+    let socket = Socket::Repair { flow, tcp_state };
+    Msg::HandOff(Box::new(Transfer { conn, epoch, socket, pending: vec![], serving: Serving::default(), sent: 0 }))
 }

@@ -4,16 +4,16 @@
 //! connection and holds the result, and the dispatcher moves the connection there (with any
 //! pipelined bytes) at once — the request boundary is already quiescent, nothing else was written.
 //!
-//! The relay logic is one ([`forward`], generic over [`Link`]); the move differs: same host,
-//! `Want` → `Adopt` with the socket ([`exchange`]); across hosts, `WantConnection` → the
+//! The relay logic is one ([`forward`], over any [`Carrier`]); the move differs: same host,
+//! `WantConnection` → a `HandOff` with the socket beside it ([`exchange`]); across hosts, the
 //! TCP_REPAIR `HandOff` of `remote.rs` ([`exchange_remote`]), or `RelayInstead` when the
 //! connection cannot move (not quiescent, map full, …), after which the result is relayed.
 
 use super::remote::{self, Agent};
 use super::{local, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
-use refract_handover::control::{ControlChannel, Msg, MAX_FRAME};
-use refract_handover::local::{LocalLink, LocalMsg};
+use refract_handover::control::ControlChannel;
+use refract_handover::{Carrier, Msg, MAX_FRAME};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -200,35 +200,20 @@ async fn relay_instead(
     }
 }
 
-impl Link for LocalLink {
-    async fn forward(&mut self, conn: u64, request: u64, threshold: u64, bytes: Vec<u8>) -> Result<(), String> {
-        let fw = LocalMsg::Forward { conn, request, threshold, bytes };
-        self.send(&fw, None).await.map_err(|e| format!("agent: {e}"))
-    }
-
-    async fn next(&mut self) -> Result<Answer, String> {
-        Ok(match self.recv().await.map_err(|e| format!("agent: {e}"))? {
-            (LocalMsg::Response { conn, request, last, keep, bytes }, None) => {
-                Answer::Response { conn, request, last, keep, bytes }
-            }
-            (LocalMsg::Want { conn, request }, None) => Answer::Want { conn, request },
-            (m, None) => Answer::Other(m.name()),
-            (_, Some(_)) => Answer::Other("a message with a descriptor"),
-        })
-    }
-}
-
-impl Link for ControlChannel {
+impl<C: Carrier> Link for C {
     async fn forward(&mut self, conn: u64, request: u64, threshold: u64, bytes: Vec<u8>) -> Result<(), String> {
         let fw = Msg::Forward { conn, request, threshold, bytes };
-        self.send(&fw).await.map_err(|e| format!("agent: {e}"))
+        Carrier::send(self, &fw, None).await.map_err(|e| format!("agent: {e}"))
     }
 
     async fn next(&mut self) -> Result<Answer, String> {
-        Ok(match self.recv().await.map_err(|e| format!("agent: {e}"))? {
-            Msg::Response { conn, request, last, keep, bytes } => Answer::Response { conn, request, last, keep, bytes },
-            Msg::WantConnection { conn, request } => Answer::Want { conn, request },
-            m => Answer::Other(m.name()),
+        Ok(match Carrier::recv(self).await.map_err(|e| format!("agent: {e}"))? {
+            (Msg::Response { conn, request, last, keep, bytes }, None) => {
+                Answer::Response { conn, request, last, keep, bytes }
+            }
+            (Msg::WantConnection { conn, request }, None) => Answer::Want { conn, request },
+            (m, None) => Answer::Other(m.name()),
+            (_, Some(_)) => Answer::Other("a message with a descriptor"),
         })
     }
 }

@@ -3,13 +3,14 @@
 //!
 //! The dispatcher keeps its own descriptor of the socket all along (SCM_RIGHTS duplicates it)
 //! and does not touch the socket while the agent owns it, so an agent that dies never takes
-//! the client's connection with it. Its ordering — `AdoptOk` before any byte to the client —
+//! the client's connection with it. Its ordering — `HandOffOk` before any byte to the client —
 //! is what makes "no answer yet" safe to relay.
 
 use super::keep::{self, Verdict};
 use super::{Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
-use refract_handover::local::{LocalLink, LocalMsg};
+use refract_handover::local::LocalLink;
+use refract_handover::{Msg, Serving, Socket, Transfer};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -56,17 +57,18 @@ pub(super) async fn adopt(
 ) -> Result<bool, Declined> {
     let started = Instant::now();
     let epoch = s.epochs.advance(s.id);
-    let adopt = LocalMsg::Adopt { conn: s.id, epoch, backend, idle_ms: rec.idle_ms(), pending };
-    let sent = link.send(&adopt, Some(conn.stream.as_fd())).await;
+    let serving = Serving { idle_ms: rec.idle_ms(), backend: Some(backend) };
+    let t = Transfer { conn: s.id, epoch, socket: Socket::Passed, pending, serving, sent: 0 };
+    let sent = link.send(&Msg::HandOff(Box::new(t)), Some(conn.stream.as_fd())).await;
     sent.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
     match timeout(ANSWER, link.recv()).await {
-        Ok(Ok((LocalMsg::AdoptOk { conn: c, epoch: e }, _))) if c == s.id => {
+        Ok(Ok((Msg::HandOffOk { conn: c, epoch: e }, _))) if c == s.id => {
             if let Err(e) = s.epochs.check(c, e) {
                 rec.failed(Why::StaleEpoch);
-                return Ok(lost(&format!("AdoptOk: {e}")));
+                return Ok(lost(&format!("HandOffOk: {e}")));
             }
         }
-        Ok(Ok((LocalMsg::AdoptErr { reason, .. }, _))) => return Err(Declined::new(Why::of_refusal(&reason), reason)),
+        Ok(Ok((Msg::HandOffErr { reason, .. }, _))) => return Err(Declined::new(Why::of_refusal(&reason), reason)),
         // Gone before adopting: by the agent's ordering, nothing reached the client.
         Ok(Err(e)) => return Err(Declined::new(Why::AgentLost, format!("agent: {e}"))),
         Ok(Ok((other, _))) => {
@@ -91,14 +93,14 @@ async fn take_back(rec: Rec<'_>, link: &mut LocalLink, conn: &mut ClientConn, s:
     let mut idle = false;
     loop {
         match link.recv().await {
-            Ok((LocalMsg::Idle { conn: c, .. }, None)) if c == s.id => idle = true,
-            Ok((LocalMsg::Next { conn: c, request, bytes }, None)) if c == s.id => {
+            Ok((Msg::Idle { conn: c, .. }, None)) if c == s.id => idle = true,
+            Ok((Msg::Next { conn: c, request, bytes }, None)) if c == s.id => {
                 idle = false;
                 let answer = match keep::judge(rec, &bytes) {
-                    Verdict::Serve => LocalMsg::Serve { conn: c, request },
+                    Verdict::Serve => Msg::Serve { conn: c, request },
                     Verdict::Return(why) => {
                         tracing::debug!(conn = c, request, "the agent hands the connection back: {why}");
-                        LocalMsg::Return { conn: c, request }
+                        Msg::Return { conn: c, request }
                     }
                 };
                 if let Err(e) = link.send(&answer, None).await {
@@ -123,22 +125,22 @@ fn taken_back(rec: Rec<'_>, s: &Session, e: &refract_handover::Error) -> bool {
 /// The agent's last word on a connection it owned: `HandBack` (the session goes on) or not.
 fn came_back(
     rec: Rec<'_>,
-    msg: refract_handover::Result<(LocalMsg, Option<std::os::fd::OwnedFd>)>,
+    msg: refract_handover::Result<(Msg, Option<std::os::fd::OwnedFd>)>,
     conn: &mut ClientConn,
     s: &mut Session,
 ) -> bool {
     match msg {
-        Ok((LocalMsg::HandBack { conn: c, epoch, sent, pending }, Some(_theirs))) if c == s.id => {
-            if let Err(e) = s.epochs.observe(c, epoch) {
-                rec.ended(Some(sent));
+        Ok((Msg::HandBack(t), Some(_theirs))) if t.conn == s.id => {
+            if let Err(e) = s.epochs.observe(t.conn, t.epoch) {
+                rec.ended(Some(t.sent));
                 return lost(&format!("hand-back: {e}"));
             }
-            rec.handed_back(sent);
+            rec.handed_back(t.sent);
             // Our own descriptor is the same socket; theirs is closed here.
-            conn.buf.extend_from_slice(&pending);
+            conn.buf.extend_from_slice(&t.pending);
             true
         }
-        Ok((LocalMsg::Closed { sent, reason, .. }, _)) => {
+        Ok((Msg::Closed { sent, reason, .. }, _)) => {
             rec.ended(Some(sent));
             tracing::debug!(conn = s.id, "agent closed the connection: {reason}");
             false

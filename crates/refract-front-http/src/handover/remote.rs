@@ -12,8 +12,9 @@
 use super::keep::{self, Verdict};
 use super::{steer, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
-use refract_handover::control::{AppState, ChannelOptions, ControlChannel, ControlKey, Msg, Transfer};
+use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey};
 use refract_handover::{discard_in_place, restore, snapshot, unacked, FlowKey, SteerTarget, TcpState};
+use refract_handover::{Msg, Serving, Socket, Transfer};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -139,11 +140,11 @@ pub(super) async fn hand_off(
     let epoch = s.epochs.advance(s.id);
     let t = Transfer {
         conn: s.id,
-        flow: fl.key,
         epoch,
-        tcp_state: tcp_state.clone(),
-        pending_bytes: pending,
-        app_state: AppState { idle_ms: rec.idle_ms() }.encode(),
+        socket: Socket::Repair { flow: fl.key, tcp_state: tcp_state.clone() },
+        pending,
+        // The agent serves the backend it fronts: this dispatcher names none.
+        serving: Serving { idle_ms: rec.idle_ms(), backend: None },
         sent: 0,
     };
     if let Err((declined, in_step)) = answer(rec, &mut ch, s, &fl, target, t, started).await {
@@ -260,6 +261,8 @@ async fn take_back(rec: Rec<'_>, ch: &mut ControlChannel, conn: &mut ClientConn,
     let t = loop {
         match ch.recv().await {
             Ok(Msg::HandBack(t)) if t.conn == s.id => break t,
+            // Only a same-host agent's `Idle` means something (the dispatcher kept no descriptor).
+            Ok(Msg::Idle { conn: c, .. }) if c == s.id => {}
             Ok(Msg::Next { conn: c, request, bytes }) if c == s.id => {
                 let answer = match keep::judge(rec, &bytes) {
                     Verdict::Serve => Msg::Serve { conn: c, request },
@@ -294,14 +297,19 @@ async fn take_back(rec: Rec<'_>, ch: &mut ControlChannel, conn: &mut ClientConn,
         rec.ended(Some(t.sent));
         return Back::Lost;
     }
-    if let Err(e) = resume_here(conn, &t.tcp_state) {
+    let Socket::Repair { tcp_state, .. } = &t.socket else {
+        tracing::warn!("a hand-back without its TCP state");
+        rec.ended(Some(t.sent));
+        return Back::Lost;
+    };
+    if let Err(e) = resume_here(conn, tcp_state) {
         tracing::warn!("{e}");
         rec.ended(Some(t.sent));
         return Back::Lost;
     }
     rec.handed_back(t.sent);
     let _ = ch.send(&Msg::HandBackOk { conn: t.conn, epoch: t.epoch }).await;
-    conn.buf.extend_from_slice(&t.pending_bytes);
+    conn.buf.extend_from_slice(&t.pending);
     Back::Here
 }
 

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::msg::NONCE_LEN;
 use crate::error::{Error, Result};
+use crate::msg::NONCE_LEN;
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -1,6 +1,9 @@
-//! `ControlChannel`: one authenticated control connection over TCP, with heartbeats.
+//! `ControlChannel`: one authenticated control connection over TCP, with heartbeats; the
+//! cross-host [`Carrier`].
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -9,8 +12,9 @@ use tokio::net::TcpStream;
 use tokio::time::{sleep_until, timeout, Instant};
 
 use super::auth::{nonce, ControlKey, NonceCache};
-use super::msg::{encode, parse, Msg, VERSION};
+use crate::carrier::{tcp_may_carry, Carrier};
 use crate::error::{Error, Result};
+use crate::msg::{encode, parse, Msg, VERSION};
 
 /// Longest frame accepted before the peer is authenticated (a Challenge is 69 bytes): an
 /// unauthenticated peer cannot make us buffer a large frame.
@@ -150,8 +154,10 @@ impl ControlChannel {
         self.peer
     }
 
-    /// Sends one message (waits until it is written to the socket).
+    /// Sends one message (waits until it is written to the socket). A transfer whose socket
+    /// would travel beside the frame is refused: no descriptor crosses hosts.
     pub async fn send(&mut self, msg: &Msg) -> Result<()> {
+        tcp_may_carry(msg)?;
         encode(msg, &mut self.wbuf);
         self.flush().await
     }
@@ -169,7 +175,8 @@ impl ControlChannel {
     /// The next message from the peer. Heartbeats are consumed here; while waiting, this sends
     /// our own heartbeats. Fails with [`Error::PeerDead`] after `dead_after` of silence, with
     /// [`Error::Closed`] when the peer closes, and with [`Error::Codec`] on a malformed frame or
-    /// a handshake message after authentication (the channel is then unusable: drop it).
+    /// a handshake message after authentication or a passed socket (the channel is then
+    /// unusable: drop it).
     pub async fn recv(&mut self) -> Result<Msg> {
         loop {
             if let Some((msg, n)) = parse(&self.rbuf)? {
@@ -177,7 +184,7 @@ impl ControlChannel {
                 match msg {
                     Msg::Heartbeat => continue,
                     m if m.is_handshake() => return Err(Error::Codec("handshake message after authentication")),
-                    m => return Ok(m),
+                    m => return tcp_may_carry(&m).map(|()| m),
                 }
             }
             self.wait_for_bytes().await?;
@@ -187,7 +194,7 @@ impl ControlChannel {
     /// Sends a heartbeat whenever one is due, until a write fails (it never returns `Ok`): for
     /// a side busy elsewhere and not in [`ControlChannel::recv`] (the agent serving a request),
     /// so that its peer does not declare it dead. Cancel-safe like `send`.
-    pub async fn heartbeats(&mut self) -> Result<std::convert::Infallible> {
+    pub async fn heartbeats(&mut self) -> Result<Infallible> {
         let dead_after = self.opts.dead_after;
         loop {
             sleep_until(self.last_tx + self.opts.heartbeat.max(Duration::from_millis(1))).await;
@@ -247,5 +254,24 @@ impl ControlChannel {
             () = sleep_until(dead_at) => return Err(Error::PeerDead(dead_after)),
         }
         Ok(())
+    }
+}
+
+impl Carrier for ControlChannel {
+    const SAME_HOST: bool = false;
+
+    async fn send(&mut self, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> Result<()> {
+        if fd.is_some() {
+            return Err(Error::Codec("a descriptor on a TCP channel"));
+        }
+        ControlChannel::send(self, msg).await
+    }
+
+    async fn recv(&mut self) -> Result<(Msg, Option<OwnedFd>)> {
+        Ok((ControlChannel::recv(self).await?, None))
+    }
+
+    async fn beat(&mut self) -> Result<Infallible> {
+        self.heartbeats().await
     }
 }

@@ -1,20 +1,22 @@
-//! `LocalLink`: one async Unix-stream link between dispatcher and agent on the same host.
+//! `LocalLink`: one async Unix-stream link between dispatcher and agent on the same host, the
+//! same-host [`Carrier`].
 //!
 //! The client socket rides as SCM_RIGHTS on the first bytes of the frame that carries it; the
 //! kernel hands a descriptor out with the first read of those bytes and never merges a read
 //! across frames with descriptors, so a frame is read as header (with `recvmsg`) then body.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use bytes::BytesMut;
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, MsgFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
-use super::msg::{encode, parse, LocalMsg, MAX_LOCAL_FRAME};
+use crate::carrier::{fd_matches, local_may_carry, Carrier};
 use crate::error::{Error, Result};
+use crate::msg::{encode, parse, Msg, MAX_FRAME};
 
 /// One same-host link (either end).
 #[derive(Debug)]
@@ -33,11 +35,11 @@ impl LocalLink {
         LocalLink { stream }
     }
 
-    /// Sends `msg`, with `fd` if the message carries the client socket (and only then).
-    pub async fn send(&mut self, msg: &LocalMsg, fd: Option<BorrowedFd<'_>>) -> Result<()> {
-        if msg.carries_fd() != fd.is_some() {
-            return Err(Error::Codec("descriptor does not match the message kind"));
-        }
+    /// Sends `msg`, with `fd` if the message carries the client socket (and only then). A
+    /// message only TCP carries is refused.
+    pub async fn send(&mut self, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> Result<()> {
+        local_may_carry(msg)?;
+        fd_matches(msg, fd.is_some())?;
         let mut frame = BytesMut::new();
         encode(msg, &mut frame);
         let sent = match fd {
@@ -68,8 +70,8 @@ impl LocalLink {
 
     /// Receives the next message and the descriptor it carries. Fails with [`Error::Closed`]
     /// when the peer closed the link between frames, and with a codec error when a descriptor
-    /// is missing or unexpected.
-    pub async fn recv(&mut self) -> Result<(LocalMsg, Option<OwnedFd>)> {
+    /// is missing or unexpected, or the message is one only TCP carries.
+    pub async fn recv(&mut self) -> Result<(Msg, Option<OwnedFd>)> {
         let mut header = [0u8; 4];
         let (n, fd) = self.recv_header(&mut header).await?;
         if n == 0 {
@@ -77,16 +79,15 @@ impl LocalLink {
         }
         self.stream.read_exact(&mut header[n..]).await?;
         let len = u32::from_be_bytes(header) as usize;
-        if len == 0 || len > MAX_LOCAL_FRAME {
+        if len == 0 || len > MAX_FRAME {
             return Err(Error::Codec("local frame length out of range"));
         }
         let mut frame = vec![0u8; 4 + len];
         frame[..4].copy_from_slice(&header);
         self.stream.read_exact(&mut frame[4..]).await?;
         let (msg, _) = parse(&frame)?.ok_or(Error::Codec("short local frame"))?;
-        if msg.carries_fd() != fd.is_some() {
-            return Err(Error::Codec("descriptor does not match the message kind"));
-        }
+        local_may_carry(&msg)?;
+        fd_matches(&msg, fd.is_some())?;
         Ok((msg, fd))
     }
 
@@ -104,27 +105,33 @@ impl LocalLink {
     }
 }
 
+impl Carrier for LocalLink {
+    const SAME_HOST: bool = true;
+
+    async fn send(&mut self, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> Result<()> {
+        LocalLink::send(self, msg, fd).await
+    }
+
+    async fn recv(&mut self) -> Result<(Msg, Option<OwnedFd>)> {
+        LocalLink::recv(self).await
+    }
+
+    async fn beat(&mut self) -> Result<std::convert::Infallible> {
+        std::future::pending().await // a Unix link has no dead-peer bound: a dead peer closes it
+    }
+}
+
 /// One `recvmsg` into `header`; `Err(io)` only for the readiness loop (WouldBlock and the like).
 fn recv_with_fd(raw: RawFd, header: &mut [u8; 4]) -> std::io::Result<Result<(usize, Option<OwnedFd>)>> {
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let mut iov = [IoSliceMut::new(header)];
     let msg =
         recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).map_err(std::io::Error::from)?;
-    let mut fd = None;
     let cmsgs = match msg.cmsgs() {
         Ok(c) => c,
         Err(e) => return Ok(Err(Error::nix("recvmsg cmsgs", e))),
     };
-    for c in cmsgs {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for raw in fds {
-                // SAFETY: the kernel just installed `raw` in our table for us (SCM_RIGHTS); no
-                // one else owns it, so it is wrapped exactly once and closed when dropped.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                fd.get_or_insert(owned); // extra descriptors (none expected) are closed
-            }
-        }
-    }
+    let fd = crate::sys::passed_fd(cmsgs);
     if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
         return Ok(Err(Error::Codec("control data truncated")));
     }
@@ -135,6 +142,7 @@ fn recv_with_fd(raw: RawFd, header: &mut [u8; 4]) -> std::io::Result<Result<(usi
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::transfer::{Serving, Socket, Transfer};
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
 
@@ -143,15 +151,11 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let (mut d, mut agent) = (LocalLink::new(a), LocalLink::new(b));
         let (x, mut y) = std::os::unix::net::UnixStream::pair().unwrap();
-        let adopt = LocalMsg::Adopt {
-            conn: 1,
-            epoch: 1,
-            backend: "127.0.0.1:1".parse().unwrap(),
-            idle_ms: 0,
-            pending: b"GET".to_vec(),
-        };
+        let serving = Serving { idle_ms: 0, backend: Some("127.0.0.1:1".parse().unwrap()) };
+        let t = Transfer { conn: 1, epoch: 1, socket: Socket::Passed, pending: b"GET".to_vec(), serving, sent: 0 };
+        let adopt = Msg::HandOff(Box::new(t));
         d.send(&adopt, Some(x.as_fd())).await.unwrap();
-        d.send(&LocalMsg::AdoptOk { conn: 1, epoch: 1 }, None).await.unwrap();
+        d.send(&Msg::HandOffOk { conn: 1, epoch: 1 }, None).await.unwrap();
         drop(x);
         let (msg, fd) = agent.recv().await.unwrap();
         assert_eq!(msg, adopt);
@@ -161,9 +165,21 @@ mod tests {
         y.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"via the moved socket");
         let (msg, fd) = agent.recv().await.unwrap();
-        assert_eq!((msg, fd.is_none()), (LocalMsg::AdoptOk { conn: 1, epoch: 1 }, true));
-        assert!(d.send(&LocalMsg::AdoptOk { conn: 1, epoch: 1 }, Some(moved.as_fd())).await.is_err());
+        assert_eq!((msg, fd.is_none()), (Msg::HandOffOk { conn: 1, epoch: 1 }, true));
+        assert!(d.send(&Msg::HandOffOk { conn: 1, epoch: 1 }, Some(moved.as_fd())).await.is_err());
         drop(d);
         assert!(matches!(agent.recv().await, Err(Error::Closed)));
+    }
+
+    #[tokio::test]
+    async fn tcp_only_messages_are_refused_both_ways() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (mut d, mut agent) = (LocalLink::new(a), LocalLink::new(b));
+        assert!(matches!(d.send(&Msg::Heartbeat, None).await, Err(Error::Codec(_))));
+        assert!(matches!(d.send(&Msg::Hello { version: 3, nonce: [0; 32] }, None).await, Err(Error::Codec(_))));
+        let mut raw = BytesMut::new();
+        encode(&Msg::Proof { proof: [1; 32] }, &mut raw);
+        d.stream.write_all(&raw).await.unwrap();
+        assert!(matches!(agent.recv().await, Err(Error::Codec("a TCP-only message on a same-host link"))));
     }
 }

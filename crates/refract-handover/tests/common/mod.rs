@@ -144,11 +144,7 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// Bytes in the receive queue of `fd`.
 pub fn inq(fd: impl AsFd) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: SIOCINQ writes one int through the pointer, a valid local; fd is live.
-    let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd()), libc::FIONREAD, &mut n) };
-    assert!(rc >= 0);
-    n as usize
+    refract_handover::queued_bytes(fd.as_fd()).unwrap() as usize
 }
 
 pub fn local_addr(fd: impl AsFd) -> SocketAddr {

@@ -1,15 +1,17 @@
-//! `Msg`: the control messages dispatcher ↔ agent and their pure length-prefixed codec.
+//! `Msg`: everything dispatcher and agent say to each other, over either carrier, and its pure
+//! length-prefixed codec.
 //!
 //! A frame is `len: u32` (big-endian, the bytes that follow, at most [`MAX_FRAME`]), a kind
 //! byte, then the kind's fields: integers big-endian, byte strings as `u32` length + bytes,
 //! reasons as `u16` length + UTF-8. A frame must be consumed exactly: trailing bytes are an error.
+//! Which kinds a carrier takes is the carrier's rule (`carrier.rs`), not the codec's: the
+//! handshake and heartbeats travel only over TCP, a passed socket only over a Unix link.
 
 use bytes::{BufMut, BytesMut};
 
-use super::wire::{self, Reader};
-use crate::bpf::FlowKey;
 use crate::error::{Error, Result};
-use crate::tcp_state::TcpState;
+use crate::transfer::{put_transfer, transfer, Socket, Transfer};
+use crate::wire::{self, Reader};
 
 /// The largest frame (after the length prefix) either side accepts: room for a full send and
 /// receive queue plus buffered requests. A longer length prefix is refused before buffering.
@@ -18,72 +20,54 @@ pub const MAX_FRAME: usize = 32 << 20;
 /// Length of a handshake nonce and of an HMAC-SHA256 proof.
 pub const NONCE_LEN: usize = 32;
 
-/// The control protocol version carried in [`Msg::Hello`]. 2: `Next`, `Serve`, `Return`, and
-/// the agent's serving options ([`AppState`]) in a `HandOff`'s `app_state`.
-pub const VERSION: u16 = 2;
+/// The protocol version carried in [`Msg::Hello`]. 2: `Next`, `Serve`, `Return`, serving
+/// options in a `HandOff`. 3: one vocabulary for both carriers (a [`Transfer`] says how its
+/// socket travels and carries typed [`crate::Serving`] options; `Closed` has a reason; `Idle`).
+pub const VERSION: u16 = 3;
 
-/// One connection moving between hosts: sent with [`Msg::HandOff`] and [`Msg::HandBack`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transfer {
-    /// The dispatcher's id of the client connection.
-    pub conn: u64,
-    /// The client's flow (client → VIP) as the steering map keys it.
-    pub flow: FlowKey,
-    /// The epoch of this transfer (each transfer of a flow increments it).
-    pub epoch: u64,
-    /// The TCP state to restore.
-    pub tcp_state: TcpState,
-    /// Bytes read from the socket but not yet consumed (e.g. pipelined requests).
-    pub pending_bytes: Vec<u8>,
-    /// Protocol state: in a [`Msg::HandOff`], the agent's serving options ([`AppState`]
-    /// encoded); empty in a [`Msg::HandBack`].
-    pub app_state: Vec<u8>,
-    /// In a [`Msg::HandBack`]: bytes the agent wrote to the client while it owned the
-    /// connection (for metrics). 0 in a [`Msg::HandOff`].
-    pub sent: u64,
-}
-
-/// A control message.
+/// A hand-over message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
-    /// Handshake 1, connector → acceptor: protocol version and the connector's nonce.
+    /// Handshake 1 (TCP), connector → acceptor: protocol version and the connector's nonce.
     Hello {
         /// [`VERSION`].
         version: u16,
         /// Fresh random bytes.
         nonce: [u8; NONCE_LEN],
     },
-    /// Handshake 2, acceptor → connector: its nonce and its proof over both nonces.
+    /// Handshake 2 (TCP), acceptor → connector: its nonce and its proof over both nonces.
     Challenge {
         /// Fresh random bytes.
         nonce: [u8; NONCE_LEN],
         /// HMAC-SHA256 proving the acceptor holds the key.
         proof: [u8; NONCE_LEN],
     },
-    /// Handshake 3, connector → acceptor: the connector's proof over both nonces.
+    /// Handshake 3 (TCP), connector → acceptor: the connector's proof over both nonces.
     Proof {
         /// HMAC-SHA256 proving the connector holds the key.
         proof: [u8; NONCE_LEN],
     },
-    /// Keeps an idle channel alive; never returned by [`super::ControlChannel::recv`].
+    /// Keeps an idle TCP channel alive; never returned by [`crate::control::ControlChannel::recv`].
     Heartbeat,
-    /// Agent → dispatcher: the result of `request` on `conn` is large; hand the client over.
+    /// Agent → dispatcher (hybrid): the result of `request` on `conn` is large; hand the client
+    /// over, or say [`Msg::RelayInstead`]. The agent holds the result meanwhile.
     WantConnection {
         /// The client connection.
         conn: u64,
         /// The request whose result is large.
         request: u64,
     },
-    /// Dispatcher → agent: adopt this connection.
+    /// Dispatcher → agent: adopt this connection and serve the requests in its pending bytes.
     HandOff(Box<Transfer>),
-    /// Agent → dispatcher: restored; the agent owns the flow at `epoch`.
+    /// Agent → dispatcher: adopted; the agent owns the connection at `epoch`.
     HandOffOk {
         /// The client connection.
         conn: u64,
         /// The epoch of the hand-off.
         epoch: u64,
     },
-    /// Agent → dispatcher: could not restore; the dispatcher restores its own snapshot.
+    /// Agent → dispatcher: not adopted, nothing was written to the client; the dispatcher
+    /// keeps (or restores) the connection and relays.
     HandOffErr {
         /// The client connection.
         conn: u64,
@@ -92,16 +76,18 @@ pub enum Msg {
         /// Why (for logs and metrics).
         reason: String,
     },
-    /// Agent → dispatcher: take the connection back.
+    /// Agent → dispatcher: take the connection back at this request boundary.
     HandBack(Box<Transfer>),
-    /// Dispatcher → agent: restored; the agent may drop its tombstone after the grace period.
+    /// Dispatcher → agent: restored; the agent may drop its tombstone after the grace period
+    /// (the same-host dispatcher need not send it).
     HandBackOk {
         /// The client connection.
         conn: u64,
         /// The epoch of the hand-back.
         epoch: u64,
     },
-    /// Agent → dispatcher: the client closed the connection while the agent owned it.
+    /// Agent → dispatcher: the connection must end (the client closed, a response was cut
+    /// short, or no hand-back was possible); the dispatcher closes its copy.
     Closed {
         /// The client connection.
         conn: u64,
@@ -109,14 +95,16 @@ pub enum Msg {
         epoch: u64,
         /// Bytes the agent wrote to the client while it owned the connection (for metrics).
         sent: u64,
+        /// Why (for logs and metrics).
+        reason: String,
     },
-    /// Dispatcher → agent: no hand-over for this request; send the result over the backend link.
+    /// Dispatcher → agent: no hand-over for this request; send the result as [`Msg::Response`]s.
     RelayInstead {
         /// The client connection.
         conn: u64,
         /// The request.
         request: u64,
-        /// Why (for logs and metrics).
+        /// Why (for logs).
         reason: String,
     },
     /// Dispatcher → agent (hybrid): send this request to the backend; relay a result below
@@ -168,40 +156,16 @@ pub enum Msg {
         /// The request.
         request: u64,
     },
-}
-
-/// What a [`Msg::HandOff`] tells the agent about serving the connection, in its `app_state`:
-/// a version byte (1), then `idle_ms: u32` big-endian; exactly 5 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AppState {
-    /// How long the agent waits for the client's next request (at a request boundary with
-    /// nothing buffered) before it hands the connection back; 0 = hand back at once.
-    pub idle_ms: u32,
-}
-
-impl AppState {
-    const V1: u8 = 1;
-
-    /// The `app_state` bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(5);
-        out.push(Self::V1);
-        out.extend_from_slice(&self.idle_ms.to_be_bytes());
-        out
-    }
-
-    /// Parses `app_state` bytes; anything but a version-1 state of exactly 5 bytes is an error.
-    pub fn parse(b: &[u8]) -> Result<Self> {
-        let mut r = Reader::new(b);
-        if r.u8().map_err(|_| Error::Codec("empty app state"))? != Self::V1 {
-            return Err(Error::Codec("unknown app state version"));
-        }
-        let idle_ms = r.u32()?;
-        if !r.is_empty() {
-            return Err(Error::Codec("trailing bytes in app state"));
-        }
-        Ok(AppState { idle_ms })
-    }
+    /// Agent → dispatcher, same host, while the agent owns `conn`: the response to `request`
+    /// (0: the one the connection was handed over for) is written whole and the agent waits for
+    /// the client's next request. Should the link end now, the dispatcher takes the connection
+    /// back (it kept its own descriptor).
+    Idle {
+        /// The client connection.
+        conn: u64,
+        /// The agent's number of the request answered last.
+        request: u64,
+    },
 }
 
 mod kind {
@@ -222,12 +186,24 @@ mod kind {
     pub const NEXT: u8 = 21;
     pub const SERVE: u8 = 22;
     pub const RETURN: u8 = 23;
+    pub const IDLE: u8 = 24;
 }
 
 impl Msg {
     /// Whether this message belongs to the authentication handshake.
     pub fn is_handshake(&self) -> bool {
         matches!(self, Msg::Hello { .. } | Msg::Challenge { .. } | Msg::Proof { .. })
+    }
+
+    /// Whether this message travels with the client socket beside it (a transfer whose socket
+    /// is [`Socket::Passed`]).
+    pub fn carries_fd(&self) -> bool {
+        matches!(self, Msg::HandOff(t) | Msg::HandBack(t) if t.socket == Socket::Passed)
+    }
+
+    /// Whether this message moves a socket by its TCP_REPAIR state.
+    pub fn repairs(&self) -> bool {
+        matches!(self, Msg::HandOff(t) | Msg::HandBack(t) if matches!(t.socket, Socket::Repair { .. }))
     }
 
     /// A short name for logs.
@@ -250,6 +226,7 @@ impl Msg {
             Msg::Next { .. } => "Next",
             Msg::Serve { .. } => "Serve",
             Msg::Return { .. } => "Return",
+            Msg::Idle { .. } => "Idle",
         }
     }
 }
@@ -282,17 +259,24 @@ fn encode_body(msg: &Msg, out: &mut BytesMut) {
         }
         Msg::Heartbeat => out.put_u8(kind::HEARTBEAT),
         Msg::WantConnection { conn, request } => put_ids(out, kind::WANT_CONNECTION, *conn, *request),
-        Msg::HandOff(t) => put_transfer(out, kind::HAND_OFF, t),
+        Msg::HandOff(t) => {
+            out.put_u8(kind::HAND_OFF);
+            put_transfer(out, t);
+        }
         Msg::HandOffOk { conn, epoch } => put_ids(out, kind::HAND_OFF_OK, *conn, *epoch),
         Msg::HandOffErr { conn, epoch, reason } => {
             put_ids(out, kind::HAND_OFF_ERR, *conn, *epoch);
             wire::put_string(out, reason);
         }
-        Msg::HandBack(t) => put_transfer(out, kind::HAND_BACK, t),
+        Msg::HandBack(t) => {
+            out.put_u8(kind::HAND_BACK);
+            put_transfer(out, t);
+        }
         Msg::HandBackOk { conn, epoch } => put_ids(out, kind::HAND_BACK_OK, *conn, *epoch),
-        Msg::Closed { conn, epoch, sent } => {
+        Msg::Closed { conn, epoch, sent, reason } => {
             put_ids(out, kind::CLOSED, *conn, *epoch);
             out.put_u64(*sent);
+            wire::put_string(out, reason);
         }
         Msg::RelayInstead { conn, request, reason } => {
             put_ids(out, kind::RELAY_INSTEAD, *conn, *request);
@@ -314,6 +298,7 @@ fn encode_body(msg: &Msg, out: &mut BytesMut) {
         }
         Msg::Serve { conn, request } => put_ids(out, kind::SERVE, *conn, *request),
         Msg::Return { conn, request } => put_ids(out, kind::RETURN, *conn, *request),
+        Msg::Idle { conn, request } => put_ids(out, kind::IDLE, *conn, *request),
     }
 }
 
@@ -321,17 +306,6 @@ fn put_ids(out: &mut BytesMut, kind: u8, a: u64, b: u64) {
     out.put_u8(kind);
     out.put_u64(a);
     out.put_u64(b);
-}
-
-fn put_transfer(out: &mut BytesMut, kind: u8, t: &Transfer) {
-    out.put_u8(kind);
-    out.put_u64(t.conn);
-    wire::put_flow(out, &t.flow);
-    out.put_u64(t.epoch);
-    wire::put_tcp_state(out, &t.tcp_state);
-    wire::put_blob(out, &t.pending_bytes);
-    wire::put_blob(out, &t.app_state);
-    out.put_u64(t.sent);
 }
 
 /// Parses one frame from the start of `buf`: `Ok(None)` when more bytes are needed, else the
@@ -367,7 +341,7 @@ fn parse_body(r: &mut Reader<'_>) -> Result<Msg> {
         kind::HAND_OFF_ERR => Msg::HandOffErr { conn: r.u64()?, epoch: r.u64()?, reason: r.string()? },
         kind::HAND_BACK => Msg::HandBack(Box::new(transfer(r)?)),
         kind::HAND_BACK_OK => Msg::HandBackOk { conn: r.u64()?, epoch: r.u64()? },
-        kind::CLOSED => Msg::Closed { conn: r.u64()?, epoch: r.u64()?, sent: r.u64()? },
+        kind::CLOSED => Msg::Closed { conn: r.u64()?, epoch: r.u64()?, sent: r.u64()?, reason: r.string()? },
         kind::RELAY_INSTEAD => Msg::RelayInstead { conn: r.u64()?, request: r.u64()?, reason: r.string()? },
         kind::FORWARD => Msg::Forward { conn: r.u64()?, request: r.u64()?, threshold: r.u64()?, bytes: r.blob()? },
         kind::RESPONSE => {
@@ -378,6 +352,7 @@ fn parse_body(r: &mut Reader<'_>) -> Result<Msg> {
         kind::NEXT => Msg::Next { conn: r.u64()?, request: r.u64()?, bytes: r.blob()? },
         kind::SERVE => Msg::Serve { conn: r.u64()?, request: r.u64()? },
         kind::RETURN => Msg::Return { conn: r.u64()?, request: r.u64()? },
+        kind::IDLE => Msg::Idle { conn: r.u64()?, request: r.u64()? },
         _ => return Err(Error::Codec("unknown message kind")),
     })
 }
@@ -390,22 +365,11 @@ fn flags(r: &mut Reader<'_>) -> Result<(bool, bool)> {
     }
 }
 
-fn transfer(r: &mut Reader<'_>) -> Result<Transfer> {
-    Ok(Transfer {
-        conn: r.u64()?,
-        flow: r.flow()?,
-        epoch: r.u64()?,
-        tcp_state: r.tcp_state()?,
-        pending_bytes: r.blob()?,
-        app_state: r.blob()?,
-        sent: r.u64()?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::transfer::Serving;
 
     fn frame(msg: &Msg) -> Vec<u8> {
         let mut b = BytesMut::new();
@@ -424,9 +388,10 @@ mod tests {
             frame(&Msg::HandOffErr { conn: 0, epoch: 7, reason: "no".into() }),
             [0, 0, 0, 21, 14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 2, b'n', b'o']
         );
+        // Version 3: `Closed` gained its reason (the last two bytes: an empty string).
         assert_eq!(
-            frame(&Msg::Closed { conn: 1, epoch: 2, sent: 0x0304 }),
-            [0, 0, 0, 25, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3, 4]
+            frame(&Msg::Closed { conn: 1, epoch: 2, sent: 0x0304, reason: String::new() }),
+            [0, 0, 0, 27, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3, 4, 0, 0]
         );
     }
 
@@ -517,26 +482,84 @@ mod tests {
         assert!(parse(&next).is_err(), "blob longer than the frame");
     }
 
+    fn passed(conn: u64, epoch: u64, pending: &[u8], serving: Serving, sent: u64) -> Box<Transfer> {
+        Box::new(Transfer { conn, epoch, socket: Socket::Passed, pending: pending.to_vec(), serving, sent })
+    }
+
     #[test]
-    fn app_state_is_versioned_and_strict() {
-        let a = AppState { idle_ms: 0x0102_0304 };
-        assert_eq!(a.encode(), [1, 1, 2, 3, 4]);
-        assert_eq!(AppState::parse(&a.encode()).unwrap(), a);
-        assert_eq!(AppState::parse(&AppState { idle_ms: 0 }.encode()).unwrap().idle_ms, 0);
-        assert!(matches!(AppState::parse(&[]), Err(Error::Codec("empty app state"))));
-        assert!(matches!(AppState::parse(&[2, 0, 0, 0, 0]), Err(Error::Codec("unknown app state version"))));
-        assert!(AppState::parse(&[1, 0, 0, 0]).is_err(), "truncated");
-        assert!(matches!(AppState::parse(&[1, 0, 0, 0, 0, 0]), Err(Error::Codec("trailing bytes in app state"))));
+    fn transfer_byte_literals() {
+        let serving = Serving { idle_ms: 0x0102, backend: Some("127.0.0.1:1".parse().unwrap()) };
+        assert_eq!(
+            frame(&Msg::HandOff(passed(1, 3, b"GE", serving, 0))),
+            [
+                &[0, 0, 0, 43, 12][..],
+                &[0, 0, 0, 0, 0, 0, 0, 1], // conn
+                &[0, 0, 0, 0, 0, 0, 0, 3], // epoch
+                &[0],                      // socket: passed beside the frame
+                &[0, 0, 0, 2, b'G', b'E'], // pending
+                &[0, 0, 1, 2],             // idle_ms
+                &[4, 127, 0, 0, 1, 0, 1],  // backend
+                &[0, 0, 0, 0, 0, 0, 0, 0], // sent
+            ]
+            .concat()
+        );
+        let back = frame(&Msg::HandBack(passed(1, 4, b"", Serving::default(), 0x0102)));
+        assert_eq!(back[4], 15);
+        assert_eq!(&back[4 + 17..], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2], "no backend: tag 0");
+        assert_eq!(
+            frame(&Msg::Idle { conn: 1, request: 2 }),
+            [0, 0, 0, 17, 24, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
+    }
+
+    #[test]
+    fn transfers_round_trip_and_are_strict() {
+        let serving = Serving { idle_ms: 20, backend: Some("[::1]:9000".parse().unwrap()) };
+        let msgs = [
+            Msg::HandOff(passed(7, 1, b"GET / HTTP/1.1\r\n\r\n", serving, 0)),
+            Msg::HandBack(passed(7, 2, b"", Serving::default(), u64::MAX)),
+            Msg::Closed { conn: 7, epoch: 2, sent: 3 << 20, reason: "client closed".into() },
+            Msg::Idle { conn: 7, request: 0 },
+        ];
+        for m in msgs {
+            let f = frame(&m);
+            for cut in 0..f.len() {
+                assert!(parse(&f[..cut]).unwrap().is_none(), "{} cut at {cut}", m.name());
+            }
+            assert_eq!(parse(&f).unwrap(), Some((m.clone(), f.len())));
+            assert_eq!(m.carries_fd(), matches!(m, Msg::HandOff(_) | Msg::HandBack(_)), "{}", m.name());
+            assert!(!m.repairs());
+        }
+        let flow = crate::FlowKey::new("198.18.1.1:40000".parse().unwrap(), "198.18.1.100:8080".parse().unwrap());
+        let socket = Socket::Repair { flow, tcp_state: crate::tcp_state::tests::sample() };
+        let t = Transfer { conn: 3, epoch: 5, socket, pending: b"GET".to_vec(), serving: Serving::default(), sent: 9 };
+        let repair = Msg::HandOff(Box::new(t));
+        let f = frame(&repair);
+        assert_eq!(f[4 + 17], 1, "socket: TCP_REPAIR state follows");
+        assert_eq!(parse(&f).unwrap(), Some((repair.clone(), f.len())));
+        assert!(repair.repairs() && !repair.carries_fd());
+        let good = frame(&Msg::HandOff(passed(1, 1, b"", Serving::default(), 0)));
+        let mut bad_tag = good.clone();
+        bad_tag[4 + 17] = 2;
+        assert!(matches!(parse(&bad_tag), Err(Error::Codec("unknown socket tag"))));
+        let mut bad_backend = good.clone();
+        bad_backend[4 + 17 + 1 + 4 + 4] = 5;
+        assert!(matches!(parse(&bad_backend), Err(Error::Codec("unknown address family"))));
+        let mut short = good.clone();
+        short.truncate(good.len() - 1);
+        short[3] -= 1;
+        assert!(parse(&short).is_err(), "a transfer without all of sent");
     }
 
     #[test]
     fn partial_frames_need_more_bytes() {
-        let f = frame(&Msg::Closed { conn: 9, epoch: 3, sent: 5 });
+        let closed = Msg::Closed { conn: 9, epoch: 3, sent: 5, reason: "done".into() };
+        let f = frame(&closed);
         for cut in 0..f.len() {
             assert!(parse(&f[..cut]).unwrap().is_none(), "cut at {cut}");
         }
         let (m, n) = parse(&f).unwrap().unwrap();
-        assert_eq!((m, n), (Msg::Closed { conn: 9, epoch: 3, sent: 5 }, f.len()));
+        assert_eq!((m, n), (closed, f.len()));
     }
 
     #[test]
@@ -553,7 +576,7 @@ mod tests {
         let reason = "é".repeat(MAX_REASON_CHARS);
         let (m, _) = parse(&frame(&Msg::HandOffErr { conn: 1, epoch: 1, reason })).unwrap().unwrap();
         let Msg::HandOffErr { reason, .. } = m else { panic!() };
-        assert_eq!(reason.len(), super::wire::MAX_REASON);
+        assert_eq!(reason.len(), crate::wire::MAX_REASON);
     }
 
     const MAX_REASON_CHARS: usize = 2000;

@@ -1,4 +1,4 @@
-//! Field encoding shared by the control messages: big-endian integers, length-prefixed bytes.
+//! Field encoding of the hand-over messages: big-endian integers, length-prefixed bytes.
 //!
 //! `Reader` never panics: every read checks the remaining length and fails with a codec error.
 
@@ -79,7 +79,13 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn addr(&mut self) -> Result<SocketAddr> {
-        let ip = match self.u8()? {
+        let family = self.u8()?;
+        self.addr_of(family)
+    }
+
+    /// The rest of an address whose family byte (4 or 6) was read already.
+    pub(crate) fn addr_of(&mut self, family: u8) -> Result<SocketAddr> {
+        let ip = match family {
             4 => IpAddr::V4(Ipv4Addr::from(self.array::<4>()?)),
             6 => IpAddr::V6(Ipv6Addr::from(self.array::<16>()?)),
             _ => return Err(Error::Codec("unknown address family")),

@@ -459,7 +459,7 @@ mod tests {
         assert!(l.agents.iter().all(|a| a.key == l.agents[0].key && a.key.len() >= 16));
     }
 
-    /// The `[listen]` table of a config, without the keys named.
+    /// A config as a table, with the keys named removed from its `[listen]`.
     fn listen_without(text: &str, keys: &[&str]) -> toml::Table {
         let mut t: toml::Table = toml::from_str(text).expect("toml");
         let listen = t.get_mut("listen").and_then(|l| l.as_table_mut()).expect("[listen]");

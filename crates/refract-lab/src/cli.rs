@@ -18,7 +18,7 @@ pub enum LabCmd {
         #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
         rate: Rate,
         /// Also start the cluster: blob servers and agents on b1, b2; refract hybrid (VIP:8080),
-        /// refract relay-only (VIP:8081) and HAProxy in rf-d.
+        /// refract relay-only (VIP:8081), its busy-polling variant (VIP:8083) and HAProxy in rf-d.
         #[arg(long)]
         cluster: bool,
         /// TCP congestion control in every namespace (default: `$REFRACT_LAB_CC`, else

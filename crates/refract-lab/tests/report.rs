@@ -97,6 +97,19 @@ fn tables_have_the_paper_shape() {
 }
 
 #[test]
+fn the_busy_polling_variant_is_labelled_in_both_tables() {
+    let (env, mut r) = (Environment::default(), results());
+    let reports = vec![wrk(3000.0, 1000, 100.0); 2];
+    r.throughput.push(Measurement { target: "refract-busypoll".into(), size: ByteSize(1), reports });
+    r.latency.push(LatencyRow { target: "refract-busypoll".into(), report: wrk(1e6 / 70.0, 1000, 70.0) });
+    let sizes = [ByteSize(1)];
+    let targets: Vec<String> = ["refract", "refract-busypoll"].iter().map(|s| s.to_string()).collect();
+    let md = report::render(&section(&env, &r, &sizes, &targets));
+    assert!(md.contains("| payload | refract | refract-busypoll, busy-polling variant |"), "{md}");
+    assert!(md.contains("| refract-busypoll, busy-polling variant | 70.0 µs |"), "{md}");
+}
+
+#[test]
 fn csv_keeps_other_sections() {
     let r = results();
     let rows = csv::rows("1gbit", &r);

@@ -14,6 +14,14 @@ pub const RELAY_TOML: &str = include_str!("../../../../examples/lab/relay.toml")
 pub const HYBRID_TOML: &str = include_str!("../../../../examples/lab/hybrid.toml");
 /// The lab's hand-everything-over dispatcher (target `handover`): `examples/lab/handover.toml`.
 pub const HANDOVER_TOML: &str = include_str!("../../../../examples/lab/handover.toml");
+/// The relay's busy-polling variant (target [`BUSY_POLL_TARGET`]): `examples/lab/relay-busypoll.toml`,
+/// relay.toml with `busy_poll_us = 1000` on ports of its own.
+pub const RELAY_BUSY_POLL_TOML: &str = include_str!("../../../../examples/lab/relay-busypoll.toml");
+/// The target of the busy-polling variant. refract ships with busy polling off, so every
+/// headline figure uses the other dispatchers; this one's figures carry [`BUSY_POLL_LABEL`].
+pub const BUSY_POLL_TARGET: &str = "refract-busypoll";
+/// The label that goes wherever the busy-polling variant's figures appear.
+pub const BUSY_POLL_LABEL: &str = "busy-polling variant";
 /// The agents on b1 and b2: `examples/lab/agent-b1.toml`, `agent-b2.toml`.
 pub const AGENT_TOMLS: [(&str, &str); 2] = [
     ("b1", include_str!("../../../../examples/lab/agent-b1.toml")),
@@ -64,7 +72,7 @@ pub struct Proc {
 /// One refract dispatcher of a cluster.
 #[derive(Debug, Clone)]
 pub struct Dispatcher {
-    /// The sweep target it serves: `refract` (relay), `hybrid` or `handover`.
+    /// The sweep target it serves: `refract` (relay), `hybrid`, `handover` or `refract-busypoll`.
     pub target: &'static str,
     /// Process, log and pid-file name; its config is written to the state dir as `NAME.toml`.
     pub name: &'static str,
@@ -142,12 +150,19 @@ pub struct Layout {
 
 impl Layout {
     /// The lab: b1, b2 with their agents; refract relay-only, hybrid (and, on demand, handing
-    /// everything over) on the VIP and HAProxy on the dispatcher host; clients c1, c2.
+    /// everything over), the relay's busy-polling variant on the VIP and HAProxy on the
+    /// dispatcher host; clients c1, c2.
     pub fn lab() -> Result<Self> {
         let dispatchers = vec![
             Dispatcher::new("refract", "refract", "examples/lab/relay.toml", RELAY_TOML)?,
             Dispatcher::new("hybrid", "refract-hybrid", "examples/lab/hybrid.toml", HYBRID_TOML)?,
             Dispatcher::new("handover", "refract-handover", "examples/lab/handover.toml", HANDOVER_TOML)?,
+            Dispatcher::new(
+                BUSY_POLL_TARGET,
+                "refract-busypoll",
+                "examples/lab/relay-busypoll.toml",
+                RELAY_BUSY_POLL_TOML,
+            )?,
         ];
         let agents = AGENT_TOMLS.iter().map(|(host, text)| Agent::new(host, text)).collect::<Result<_>>()?;
         Ok(Layout {
@@ -251,7 +266,8 @@ impl Layout {
                     Some("hybrid") => "hybrid: small results relayed, large ones handed to the agent".to_string(),
                     _ => "relay-only".to_string(),
                 };
-                format!("both clients → refract on {} ({mode}; `{}`)", d.addr(), d.source)
+                let variant = variant(target).map(|v| format!(", the {v}")).unwrap_or_default();
+                format!("both clients → refract on {} ({mode}{variant}; `{}`)", d.addr(), d.source)
             }
             _ => return None,
         };
@@ -325,6 +341,21 @@ impl Layout {
     }
 }
 
+/// A target as report tables name it: the busy-polling variant carries its label
+/// (`refract-busypoll, busy-polling variant`), every other target is its own name.
+pub fn label(target: &str) -> String {
+    match variant(target) {
+        Some(v) => format!("{target}, {v}"),
+        None => target.to_string(),
+    }
+}
+
+/// What makes a target a variant rather than a shipped configuration: the busy-polling
+/// variant's label, `None` for every other target.
+pub fn variant(target: &str) -> Option<&'static str> {
+    (target == BUSY_POLL_TARGET).then_some(BUSY_POLL_LABEL)
+}
+
 /// Where a process's config is written: `STATE/NAME.toml`.
 pub fn config_path(name: &str) -> String {
     state::path(&format!("{name}.toml")).to_string_lossy().into_owned()
@@ -359,12 +390,20 @@ mod tests {
         assert_eq!(l.target_addrs("refract"), Some(vec!["198.18.0.100:8081".into(); 2]));
         assert_eq!(l.target_addrs("hybrid"), Some(vec!["198.18.0.100:8080".into(); 2]));
         assert_eq!(l.target_addrs("handover"), Some(vec!["198.18.0.100:8082".into(); 2]));
+        assert_eq!(l.target_addrs("refract-busypoll"), Some(vec!["198.18.0.100:8083".into(); 2]));
         assert_eq!(l.target_addrs("haproxy"), Some(vec!["198.18.0.2:8090".into(); 2]));
         assert_eq!(l.target_addrs("nginx"), None);
-        assert_eq!(l.targets(), ["direct", "refract", "hybrid", "handover", "haproxy"]);
+        assert_eq!(l.targets(), ["direct", "refract", "hybrid", "handover", "refract-busypoll", "haproxy"]);
         assert_eq!(l.client(), Client::Curl("rf-c1".into()));
         let daemons: Vec<Option<String>> = l.targets().iter().map(|t| l.daemon(t)).collect();
-        let names = [None, Some("refract"), Some("refract-hybrid"), Some("refract-handover"), Some("haproxy")];
+        let names = [
+            None,
+            Some("refract"),
+            Some("refract-hybrid"),
+            Some("refract-handover"),
+            Some("refract-busypoll"),
+            Some("haproxy"),
+        ];
         assert_eq!(daemons, names.map(|n| n.map(str::to_string)), "each target's process, none for direct");
         assert!(names.iter().flatten().all(|n| l.all_procs().iter().any(|p| p.name == *n)), "daemons are processes");
         assert_eq!(l.daemon("nginx"), None);
@@ -384,6 +423,7 @@ mod tests {
                 ("agent-b2", Some("rf-b2")),
                 ("refract", Some("rf-d")),
                 ("refract-hybrid", Some("rf-d")),
+                ("refract-busypoll", Some("rf-d")),
                 ("haproxy", Some("rf-d"))
             ]
         );
@@ -417,6 +457,48 @@ mod tests {
             }
         }
         assert!(l.agents.iter().all(|a| a.key == l.agents[0].key && a.key.len() >= 16));
+    }
+
+    /// A config as a table, with the keys named removed from its `[listen]`.
+    fn listen_without(text: &str, keys: &[&str]) -> toml::Table {
+        let mut t: toml::Table = toml::from_str(text).expect("toml");
+        let listen = t.get_mut("listen").and_then(|l| l.as_table_mut()).expect("[listen]");
+        for k in keys {
+            listen.remove(*k);
+        }
+        t
+    }
+
+    #[test]
+    fn the_headline_dispatchers_run_the_shipped_default_and_only_the_variant_busy_polls() {
+        let l = Layout::lab().expect("lab");
+        for d in &l.dispatchers {
+            let t: toml::Table = toml::from_str(&d.config_text).expect("toml");
+            let poll = t["listen"].get("busy_poll_us").and_then(|v| v.as_integer());
+            let expected = (d.target == BUSY_POLL_TARGET).then_some(1000);
+            assert_eq!(poll, expected, "{}: busy polling only in the labelled variant", d.source);
+        }
+        // The variant is the relay plus busy polling: every other key alike, its own ports.
+        let variant = listen_without(RELAY_BUSY_POLL_TOML, &["http", "admin", "busy_poll_us"]);
+        assert_eq!(
+            variant,
+            listen_without(RELAY_TOML, &["http", "admin"]),
+            "relay-busypoll.toml drifted from relay.toml"
+        );
+        let d = l.dispatcher(BUSY_POLL_TARGET).expect("the variant is a target");
+        assert_eq!((d.name, d.addr()), ("refract-busypoll", "198.18.0.100:8083"));
+        assert!(l.starts_with_cluster(d), "it does not steer, so it runs beside the relay");
+    }
+
+    #[test]
+    fn the_variant_is_labelled_wherever_it_is_named() {
+        let l = Layout::lab().expect("lab");
+        assert_eq!(label("refract-busypoll"), "refract-busypoll, busy-polling variant");
+        assert_eq!(label("refract"), "refract");
+        let note = l.target_note(BUSY_POLL_TARGET).expect("note");
+        assert!(note.contains("relay-only, the busy-polling variant; `examples/lab/relay-busypoll.toml`"), "{note}");
+        let relay = l.target_note("refract").expect("note");
+        assert!(!relay.contains("busy"), "{relay}");
     }
 
     #[test]

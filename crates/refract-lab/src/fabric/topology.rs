@@ -16,8 +16,9 @@ pub const VIP: &str = "198.18.0.100";
 pub const NS_PREFIX: &str = "rf-";
 
 // The ports (examples/lab/README.md): refract hybrid on VIP:8080, relay-only on VIP:8081,
-// hand-over `always` on VIP:8082, each with its admin listener on the dispatcher's own address
-// at port + 100; the configs in examples/lab/ set them, the harness reads them from there.
+// hand-over `always` on VIP:8082, the relay's busy-polling variant on VIP:8083, each with its
+// admin listener on the dispatcher's own address at port + 100; the configs in examples/lab/
+// set them, the harness reads them from there.
 
 /// HAProxy's port (on the dispatcher's own address).
 pub const HAPROXY_PORT: u16 = 8090;

@@ -192,15 +192,12 @@ fn wait_ready(client: &Client, running: &mut Running, probes: &[(String, &str)])
 }
 
 /// The lab's relay config (`examples/lab/relay.toml`) moved to the rig's ports and blob
-/// servers, without busy polling; with `off`, `[overload] enabled = false`; `policy` overrides `[balance] policy`.
+/// servers (with relay.toml's shipped default: no busy polling); with `off`, `[overload] enabled = false`; `policy` overrides `[balance] policy`.
 pub fn refract_config(backends: &[(String, String)], off: bool, policy: Option<&str>) -> Result<String> {
     let mut t: toml::Table = toml::from_str(RELAY_TOML).context("parsing relay.toml")?;
     let listen = t.get_mut("listen").and_then(|v| v.as_table_mut()).context("relay.toml has no [listen]")?;
     listen.insert("http".into(), format!("{VIP}:{REFRACT_PORT}").into());
     listen.insert("admin".into(), format!("{}:{}", DISPATCHER.addr, REFRACT_PORT + 1).into());
-    // The overload benchmark measures admission and queueing, with the event loops sleeping
-    // between events as when its figures were taken (busy polling is for the sweep's relay).
-    listen.remove("busy_poll_us");
     if let Some(bs) = t.get_mut("backend").and_then(|v| v.as_array_mut()) {
         for b in bs.iter_mut().filter_map(|b| b.as_table_mut()) {
             let name = b.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
@@ -278,7 +275,7 @@ mod tests {
         let addrs: Vec<&str> = c.backends.iter().map(|b| b.addr.as_str()).collect();
         assert_eq!(addrs, vec!["198.18.0.21:9100", "198.18.0.22:9100"]);
         assert!(!on.contains("[overload]"));
-        assert!(RELAY_TOML.contains("busy_poll_us") && !on.contains("busy_poll_us"), "no busy polling in the rig");
+        assert!(!on.contains("busy_poll_us"), "no busy polling in the rig");
         let off = refract_config(&rig.backends, true, Some("least-outstanding")).expect("off");
         let t: toml::Table = toml::from_str(&off).expect("toml");
         assert_eq!(t["overload"]["enabled"].as_bool(), Some(false));

@@ -13,7 +13,7 @@ pub mod cpu;
 use crate::bench::sweep::run::{self as sweep, Progress};
 use crate::bench::sweep::switch::Switch;
 use crate::cluster;
-use crate::cluster::layout::Layout;
+use crate::cluster::layout::{label, variant, Layout};
 use crate::lab::LabGuard;
 use crate::report::environment::Environment;
 use crate::support::interrupt;
@@ -28,7 +28,8 @@ use std::time::Duration;
 /// Options of `bench pairs`.
 #[derive(Debug, Args)]
 pub struct PairsArgs {
-    /// The reference target (denominator): direct, refract, handover, hybrid, haproxy.
+    /// The reference target (denominator): direct, refract, handover, hybrid, haproxy, or
+    /// refract-busypoll (the relay's busy-polling variant, labelled so in the report).
     #[arg(long, default_value = "refract")]
     a: String,
     /// The compared target (numerator).
@@ -79,7 +80,7 @@ impl PairsArgs {
         let env = Environment::detect();
         let sizes: Vec<String> = self.sizes.iter().map(ByteSize::to_string).collect();
         format!(
-            "## Paired runs: `{b}` vs `{a}`, links {rate}\n\n\
+            "## Paired runs: {title}, links {rate}\n\n\
              Written by `refract bench pairs` (crates/refract-lab/src/bench/pairs/mod.rs); do not edit by hand.\n\n\
              - **Date:** {date}\n- **Machine:** {cores} cores ({cpu}), Linux {kernel}; TCP congestion control {cc}\n\
              - **Load:** per pair one `{a}` and one `{b}` run, back to back, the order alternating from pair \
@@ -90,6 +91,7 @@ impl PairsArgs {
              --rate {rate} --out {out}`\n\n{table}{cpu_use}",
             a = self.a,
             b = self.b,
+            title = title(&self.a, &self.b),
             rate = self.rate.label(),
             date = env.date,
             cores = env.cores,
@@ -107,6 +109,15 @@ impl PairsArgs {
             cpu_use = cpu_section(plan, cells, env.cores),
         )
     }
+}
+
+/// `` `b` vs `a` ``, each target with its label (the busy-polling variant is named so).
+fn title(a: &str, b: &str) -> String {
+    let named = |t: &str| match variant(t) {
+        Some(v) => format!("`{t}` ({v})"),
+        None => format!("`{t}`"),
+    };
+    format!("{} vs {}", named(b), named(a))
 }
 
 /// The CPU part of a pairs section: what the columns mean, then [`cpu_table`].
@@ -315,8 +326,9 @@ fn mean(v: &[f64]) -> f64 {
 /// paired estimate; then the pooled estimate.
 pub fn table(plan: &PairPlan, cells: &[PairedCell]) -> String {
     let (a, b) = (&plan.a, &plan.b);
+    let (la, lb) = (label(a), label(b));
     let mut s = format!(
-        "| payload | pairs | {a} (mean req/s) | {b} (mean req/s) | {b}/{a} of means | paired {b}/{a} (90 % CI) | errors |\n\
+        "| payload | pairs | {la} (mean req/s) | {lb} (mean req/s) | {b}/{a} of means | paired {b}/{a} (90 % CI) | errors |\n\
          |---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for c in cells {
@@ -361,8 +373,9 @@ pub fn cpu_table(plan: &PairPlan, cells: &[PairedCell], cores: usize) -> Option<
             let ceiling = pr.ceiling(cores);
             let _ = writeln!(
                 s,
-                "| {} | {target} | {} | {:.1} % | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.1} % | {} | {} | {} | {} | {} |",
                 c.size.human(),
+                label(target),
                 format_rate(mean(rates)),
                 pr.idle_share * 100.0,
                 us(Some(pr.busy_us)),
@@ -451,6 +464,32 @@ mod tests {
         d.cpu_a = vec![CpuUse { dispatcher: None, ..h }];
         let t = cpu_table(&plan, &[d], 2).unwrap();
         assert!(t.contains("| 1 B | haproxy | 1.00 | 40.0 % | 60.0 µs | – | – | – | – |"), "{t}");
+    }
+
+    #[test]
+    fn the_busy_polling_variant_is_labelled_in_every_table_and_the_title() {
+        let plan = PairPlan::for_test("refract", "refract-busypoll", &[1], 2);
+        let r = CpuUse {
+            requests: 1000.0,
+            busy: Duration::from_millis(60),
+            idle: Duration::ZERO,
+            dispatcher: Some((Duration::from_millis(5), Duration::from_millis(25))),
+        };
+        let mut c = cell(1, &[100.0, 100.0], &[110.0, 110.0]);
+        c.cpu_a = vec![r, r];
+        c.cpu_b = vec![r, r];
+        let t = table(&plan, std::slice::from_ref(&c));
+        assert!(
+            t.starts_with(
+                "| payload | pairs | refract (mean req/s) | refract-busypoll, busy-polling variant (mean req/s) |"
+            ),
+            "{t}"
+        );
+        let cpu = cpu_table(&plan, &[c], 2).expect("cpu table");
+        assert!(cpu.contains("| 1 B | refract-busypoll, busy-polling variant | 110 | 0.0 % | 60.0 µs |"), "{cpu}");
+        assert!(cpu.contains("| 1 B | refract | 100 |"), "{cpu}");
+        assert_eq!(title("refract", "refract-busypoll"), "`refract-busypoll` (busy-polling variant) vs `refract`");
+        assert_eq!(title("haproxy", "refract"), "`refract` vs `haproxy`");
     }
 
     #[test]

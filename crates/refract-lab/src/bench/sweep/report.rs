@@ -3,6 +3,7 @@
 
 use crate::bench::sweep::handover_stats::HandoverStats;
 use crate::bench::sweep::run::{Measurement, Results};
+use crate::cluster::layout::label;
 use crate::report::environment::Environment;
 use crate::report::{ratio, replace_marked, PAGE_HEADER};
 use crate::support::units::{format_latency_us, format_rate, format_throughput, ByteSize};
@@ -124,7 +125,7 @@ fn table1(out: &mut String, s: &Section) {
     let mut head = String::from("| payload |");
     let mut rule = String::from("|---:|");
     for t in s.targets {
-        let _ = write!(head, " {t} |");
+        let _ = write!(head, " {} |", label(t));
         rule.push_str("---:|");
     }
     for (a, b) in &ratios {
@@ -199,7 +200,7 @@ fn table2(out: &mut String, s: &Section) {
         let _ = writeln!(
             out,
             "| {}{flag} | {} | {} | {} | {} | {vs} |",
-            row.target,
+            label(&row.target),
             format_latency_us(r.latency_avg_us),
             pct(r.latency_p50_us),
             pct(r.latency_p99_us),

@@ -200,6 +200,7 @@ fn route(ctx: &Ctx, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
             for b in ctx.members.snapshot().iter() {
                 ctx.metrics.set_backend(&b.name, b.is_up(), b.inflight());
                 ctx.metrics.set_drained(&b.name, b.is_drained());
+                ctx.metrics.set_admission(&b.name, &b.admission.view());
             }
             if let Some(pg) = ctx.pg.get() {
                 crate::pg::publish_metrics(pg);

@@ -10,7 +10,7 @@ pub mod limit;
 #[cfg(test)]
 mod sim;
 
-pub use admission::{Admission, AdmissionConfig, Arrival, Outcome, Permit, Priority, Refusal};
+pub use admission::{Admission, AdmissionConfig, AdmissionView, Arrival, Outcome, Permit, Priority, Refusal};
 pub use bucket::UserLimits;
 pub use budget::RetryBudget;
 pub use ewma::PeakEwma;

@@ -12,6 +12,7 @@
 //!   conservatively.
 //! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
+//! - `admit`: admission control (adaptive limit, deadline queue) before a server connection.
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
 //! - `held`: the session state refract keeps for a client (pins, LISTEN channels, SETs).
@@ -23,6 +24,7 @@
 //! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
+mod admit;
 mod batch;
 mod bind;
 mod cancel;
@@ -60,7 +62,7 @@ pub(crate) use status::{clients_view, pools_view, publish_metrics, servers_view}
 
 /// The front end's shared state, built on first use (the pools need the shard count).
 fn shared(ctx: &Ctx, cfg: &PgConfig) -> Arc<Shared> {
-    ctx.pg.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop))).clone()
+    ctx.pg.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.cfg.overload, &ctx.metrics, &ctx.stop))).clone()
 }
 
 /// Binds the PostgreSQL listener and starts serving (and probing the servers) in the background.

@@ -1,11 +1,12 @@
-//! [`Servers`]: the primary and the replicas with their pools, health and replication lag,
-//! and the choice of a server per statement; [`run_health`] probes them and publishes their
-//! gauges.
+//! [`Servers`]: the primary and the replicas with their pools, admission control, health and
+//! replication lag, and the choice of a server per statement; [`run_health`] probes them and
+//! publishes their gauges.
 
 use super::pool::Pool;
 use super::server::{parse_lsn, Login, ServerConn};
 use crate::config::pg::{PgConfig, PgRole};
 use crate::metrics::{BackendCounters, Metrics};
+use crate::overload::{Admission, AdmissionConfig};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,6 +27,8 @@ pub struct Server {
     pub index: usize,
     /// Its request counters (`pg:<name>`), looked up once.
     pub counters: BackendCounters,
+    /// Admission control: the adaptive limit and the wait queue (`pg/admit.rs`).
+    pub admission: Arc<Admission>,
     up: AtomicBool,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
     lsn: AtomicU64,
@@ -85,6 +88,7 @@ impl Server {
         let name = format!("pg:{}", self.name);
         metrics.set_backend(&name, self.is_up(), self.pool.in_use());
         metrics.set_pg_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
+        metrics.set_admission(&name, &self.admission.view());
         if self.role == PgRole::Replica {
             metrics.set_pg_lag(&name, self.lag_bytes());
             metrics.set_pg_lag_seconds(&name, self.lag_ms() as f64 / 1000.0);
@@ -123,7 +127,7 @@ const DEMAND_FOR_MS: u64 = 2000;
 
 impl Servers {
     /// Pools for every configured server; all start up (the first probe corrects that).
-    pub fn new(cfg: &PgConfig, metrics: &Metrics) -> Servers {
+    pub fn new(cfg: &PgConfig, adm: &AdmissionConfig, metrics: &Metrics) -> Servers {
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
@@ -142,6 +146,7 @@ impl Servers {
                     pool: Pool::new(s.addr, login.clone(), cfg.pool_size, checkout),
                     index,
                     counters: metrics.backend(&format!("pg:{}", s.name)),
+                    admission: Admission::new(adm.clone()),
                     up: AtomicBool::new(true),
                     lsn: AtomicU64::new(0),
                     lag: AtomicU64::new(0),

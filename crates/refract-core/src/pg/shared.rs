@@ -1,5 +1,5 @@
 //! What every PostgreSQL session shares ([`Shared`]): the configuration, the servers and their
-//! pools, the classifier, cancel keys, the clients, the LISTEN channels. Kept by the
+//! pools and admission control, the classifier, cancel keys, the clients, the LISTEN channels. Kept by the
 //! dispatcher's shared state (`ctx`) for the admin views, so it imports neither.
 
 use super::cancel::Cancels;
@@ -7,6 +7,7 @@ use super::clients::Clients;
 use super::notify::Notifier;
 use super::servers::Servers;
 use crate::config::pg::PgConfig;
+use crate::config::Overload;
 use crate::metrics::Metrics;
 use refract_pg::classify::{Classifier, ClassifierConfig};
 use std::sync::atomic::AtomicU64;
@@ -31,17 +32,20 @@ pub(crate) struct Shared {
     pub(super) clients: Arc<Clients>,
     /// LISTEN channels of transaction-mode clients.
     pub(super) notifier: Arc<Notifier>,
+    /// `[overload] default_timeout_ms`: the deadline of a statement whose session set no
+    /// `statement_timeout` (0 = none).
+    pub(super) default_timeout_ms: u64,
 }
 
 impl Shared {
     /// The state for `cfg`; `stop` ends its background work.
-    pub(super) fn new(cfg: &PgConfig, metrics: &Arc<Metrics>, stop: &CancellationToken) -> Shared {
+    pub(super) fn new(cfg: &PgConfig, overload: &Overload, metrics: &Arc<Metrics>, stop: &CancellationToken) -> Shared {
         let mut ccfg = ClassifierConfig::default();
         if let Some(f) = &cfg.write_functions {
             ccfg.write_functions = f.clone();
         }
         Shared {
-            servers: Arc::new(Servers::new(cfg, metrics)),
+            servers: Arc::new(Servers::new(cfg, &super::admit::config(overload, cfg), metrics)),
             classifier: Classifier::new(ccfg),
             cancels: Arc::default(),
             server_params: RwLock::new(vec![]),
@@ -51,6 +55,7 @@ impl Shared {
             tls: cfg.tls().cloned().map(TlsAcceptor::from),
             clients: Arc::default(),
             notifier: Arc::default(),
+            default_timeout_ms: overload.default_timeout_ms,
             cfg: cfg.clone(),
         }
     }

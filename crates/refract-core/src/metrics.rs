@@ -1,6 +1,7 @@
 //! Prometheus metrics. Hot-path handles (per backend and class) are created once and cached,
 //! so that counting a request is an atomic add, not a label lookup.
 
+use crate::overload::AdmissionView;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -78,6 +79,8 @@ pub struct Metrics {
     backend_up: Family<BackendLabel, Gauge>,
     backend_drained: Family<BackendLabel, Gauge>,
     backend_inflight: Family<BackendLabel, Gauge>,
+    backend_limit: Family<BackendLabel, Gauge>,
+    backend_queued: Family<BackendLabel, Gauge>,
     pg_replica_lag: Family<BackendLabel, Gauge>,
     pg_replica_lag_seconds: Family<BackendLabel, Gauge<f64, AtomicU64>>,
     pg_pool_idle: Family<BackendLabel, Gauge>,
@@ -158,6 +161,18 @@ impl Metrics {
         reg.register("backend_drained", "1 when an operator drained the backend", backend_drained.clone());
         let backend_inflight = Family::<BackendLabel, Gauge>::default();
         reg.register("backend_in_flight", "Requests in flight per backend", backend_inflight.clone());
+        let backend_limit = Family::<BackendLabel, Gauge>::default();
+        reg.register(
+            "backend_concurrency_limit",
+            "Admission control's adaptive concurrency limit per backend (PostgreSQL servers: pg:NAME)",
+            backend_limit.clone(),
+        );
+        let backend_queued = Family::<BackendLabel, Gauge>::default();
+        reg.register(
+            "backend_queued",
+            "Requests waiting in admission control's queue per backend",
+            backend_queued.clone(),
+        );
         let pg_replica_lag = Family::<BackendLabel, Gauge>::default();
         reg.register(
             "pg_replica_lag_bytes",
@@ -255,6 +270,8 @@ impl Metrics {
             backend_up,
             backend_drained,
             backend_inflight,
+            backend_limit,
+            backend_queued,
             pg_replica_lag,
             pg_replica_lag_seconds,
             pg_pool_idle,
@@ -300,6 +317,13 @@ impl Metrics {
         drop(self.backend_drained.get_or_create(&l));
         self.backend_up.get_or_create(&l).set(i64::from(up));
         self.backend_inflight.get_or_create(&l).set(inflight as i64);
+    }
+
+    /// Sets a backend's admission gauges: its concurrency limit and its queue.
+    pub fn set_admission(&self, name: &str, v: &AdmissionView) {
+        let l = BackendLabel { backend: name.into() };
+        self.backend_limit.get_or_create(&l).set(v.limit as i64);
+        self.backend_queued.get_or_create(&l).set(v.queued as i64);
     }
 
     /// Sets whether backend `name` is drained (`refract_backend_drained`).
@@ -411,6 +435,8 @@ impl Metrics {
         self.backend_up.remove(&l);
         self.backend_drained.remove(&l);
         self.backend_inflight.remove(&l);
+        self.backend_limit.remove(&l);
+        self.backend_queued.remove(&l);
     }
 
     /// The Prometheus text exposition.

@@ -219,6 +219,7 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
             for b in ctx.members.snapshot().iter() {
                 ctx.metrics.set_backend(&b.name, b.is_up(), b.inflight());
                 ctx.metrics.set_drained(&b.name, b.is_drained());
+                ctx.metrics.set_admission(&b.name, &b.admission.view());
             }
             pg.publish_metrics();
             refract_front_http::publish_metrics(ctx);

@@ -29,6 +29,14 @@ pub enum PgError {
     /// No server can take the statement.
     #[error("{0}")]
     Unavailable(String),
+    /// Admission control refused the statement (`pg/admit.rs`): answered with `sqlstate`.
+    #[error("{message}")]
+    Refused {
+        /// `53300` (overloaded) or `57014` (its deadline passed).
+        sqlstate: &'static str,
+        /// What the client is told.
+        message: String,
+    },
 }
 
 impl PgError {
@@ -43,7 +51,7 @@ impl PgError {
             PgError::Io { side, .. } | PgError::Closed(side) => *side,
             PgError::Protocol(e) => e.side(),
             PgError::Server(_) | PgError::Timeout(_) => Side::Backend,
-            PgError::Unavailable(_) => Side::Internal,
+            PgError::Unavailable(_) | PgError::Refused { .. } => Side::Internal,
         }
     }
 
@@ -51,7 +59,7 @@ impl PgError {
     pub fn is_retryable(&self) -> bool {
         match self {
             PgError::Io { side, .. } | PgError::Closed(side) => *side == Side::Backend,
-            PgError::Timeout(_) | PgError::Unavailable(_) => true,
+            PgError::Timeout(_) | PgError::Unavailable(_) | PgError::Refused { .. } => true,
             PgError::Protocol(_) | PgError::Server(_) => false,
         }
     }

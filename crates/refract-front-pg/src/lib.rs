@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
+//! - `admit`: admission control (adaptive limit, deadline queue) before a server connection.
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
@@ -25,6 +26,7 @@
 //! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
+mod admit;
 mod batch;
 mod bind;
 mod cancel;

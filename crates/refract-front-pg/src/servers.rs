@@ -11,6 +11,7 @@ use crate::config::{PgConfig, PgRole, PgServerConfig};
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Overload, Role};
 use refract_core::metrics::{BackendCounters, Metrics};
+use refract_core::overload::{Admission, AdmissionConfig};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -31,6 +32,8 @@ pub struct Server {
     pub counters: BackendCounters,
     /// The engine's view of it: health, drain, ejection, admission, latency.
     pub member: Arc<Backend>,
+    /// Admission control: the member's adaptive limit and wait queue (`admit.rs`).
+    pub admission: Arc<Admission>,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
     pub(super) lsn: AtomicU64,
     /// Replica: bytes behind the primary at the last poll.
@@ -105,6 +108,7 @@ impl Server {
         metrics.set_backend(&name, self.is_up(), self.pool.in_use());
         metrics.set_drained(&name, self.member.is_drained());
         metrics.set_pg_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
+        metrics.set_admission(&name, &self.admission.view());
         if self.role == PgRole::Replica {
             metrics.set_pg_lag(&name, self.lag_bytes());
             metrics.set_pg_lag_seconds(&name, self.lag_ms() as f64 / 1000.0);
@@ -144,6 +148,8 @@ pub struct Servers {
     pool_size: usize,
     checkout: Duration,
     overload: Overload,
+    /// Each server's admission settings (`admit::config`: `[overload]` capped by the pool).
+    admission: AdmissionConfig,
     /// Sequence number of the last primary WAL-position poll started (health or fast poll).
     poll_started: AtomicU64,
     /// Recent primary polls that finished: (sequence number, WAL position), oldest first.
@@ -161,8 +167,9 @@ const DEMAND_FOR_MS: u64 = 2000;
 
 impl Servers {
     /// Pools for every configured server; all start up (the first probe corrects that). Each
-    /// server's admission control and ejection follow `overload` (the engine's `[overload]`).
-    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload) -> Servers {
+    /// server's ejection follows `overload` (the engine's `[overload]`), its admission control
+    /// `admission`.
+    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload, admission: AdmissionConfig) -> Servers {
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
@@ -179,6 +186,7 @@ impl Servers {
             pool_size: cfg.pool_size,
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
+            admission,
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
             demand: AtomicU64::new(0),
@@ -196,13 +204,14 @@ impl Servers {
         };
         let name = metrics_name(&s.name);
         let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None };
-        let member = Arc::new(Backend::new(&def, 0, metrics.backend(&name), self.overload.admission()));
+        let member = Arc::new(Backend::new(&def, 0, metrics.backend(&name), self.admission.clone()));
         Arc::new(Server {
             name: s.name.clone(),
             role: s.role,
             pool: Pool::new(s.addr, self.login.clone(), self.pool_size, self.checkout),
             index: self.next_index.fetch_add(1, Ordering::Relaxed),
             counters: metrics.backend(&name),
+            admission: member.admission.clone(),
             member,
             lsn: AtomicU64::new(0),
             lag: AtomicU64::new(0),

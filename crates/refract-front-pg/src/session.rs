@@ -2,6 +2,7 @@
 //! server connection bound for the statement or transaction, relays the answers verbatim,
 //! and tracks the session state that has to follow the client from server to server.
 
+use super::admit::Admitted;
 use super::cancel::CancelKey;
 use super::clients::{ClientInfo, ClientState, Registration};
 use super::error::PgError;
@@ -43,6 +44,9 @@ pub(super) struct Bound {
     /// Something changed parameters refract does not track (an extended-protocol SET, a
     /// ParameterStatus after a non-SET statement): the next client starts with `RESET ALL`.
     pub untracked: bool,
+    /// The admission permit of the unit of work running on it (`pg/admit.rs`); `None` between
+    /// units of a session that keeps its connection (session mode, pinned).
+    pub(super) admitted: Option<Admitted>,
 }
 
 /// A client session.
@@ -131,7 +135,10 @@ impl Session {
     async fn serve(&mut self) -> Result<(), PgError> {
         loop {
             self.client.info.set_state(self.ready_state());
-            let (tag, frame) = match self.recv_client().await {
+            let waiting = tokio::time::Instant::now();
+            let received = self.recv_client().await;
+            self.note_client_wait(waiting.elapsed());
+            let (tag, frame) = match received {
                 Ok(Incoming::Whole(f)) => f,
                 Ok(Incoming::Large(h)) => {
                     self.client.info.set_state(ClientState::Active);
@@ -349,7 +356,7 @@ impl Session {
     pub(super) async fn bind(&mut self, route: Route) -> Result<(), PgError> {
         if self.bound.is_some() {
             if route != Route::Write || !self.may_leave_replica() {
-                return Ok(());
+                return self.admit_bound().await;
             }
             self.leave_replica().await?;
         }
@@ -374,14 +381,27 @@ impl Session {
             return Err(PgError::Unavailable(format!("refract: {what}")));
         }
         let mut last = None;
-        for server in candidates {
+        let mut rest = candidates;
+        while !rest.is_empty() {
+            // Admission first: a unit that is refused or must wait holds no connection.
+            let (server, admitted) = self.admit(&rest).await?;
+            rest.retain(|s| !Arc::ptr_eq(s, &server));
             match server.pool.get().await {
                 Ok(guard) => {
                     self.key.set(Some(guard.key.clone()));
                     let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
                     server.counters.request(class);
                     self.client.info.set_bound(Some(server.index));
-                    let b = Bound { guard, server, wrote: false, synced: false, touched: false, untracked: false };
+                    let admitted = Some(admitted);
+                    let b = Bound {
+                        guard,
+                        server,
+                        wrote: false,
+                        synced: false,
+                        touched: false,
+                        untracked: false,
+                        admitted,
+                    };
                     self.bound = Some(b);
                     return Ok(());
                 }
@@ -419,11 +439,13 @@ impl Session {
     /// Tells the client refract could not run its statement (ErrorResponse, then
     /// ReadyForQuery if it synced).
     pub(super) async fn refuse(&mut self, e: PgError, synced: bool) -> Result<(), PgError> {
-        let code = match e {
-            PgError::Timeout(_) => sqlstate::TOO_MANY_CONNECTIONS,
-            _ => sqlstate::CONNECTION_FAILURE,
+        let (code, kind) = match e {
+            PgError::Timeout(_) => (sqlstate::TOO_MANY_CONNECTIONS, "pg_unavailable"),
+            // Counted as the HTTP path counts its refusals.
+            PgError::Refused { sqlstate, .. } => (sqlstate, "overloaded"),
+            _ => (sqlstate::CONNECTION_FAILURE, "pg_unavailable"),
         };
-        self.shared.metrics.error("pg_unavailable");
+        self.shared.metrics.error(kind);
         self.out.extend_from_slice(&reply::error(code, &e.to_string()));
         if synced {
             self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
@@ -612,6 +634,9 @@ impl Session {
     pub(super) async fn after_ready(&mut self, wrote: bool) -> Result<(), PgError> {
         if let Some(b) = self.bound.as_mut() {
             b.wrote |= wrote && b.server.role == PgRole::Primary;
+        }
+        if self.state.tx.status() == TxStatus::Idle {
+            self.unit_done();
         }
         if self.state.tx.status() == TxStatus::Idle
             && self.pool_mode == PoolMode::Transaction

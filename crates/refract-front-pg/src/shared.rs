@@ -1,5 +1,5 @@
 //! What every PostgreSQL session shares ([`Shared`]): the configuration, the servers and their
-//! pools, the classifier, cancel keys, the clients, the LISTEN channels. Kept by the
+//! pools and admission control, the classifier, cancel keys, the clients, the LISTEN channels. Kept by the
 //! dispatcher's shared state (`ctx`) for the admin views, so it imports neither.
 
 use super::cancel::Cancels;
@@ -32,6 +32,9 @@ pub(crate) struct Shared {
     pub(super) clients: Arc<Clients>,
     /// LISTEN channels of transaction-mode clients.
     pub(super) notifier: Arc<Notifier>,
+    /// `[overload] default_timeout_ms`: the deadline of a statement whose session set no
+    /// `statement_timeout` (0 = none).
+    pub(super) default_timeout_ms: u64,
 }
 
 impl Shared {
@@ -42,7 +45,7 @@ impl Shared {
             ccfg.write_functions = f.clone();
         }
         Shared {
-            servers: Arc::new(Servers::new(cfg, metrics, overload)),
+            servers: Arc::new(Servers::new(cfg, metrics, overload, super::admit::config(overload, cfg))),
             classifier: Classifier::new(ccfg),
             cancels: Arc::default(),
             server_params: RwLock::new(vec![]),
@@ -52,6 +55,7 @@ impl Shared {
             tls: cfg.tls().cloned().map(TlsAcceptor::from),
             clients: Arc::default(),
             notifier: Arc::default(),
+            default_timeout_ms: overload.default_timeout_ms,
             cfg: cfg.clone(),
         }
     }

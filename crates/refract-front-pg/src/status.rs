@@ -63,18 +63,24 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
     json!(clients)
 }
 
-/// `GET /pg/servers`: health and replication lag from the last probe.
+/// `GET /pg/servers`: health and replication lag from the last probe, and admission control
+/// (the limit, units of work in flight and waiting, whether the queue is in overload mode).
 pub(crate) fn servers_view(shared: &Shared) -> Value {
     let servers: Vec<Value> = shared
         .servers
         .list()
         .iter()
         .map(|s| {
+            let adm = s.admission.view();
             json!({
                 "name": s.name,
                 "address": s.addr().to_string(),
                 "role": role(s),
                 "healthy": s.is_up(),
+                "limit": adm.limit,
+                "in_flight": adm.inflight,
+                "queued": adm.queued,
+                "overloaded": adm.overloaded,
                 "lag_bytes": s.lag_bytes(),
                 "lag_seconds": s.lag_ms() as f64 / 1000.0,
                 "last_check_unix_ms": s.last_check_unix_ms(),

@@ -23,6 +23,8 @@ pub mod sqlstate {
     pub const TOO_MANY_CONNECTIONS: &str = "53300";
     /// `54000` program_limit_exceeded: a message over the size limit.
     pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
+    /// `57014` query_canceled: as for `statement_timeout`, a statement's deadline passed.
+    pub const QUERY_CANCELED: &str = "57014";
     /// `57P01` admin_shutdown.
     pub const ADMIN_SHUTDOWN: &str = "57P01";
     /// `25006` read_only_sql_transaction.

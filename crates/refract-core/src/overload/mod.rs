@@ -11,7 +11,7 @@ pub mod limit;
 mod sim;
 pub mod window;
 
-pub use admission::{Admission, AdmissionConfig, Arrival, Outcome, Permit, Priority, Refusal};
+pub use admission::{Admission, AdmissionConfig, AdmissionView, Arrival, Outcome, Permit, Priority, Refusal};
 pub use bucket::UserLimits;
 pub use budget::RetryBudget;
 pub use ewma::PeakEwma;

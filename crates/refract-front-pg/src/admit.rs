@@ -1,0 +1,215 @@
+//! Admission control for PostgreSQL statements: the same per-server adaptive limit and
+//! deadline-aware queue as HTTP backends (`overload/admission.rs`), built from `[overload]`.
+//!
+//! The unit admitted is the unit of work that holds a server connection in transaction
+//! pooling: a transaction, or a statement (an extended batch up to Sync) outside one. Its
+//! first statement takes a permit before it takes a server connection; the permit is held
+//! until the ReadyForQuery that says idle. So a statement inside an open transaction never
+//! waits and is never refused (its transaction holds the resource already, and a COMMIT or
+//! ROLLBACK must not be kept from releasing it), as a PgBouncer user expects of a pool: the
+//! wait, when there is one, comes before `BEGIN`. A session that already holds a connection
+//! (session mode, or pinned) queues at high priority: it costs no connection.
+//!
+//! Refusals are ErrorResponses followed by ReadyForQuery; the session goes on: `53300`
+//! (too_many_connections, as PgBouncer answers for a full pool) when overloaded, `57014`
+//! (query_canceled, as `statement_timeout` gives) when the statement could not run before its
+//! deadline. The deadline is the session's `statement_timeout` (set by SET or in the startup
+//! packet), else `[overload] default_timeout_ms`, else none.
+
+use super::error::PgError;
+use super::servers::Server;
+use super::session::Session;
+use crate::config::{PgConfig, PgRole};
+use refract_core::config::Overload;
+use refract_core::overload::{AdmissionConfig, Arrival, Outcome, Permit, Priority, Refusal};
+use refract_pg::notice::sqlstate;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A permit held by a session for its unit of work, and the time its connection sat waiting
+/// for the client (think time inside a transaction teaches the limit nothing).
+#[derive(Debug)]
+pub(super) struct Admitted {
+    permit: Permit,
+    client_wait: Duration,
+}
+
+impl Admitted {
+    fn new(permit: Permit) -> Self {
+        Admitted { permit, client_wait: Duration::ZERO }
+    }
+
+    /// The unit ended with its ReadyForQuery: its server time is a latency sample.
+    fn finish(self) {
+        let busy = self.permit.held().saturating_sub(self.client_wait);
+        self.permit.finish_with(Outcome::Success, busy);
+    }
+}
+
+/// One server's admission settings: `[overload]`, with the limit capped at `pool_size` (more
+/// units in flight than connections would only queue in the pool, unmanaged) and, when
+/// `max_queue_wait_ms` is 0, the wait bounded by `checkout_timeout_ms` as before admission.
+pub(super) fn config(overload: &Overload, pg: &PgConfig) -> AdmissionConfig {
+    let mut adm = overload.admission();
+    let cap = pg.pool_size.max(1) as f64;
+    adm.limit.max = adm.limit.max.min(cap);
+    adm.limit.min = adm.limit.min.min(cap);
+    adm.limit.initial = adm.limit.initial.min(cap);
+    if adm.max_wait.is_zero() {
+        adm.max_wait = Duration::from_millis(pg.checkout_timeout_ms);
+    }
+    adm
+}
+
+/// The value of a `statement_timeout` SET as tracked (`SET statement_timeout = '2s'`,
+/// `SET statement_timeout TO 500`, `SELECT pg_catalog.set_config('statement_timeout', '1min',
+/// false)`); `None` for 0 (no timeout) or a text it cannot read.
+pub(super) fn statement_timeout(set: &str) -> Option<Duration> {
+    let lower = set.to_ascii_lowercase();
+    let value = if lower.contains("set_config(") {
+        set.split('\'').nth(3)?
+    } else {
+        let at = lower.rfind('=').map(|i| i + 1).or_else(|| lower.rfind(" to ").map(|i| i + 4))?;
+        set[at..].trim().trim_end_matches(';').trim().trim_matches('\'')
+    };
+    parse_duration_ms(value.trim())
+}
+
+/// A PostgreSQL time setting in milliseconds by default (`500`, `2s`, `1.5min`).
+fn parse_duration_ms(v: &str) -> Option<Duration> {
+    let split = v.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let ms = match unit.trim() {
+        "" | "ms" => n,
+        "us" => n / 1000.0,
+        "s" => n * 1000.0,
+        "min" => n * 60_000.0,
+        "h" => n * 3_600_000.0,
+        "d" => n * 86_400_000.0,
+        _ => return None,
+    };
+    (ms >= 1.0).then(|| Duration::from_secs_f64(ms / 1000.0))
+}
+
+/// The error a refusal gets.
+fn refused(server: &Server, r: Refusal, timeout: Option<Duration>) -> PgError {
+    let why = match r {
+        Refusal::QueueFull => "its queue is full",
+        Refusal::Shed => "shed by queue management",
+        Refusal::WaitTooLong => "waited as long as its queue allows",
+        Refusal::Deadline => {
+            let ms = timeout.map_or(0, |t| t.as_millis());
+            let message = format!(
+                "refract: canceling statement: it could not run on server {:?} within its deadline ({ms} ms) while that server is busy",
+                server.name
+            );
+            return PgError::Refused { sqlstate: sqlstate::QUERY_CANCELED, message };
+        }
+    };
+    let message = format!("refract: server {:?} is overloaded: {why}; try again later", server.name);
+    PgError::Refused { sqlstate: sqlstate::TOO_MANY_CONNECTIONS, message }
+}
+
+impl Session {
+    /// This session's deadline budget: its `statement_timeout`, else `[overload]
+    /// default_timeout_ms`.
+    fn timeout(&self) -> Option<Duration> {
+        if let Some(set) = self.state.params.current("statement_timeout") {
+            return statement_timeout(set);
+        }
+        let ms = self.shared.default_timeout_ms;
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
+
+    /// A permit for a new unit of work among `candidates` (in preference order): a free slot
+    /// now, else the queue with the shortest expected wait. A read never takes the primary's
+    /// capacity while a replica is a candidate (the primary follows only when replicas fail).
+    pub(super) async fn admit(&mut self, candidates: &[Arc<Server>]) -> Result<(Arc<Server>, Admitted), PgError> {
+        let replicas = candidates.iter().any(|s| s.role == PgRole::Replica);
+        let choice: Vec<&Arc<Server>> = candidates.iter().filter(|s| !replicas || s.role == PgRole::Replica).collect();
+        for s in &choice {
+            if let Some(p) = s.admission.try_acquire(Arrival::Fresh) {
+                return Ok(((*s).clone(), Admitted::new(p)));
+            }
+        }
+        let Some(best) = choice.iter().min_by_key(|s| s.admission.expected_wait()) else {
+            return Err(PgError::Unavailable("refract: no server is available".into()));
+        };
+        let prio = if self.bound.is_some() { Priority::High } else { Priority::Normal };
+        self.queue(best, prio).await.map(|a| ((*best).clone(), a))
+    }
+
+    /// Waits in `server`'s queue.
+    async fn queue(&mut self, server: &Server, prio: Priority) -> Result<Admitted, PgError> {
+        let timeout = self.timeout();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        match server.admission.acquire_as(prio, deadline, Arrival::Fresh).await {
+            Ok(p) => Ok(Admitted::new(p)),
+            Err(r) => {
+                tracing::debug!(server = %server.name, refusal = ?r, "postgres statement refused by admission");
+                Err(refused(server, r, timeout))
+            }
+        }
+    }
+
+    /// A session that keeps its connection between units (session mode, pinned) takes a permit
+    /// of that connection's server for its next unit; inside a unit it has one already.
+    pub(super) async fn admit_bound(&mut self) -> Result<(), PgError> {
+        let Some(b) = self.bound.as_ref() else { return Ok(()) };
+        if b.admitted.is_some() {
+            return Ok(());
+        }
+        let server = b.server.clone();
+        let admitted = match server.admission.try_acquire(Arrival::Fresh) {
+            Some(p) => Admitted::new(p),
+            None => self.queue(&server, Priority::High).await?,
+        };
+        if let Some(b) = self.bound.as_mut() {
+            b.admitted = Some(admitted);
+        }
+        Ok(())
+    }
+
+    /// The client kept the bound connection waiting for `waited`.
+    pub(super) fn note_client_wait(&mut self, waited: Duration) {
+        if let Some(a) = self.bound.as_mut().and_then(|b| b.admitted.as_mut()) {
+            a.client_wait += waited;
+        }
+    }
+
+    /// A ReadyForQuery said idle: the unit of work ended (the connection may stay bound).
+    pub(super) fn unit_done(&mut self) {
+        if let Some(a) = self.bound.as_mut().and_then(|b| b.admitted.take()) {
+            a.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statement_timeout_is_read_from_each_form_refract_tracks() {
+        let ms = |s: &str| statement_timeout(s).map(|d| d.as_millis());
+        assert_eq!(ms("SET statement_timeout = 300"), Some(300));
+        assert_eq!(ms("SET statement_timeout TO '2s'"), Some(2000));
+        assert_eq!(ms("set statement_timeout='1.5min';"), Some(90_000));
+        assert_eq!(ms("SELECT pg_catalog.set_config('statement_timeout', '250ms', false)"), Some(250));
+        assert_eq!(ms("SET statement_timeout = 0"), None, "0 means no timeout");
+        assert_eq!(ms("SET statement_timeout = DEFAULT"), None);
+        assert_eq!(ms("SET statement_timeout = '5 parsecs'"), None);
+    }
+
+    #[test]
+    fn the_limit_is_capped_at_the_pool_size_and_the_wait_at_the_checkout_timeout() {
+        let text = "listen = \"127.0.0.1:0\"\nserver_user = \"u\"\npool_size = 3\ncheckout_timeout_ms = 700\n\
+                    [[server]]\nname = \"p\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n";
+        let pg: PgConfig = toml::from_str(text).expect("[postgres]");
+        let adm = config(&Overload::default(), &pg);
+        assert_eq!((adm.limit.initial, adm.limit.max), (3.0, 3.0));
+        assert_eq!(adm.max_wait, Duration::from_millis(700));
+    }
+}

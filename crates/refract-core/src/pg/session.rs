@@ -134,10 +134,7 @@ impl Session {
     async fn serve(&mut self) -> Result<(), PgError> {
         loop {
             self.client.info.set_state(self.ready_state());
-            let waiting = tokio::time::Instant::now();
-            let received = self.recv_client().await;
-            self.note_client_wait(waiting.elapsed());
-            let (tag, frame) = match received {
+            let (tag, frame) = match self.recv_client().await {
                 Ok(Incoming::Whole(f)) => f,
                 Ok(Incoming::Large(h)) => {
                     self.client.info.set_state(ClientState::Active);

@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn the_limit_is_capped_at_the_pool_size_and_the_wait_at_the_checkout_timeout() {
-        let text = "[listen]\nhttp = \"127.0.0.1:0\"\n[postgres]\nlisten = \"127.0.0.1:0\"\npool_size = 12\ncheckout_timeout_ms = 700\n\
+        let text = "[listen]\nhttp = \"127.0.0.1:0\"\n[postgres]\nlisten = \"127.0.0.1:0\"\nserver_user = \"u\"\npool_size = 12\ncheckout_timeout_ms = 700\n\
                     [[postgres.server]]\nname = \"p\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n";
         let cfg = crate::Config::parse(text).expect("config");
         let pg = cfg.postgres.as_ref().expect("[postgres]");

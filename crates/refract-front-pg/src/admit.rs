@@ -1,5 +1,6 @@
-//! Admission control for PostgreSQL statements: the same per-server adaptive limit and
-//! deadline-aware queue as HTTP backends (`overload/admission.rs`), built from `[overload]`.
+//! Admission control for PostgreSQL statements: the same per-server `Admission` (limit and
+//! managed, deadline-aware queue) as HTTP backends (`overload/admission.rs`), built from
+//! `[overload]`; its limit is held at `pool_size` (see `permit.rs` for why it does not adapt).
 //!
 //! The unit admitted is the unit of work that holds a server connection in transaction
 //! pooling: a transaction, or a statement (an extended batch up to Sync) outside one. Its
@@ -17,50 +18,15 @@
 //! packet), else `[overload] default_timeout_ms`, else none.
 
 use super::error::PgError;
+use super::permit::Admitted;
 use super::servers::Server;
 use super::session::Session;
-use crate::config::{PgConfig, PgRole};
-use refract_core::config::Overload;
-use refract_core::overload::{AdmissionConfig, Arrival, Outcome, Permit, Priority, Refusal};
+use crate::config::PgRole;
+use refract_core::overload::{Arrival, Priority, Refusal};
 use refract_pg::notice::sqlstate;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// A permit held by a session for its unit of work, and the time its connection sat waiting
-/// for the client (think time inside a transaction teaches the limit nothing).
-#[derive(Debug)]
-pub(super) struct Admitted {
-    permit: Permit,
-    client_wait: Duration,
-}
-
-impl Admitted {
-    fn new(permit: Permit) -> Self {
-        Admitted { permit, client_wait: Duration::ZERO }
-    }
-
-    /// The unit ended with its ReadyForQuery: its server time is a latency sample.
-    fn finish(self) {
-        let busy = self.permit.held().saturating_sub(self.client_wait);
-        self.permit.finish_with(Outcome::Success, busy);
-    }
-}
-
-/// One server's admission settings: `[overload]`, with the limit capped at `pool_size` (more
-/// units in flight than connections would only queue in the pool, unmanaged) and, when
-/// `max_queue_wait_ms` is 0, the wait bounded by `checkout_timeout_ms` as before admission.
-pub(super) fn config(overload: &Overload, pg: &PgConfig) -> AdmissionConfig {
-    let mut adm = overload.admission();
-    let cap = pg.pool_size.max(1) as f64;
-    adm.limit.max = adm.limit.max.min(cap);
-    adm.limit.min = adm.limit.min.min(cap);
-    adm.limit.initial = adm.limit.initial.min(cap);
-    if adm.max_wait.is_zero() {
-        adm.max_wait = Duration::from_millis(pg.checkout_timeout_ms);
-    }
-    adm
-}
 
 /// The value of a `statement_timeout` SET as tracked (`SET statement_timeout = '2s'`,
 /// `SET statement_timeout TO 500`, `SELECT pg_catalog.set_config('statement_timeout', '1min',
@@ -172,13 +138,6 @@ impl Session {
         Ok(())
     }
 
-    /// The client kept the bound connection waiting for `waited`.
-    pub(super) fn note_client_wait(&mut self, waited: Duration) {
-        if let Some(a) = self.bound.as_mut().and_then(|b| b.admitted.as_mut()) {
-            a.client_wait += waited;
-        }
-    }
-
     /// A ReadyForQuery said idle: the unit of work ended (the connection may stay bound).
     pub(super) fn unit_done(&mut self) {
         if let Some(a) = self.bound.as_mut().and_then(|b| b.admitted.take()) {
@@ -190,6 +149,8 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PgConfig;
+    use refract_core::config::Overload;
 
     #[test]
     fn statement_timeout_is_read_from_each_form_refract_tracks() {
@@ -205,11 +166,15 @@ mod tests {
 
     #[test]
     fn the_limit_is_capped_at_the_pool_size_and_the_wait_at_the_checkout_timeout() {
-        let text = "listen = \"127.0.0.1:0\"\nserver_user = \"u\"\npool_size = 3\ncheckout_timeout_ms = 700\n\
+        let text = "listen = \"127.0.0.1:0\"\nserver_user = \"u\"\npool_size = 12\ncheckout_timeout_ms = 700\n\
                     [[server]]\nname = \"p\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n";
         let pg: PgConfig = toml::from_str(text).expect("[postgres]");
-        let adm = config(&Overload::default(), &pg);
-        assert_eq!((adm.limit.initial, adm.limit.max), (3.0, 3.0));
+        let adm = crate::servers::admission_config(&Overload::default(), &pg);
+        assert_eq!(
+            (adm.limit.initial, adm.limit.max),
+            (12.0, 12.0),
+            "starts at the pool size, above initial_concurrency"
+        );
         assert_eq!(adm.max_wait, Duration::from_millis(700));
     }
 }

@@ -40,6 +40,7 @@ mod listen;
 mod login;
 mod names;
 mod notify;
+mod permit;
 mod pin;
 mod pool;
 mod probes;

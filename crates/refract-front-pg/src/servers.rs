@@ -167,9 +167,9 @@ const DEMAND_FOR_MS: u64 = 2000;
 
 impl Servers {
     /// Pools for every configured server; all start up (the first probe corrects that). Each
-    /// server's ejection follows `overload` (the engine's `[overload]`), its admission control
-    /// `admission`.
-    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload, admission: AdmissionConfig) -> Servers {
+    /// server's ejection and admission control follow `overload` (the engine's `[overload]`;
+    /// admission as [`admission_config`] adapts it).
+    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload) -> Servers {
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
@@ -186,7 +186,7 @@ impl Servers {
             pool_size: cfg.pool_size,
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
-            admission,
+            admission: admission_config(overload, cfg),
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
             demand: AtomicU64::new(0),
@@ -368,6 +368,24 @@ impl Servers {
     pub(super) fn overload(&self) -> &Overload {
         &self.overload
     }
+}
+
+/// One server's admission settings: `[overload]`, with the limit capped at `pool_size` (more
+/// units in flight than connections would only queue in the pool, unmanaged) and starting
+/// there, not at `initial_concurrency`: the pool size is the concurrency the operator stated,
+/// and a lower limit would hold back transactions PgBouncer would run (clients whose open
+/// transactions wait on each other would stall until the timeout). When `max_queue_wait_ms`
+/// is 0 the wait is bounded by `checkout_timeout_ms`, as the pool's was before admission.
+pub(super) fn admission_config(overload: &Overload, pg: &PgConfig) -> AdmissionConfig {
+    let mut adm = overload.admission();
+    let cap = pg.pool_size.max(1) as f64;
+    adm.limit.max = adm.limit.max.min(cap);
+    adm.limit.min = adm.limit.min.min(cap);
+    adm.limit.initial = adm.limit.max;
+    if adm.max_wait.is_zero() {
+        adm.max_wait = Duration::from_millis(pg.checkout_timeout_ms);
+    }
+    adm
 }
 
 pub(super) fn unix_ms() -> u64 {

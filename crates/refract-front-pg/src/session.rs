@@ -2,12 +2,12 @@
 //! server connection bound for the statement or transaction, relays the answers verbatim,
 //! and tracks the session state that has to follow the client from server to server.
 
-use super::admit::Admitted;
 use super::cancel::CancelKey;
 use super::clients::{ClientInfo, ClientState, Registration};
 use super::error::PgError;
 use super::held::Held;
 use super::login::{self, startup_sets};
+use super::permit::Admitted;
 use super::pool::Guard;
 use super::servers::Server;
 use super::shared::Shared;
@@ -135,10 +135,7 @@ impl Session {
     async fn serve(&mut self) -> Result<(), PgError> {
         loop {
             self.client.info.set_state(self.ready_state());
-            let waiting = tokio::time::Instant::now();
-            let received = self.recv_client().await;
-            self.note_client_wait(waiting.elapsed());
-            let (tag, frame) = match received {
+            let (tag, frame) = match self.recv_client().await {
                 Ok(Incoming::Whole(f)) => f,
                 Ok(Incoming::Large(h)) => {
                     self.client.info.set_state(ClientState::Active);

@@ -45,7 +45,7 @@ impl Shared {
             ccfg.write_functions = f.clone();
         }
         Shared {
-            servers: Arc::new(Servers::new(cfg, metrics, overload, super::admit::config(overload, cfg))),
+            servers: Arc::new(Servers::new(cfg, metrics, overload)),
             classifier: Classifier::new(ccfg),
             cancels: Arc::default(),
             server_params: RwLock::new(vec![]),

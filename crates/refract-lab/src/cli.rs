@@ -82,6 +82,9 @@ pub enum BenchCmd {
     /// PgBouncer and pgpool-II vs direct, on a local primary and replica; writes its section of
     /// docs/benchmarks.md and docs/pgbench.csv.
     Pgbench(crate::bench::pgbench::PgbenchArgs),
+    /// PostgreSQL past saturation: an open loop of 20 ms reads at 0.5×, 1× and 3× the
+    /// capacity through refract and PgBouncer; writes its section of docs/overload.md.
+    PgOverload(crate::bench::pgoverload::PgOverloadArgs),
     /// The open-loop load generator `bench overload` runs in a client namespace (JSON on stdout).
     #[command(hide = true)]
     Loadgen(crate::bench::loadgen::Spec),
@@ -125,6 +128,7 @@ impl BenchCmd {
             BenchCmd::Pairs(a) => a.run(),
             BenchCmd::Overload(a) => crate::bench::overload::run(&a.into_options()),
             BenchCmd::Pgbench(a) => crate::bench::pgbench::run(&a.into_options()?).map(drop),
+            BenchCmd::PgOverload(a) => crate::bench::pgoverload::run(a),
             BenchCmd::Loadgen(spec) => crate::bench::loadgen::main(&spec),
         }
     }

@@ -194,19 +194,6 @@ impl Permit {
         self.finished = true;
         self.adm.release(Some((outcome, self.started.elapsed())));
     }
-
-    /// Returns the slot and teaches the limit `latency` instead of the time since the grant:
-    /// for a holder that knows better (a PostgreSQL transaction's time minus the time its
-    /// server connection sat waiting for the client, which says nothing about the server).
-    pub fn finish_with(mut self, outcome: Outcome, latency: Duration) {
-        self.finished = true;
-        self.adm.release(Some((outcome, latency)));
-    }
-
-    /// How long the slot has been held.
-    pub fn held(&self) -> Duration {
-        self.started.elapsed()
-    }
 }
 
 impl Drop for Permit {

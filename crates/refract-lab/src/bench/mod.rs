@@ -1,11 +1,13 @@
 //! The benchmarks (`refract bench …`), one folder each: [`sweep`] (the payload sweep, its
 //! report, CSV and figure), [`pairs`] (two targets in alternating runs), [`paper`] (the
 //! paper's reproduction), [`overload`] (past saturation), [`loadgen`] (its open-loop load
-//! generator), [`pgbench`] (pgbench through refract and the poolers).
+//! generator), [`pgbench`] (pgbench through refract and the poolers), [`pgoverload`]
+//! (PostgreSQL past saturation, refract beside PgBouncer).
 
 pub mod loadgen;
 pub mod overload;
 pub mod pairs;
 pub mod paper;
 pub mod pgbench;
+pub mod pgoverload;
 pub mod sweep;

@@ -135,7 +135,7 @@ fn step(started: Instant, what: &str) {
 }
 
 /// The user the test kit runs servers as when root (PgBouncer and pgpool-II run as it too).
-fn run_as() -> Result<Option<(String, u32, u32)>> {
+pub(crate) fn run_as() -> Result<Option<(String, u32, u32)>> {
     if !sh::is_root() {
         return Ok(None);
     }
@@ -148,7 +148,7 @@ fn run_as() -> Result<Option<(String, u32, u32)>> {
 }
 
 /// A temp directory the run-as user can enter (pgpool-II and PgBouncer keep files there).
-fn tempdir(run_as: &Option<(String, u32, u32)>) -> Result<tempfile::TempDir> {
+pub(crate) fn tempdir(run_as: &Option<(String, u32, u32)>) -> Result<tempfile::TempDir> {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new().prefix("refract-pgbench-").tempdir()?;
     if run_as.is_some() {

@@ -216,7 +216,7 @@ pub fn pgbouncer_config(ctx: &Setup, dir: &Path, port: u16) -> String {
          [databases]\n{DATABASE} = host=127.0.0.1 port={} dbname={DATABASE}\n\n\
          [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
          auth_type = scram-sha-256\nauth_file = {d}/userlist.txt\npool_mode = transaction\n\
-         default_pool_size = {}\nmax_client_conn = 200\nignore_startup_parameters = extra_float_digits\n\
+         default_pool_size = {}\nmax_client_conn = 1000\nignore_startup_parameters = extra_float_digits\n\
          logfile = {d}/pgbouncer.log\npidfile = {d}/pgbouncer.pid\n",
         ctx.primary, ctx.pool_size
     )

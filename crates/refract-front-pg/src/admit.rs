@@ -121,19 +121,14 @@ impl Session {
     }
 
     /// A session that keeps its connection between units (session mode, pinned) takes a permit
-    /// of that connection's server for its next unit; inside a unit it has one already.
+    /// of that connection's server for its next unit if one is free; inside a unit it has one
+    /// already. It never waits for one: it holds the connection admission guards, and waiting
+    /// could deadlock with a client that holds the last permit while it waits in the pool for
+    /// this very connection (`pg_encoding.rs` `a_sql_prepare_under_a_latin1_name_…`).
     pub(super) async fn admit_bound(&mut self) -> Result<(), PgError> {
-        let Some(b) = self.bound.as_ref() else { return Ok(()) };
-        if b.admitted.is_some() {
-            return Ok(());
-        }
-        let server = b.server.clone();
-        let admitted = match server.admission.try_acquire(Arrival::Fresh) {
-            Some(p) => Admitted::new(p),
-            None => self.queue(&server, Priority::High).await?,
-        };
-        if let Some(b) = self.bound.as_mut() {
-            b.admitted = Some(admitted);
+        let Some(b) = self.bound.as_mut() else { return Ok(()) };
+        if b.admitted.is_none() {
+            b.admitted = b.server.admission.try_acquire(Arrival::Fresh).map(Admitted::new);
         }
         Ok(())
     }

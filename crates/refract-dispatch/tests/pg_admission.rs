@@ -1,4 +1,4 @@
-//! PostgreSQL statements pass admission control (`pg/admit.rs`), against a real primary and
+//! PostgreSQL statements pass admission control (`refract-front-pg/src/admit.rs`), against a real primary and
 //! replica: a limit of one unit of work per server and a queue of one, so that one open
 //! transaction on the primary fills its slot and one waiting statement fills its queue.
 #![allow(clippy::unwrap_used)]

@@ -29,7 +29,7 @@ pub enum PgError {
     /// No server can take the statement.
     #[error("{0}")]
     Unavailable(String),
-    /// Admission control refused the statement (`pg/admit.rs`): answered with `sqlstate`.
+    /// Admission control refused the statement (`admit.rs`): answered with `sqlstate`.
     #[error("{message}")]
     Refused {
         /// `53300` (overloaded) or `57014` (its deadline passed).

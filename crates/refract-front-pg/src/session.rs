@@ -44,7 +44,7 @@ pub(super) struct Bound {
     /// Something changed parameters refract does not track (an extended-protocol SET, a
     /// ParameterStatus after a non-SET statement): the next client starts with `RESET ALL`.
     pub untracked: bool,
-    /// The admission permit of the unit of work running on it (`pg/admit.rs`); `None` between
+    /// The admission permit of the unit of work running on it (`admit.rs`); `None` between
     /// units of a session that keeps its connection (session mode, pinned).
     pub(super) admitted: Option<Admitted>,
 }

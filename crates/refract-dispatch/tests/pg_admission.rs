@@ -19,13 +19,7 @@ static FIXTURE: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn fixture() -> Arc<Fixture> {
-    let mut slot = FIXTURE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = slot.upgrade() {
-        return f;
-    }
-    let f = Arc::new(Fixture::start(EXTRA));
-    *slot = Arc::downgrade(&f);
-    f
+    pg_common::shared_in(&FIXTURE, EXTRA)
 }
 
 fn connect(f: &Fixture) -> Client {
@@ -41,24 +35,19 @@ fn primary_admission(f: &Fixture) -> (u64, u64) {
 
 /// Waits (at most 20 s) until the primary's admission state is `want`.
 fn wait_primary(f: &Fixture, want: (u64, u64)) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while primary_admission(f) != want {
-        assert!(Instant::now() < deadline, "primary admission never reached {want:?}: {:?}", primary_admission(f));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    pg_common::until(&format!("primary admission at {want:?}"), || primary_admission(f) == want);
 }
 
 /// A client (in its own thread) whose write waits in the primary's queue; returns its answer's
 /// SQLSTATE (`None`: served), how long it took, and the client.
 fn queue_a_write(f: &Arc<Fixture>) -> std::thread::JoinHandle<(Option<String>, Duration, Client)> {
-    let f2 = f.clone();
-    let waiter = std::thread::spawn(move || {
-        let mut c = connect(&f2);
+    let f = f.clone();
+    std::thread::spawn(move || {
+        let mut c = connect(&f);
         let started = Instant::now();
         let code = c.query("SELECT txid_current()").code().map(str::to_owned);
         (code, started.elapsed(), c)
-    });
-    waiter
+    })
 }
 
 /// Lets the primary's queue leave the overload mode an earlier test may have left it in: one

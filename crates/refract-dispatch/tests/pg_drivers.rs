@@ -58,13 +58,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// The fixture shared by the tests running at the same time (a waiting test holds it too, so
 /// consecutive suites reuse one cluster).
 fn fixture() -> Arc<Fixture> {
-    let mut slot = FIXTURE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = slot.upgrade() {
-        return f;
-    }
-    let f = Arc::new(Fixture::start(POSTGRES));
-    *slot = Arc::downgrade(&f);
-    f
+    pg_common::shared_in(&FIXTURE, POSTGRES)
 }
 
 /// The repository (two levels above this crate).

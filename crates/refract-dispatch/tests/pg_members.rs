@@ -5,7 +5,7 @@
 
 mod pg_common;
 
-use pg_common::{Client, Fixture};
+use pg_common::{until, Client, Fixture};
 use refract_pg::testkit::{PASSWORD, USER};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -17,15 +17,6 @@ fn state(f: &Fixture, name: &str) -> Option<String> {
     let m = list.as_array().unwrap().iter().find(|m| m["name"] == name)?.clone();
     assert_eq!(m["front"], "postgres", "{m}");
     Some(m["state"].as_str().unwrap().to_owned())
-}
-
-/// Waits (at most 20 s) until `cond` holds.
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A TCP proxy to `upstream` that holds every chunk the server sends for `delay`: a replica

@@ -96,11 +96,11 @@ impl Session {
         let replicas = candidates.iter().any(|s| s.role == PgRole::Replica);
         let choice: Vec<&Arc<Server>> = candidates.iter().filter(|s| !replicas || s.role == PgRole::Replica).collect();
         for s in &choice {
-            if let Some(p) = s.admission.try_acquire(Arrival::Fresh) {
+            if let Some(p) = s.member.admission.try_acquire(Arrival::Fresh) {
                 return Ok(((*s).clone(), Admitted::new(p)));
             }
         }
-        let Some(best) = choice.iter().min_by_key(|s| s.admission.expected_wait()) else {
+        let Some(best) = choice.iter().min_by_key(|s| s.member.admission.expected_wait()) else {
             return Err(PgError::Unavailable("refract: no server is available".into()));
         };
         let prio = if self.bound.is_some() { Priority::High } else { Priority::Normal };
@@ -111,7 +111,7 @@ impl Session {
     async fn queue(&mut self, server: &Server, prio: Priority) -> Result<Admitted, PgError> {
         let timeout = self.timeout();
         let deadline = timeout.map(|t| Instant::now() + t);
-        match server.admission.acquire_as(prio, deadline, Arrival::Fresh).await {
+        match server.member.admission.acquire_as(prio, deadline, Arrival::Fresh).await {
             Ok(p) => Ok(Admitted::new(p)),
             Err(r) => {
                 tracing::debug!(server = %server.name, refusal = ?r, "postgres statement refused by admission");
@@ -128,7 +128,7 @@ impl Session {
     pub(super) async fn admit_bound(&mut self) -> Result<(), PgError> {
         let Some(b) = self.bound.as_mut() else { return Ok(()) };
         if b.admitted.is_none() {
-            b.admitted = b.server.admission.try_acquire(Arrival::Fresh).map(Admitted::new);
+            b.admitted = b.server.member.admission.try_acquire(Arrival::Fresh).map(Admitted::new);
         }
         Ok(())
     }

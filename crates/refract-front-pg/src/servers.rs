@@ -10,8 +10,8 @@ use super::server::Login;
 use crate::config::{PgConfig, PgRole, PgServerConfig};
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Overload, Role};
-use refract_core::metrics::{BackendCounters, Metrics};
-use refract_core::overload::{Admission, AdmissionConfig};
+use refract_core::metrics::Metrics;
+use refract_core::overload::AdmissionConfig;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -28,12 +28,9 @@ pub struct Server {
     pub pool: Arc<Pool>,
     /// Unique among the servers this front end ever had (clients name their bound server by it).
     pub index: usize,
-    /// Its request counters (`pg:<name>`), looked up once.
-    pub counters: BackendCounters,
-    /// The engine's view of it: health, drain, ejection, admission, latency.
+    /// The engine's view of it: health, drain, ejection, admission control (`admit.rs`),
+    /// latency, its request counters (`pg:<name>`).
     pub member: Arc<Backend>,
-    /// Admission control: the member's adaptive limit and wait queue (`admit.rs`).
-    pub admission: Arc<Admission>,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
     pub(super) lsn: AtomicU64,
     /// Replica: bytes behind the primary at the last poll.
@@ -108,7 +105,7 @@ impl Server {
         metrics.set_backend(&name, self.is_up(), self.pool.in_use());
         metrics.set_drained(&name, self.member.is_drained());
         metrics.set_pg_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
-        metrics.set_admission(&name, &self.admission.view());
+        metrics.set_admission(&name, &self.member.admission.view());
         if self.role == PgRole::Replica {
             metrics.set_pg_lag(&name, self.lag_bytes());
             metrics.set_pg_lag_seconds(&name, self.lag_ms() as f64 / 1000.0);
@@ -210,8 +207,6 @@ impl Servers {
             role: s.role,
             pool: Pool::new(s.addr, self.login.clone(), self.pool_size, self.checkout),
             index: self.next_index.fetch_add(1, Ordering::Relaxed),
-            counters: metrics.backend(&name),
-            admission: member.admission.clone(),
             member,
             lsn: AtomicU64::new(0),
             lag: AtomicU64::new(0),

@@ -387,7 +387,7 @@ impl Session {
                 Ok(guard) => {
                     self.key.set(Some(guard.key.clone()));
                     let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
-                    server.counters.request(class);
+                    server.member.counters.request(class);
                     self.client.info.set_bound(Some(server.index));
                     let admitted = Some(admitted);
                     let b = Bound {

@@ -71,7 +71,7 @@ pub(crate) fn servers_view(shared: &Shared) -> Value {
         .list()
         .iter()
         .map(|s| {
-            let adm = s.admission.view();
+            let adm = s.member.admission.view();
             json!({
                 "name": s.name,
                 "address": s.addr().to_string(),

@@ -47,21 +47,14 @@ pub enum Side {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::de::value::{Error, StrDeserializer};
+    use serde::de::IntoDeserializer;
 
     #[test]
     fn class_names_are_the_config_words() {
         for c in RouteClass::ALL {
-            let quoted = format!("{:?}", c.as_str());
-            let parsed: RouteClass = serde_json_free(&quoted);
-            assert_eq!(parsed, c);
+            let word: StrDeserializer<Error> = c.as_str().into_deserializer();
+            assert_eq!(RouteClass::deserialize(word).expect("a class name"), c);
         }
-    }
-
-    /// Deserializes a JSON string literal without a JSON dependency.
-    fn serde_json_free(quoted: &str) -> RouteClass {
-        use serde::de::value::{Error, StrDeserializer};
-        use serde::de::IntoDeserializer;
-        let d: StrDeserializer<Error> = quoted.trim_matches('"').into_deserializer();
-        RouteClass::deserialize(d).expect("a class name")
     }
 }

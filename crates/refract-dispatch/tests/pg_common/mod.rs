@@ -33,13 +33,28 @@ static SHARED: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
 /// The fixture shared by the tests of one binary that run at the same time (started once
 /// while any test holds it; stopped when the last lets go).
 pub fn shared() -> Arc<Fixture> {
-    let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    shared_in(&SHARED, "")
+}
+
+/// The fixture with `extra` lines in `[postgres]` kept in `slot`, shared the same way (a test
+/// binary whose tests need settings of their own keeps its own slot).
+pub fn shared_in(slot: &Mutex<Weak<Fixture>>, extra: &str) -> Arc<Fixture> {
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(f) = slot.upgrade() {
         return f;
     }
-    let f = Arc::new(Fixture::start(""));
+    let f = Arc::new(Fixture::start(extra));
     *slot = Arc::downgrade(&f);
     f
+}
+
+/// Waits (at most 20 s, polling every 20 ms) until `cond` holds; panics with `what` if it never does.
+pub fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The admin token of the dispatcher under test.

@@ -2,7 +2,7 @@
 //! directions, authenticates clients and logs into servers (SCRAM-SHA-256, md5, trust),
 //! classifies SQL with PostgreSQL's own parser (`pg_query`) and keeps the session state a
 //! transaction-pooling proxy must carry between server connections. It is pure: nothing here
-//! awaits or opens a socket; the session loop in `refract-core` owns the I/O.
+//! awaits or opens a socket; the session loop in `refract-front-pg` owns the I/O.
 //!
 //! # Layout
 //! - [`frame`]: where a message ends ([`frame::peek`]), size [`Limits`]; unknown types pass.
@@ -12,6 +12,7 @@
 //! - [`frontend`]: typed client messages ([`FrontendMessage`]).
 //! - [`backend`]: typed server messages ([`BackendMessage`]).
 //! - [`notice`]: ErrorResponse/NoticeResponse fields and SQLSTATE codes.
+//! - [`partition`]: PostgreSQL's hash partitioning (which remainder a key gets), for sharding.
 //! - [`auth`]: SCRAM-SHA-256, md5 and trust, as server ([`auth::ServerAuth`]) and client ([`auth::ClientAuth`]).
 //! - [`classify`]: read or write, and session statements, by PostgreSQL's parser; cached.
 //! - [`reply`]: encoders for what refract answers itself (errors, auth requests, login).
@@ -26,6 +27,7 @@ pub mod error;
 pub mod frame;
 pub mod frontend;
 pub mod notice;
+pub mod partition;
 pub mod reply;
 pub mod session;
 pub mod startup;

@@ -17,6 +17,7 @@
 //! - [`classify`]: read or write, and session statements, by PostgreSQL's parser; cached.
 //! - [`reply`]: encoders for what refract answers itself (errors, auth requests, login).
 //! - [`session`]: SET parameters, prepared statements and transaction state to carry across servers.
+//! - [`shardkey`]: which key values a statement touches in each sharded table (from its parse tree).
 //! - `testkit` (feature `testkit`): a real PostgreSQL primary and streaming replicas for tests.
 //! - [`error`]: the crate's error type.
 
@@ -30,6 +31,7 @@ pub mod notice;
 pub mod partition;
 pub mod reply;
 pub mod session;
+pub mod shardkey;
 pub mod startup;
 pub mod stream;
 #[cfg(feature = "testkit")]

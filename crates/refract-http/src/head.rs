@@ -243,6 +243,7 @@ impl RequestHead {
         let target = req.path.unwrap_or("");
         let host = strict::request_host(&f.hosts, minor)?;
         let origin = strict::origin_form(method, target, host)?;
+        strict::plain_path(origin.as_deref().unwrap_or(target))?;
         Ok(Some(RequestHead {
             method: method.to_string(),
             absolute_form: origin.is_some(),

@@ -120,6 +120,26 @@ pub(crate) fn origin_form(method: &str, target: &str, host: Option<&str>) -> Res
     Ok(Some(if path.starts_with('/') { path.to_string() } else { format!("/{path}") }))
 }
 
+/// Refuses a path with a dot segment (`/a/../b`, `/./b`, also percent-encoded as `%2e`) or a
+/// backslash. Routing rules match path prefixes: `/public/../admin` starts with `/public` but a
+/// backend that resolves dot segments (RFC 3986 §5.2.4) or treats `\` as `/` serves `/admin`.
+/// Clients do not send these (curl and browsers resolve them first), so refusing costs nothing
+/// and leaves no second reading.
+pub(crate) fn plain_path(target: &str) -> Result<(), Error> {
+    let path = target.split('?').next().unwrap_or("");
+    if path.contains('\\') {
+        return Err(Error::BadTarget("a backslash in the request path"));
+    }
+    let dots = |seg: &str| {
+        let decoded = seg.replace("%2e", ".").replace("%2E", ".");
+        decoded == "." || decoded == ".."
+    };
+    match path.split('/').any(dots) {
+        true => Err(Error::BadTarget("a dot segment (. or ..) in the request path")),
+        false => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +216,15 @@ mod tests {
         assert!(bad_target("CONNECT", "x:443"));
         assert!(bad_target("GET", "ftp://x/a"));
         assert!(bad_target("GET", "/a#frag"));
+    }
+
+    #[test]
+    fn dot_segments_and_backslashes_are_refused() {
+        for ok in ["/", "/a/b", "/a/.b", "/a/..b/c", "/a...", "/a?x=/../y", "/a%2fb", "*"] {
+            assert_eq!(plain_path(ok), Ok(()), "{ok}");
+        }
+        for bad in ["/public/../admin", "/./a", "/a/.", "/a/..", "/a/%2e%2e/b", "/a/%2E./b", "/a/.%2e", "/a\\..\\b"] {
+            assert!(matches!(plain_path(bad), Err(Error::BadTarget(_))), "{bad}");
+        }
     }
 }

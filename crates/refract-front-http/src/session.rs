@@ -135,6 +135,7 @@ fn priority(head: &RequestHead) -> Result<Priority, Error> {
 /// Reads what classification needs, classifies, and buffers the body of a fan-out.
 async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result<(RouteClass, ReqBody), Error> {
     let limit = ctx.cfg.limits.max_buffered_body;
+    go_ahead(conn, head).await?;
     let mut body = match head.body {
         BodyKind::None => ReqBody::Buffered(Bytes::new()),
         kind if HttpConfig::of(&ctx.cfg).classifier.needs_body(head) => {
@@ -157,6 +158,18 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
         _ => {}
     }
     Ok((class, body))
+}
+
+/// `Expect: 100-continue`: the client holds its body back until it gets `100 Continue` (curl
+/// does for bodies over 1 KiB, for up to a second). refract reads a body before it picks a
+/// backend, so it gives the go-ahead itself, unless the body has started to arrive anyway. A
+/// backend that also answers `100 Continue` to the forwarded header adds a second interim
+/// response, which clients read past (RFC 9110 §15.2).
+async fn go_ahead(conn: &mut ClientConn, head: &RequestHead) -> Result<(), Error> {
+    if head.expect_continue && head.body != BodyKind::None && conn.buf.is_empty() {
+        conn.reply(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+    }
+    Ok(())
 }
 
 /// Sends an error reply (unless the client itself failed) and says whether to go on.

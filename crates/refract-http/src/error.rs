@@ -18,6 +18,9 @@ pub enum Error {
     /// A transfer coding other than `chunked` (RFC 9112 §6.1: 501, not implemented).
     #[error("transfer coding {0:?} is not implemented (only chunked is)")]
     UnsupportedCoding(String),
+    /// An Expect header with an expectation other than `100-continue` (RFC 9110 §10.1.1: 417).
+    #[error("expectation {0:?} cannot be met (only 100-continue can)")]
+    UnsupportedExpectation(String),
     /// No Host, several, or one that is not a `host[:port]` (RFC 9112 §3.2).
     #[error("bad Host: {0}")]
     BadHost(&'static str),
@@ -40,6 +43,7 @@ impl Error {
         match self {
             Error::HeadTooLarge(_) => 431,
             Error::UnsupportedCoding(_) => 501,
+            Error::UnsupportedExpectation(_) => 417,
             _ => 400,
         }
     }

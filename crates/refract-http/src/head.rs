@@ -52,6 +52,9 @@ pub struct RequestHead {
     /// The head has a header only refract's own hops may set ([`INTERNAL_HEADERS`]); whoever
     /// sends the request on drops those lines first ([`without_internal_headers`]).
     pub internal: bool,
+    /// `Expect: 100-continue` on HTTP/1.1: the client waits for `100 Continue` before it sends
+    /// the body (RFC 9110 §10.1.1; HTTP/1.0 clients cannot ask, and the header is ignored).
+    pub expect_continue: bool,
     /// Length of the head in bytes, including the final CRLF CRLF.
     pub len: usize,
 }
@@ -97,6 +100,8 @@ struct Framing<'a> {
     priority: Option<String>,
     user: Option<String>,
     internal: bool,
+    /// Every Expect value, in order.
+    expect: Vec<&'a [u8]>,
 }
 
 fn scan_headers<'a>(headers: &[httparse::Header<'a>]) -> Result<Framing<'a>, Error> {
@@ -114,6 +119,8 @@ fn scan_headers<'a>(headers: &[httparse::Header<'a>]) -> Result<Framing<'a>, Err
             f.hosts.push(h.value);
         } else if h.name.eq_ignore_ascii_case("connection") {
             scan_connection(h.value, &mut f);
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            f.expect.push(h.value);
         } else if h.name.len() > 10 && h.name[..10].eq_ignore_ascii_case("x-refract-") {
             scan_refract_header(h, &mut f)?;
         }
@@ -243,6 +250,7 @@ impl RequestHead {
         let target = req.path.unwrap_or("");
         let host = strict::request_host(&f.hosts, minor)?;
         let origin = strict::origin_form(method, target, host)?;
+        let expect_continue = minor >= 1 && strict::expects_continue(&f.expect)?;
         strict::plain_path(origin.as_deref().unwrap_or(target))?;
         Ok(Some(RequestHead {
             method: method.to_string(),
@@ -257,6 +265,7 @@ impl RequestHead {
             priority: f.priority,
             user: f.user,
             internal: f.internal,
+            expect_continue,
             len,
         }))
     }

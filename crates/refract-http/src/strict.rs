@@ -140,6 +140,21 @@ pub(crate) fn plain_path(target: &str) -> Result<(), Error> {
     }
 }
 
+/// Whether the Expect header asks for `100-continue`; any other expectation is refused with
+/// 417 (RFC 9110 §10.1.1), as refract cannot tell whether a backend meets it.
+pub(crate) fn expects_continue(values: &[&[u8]]) -> Result<bool, Error> {
+    let mut cont = false;
+    for v in values.iter().flat_map(|v| v.split(|&b| b == b',')) {
+        let v = v.trim_ascii();
+        if v.eq_ignore_ascii_case(b"100-continue") {
+            cont = true;
+        } else if !v.is_empty() {
+            return Err(Error::UnsupportedExpectation(String::from_utf8_lossy(v).into_owned()));
+        }
+    }
+    Ok(cont)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +231,15 @@ mod tests {
         assert!(bad_target("CONNECT", "x:443"));
         assert!(bad_target("GET", "ftp://x/a"));
         assert!(bad_target("GET", "/a#frag"));
+    }
+
+    #[test]
+    fn only_100_continue_is_an_expectation_refract_meets() {
+        assert_eq!(expects_continue(&[]), Ok(false));
+        assert_eq!(expects_continue(&[b"100-Continue "]), Ok(true));
+        assert_eq!(expects_continue(&[b""]), Ok(false));
+        let e = expects_continue(&[b"100-continue, x-other"]).unwrap_err();
+        assert_eq!((e.status(), e), (417, Error::UnsupportedExpectation("x-other".into())));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Routing against three real blob servers: reads spread over replicas, writes on the primary,
 #![allow(clippy::unwrap_used)]
-//! a TableLoad on all, `x-refract-route` honoured, pipelined responses in order.
+//! a TableLoad on all, `x-refract-route` honoured, pipelined responses in order, `Expect:
+//! 100-continue` answered.
 
 mod common;
 use common::*;
@@ -104,6 +105,23 @@ fn pipelined_requests_are_answered_in_order() {
         assert_eq!(r.body.len() as u64, *n, "response {i}");
         assert_eq!(pattern::first_mismatch(&r.body, 0, i as u64), None, "response {i}");
     }
+}
+
+#[test]
+fn expect_100_continue_gets_the_go_ahead_before_the_body() {
+    let (b1, _b2, _b3, d) = cluster();
+    let mut c = Client::connect(d.proc.addr);
+    c.stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 5000\r\n\r\n");
+    // The client holds its body back until it is told to go ahead (curl: for up to a second).
+    let r = c.read_response(false).expect("no 100 Continue before the body was sent");
+    assert_eq!(r.status, 100);
+    c.send(&[b'x'; 5000]);
+    let r = std::iter::repeat_with(|| c.read_response(false).unwrap()).find(|r| r.status != 100).unwrap();
+    assert_eq!((r.status, r.json()["written"].as_u64()), (200, Some(5000)));
+    // An expectation refract cannot vouch for is refused before any backend sees it.
+    assert_eq!(request(d.proc.addr, "POST", "/blob", &[("expect", "x-magic")], b"abc").status, 417);
+    assert_eq!(stats(b1.addr)["writes"], 1);
 }
 
 #[test]

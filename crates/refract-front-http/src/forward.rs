@@ -36,7 +36,11 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
         };
         let (b, permit) = match admit_now(ctx, req, first, &tried, &saturated) {
             Ok(x) => x,
-            Err(q) => match q.admission.acquire_as(req.priority, req.deadline, req.arrival).await {
+            // A client that goes away while queued gives up its place at once.
+            Err(q) => match tokio::select! {
+                r = q.admission.acquire_as(req.priority, req.deadline, req.arrival) => r,
+                () = client_gone(conn, ctx.cfg.limits.max_head_bytes) => return Err(Failure::untouched(Error::ClientGone)),
+            } {
                 Ok(p) => (q, p),
                 // A read refused by one replica's admission may still be admitted by another:
                 // nothing was sent, so this is balancing, not a retry (no budget is spent).

@@ -1,5 +1,5 @@
 //! Overload control end to end: deadlines refuse at once, an abandoned request stops holding
-//! its backend slot, bad priorities are refused.
+//! its backend slot (or its place in the queue), bad priorities are refused.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -54,6 +54,35 @@ fn a_client_that_goes_away_releases_its_backend_slot() {
     // The slot is free again: a new request is admitted (and waits for the backend only).
     let r = request(d.proc.addr, "GET", "/blob?bytes=2", &[("x-refract-timeout-ms", "5000")], b"");
     assert_eq!(r.status, 200);
+}
+
+fn queued(d: &Dispatcher, name: &str) -> u64 {
+    let list = admin_get(d.admin, "/backends").json();
+    list.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()["queued"].as_u64().unwrap()
+}
+
+#[test]
+fn a_client_that_goes_away_while_queued_leaves_the_queue_at_once() {
+    let slow = blob_at("b1", 0, &["--delay-ms", "1500"]);
+    let d = dispatcher(&[("b1", slow.addr, "primary")], ONE_SLOT);
+    let addr = d.proc.addr;
+    let holder = std::thread::spawn(move || get(addr, "/blob?bytes=1"));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = Client::connect(addr);
+    c.send(&raw_request("GET", "/blob?bytes=1", &[], b""));
+    let until = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    until("the second request never queued", &|| queued(&d, "b1") == 1);
+    drop(c);
+    // Long before the holder's 1.5 s are up.
+    until("the departed client still holds its place in the queue", &|| queued(&d, "b1") == 0);
+    assert_eq!(in_flight(&d, "b1"), 1, "only the holder runs");
+    assert_eq!(holder.join().unwrap().status, 200);
 }
 
 #[test]

@@ -131,6 +131,22 @@ const SUSTAINED: u32 = 3;
 /// Where a waiter learns whether it got a slot.
 type Grant = oneshot::Receiver<Result<(), Refusal>>;
 
+/// A place in the queue held by a waiting [`Admission::acquire_as`]; dropped unfinished, it
+/// leaves the queue (or hands on the slot it was granted), so a cancelled wait leaks nothing.
+struct Waiting<'a> {
+    adm: &'a Admission,
+    id: u64,
+    rx: Option<Grant>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            self.adm.leave(self.id, rx);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Waiter {
     id: u64,
@@ -267,22 +283,27 @@ impl Admission {
         deadline: Option<Instant>,
         arrival: Arrival,
     ) -> Result<Permit, Refusal> {
-        let (id, mut rx) = match self.enqueue(prio, deadline, arrival)? {
+        let (id, rx) = match self.enqueue(prio, deadline, arrival)? {
             None => return Ok(self.permit()),
             Some(w) => w,
         };
+        // Dropped while waiting (the client went away, the task was cancelled): the guard
+        // leaves the queue, or hands back a slot granted in the meantime.
+        let mut waiting = Waiting { adm: self, id, rx: Some(rx) };
         let max_wait = (!self.cfg.max_wait.is_zero()).then(|| Instant::now() + self.cfg.max_wait);
         let until = match (deadline, max_wait) {
             (Some(d), Some(m)) => Some(d.min(m)),
             (d, m) => d.or(m),
         };
+        let rx = waiting.rx.as_mut().ok_or(Refusal::Shed)?;
         let granted = match until {
             Some(d) => tokio::select! {
-                r = &mut rx => Some(r),
+                r = &mut *rx => Some(r),
                 _ = tokio::time::sleep_until(d) => None,
             },
-            None => Some((&mut rx).await),
+            None => Some((&mut *rx).await),
         };
+        let rx = waiting.rx.take().ok_or(Refusal::Shed)?;
         match granted {
             Some(Ok(Ok(()))) => Ok(self.permit()),
             Some(Ok(Err(r))) => Err(r),
@@ -349,15 +370,24 @@ impl Admission {
     }
 
     /// The deadline passed while queued: leave the queue, or hand back a slot granted meanwhile.
-    fn give_up(&self, id: u64, mut rx: Grant, why: Refusal) -> Result<Permit, Refusal> {
+    fn give_up(&self, id: u64, rx: Grant, why: Refusal) -> Result<Permit, Refusal> {
+        if self.leave(id, rx) {
+            self.lock().interval.refused += 1;
+        }
+        Err(why)
+    }
+
+    /// Leaves the queue (`true`), or, when the slot was already granted, hands it on.
+    fn leave(&self, id: u64, mut rx: Grant) -> bool {
         let mut s = self.lock();
         if s.remove(id) {
-            s.interval.refused += 1;
-        } else if matches!(rx.try_recv(), Ok(Ok(()))) {
+            return true;
+        }
+        if matches!(rx.try_recv(), Ok(Ok(()))) {
             s.inflight -= 1;
             self.dispatch(&mut s);
         }
-        Err(why)
+        false
     }
 
     /// Rough wait for a new waiter: the queue ahead drains `limit` at a time, each round
@@ -495,6 +525,29 @@ mod tests {
         assert_eq!(w1.await.unwrap(), Ok(1), "the first waiter goes first");
         assert_eq!(w2.await.unwrap(), Ok(2), "then the second, when the first finished");
         assert_eq!(a.view().queued, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_wait_leaves_the_queue_and_hands_on_a_slot_granted_to_it() {
+        let a = fixed(1.0, 10);
+        let p = a.acquire(Priority::Normal, None).await.unwrap();
+        let a1 = a.clone();
+        let gone = tokio::spawn(async move { a1.acquire(Priority::Normal, None).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        assert_eq!(a.view().queued, 1);
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(a.view().queued, 0, "a cancelled waiter left the queue at once");
+        // Granted, then cancelled before it could take the slot: the slot is not lost.
+        let a2 = a.clone();
+        let late = tokio::spawn(async move { a2.acquire(Priority::Normal, None).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        p.finish(Outcome::Success);
+        late.abort();
+        let _ = late.await;
+        assert_eq!((a.view().inflight, a.view().queued), (0, 0));
+        let again = tokio::time::timeout(Duration::from_millis(1), a.acquire(Priority::Normal, None)).await;
+        assert!(matches!(again, Ok(Ok(_))), "the slot granted to the cancelled waiter was handed on");
     }
 
     #[tokio::test(start_paused = true)]

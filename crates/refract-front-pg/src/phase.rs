@@ -7,7 +7,7 @@
 //! - [`Phase::tx`], the transaction status of the last ReadyForQuery (PostgreSQL's `I`, `T`,
 //!   `E`), followed by refract-pg's [`TxTracker`] (which also says whether a transaction
 //!   ended committed);
-//! - [`Sync`], the extended protocol on the server connection: every message followed by a
+//! - [`SyncState`], the extended protocol on the server connection: every message followed by a
 //!   Sync, a batch ended by Flush (an implicit transaction may be open there), or an error
 //!   since the last Sync (the server skips everything up to it);
 //! - [`Flow`], what the client's stream is doing: messages read and served, messages dropped
@@ -18,7 +18,7 @@ use refract_pg::TxStatus;
 
 /// The extended protocol on the server connection, relative to Sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) enum Sync {
+pub(super) enum SyncState {
     /// Every batch sent ended with Sync: nothing is pending on the server.
     #[default]
     Synced,
@@ -89,7 +89,7 @@ pub(super) enum Event<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Phase {
     tx: TxTracker,
-    sync: Sync,
+    sync: SyncState,
     flow: Flow,
     /// What the ReadyForQuery of the last transition meant (`None`: that was no ReadyForQuery).
     ended: Option<TxEvent>,
@@ -102,29 +102,31 @@ impl Phase {
         match event {
             Event::Batch { synced: true, .. } => {
                 // A server skipping to Sync still does so until this batch's Sync.
-                if !matches!(self.sync, Sync::Skipping { .. }) {
-                    self.sync = Sync::Synced;
+                if !matches!(self.sync, SyncState::Skipping { .. }) {
+                    self.sync = SyncState::Synced;
                 }
             }
             Event::Batch { synced: false, executes } => {
                 self.sync = match self.sync {
-                    Sync::Synced => Sync::Unsynced { executed: executes },
-                    Sync::Unsynced { executed } => Sync::Unsynced { executed: executed || executes },
-                    Sync::Skipping { executed } => Sync::Skipping { executed: executed || executes },
+                    SyncState::Synced => SyncState::Unsynced { executed: executes },
+                    SyncState::Unsynced { executed } => SyncState::Unsynced { executed: executed || executes },
+                    SyncState::Skipping { executed } => SyncState::Skipping { executed: executed || executes },
                 };
             }
             Event::Completed(tag) => self.tx.complete(tag),
             Event::Ready(status) => self.ready(status),
             Event::Synced(status) => {
                 self.ready(status);
-                self.sync = Sync::Synced;
+                self.sync = SyncState::Synced;
             }
             Event::BatchError { sync_pending } => {
                 self.end_copy();
                 self.sync = match (self.sync, sync_pending) {
-                    (Sync::Skipping { .. }, true) => Sync::Synced,
-                    (Sync::Unsynced { executed } | Sync::Skipping { executed }, false) => Sync::Skipping { executed },
-                    (Sync::Synced, false) => Sync::Skipping { executed: false },
+                    (SyncState::Skipping { .. }, true) => SyncState::Synced,
+                    (SyncState::Unsynced { executed } | SyncState::Skipping { executed }, false) => {
+                        SyncState::Skipping { executed }
+                    }
+                    (SyncState::Synced, false) => SyncState::Skipping { executed: false },
                     (sync, true) => sync,
                 };
             }
@@ -134,7 +136,7 @@ impl Phase {
             Event::ClientSync if self.flow == Flow::Discarding => self.flow = Flow::Serving,
             Event::ClientSync => {}
             Event::CopyStart(dir) => self.flow = Flow::Copy(dir),
-            Event::RefractSynced => self.sync = Sync::Synced,
+            Event::RefractSynced => self.sync = SyncState::Synced,
             Event::ServerLost => {
                 self = Phase::default();
             }
@@ -169,19 +171,19 @@ impl Phase {
     }
 
     /// The extended-protocol state of the server connection.
-    pub(super) fn sync(&self) -> Sync {
+    pub(super) fn sync(&self) -> SyncState {
         self.sync
     }
 
     /// Whether the server ignores messages up to the next Sync (an error since the last one).
     pub(super) fn skipping(&self) -> bool {
-        matches!(self.sync, Sync::Skipping { .. })
+        matches!(self.sync, SyncState::Skipping { .. })
     }
 
     /// Whether the server connection has messages since the last Sync (a Flush-ended batch,
     /// or one whose error it skips past): its state is not known until a Sync.
     pub(super) fn unsynced(&self) -> bool {
-        self.sync != Sync::Synced
+        self.sync != SyncState::Synced
     }
 
     /// Whether refract drops the client's messages up to its Sync.
@@ -211,7 +213,7 @@ mod tests {
     #[test]
     fn a_new_session_is_idle_synced_and_serving() {
         let p = Phase::default();
-        assert_eq!((p.tx(), p.sync(), p.discarding(), p.copy()), (TxStatus::Idle, Sync::Synced, false, None));
+        assert_eq!((p.tx(), p.sync(), p.discarding(), p.copy()), (TxStatus::Idle, SyncState::Synced, false, None));
         assert!(!p.in_transaction() && !p.unsynced() && !p.skipping());
     }
 
@@ -240,51 +242,51 @@ mod tests {
     #[test]
     fn a_flush_ended_batch_leaves_the_server_unsynced_until_sync() {
         let p = Phase::default().on(Event::Batch { synced: false, executes: false });
-        assert_eq!(p.sync(), Sync::Unsynced { executed: false });
+        assert_eq!(p.sync(), SyncState::Unsynced { executed: false });
         let p = p.on(Event::Batch { synced: false, executes: true });
-        assert_eq!(p.sync(), Sync::Unsynced { executed: true });
+        assert_eq!(p.sync(), SyncState::Unsynced { executed: true });
         let p = p.on(Event::Batch { synced: false, executes: false });
-        assert_eq!(p.sync(), Sync::Unsynced { executed: true }, "the work stays in the transaction");
-        assert_eq!(p.on(Event::Batch { synced: true, executes: false }).sync(), Sync::Synced);
+        assert_eq!(p.sync(), SyncState::Unsynced { executed: true }, "the work stays in the transaction");
+        assert_eq!(p.on(Event::Batch { synced: true, executes: false }).sync(), SyncState::Synced);
         let p = p.on(Event::Synced(TxStatus::Idle));
-        assert_eq!((p.sync(), p.unsynced()), (Sync::Synced, false));
+        assert_eq!((p.sync(), p.unsynced()), (SyncState::Synced, false));
     }
 
     #[test]
     fn a_simple_query_leaves_the_extended_state_alone() {
         let p = Phase::default().on(Event::Batch { synced: false, executes: true }).on(Event::Ready(TxStatus::Idle));
-        assert_eq!(p.sync(), Sync::Unsynced { executed: true });
+        assert_eq!(p.sync(), SyncState::Unsynced { executed: true });
     }
 
     #[test]
     fn an_error_in_an_unsynced_batch_skips_to_sync() {
         let p = Phase::default().on(Event::Batch { synced: false, executes: true });
         let p = p.on(Event::BatchError { sync_pending: false });
-        assert_eq!((p.sync(), p.skipping(), p.unsynced()), (Sync::Skipping { executed: true }, true, true));
+        assert_eq!((p.sync(), p.skipping(), p.unsynced()), (SyncState::Skipping { executed: true }, true, true));
         // Further Flush-ended batches are skipped too; a synced one is skipped up to its Sync.
         let p = p.on(Event::Batch { synced: false, executes: false });
-        assert_eq!(p.sync(), Sync::Skipping { executed: true });
+        assert_eq!(p.sync(), SyncState::Skipping { executed: true });
         let p = p.on(Event::Batch { synced: true, executes: false });
         assert!(p.skipping(), "until the server reaches the Sync");
         let p = p.on(Event::Synced(TxStatus::Idle));
-        assert_eq!(p.sync(), Sync::Synced);
+        assert_eq!(p.sync(), SyncState::Synced);
     }
 
     #[test]
     fn an_error_before_a_pending_sync_does_not_skip_later_batches() {
         let p = Phase::default().on(Event::Batch { synced: true, executes: true });
-        assert_eq!(p.on(Event::BatchError { sync_pending: true }).sync(), Sync::Synced);
+        assert_eq!(p.on(Event::BatchError { sync_pending: true }).sync(), SyncState::Synced);
         let p = run(&[Event::Batch { synced: false, executes: false }, Event::BatchError { sync_pending: false }]);
-        assert_eq!(p.on(Event::BatchError { sync_pending: true }).sync(), Sync::Synced);
+        assert_eq!(p.on(Event::BatchError { sync_pending: true }).sync(), SyncState::Synced);
         let p = Phase::default().on(Event::BatchError { sync_pending: false });
-        assert_eq!(p.sync(), Sync::Skipping { executed: false });
+        assert_eq!(p.sync(), SyncState::Skipping { executed: false });
     }
 
     #[test]
     fn an_error_in_a_transaction_batch_fails_the_transaction_at_sync() {
         let p = run(&BEGIN).on(Event::Batch { synced: true, executes: true });
         let p = p.on(Event::BatchError { sync_pending: true }).on(Event::Synced(TxStatus::Failed));
-        assert_eq!((p.tx(), p.sync()), (TxStatus::Failed, Sync::Synced));
+        assert_eq!((p.tx(), p.sync()), (TxStatus::Failed, SyncState::Synced));
     }
 
     #[test]
@@ -292,10 +294,10 @@ mod tests {
         let p = Phase::default().on(Event::Batch { synced: false, executes: true });
         let p = p.on(Event::Refused { synced: false });
         assert!(p.discarding());
-        assert_eq!(p.sync(), Sync::Unsynced { executed: true }, "the server's state is its own");
+        assert_eq!(p.sync(), SyncState::Unsynced { executed: true }, "the server's state is its own");
         let p = p.on(Event::ClientSync);
         assert!(!p.discarding());
-        assert_eq!(p.sync(), Sync::Unsynced { executed: true });
+        assert_eq!(p.sync(), SyncState::Unsynced { executed: true });
         let synced = Phase::default().on(Event::Refused { synced: true });
         assert_eq!(synced, Phase::default(), "a refused synced unit owes its ReadyForQuery only");
         assert_eq!(Phase::default().on(Event::ClientSync), Phase::default());
@@ -338,15 +340,15 @@ mod tests {
     #[test]
     fn copy_in_a_batch_keeps_the_batch_state() {
         let p = Phase::default().on(Event::Batch { synced: false, executes: true }).on(Event::CopyStart(CopyDir::In));
-        assert_eq!(p.on(Event::CopyEnd).sync(), Sync::Unsynced { executed: true });
+        assert_eq!(p.on(Event::CopyEnd).sync(), SyncState::Unsynced { executed: true });
     }
 
     #[test]
     fn refract_syncing_the_server_clears_a_flush_or_a_skip() {
         let p = Phase::default().on(Event::Batch { synced: false, executes: false });
-        assert_eq!(p.on(Event::RefractSynced).sync(), Sync::Synced);
+        assert_eq!(p.on(Event::RefractSynced).sync(), SyncState::Synced);
         let p = p.on(Event::BatchError { sync_pending: false });
-        assert_eq!(p.on(Event::RefractSynced).sync(), Sync::Synced);
+        assert_eq!(p.on(Event::RefractSynced).sync(), SyncState::Synced);
     }
 
     #[test]

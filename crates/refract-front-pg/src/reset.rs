@@ -3,7 +3,7 @@
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
 use super::error::PgError;
-use super::phase::{Event, Sync};
+use super::phase::{Event, SyncState};
 use super::session::Session;
 use crate::config::PgRole;
 use bytes::BytesMut;
@@ -35,8 +35,10 @@ impl Session {
     /// work of the client's is in the replica's implicit transaction.
     pub(super) fn may_leave_replica(&self) -> bool {
         let on_replica = self.bound.as_ref().is_some_and(|b| b.server.role == PgRole::Replica);
-        let idle_flush =
-            matches!(self.phase().sync(), Sync::Unsynced { executed: false } | Sync::Skipping { executed: false });
+        let idle_flush = matches!(
+            self.phase().sync(),
+            SyncState::Unsynced { executed: false } | SyncState::Skipping { executed: false }
+        );
         on_replica && idle_flush && self.batch.is_empty() && self.phase().tx() == TxStatus::Idle
     }
 

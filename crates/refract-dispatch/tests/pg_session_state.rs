@@ -264,3 +264,38 @@ fn startup_options_become_session_settings() {
     assert_eq!(bad.err().and_then(|e| e.code().map(str::to_owned)).as_deref(), Some("42704"));
     assert_eq!(ok(&mut b, "SHOW work_mem").value(), "4MB");
 }
+
+/// The server connection dies while the client's extended protocol is unsynced (a Flush-ended
+/// batch whose statement ends its own backend on the replica, then a Query on the dead
+/// connection): the
+/// client gets `08006` and a ReadyForQuery, and its session goes on synced, so its next
+/// LISTEN (extended protocol, transaction mode) is refract's own, as for any synced client,
+/// and pins nothing.
+#[test]
+fn a_lost_server_leaves_the_session_synced() {
+    let f = Fixture::start("");
+    let mut c = connect(&f);
+    let parse = FrontendMessage::Parse {
+        name: String::new(),
+        query: "/* refract: route=replica */ SELECT pg_terminate_backend(pg_backend_pid())".into(),
+        param_types: vec![],
+    };
+    let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+    c.send(&[parse, FrontendMessage::Bind(Bind::default()), exec, FrontendMessage::Flush]);
+    let mut tags = String::new();
+    while !tags.ends_with('E') {
+        let msg = c.recv().unwrap_or_else(|| panic!("the connection ended after {tags:?}"));
+        tags.push(char::from(msg.tag()));
+    }
+    assert!(tags.starts_with("12"), "the backend's own FATAL, relayed: {tags}");
+    let lost = c.query("SELECT 1");
+    assert_eq!(lost.code(), Some("08006"), "{lost:?}");
+    let got = extended(&mut c, "LISTEN chan_lost");
+    assert_eq!((got.tags.as_str(), got.error), ("12CZ", None));
+    ok(&mut c, "/* refract: route=primary */ SELECT 1"); // after any check of the connection
+    let clients = f.admin_json("/pg/clients");
+    assert!(clients.as_array().unwrap().iter().all(|c| c["pinned"] == serde_json::json!([])), "{clients}");
+    let mut other = connect(&f);
+    ok(&mut other, "NOTIFY chan_lost, 'still heard'");
+    assert_eq!(notification(&mut c, Duration::from_secs(5)), Some(("chan_lost".into(), "still heard".into())));
+}

@@ -4,6 +4,7 @@
 //! owes for messages it did not need to send (ParseComplete, CloseComplete) put in place.
 
 use super::error::PgError;
+use super::phase::Event;
 use super::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Classification, Route};
@@ -127,7 +128,7 @@ impl Session {
         let Some(msgs) = self.listen_batch(msgs).await? else { return Ok(()) };
         let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
         if self.bound.is_none() && synced && msgs.len() == 1 {
-            self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
+            self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
             return self.flush().await;
         }
         let route = self.batch_route(&msgs);
@@ -135,8 +136,7 @@ impl Session {
             return self.refuse(e, synced).await;
         }
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
-        self.unsynced_executed = !synced && (self.unsynced_executed || executes);
-        self.unsynced = !synced;
+        self.advance(Event::Batch { synced, executes });
         let result = self.run_bound_batch(msgs, synced, route).await;
         self.settle(result).await
     }
@@ -199,7 +199,7 @@ impl Session {
     /// Rewrites the batch for the bound connection.
     pub(super) fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
         let unnamed = self.conn()?.unnamed.clone();
-        let mut plan = Plan { skip: self.skip_until_sync, unnamed, ..Plan::default() };
+        let mut plan = Plan { skip: self.phase().skipping(), unnamed, ..Plan::default() };
         let (mut parsed, mut portals) = (HashMap::new(), HashMap::new());
         for msg in msgs {
             match msg {
@@ -297,6 +297,7 @@ impl Session {
                 return self.flush().await;
             }
             let (tag, frame) = self.server_frame().await?;
+            self.note_copy(tag);
             match tag {
                 b'S' => {
                     self.note_untracked();
@@ -308,7 +309,7 @@ impl Session {
                     let frame = self.parse_failed(&expect).unwrap_or(frame);
                     self.out.extend_from_slice(&frame);
                     skip_to_sync(&mut expect);
-                    self.skip_until_sync = expect.is_empty();
+                    self.advance(Event::BatchError { sync_pending: !expect.is_empty() });
                 }
                 b'G' => {
                     self.out.extend_from_slice(&frame);
@@ -340,16 +341,13 @@ impl Session {
             self.synced();
         }
         if tag == b'C' || tag == b'Z' {
-            self.observe(tag, &frame)?;
+            self.observe(tag, &frame, true)?;
         }
         if relay {
             self.out.extend_from_slice(&frame);
         }
         if kind.ends_with(tag) {
             expect.pop_front();
-            if tag == b'Z' {
-                self.skip_until_sync = false;
-            }
         }
         Ok(())
     }

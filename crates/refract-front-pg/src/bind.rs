@@ -18,6 +18,7 @@
 //! holding half a message, is dropped (closed), never given back to the pool.
 
 use super::error::PgError;
+use super::phase::Event;
 use super::session::Session;
 use super::wire::STREAM_ABOVE;
 use crate::config::PgRole;
@@ -38,7 +39,7 @@ impl Session {
     pub(super) async fn large_bind(&mut self, h: Header) -> Result<(), PgError> {
         let (portal, statement, names) = self.read_bind_names(h).await?;
         let rest = h.total - HEAD_LEN - names;
-        if self.discard_until_sync {
+        if self.phase().discarding() {
             return self.wire.pass_on(None, rest).await;
         }
         let queued = std::mem::take(&mut self.batch);
@@ -86,12 +87,11 @@ impl Session {
 
     /// The batch's messages before the Bind run as a Flush-ended batch on the bound connection.
     async fn before_bind(&mut self, mut queued: Vec<FrontendMessage>) -> Result<(), PgError> {
-        self.unsynced = true;
+        let executes = queued.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
+        self.advance(Event::Batch { synced: false, executes });
         if queued.is_empty() {
             return Ok(());
         }
-        let executes = queued.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
-        self.unsynced_executed |= executes;
         queued.push(FrontendMessage::Flush);
         self.run_bound_batch(queued, false, Route::Write).await
     }

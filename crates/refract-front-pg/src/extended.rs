@@ -72,7 +72,7 @@ impl Session {
                 return;
             }
         }
-        let mut in_tx = self.state.tx.in_transaction();
+        let mut in_tx = self.phase().in_transaction();
         for st in &done {
             match st {
                 Statement::Begin { .. } => in_tx = true,

@@ -41,6 +41,7 @@ mod login;
 mod names;
 mod notify;
 mod permit;
+mod phase;
 mod pin;
 mod pool;
 mod probes;

@@ -21,7 +21,7 @@ impl Session {
     /// they come.
     pub(super) async fn recv_client(&mut self) -> Result<Incoming, PgError> {
         loop {
-            let idle = self.batch.is_empty() && self.state.tx.status() == TxStatus::Idle;
+            let idle = self.batch.is_empty() && self.phase().tx() == TxStatus::Idle;
             let Some(l) = self.held.listening.as_mut().filter(|_| idle) else {
                 return self.wire.recv_unless_large(streamed_from_client).await;
             };
@@ -57,13 +57,13 @@ impl Session {
                 }
             }
         }
-        self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
+        self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
         self.flush().await?;
         Ok(true)
     }
 
     fn listens_locally(&self) -> bool {
-        self.pool_mode == PoolMode::Transaction && self.state.tx.status() != TxStatus::Failed
+        self.pool_mode == PoolMode::Transaction && self.phase().tx() != TxStatus::Failed
     }
 
     /// Runs one LISTEN/UNLISTEN for this client; the CommandComplete tag.
@@ -103,7 +103,7 @@ impl Session {
         &mut self,
         msgs: Vec<FrontendMessage>,
     ) -> Result<Option<Vec<FrontendMessage>>, PgError> {
-        if !self.listens_locally() || self.skip_until_sync || self.unsynced {
+        if !self.listens_locally() || self.phase().unsynced() {
             return Ok(Some(msgs));
         }
         let Some(portals) = self.listen_portals(&msgs) else { return Ok(Some(msgs)) };
@@ -136,7 +136,7 @@ impl Session {
                         }
                     }
                 }
-                FrontendMessage::Sync => reply::ready_for_query(self.state.tx.status()),
+                FrontendMessage::Sync => reply::ready_for_query(self.phase().tx()),
                 _ => continue,
             };
             self.out.extend_from_slice(&answer);

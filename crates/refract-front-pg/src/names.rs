@@ -162,7 +162,7 @@ impl Session {
     /// gets PostgreSQL's error in place of the server's. In a failed transaction PostgreSQL
     /// answers `25P02` before it looks at the name; so does the stand-in, relayed as is.
     pub(super) fn parse_duplicate(&mut self, plan: &mut Plan, name: &str) {
-        let failed_tx = self.state.tx.status() == TxStatus::Failed;
+        let failed_tx = self.phase().tx() == TxStatus::Failed;
         let query = if failed_tx { "SELECT 1" } else { "refract: duplicate prepared statement" };
         let text = format!("prepared statement \"{name}\" already exists");
         let error = (!failed_tx).then(|| reply::error(DUPLICATE_PSTATEMENT, &text));
@@ -191,7 +191,7 @@ impl Session {
         names.extend(self.executed_sql_names(msgs));
         names.sort();
         names.dedup();
-        if names.is_empty() || self.skip_until_sync {
+        if names.is_empty() || self.phase().skipping() {
             return Ok(()); // the server skips the batch's messages anyway
         }
         self.params_first().await?;
@@ -289,7 +289,7 @@ impl Session {
         if !matches!(st, Statement::Prepare { .. } | Statement::Deallocate { .. }) {
             return Ok(());
         }
-        self.state.statement_done(st);
+        self.state.statement_done(st, self.phase().in_transaction());
         let id = match st {
             Statement::Prepare { name, .. } => self.state.prepared.get(name).map(|ps| self.identity(ps)),
             _ => None,

@@ -3,6 +3,7 @@
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
 use super::error::PgError;
+use super::phase::{Event, SyncState};
 use super::session::Session;
 use crate::config::PgRole;
 use bytes::BytesMut;
@@ -34,11 +35,11 @@ impl Session {
     /// work of the client's is in the replica's implicit transaction.
     pub(super) fn may_leave_replica(&self) -> bool {
         let on_replica = self.bound.as_ref().is_some_and(|b| b.server.role == PgRole::Replica);
-        on_replica
-            && self.unsynced
-            && !self.unsynced_executed
-            && self.batch.is_empty()
-            && self.state.tx.status() == TxStatus::Idle
+        let idle_flush = matches!(
+            self.phase().sync(),
+            SyncState::Unsynced { executed: false } | SyncState::Skipping { executed: false }
+        );
+        on_replica && idle_flush && self.batch.is_empty() && self.phase().tx() == TxStatus::Idle
     }
 
     /// Ends the replica's implicit transaction with a Sync (its ReadyForQuery is refract's, not
@@ -54,8 +55,7 @@ impl Session {
                 break;
             }
         }
-        self.unsynced = false;
-        self.skip_until_sync = false;
+        self.advance(Event::RefractSynced);
         self.release().await;
         Ok(())
     }
@@ -67,10 +67,12 @@ impl Session {
         let Some(mut b) = self.bound.take() else { return };
         self.client.info.set_bound(None);
         self.key.set(None);
-        if self.unsynced || self.skip_until_sync || !self.batch.is_empty() {
+        // A COPY not ended (the client left inside one) leaves the connection as unknown as
+        // an unsynced batch does.
+        if self.phase().unsynced() || self.phase().copy().is_some() || !self.batch.is_empty() {
             return; // dropped, not released
         }
-        let in_tx = self.state.tx.status() != TxStatus::Idle;
+        let in_tx = self.phase().in_transaction();
         let reset = async {
             if in_tx {
                 b.guard.query("ROLLBACK").await?;

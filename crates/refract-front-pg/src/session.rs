@@ -8,6 +8,7 @@ use super::error::PgError;
 use super::held::Held;
 use super::login::{self, startup_sets};
 use super::permit::Admitted;
+use super::phase::{CopyDir, Event, Phase};
 use super::pool::Guard;
 use super::servers::Server;
 use super::shared::Shared;
@@ -16,7 +17,7 @@ use crate::config::{PgRole, PoolMode};
 use bytes::BytesMut;
 use refract_pg::classify::{Classification, Route, Statement};
 use refract_pg::notice::sqlstate;
-use refract_pg::session::{SessionState, TxTracker};
+use refract_pg::session::SessionState;
 use refract_pg::{reply, text, BackendMessage, FrontendMessage, Side, TxStatus};
 use refract_vocab::RouteClass;
 use std::net::SocketAddr;
@@ -65,14 +66,8 @@ pub(super) struct Session {
     pub(super) pending_write: Option<u64>,
     /// Extended-protocol messages waiting for Sync or Flush.
     pub batch: Vec<FrontendMessage>,
-    /// The server failed a message of an unsynced batch: it ignores everything until Sync.
-    pub skip_until_sync: bool,
-    /// refract refused an unsynced batch: drop the client's messages until Sync.
-    pub(super) discard_until_sync: bool,
-    /// A batch ended with Flush: the server may hold an unsynced implicit transaction.
-    pub unsynced: bool,
-    /// An Execute ran since the last Sync (the unsynced implicit transaction did work).
-    pub(super) unsynced_executed: bool,
+    /// Where the session stands in the protocol: changed only by [`Session::advance`].
+    phase: Phase,
     /// This client's pool mode (its user's, else `[postgres] pool_mode`).
     pub(super) pool_mode: PoolMode,
     /// Its entry in the admin views.
@@ -108,10 +103,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         min_lsn: None,
         pending_write: None,
         batch: vec![],
-        skip_until_sync: false,
-        discard_until_sync: false,
-        unsynced: false,
-        unsynced_executed: false,
+        phase: Phase::default(),
         pool_mode,
         client,
         held: Held::default(),
@@ -149,10 +141,10 @@ impl Session {
                 self.client.info.set_state(ClientState::Active);
             }
             let msg = FrontendMessage::decode(tag, &frame[5..])?;
-            if self.discard_until_sync {
+            if self.phase.discarding() {
                 if tag == b'S' {
-                    self.discard_until_sync = false;
-                    self.wire.send(&reply::ready_for_query(self.state.tx.status())).await?;
+                    self.advance(Event::ClientSync);
+                    self.wire.send(&reply::ready_for_query(self.phase.tx())).await?;
                 }
                 continue;
             }
@@ -175,15 +167,29 @@ impl Session {
                     let code = sqlstate::FEATURE_NOT_SUPPORTED;
                     let text = format!("refract does not relay message type '{}'", char::from(tag));
                     self.wire.send(&reply::error(code, &text)).await?;
-                    self.wire.send(&reply::ready_for_query(self.state.tx.status())).await?;
+                    self.wire.send(&reply::ready_for_query(self.phase.tx())).await?;
                 }
             }
         }
     }
 
+    /// Where the session stands in the protocol.
+    pub(super) fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// The one place the phase changes: its transition for `event`. A ReadyForQuery that
+    /// ended a transaction commits or drops the SETs staged in it.
+    pub(super) fn advance(&mut self, event: Event) {
+        self.phase = self.phase.on(event);
+        if let Some(ended) = self.phase.ended() {
+            self.state.transaction(ended);
+        }
+    }
+
     /// What the admin views call this session between statements.
     fn ready_state(&self) -> ClientState {
-        match self.state.tx.status() {
+        match self.phase.tx() {
             TxStatus::Idle => ClientState::Idle,
             TxStatus::InTransaction => ClientState::InTransaction,
             TxStatus::Failed => ClientState::FailedTransaction,
@@ -212,7 +218,7 @@ impl Session {
         frame: bytes::Bytes,
         route: Route,
     ) -> Result<(), PgError> {
-        let in_tx_before = self.state.tx.in_transaction();
+        let in_tx_before = self.phase.in_transaction();
         let started = Instant::now();
         let mut head = BytesMut::new();
         let mut prefixed = self.params_prefix(&mut head)?;
@@ -263,7 +269,7 @@ impl Session {
             c.statements.iter().any(|s| matches!(s, Statement::Begin { .. } | Statement::Commit | Statement::Rollback));
         if c.statements.len() < 2 || !tx_control {
             for st in &c.statements {
-                self.state.statement_done(st);
+                self.state.statement_done(st, self.phase.in_transaction());
             }
             return;
         }
@@ -280,7 +286,7 @@ impl Session {
                     self.state.prepared.clear();
                     self.state.params.apply(st, in_tx);
                 }
-                _ => self.state.statement_done(st),
+                _ => self.state.statement_done(st, self.phase.in_transaction()),
             }
         }
     }
@@ -311,9 +317,8 @@ impl Session {
             let _ = self.wire.send(&reply::fatal(sqlstate::CONNECTION_FAILURE, &message)).await;
             return Err(PgError::Closed(Side::Backend));
         }
-        self.state.tx = TxTracker::new();
+        self.advance(Event::ServerLost);
         self.state.params.end_transaction(false);
-        self.skip_until_sync = false;
         self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
         self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
         self.flush().await
@@ -331,9 +336,9 @@ impl Session {
             [Statement::Deallocate { name: None }] if self.bound.is_none() => "DEALLOCATE ALL",
             _ => return Ok(false),
         };
-        self.state.statement_done(&c.statements[0]);
+        self.state.statement_done(&c.statements[0], self.phase.in_transaction());
         self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
-        self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
+        self.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
         self.flush().await?;
         Ok(true)
     }
@@ -444,10 +449,9 @@ impl Session {
         };
         self.shared.metrics.error(kind);
         self.out.extend_from_slice(&reply::error(code, &e.to_string()));
+        self.advance(Event::Refused { synced });
         if synced {
-            self.out.extend_from_slice(&reply::ready_for_query(self.state.tx.status()));
-        } else {
-            self.discard_until_sync = true;
+            self.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
         }
         self.flush().await
     }
@@ -534,10 +538,14 @@ impl Session {
         let mut failed = false;
         loop {
             let (tag, frame) = self.server_frame().await?;
+            self.note_copy(tag);
             match tag {
-                b'E' => failed = true,
+                b'E' => {
+                    failed = true;
+                    self.advance(Event::QueryError);
+                }
                 b'S' if untracked_status => self.note_untracked(),
-                b'C' | b'Z' => self.observe(tag, &frame)?,
+                b'C' | b'Z' => self.observe(tag, &frame, false)?,
                 b'G' => {
                     self.out.extend_from_slice(&frame);
                     self.flush().await?;
@@ -557,14 +565,30 @@ impl Session {
         }
     }
 
-    /// Feeds CommandComplete / ReadyForQuery to the session state.
-    pub(super) fn observe(&mut self, tag: u8, frame: &[u8]) -> Result<(), PgError> {
-        let msg = BackendMessage::decode(tag, &frame[5..])?;
-        self.state.server_message(&msg);
+    /// Feeds CommandComplete / ReadyForQuery to the phase; `sync`: a ReadyForQuery answers
+    /// a Sync (else a simple Query).
+    pub(super) fn observe(&mut self, tag: u8, frame: &[u8], sync: bool) -> Result<(), PgError> {
+        match BackendMessage::decode(tag, &frame[5..])? {
+            BackendMessage::CommandComplete(tag) => self.advance(Event::Completed(&tag)),
+            BackendMessage::ReadyForQuery(status) if sync => self.advance(Event::Synced(status)),
+            BackendMessage::ReadyForQuery(status) => self.advance(Event::Ready(status)),
+            _ => {}
+        }
         if tag == b'Z' {
             self.client.info.set_state(self.ready_state());
         }
         Ok(())
+    }
+
+    /// Feeds the server's COPY OUT / COPY BOTH start and its CopyDone to the phase (COPY IN
+    /// is `copy_in`'s).
+    pub(super) fn note_copy(&mut self, tag: u8) {
+        match tag {
+            b'H' => self.advance(Event::CopyStart(CopyDir::Out)),
+            b'W' => self.advance(Event::CopyStart(CopyDir::Both)),
+            b'c' => self.advance(Event::CopyEnd),
+            _ => {}
+        }
     }
 
     /// The next message from the bound server; flushes to the client before waiting.
@@ -582,6 +606,7 @@ impl Session {
 
     /// COPY FROM STDIN: the client's CopyData go to the server until CopyDone or CopyFail.
     pub(super) async fn copy_in(&mut self) -> Result<(), PgError> {
+        self.advance(Event::CopyStart(CopyDir::In));
         let mut buf = BytesMut::new();
         loop {
             let Some((tag, frame)) = self.wire.next_frame()? else {
@@ -596,6 +621,7 @@ impl Session {
             };
             buf.extend_from_slice(&frame);
             if tag == b'c' || tag == b'f' {
+                self.advance(Event::CopyEnd);
                 return self.conn()?.wire.send(&buf).await;
             }
             if buf.len() >= FLUSH_AT {
@@ -632,13 +658,10 @@ impl Session {
         if let Some(b) = self.bound.as_mut() {
             b.wrote |= wrote && b.server.role == PgRole::Primary;
         }
-        if self.state.tx.status() == TxStatus::Idle {
+        if self.phase.tx() == TxStatus::Idle {
             self.unit_done();
         }
-        if self.state.tx.status() == TxStatus::Idle
-            && self.pool_mode == PoolMode::Transaction
-            && !self.keep_pinned().await
-        {
+        if self.phase.tx() == TxStatus::Idle && self.pool_mode == PoolMode::Transaction && !self.keep_pinned().await {
             self.release().await;
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! Session state a transaction-pooling proxy must carry from one server connection to the
-//! next: SET parameters (also from startup `options`), prepared statements, and where the
-//! transaction stands.
+//! next: SET parameters (also from startup `options`) and prepared statements; and
+//! [`TxTracker`], where the transaction stands (kept by the session's protocol state machine,
+//! which tells [`SessionState::transaction`] what each ReadyForQuery meant).
 
 mod options;
 mod params;
@@ -12,7 +13,6 @@ pub use params::ParamTracker;
 pub use prepared::{Origin, PreparedRegistry, PreparedStatement};
 pub use transaction::{TxEvent, TxTracker};
 
-use crate::backend::BackendMessage;
 use crate::classify::{RouteHint, Statement};
 
 /// One client session's state, fed with the statements it ran and the server's replies.
@@ -22,20 +22,13 @@ pub struct SessionState {
     pub params: ParamTracker,
     /// Named prepared statements to re-prepare.
     pub prepared: PreparedRegistry,
-    /// Transaction state of the server connection in use.
-    pub tx: TxTracker,
     /// `SET refract.route`.
     pub route: RouteHint,
 }
 
 impl Default for SessionState {
     fn default() -> Self {
-        SessionState {
-            params: ParamTracker::new(),
-            prepared: PreparedRegistry::new(),
-            tx: TxTracker::new(),
-            route: RouteHint::Auto,
-        }
+        SessionState { params: ParamTracker::new(), prepared: PreparedRegistry::new(), route: RouteHint::Auto }
     }
 }
 
@@ -46,9 +39,8 @@ impl SessionState {
     }
 
     /// Records a statement that succeeded on the server (or, for `RouteSetting`, that refract
-    /// answered itself).
-    pub fn statement_done(&mut self, stmt: &Statement) {
-        let in_tx = self.tx.in_transaction();
+    /// answered itself); `in_tx`: it ran inside a transaction block (its SETs are staged).
+    pub fn statement_done(&mut self, stmt: &Statement, in_tx: bool) {
         match stmt {
             Statement::RouteSetting(h) => self.route = *h,
             Statement::Prepare { name, text, read } => drop(self.prepared.sql_prepare(name, text, *read)),
@@ -62,32 +54,34 @@ impl SessionState {
         }
     }
 
-    /// Feeds a server message; ends transactions in the parameter tracker.
-    pub fn server_message(&mut self, msg: &BackendMessage) -> Option<TxEvent> {
-        let event = self.tx.observe(msg)?;
+    /// What a ReadyForQuery meant ([`TxTracker`]): a transaction that ended commits or drops
+    /// the SETs staged in it.
+    pub fn transaction(&mut self, event: TxEvent) {
         if let TxEvent::Ended { committed } = event {
             self.params.end_transaction(committed);
         }
-        Some(event)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::TxStatus;
+    use crate::backend::{BackendMessage, TxStatus};
     use crate::classify::Classifier;
 
     #[test]
     fn a_session_in_transaction_mode() {
         let c = Classifier::default();
         let mut s = SessionState::new();
-        let run = |s: &mut SessionState, sql: &str, tag: &str, status: TxStatus| {
+        let mut tx = TxTracker::new();
+        let mut run = |s: &mut SessionState, sql: &str, tag: &str, status: TxStatus| {
             for stmt in &c.classify(sql).statements {
-                s.statement_done(stmt);
+                s.statement_done(stmt, tx.in_transaction());
             }
-            s.server_message(&BackendMessage::CommandComplete(tag.into()));
-            s.server_message(&BackendMessage::ReadyForQuery(status))
+            tx.observe(&BackendMessage::CommandComplete(tag.into()));
+            let event = tx.observe(&BackendMessage::ReadyForQuery(status));
+            event.into_iter().for_each(|e| s.transaction(e));
+            event
         };
         assert_eq!(run(&mut s, "SET search_path = app", "SET", TxStatus::Idle), Some(TxEvent::Idle));
         run(&mut s, "BEGIN", "BEGIN", TxStatus::InTransaction);

@@ -20,7 +20,7 @@ pub enum TxEvent {
 }
 
 /// Follows the messages a server sends to know its transaction state.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxTracker {
     status: TxStatus,
     last_tag_commit: bool,
@@ -42,8 +42,7 @@ impl TxTracker {
     pub fn observe(&mut self, msg: &BackendMessage) -> Option<TxEvent> {
         match msg {
             BackendMessage::CommandComplete(tag) => {
-                // COMMIT of a failed transaction answers "ROLLBACK"; PREPARE TRANSACTION ends one too.
-                self.last_tag_commit = tag == "COMMIT" || tag == "PREPARE TRANSACTION";
+                self.complete(tag);
                 None
             }
             BackendMessage::ReadyForQuery(status) => Some(self.ready(*status)),
@@ -51,7 +50,14 @@ impl TxTracker {
         }
     }
 
-    fn ready(&mut self, status: TxStatus) -> TxEvent {
+    /// A CommandComplete with this tag came.
+    pub fn complete(&mut self, tag: &str) {
+        // COMMIT of a failed transaction answers "ROLLBACK"; PREPARE TRANSACTION ends one too.
+        self.last_tag_commit = tag == "COMMIT" || tag == "PREPARE TRANSACTION";
+    }
+
+    /// A ReadyForQuery with this status came: what it meant for the transaction.
+    pub fn ready(&mut self, status: TxStatus) -> TxEvent {
         let was = std::mem::replace(&mut self.status, status);
         let committed = std::mem::take(&mut self.last_tag_commit);
         match (was, status) {

@@ -11,8 +11,8 @@ use refract_handover::local::LocalLink;
 use refract_handover::{EpochTracker, Msg};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 
-use crate::backend::BackendStream;
 use crate::adopt::{adopt, lock};
+use crate::backend::BackendStream;
 use crate::hybrid::{self, Forwarded, Over};
 use crate::options::LocalOptions;
 use crate::peer::PeerPolicy;

@@ -3,22 +3,21 @@
 //! one the agent asks for the client's connection, holds the result, and once the connection is
 //! here writes it straight to the client (docs/handover.md, "Hand-off D → A").
 //!
-//! The logic is one over both carriers ([`Over`]): `WantConnection`, then a `HandOff` whose
-//! socket comes beside the frame (same host, `local::adopt`) or as a TCP_REPAIR state (across
-//! hosts, `remote::adopt`), or `RelayInstead`.
+//! The logic is one over both carriers ([`Over`]): `WantConnection`, then a `HandOff` (adopted by
+//! the one `adopt.rs`, whichever way its socket comes), or `RelayInstead`.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Mutex;
 
-use refract_handover::{Carrier, EpochTracker, Error, Msg, Result, Socket};
+use refract_handover::{EpochTracker, Error, Msg, Result};
 use refract_http::{defer, BodyKind, RequestHead};
 use tokio::io::AsyncWriteExt;
 
+use crate::adopt::{adopt, Move};
 use crate::backend::{connect_backend, BackendStream};
 use crate::exchange::{read_response_head, to_backend, BodyReader, Held};
 use crate::options::LocalOptions;
-use crate::{local, remote};
 
 /// Results at most this large may be relayed in one `Response` frame; larger ones always ask
 /// for the connection (whatever the threshold says), so frames stay far below the limit.
@@ -157,7 +156,7 @@ pub(crate) struct Over<'a, C> {
     pub epochs: &'a Mutex<EpochTracker>,
 }
 
-impl<C: Carrier> Link for Over<'_, C> {
+impl<C: Move> Link for Over<'_, C> {
     async fn respond(&mut self, fw: &Forwarded, last: bool, keep: bool, bytes: Vec<u8>) -> Result<()> {
         let (conn, request) = (fw.conn, fw.request);
         self.link.send(&Msg::Response { conn, request, last, keep, bytes }, None).await
@@ -167,18 +166,8 @@ impl<C: Carrier> Link for Over<'_, C> {
         self.link.send(&Msg::WantConnection { conn: fw.conn, request: fw.request }, None).await?;
         let (opts, epochs) = (self.opts, self.epochs);
         match self.link.recv().await? {
-            (Msg::HandOff(t), Some(fd)) if t.conn == fw.conn => {
-                local::adopt(self.link, opts, epochs, *t, fd, Some((held, be))).await.map(|()| None)
-            }
-            (Msg::HandOff(t), None) if t.conn == fw.conn && matches!(t.socket, Socket::Repair { .. }) => {
-                let observed = local::lock(epochs).observe(t.conn, t.epoch);
-                if let Err(e) = observed {
-                    let reason = e.to_string();
-                    tracing::warn!(conn = t.conn, "HandOff refused: {reason}");
-                    let refusal = Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason };
-                    return self.link.send(&refusal, None).await.map(|()| None);
-                }
-                remote::adopt(self.link, epochs, *t, opts, Some((held, be))).await.map(|()| None)
+            (Msg::HandOff(t), fd) if t.conn == fw.conn => {
+                adopt(self.link, opts, epochs, *t, fd, Some((held, be))).await.map(|()| None)
             }
             (Msg::RelayInstead { conn, reason, .. }, None) if conn == fw.conn => {
                 tracing::debug!(conn, "relaying a large result: {reason}");

@@ -15,19 +15,23 @@
 //! - [`AgentConfig`] (`config.rs`): the TOML configuration.
 //! - [`check_host`] (`checks.rs`): the host checks; returns the attached guard.
 //! - [`serve`], [`serve_local`] (`server.rs`): the control listener and the same-host listener.
-//! - `local.rs`: same-host adoption (the socket beside the `HandOff`; serve, hand back).
+//! - `adopt.rs`: the one adoption over either carrier (check, take the socket, serve, hand back);
+//!   `Move`, the one step that differs by carrier: how the client socket arrives and leaves.
+//! - `local.rs`: same host, the socket beside the `HandOff` / `HandBack` (SCM_RIGHTS).
 //! - [`LocalOptions`] (`options.rs`): how adopted connections reach the backend, their bounds.
 //! - [`PeerPolicy`], [`bind_local`] (`peer.rs`): who may use the same-host link (file mode, uid).
-//! - `remote.rs`: cross-host adoption (restore, serve, snapshot, hand back).
+//! - `remote.rs`: across hosts, restore from the `HandOff`'s TCP_REPAIR state; quiesce,
+//!   tombstone and snapshot for the `HandBack`.
 //! - `ask.rs`: the dispatcher asked about each further request, over either carrier.
 //! - `exchange.rs`: serving adopted requests from the backend straight to the client.
 //! - `backend.rs`: the connection to the backend (TCP, or its Unix socket) and connecting it.
 //! - `pipe.rs`: splicing large bodies backend → pipe → client (zero-copy).
 //! - `hybrid.rs`: forwarded requests over either carrier; a large result asks for the client's
-//!   connection and adopts it the way it comes (`local.rs` or `remote.rs`).
+//!   connection and adopts it (`adopt.rs`).
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry; the I/O errors
 //!   that end serving an adopted connection.
 
+mod adopt;
 mod ask;
 mod backend;
 mod checks;

@@ -1,7 +1,7 @@
 //! The listeners: the control listener accepts dispatcher connections from other hosts,
 //! authenticates them and answers them; the same-host listener answers dispatchers on this host
 //! over a Unix socket. Both answer the same messages through the same code (`hybrid.rs`,
-//! `local.rs`, `remote.rs`); only the hand-off each can take differs.
+//! `adopt.rs`); only the way the client socket moves differs (`local.rs`, `remote.rs`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -11,12 +11,11 @@ use refract_handover::local::LocalLink;
 use refract_handover::{EpochTracker, Msg};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 
+use crate::adopt::{adopt, lock};
 use crate::backend::BackendStream;
 use crate::hybrid::{self, Forwarded, Over};
-use crate::local::{self, lock};
 use crate::options::LocalOptions;
 use crate::peer::PeerPolicy;
-use crate::remote;
 
 /// What `HandOffErr` says while this agent cannot adopt cross-host connections (issue 3: the
 /// TCP_REPAIR restore is not wired to the serving code yet; same-host adoption is `local.rs`).
@@ -80,20 +79,19 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
     loop {
         let msg = ch.recv().await?;
         match msg {
-            Msg::HandOff(t) => {
-                let observed = lock(&epochs).observe(t.conn, t.epoch);
-                if let Err(e) = observed {
-                    tracing::warn!(conn = t.conn, "HandOff ignored: {e}");
-                    continue;
-                }
-                match &backend {
-                    Some(b) => remote::adopt(&mut ch, &epochs, *t, b, None).await?,
-                    None => {
-                        let reply = Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason: NOT_YET.into() };
-                        ch.send(&reply).await?;
+            Msg::HandOff(t) => match &backend {
+                // `adopt` checks the epoch: a stale one is refused (`HandOffErr`).
+                Some(b) => adopt(&mut ch, b, &epochs, *t, None, None).await?,
+                None => {
+                    let observed = lock(&epochs).observe(t.conn, t.epoch);
+                    if let Err(e) = observed {
+                        tracing::warn!(conn = t.conn, "HandOff ignored: {e}");
+                        continue;
                     }
+                    let reply = Msg::HandOffErr { conn: t.conn, epoch: t.epoch, reason: NOT_YET.into() };
+                    ch.send(&reply).await?;
                 }
-            }
+            },
             Msg::Forward { conn, request, threshold, bytes } => {
                 // Without a backend nothing can answer: ending the channel makes the dispatcher relay.
                 let opts = backend.as_ref().ok_or(refract_handover::Error::Codec("Forward, but no backend"))?;
@@ -151,7 +149,7 @@ async fn same_host_link(
     let mut backend: Option<BackendStream> = None;
     loop {
         match link.recv().await? {
-            (Msg::HandOff(t), Some(fd)) => local::adopt(&mut link, opts, epochs, *t, fd, None).await?,
+            (Msg::HandOff(t), fd) => adopt(&mut link, opts, epochs, *t, fd, None).await?,
             (Msg::Forward { conn, request, threshold, bytes }, None) => {
                 let fw = Forwarded { conn, request, threshold, bytes };
                 let mut via = Over { link: &mut link, opts, epochs };

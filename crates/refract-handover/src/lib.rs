@@ -21,6 +21,8 @@
 //! - [`local`]: the same-host carrier, [`local::LocalLink`] (Unix stream, SCM_RIGHTS).
 //! - [`control`]: the cross-host carrier, [`control::ControlChannel`] (TCP, HMAC-SHA256
 //!   authentication, heartbeats).
+//! - [`seam`]: the dispatcher's hand-over client, protocol-neutral ([`seam::hand_off`],
+//!   [`seam::take_back`]); a front end implements [`seam::Seam`] for what only it knows.
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
 //! - `sys.rs`: the raw socket options and ioctls, descriptors received by SCM_RIGHTS, the
 //!   `Pod` promises of the map types (every `unsafe` of the crate lives here);
@@ -37,6 +39,7 @@ mod guard;
 pub mod local;
 pub mod msg;
 mod restore;
+pub mod seam;
 mod snapshot;
 mod steering;
 mod sys;

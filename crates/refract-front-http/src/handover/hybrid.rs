@@ -4,7 +4,8 @@
 //! connection and holds the result, and the dispatcher moves the connection there (with any
 //! pipelined bytes) at once — the request boundary is already quiescent, nothing else was written.
 //!
-//! The relay logic is one ([`forward`], over any [`Carrier`]); the move differs: same host,
+//! The relay logic is one ([`forward`], over any [`Carrier`]; the messages are
+//! `refract_handover::seam`'s); the move differs: same host,
 //! `WantConnection` → a `HandOff` with the socket beside it ([`exchange`]); across hosts, the
 //! TCP_REPAIR `HandOff` of `remote.rs` ([`exchange_remote`]), or `RelayInstead` when the
 //! connection cannot move (not quiescent, map full, …), after which the result is relayed.
@@ -13,38 +14,13 @@ use super::remote::{self, Agent};
 use super::{local, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::control::ControlChannel;
-use refract_handover::{Carrier, Msg, MAX_FRAME};
-use std::future::Future;
+use refract_handover::seam::{self, Answer};
+use refract_handover::{Carrier, MAX_FRAME};
 use std::net::SocketAddr;
 use std::path::Path;
 
 /// Room in a control frame beside a forwarded request (kind, ids, threshold, length).
 const FORWARD_OVERHEAD: usize = 64;
-
-/// What the agent said about a forwarded request.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Answer {
-    /// A piece of a small result.
-    Response { conn: u64, request: u64, last: bool, keep: bool, bytes: Vec<u8> },
-    /// The result is large: it wants the connection.
-    Want { conn: u64, request: u64 },
-    /// Anything else (named for the log).
-    Other(&'static str),
-}
-
-/// The link a request is forwarded over: the same-host Unix link or the control channel.
-pub(super) trait Link {
-    /// Forwards request number `request` of `conn` (head and body).
-    fn forward(
-        &mut self,
-        conn: u64,
-        request: u64,
-        threshold: u64,
-        bytes: Vec<u8>,
-    ) -> impl Future<Output = Result<(), String>>;
-    /// The agent's next message.
-    fn next(&mut self) -> impl Future<Output = Result<Answer, String>>;
-}
 
 /// How a forwarded request ended (errors before any byte reached the client are `Declined`).
 #[derive(Debug, PartialEq, Eq)]
@@ -58,33 +34,34 @@ pub(super) enum Step {
 }
 
 /// Forwards `request` as the session's next one and relays the agent's answer.
-pub(super) async fn forward<L: Link>(
+pub(super) async fn forward<C: Carrier>(
     rec: Rec<'_>,
     conn: &mut ClientConn,
     s: &mut Session,
-    link: &mut L,
+    link: &mut C,
     threshold: u64,
     request: Vec<u8>,
 ) -> Result<Step, Declined> {
     s.requests += 1;
     let n = s.requests;
-    link.forward(s.id, n, threshold, request).await.map_err(|e| Declined::new(Why::AgentLost, e))?;
+    let sent = seam::forward(link, s.id, n, threshold, request).await;
+    sent.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
     rec.metrics().handover_forwarded(rec.backend());
     relay(rec, conn, link, (s.id, n), true).await
 }
 
 /// Relays `Response` frames of request `id = (conn, request)` to the client until the last one.
 /// With `may_want`, a `Want` before any frame ends it instead.
-pub(super) async fn relay<L: Link>(
+pub(super) async fn relay<C: Carrier>(
     rec: Rec<'_>,
     conn: &mut ClientConn,
-    link: &mut L,
+    link: &mut C,
     id: (u64, u64),
     may_want: bool,
 ) -> Result<Step, Declined> {
     let mut touched = false;
     loop {
-        match link.next().await {
+        match seam::next(link).await {
             Ok(Answer::Response { conn: c, request: r, last, keep, bytes }) if (c, r) == id => {
                 touched = true;
                 if conn.reply(&bytes).await.is_err() {
@@ -102,7 +79,7 @@ pub(super) async fn relay<L: Link>(
             Ok(Answer::Response { .. }) => return fail(touched, Why::Protocol, "a response to another request".into()),
             Ok(Answer::Want { .. }) => return fail(touched, Why::Protocol, "unexpected Want".into()),
             Ok(Answer::Other(name)) => return fail(touched, Why::Protocol, format!("unexpected {name}")),
-            Err(e) => return fail(touched, Why::AgentLost, e),
+            Err(e) => return fail(touched, Why::AgentLost, format!("agent: {e}")),
         }
     }
 }
@@ -138,8 +115,8 @@ pub(super) async fn exchange(
         }
         Step::Broken => Ok(false),
         Step::Want => {
-            let pending = conn.buf.to_vec();
-            let r = local::adopt(rec, &mut link, conn, s, backend, pending).await;
+            // The agent holds the request: only the bytes read behind it travel.
+            let r = local::adopt(rec, &mut link, conn, s, backend, Vec::new()).await;
             s.link = Some((path.to_path_buf(), link));
             r
         }
@@ -167,10 +144,7 @@ pub(super) async fn exchange_remote(
         }
         Step::Broken => Ok(false),
         Step::Want => match remote::freeze(conn, agent).await {
-            Ok(frozen) => {
-                let pending = conn.buf.to_vec();
-                remote::hand_off(rec, ch, conn, s, agent, frozen, pending).await
-            }
+            Ok(frozen) => remote::hand_off(rec, ch, conn, s, agent, frozen, Vec::new()).await,
             Err(declined) => relay_instead(rec, ch, conn, s, agent, declined).await,
         },
     }
@@ -187,8 +161,8 @@ async fn relay_instead(
     declined: Declined,
 ) -> Result<bool, Declined> {
     tracing::debug!(conn = s.id, "hand-over impossible, the agent relays: {declined}");
-    let msg = Msg::RelayInstead { conn: s.id, request: s.requests, reason: declined.to_string() };
-    ch.send(&msg).await.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
+    let told = seam::relay_instead(&mut ch, s.id, s.requests, declined.to_string()).await;
+    told.map_err(|e| Declined::new(Why::AgentLost, format!("agent: {e}")))?;
     let step = relay(rec, conn, &mut ch, (s.id, s.requests), false).await?;
     rec.declined(declined.why);
     match step {
@@ -197,23 +171,5 @@ async fn relay_instead(
             Ok(go_on)
         }
         Step::Want | Step::Broken => Ok(false),
-    }
-}
-
-impl<C: Carrier> Link for C {
-    async fn forward(&mut self, conn: u64, request: u64, threshold: u64, bytes: Vec<u8>) -> Result<(), String> {
-        let fw = Msg::Forward { conn, request, threshold, bytes };
-        Carrier::send(self, &fw, None).await.map_err(|e| format!("agent: {e}"))
-    }
-
-    async fn next(&mut self) -> Result<Answer, String> {
-        Ok(match Carrier::recv(self).await.map_err(|e| format!("agent: {e}"))? {
-            (Msg::Response { conn, request, last, keep, bytes }, None) => {
-                Answer::Response { conn, request, last, keep, bytes }
-            }
-            (Msg::WantConnection { conn, request }, None) => Answer::Want { conn, request },
-            (m, None) => Answer::Other(m.name()),
-            (_, Some(_)) => Answer::Other("a message with a descriptor"),
-        })
     }
 }

@@ -4,6 +4,9 @@
 //!
 //! # Layout
 //! - [`offer`] (this file): the decision (mode, class, body, backend with an agent).
+//! - `cut.rs`: HTTP's side of the protocol-neutral hand-over client (`refract_handover::seam`):
+//!   what travels at the cut, the `Next` verdict; and the one settling of how the agent's
+//!   ownership ended, whichever way the socket comes back (`Land`).
 //! - `local.rs`: the same-host move (SCM_RIGHTS over the agent's Unix socket), with epochs.
 //! - `remote.rs`: the TCP_REPAIR move over the control channel kept by the session.
 //! - `steer.rs`: the ingress map (FREEZE, STEER) on `[handover] interface`.
@@ -16,6 +19,7 @@
 //! failures), hand-backs, direct bytes and latency through [`Rec`] (docs/handover.md,
 //! "Observability").
 
+mod cut;
 mod hybrid;
 mod keep;
 mod local;
@@ -276,23 +280,19 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
     }
     let b = ctx.members.pick(req.class, &[], &[])?;
     let agent = cfg.agents.get(&b.name)?;
-    let mut request = Vec::with_capacity(req.head_bytes.len() + body.len() + conn.buf.len());
+    let mut request = Vec::with_capacity(req.head_bytes.len() + body.len());
     request.extend_from_slice(req.head_bytes);
     request.extend_from_slice(body);
     let _inflight = b.begin();
     let seen = sizes::Seen::default();
     let rec = Rec { ctx, b: &b, seen: &seen };
     let result = match (agent, cfg.mode, &cfg.key_file) {
-        (AgentAddr::Unix(path), HandoverMode::Always, _) => {
-            request.extend_from_slice(&conn.buf);
-            local::hand_over(rec, conn, s, path, b.addr, request).await
-        }
+        (AgentAddr::Unix(path), HandoverMode::Always, _) => local::hand_over(rec, conn, s, path, b.addr, request).await,
         (AgentAddr::Unix(path), _, _) => hybrid::exchange(rec, conn, s, path, b.addr, cfg.threshold, request).await,
         (AgentAddr::Tcp(addr), mode, Some(key_file)) => {
             let steer = cfg.interface.as_deref().map(|i| (i, cfg.map_capacity));
             let agent = remote::Agent { addr: *addr, key_file, steer };
             if mode == HandoverMode::Always {
-                request.extend_from_slice(&conn.buf);
                 remote::hand_over(rec, conn, s, &agent, request).await
             } else {
                 hybrid::exchange_remote(rec, conn, s, &agent, cfg.threshold, request).await

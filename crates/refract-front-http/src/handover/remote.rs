@@ -9,10 +9,11 @@
 //! once the socket is back here. Without it this is correct only where the agent's socket lives in
 //! the same kernel and a guard drops the client's segments during the two gaps (the tests).
 
-use super::keep::{self, Verdict};
+use super::cut::{declined, settle, Cut, Land, Landed};
 use super::{steer, Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey};
+use refract_handover::seam::{self, Offer, Refusal};
 use refract_handover::{discard_in_place, restore, snapshot, unacked, FlowKey, SteerTarget, TcpState};
 use refract_handover::{Msg, Serving, Socket, Transfer};
 use std::net::SocketAddr;
@@ -20,7 +21,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 
 /// Bound on the client acknowledging everything sent before a hand-off (else relay).
 /// Linux clients may delay an ACK up to 200 ms (40 ms at least): a shorter bound declined
@@ -43,7 +44,7 @@ pub(super) struct Agent<'a> {
     pub steer: Option<(&'a str, u32)>,
 }
 
-/// `always`: moves the connection to `agent` for the requests in `pending`; see
+/// `always`: moves the connection to `agent` for the request `ahead` (and any read behind it); see
 /// [`super::local::hand_over`] for the meaning of the result. Until `HandOffOk`, any failure
 /// restores the socket here.
 pub(super) async fn hand_over(
@@ -51,7 +52,7 @@ pub(super) async fn hand_over(
     conn: &mut ClientConn,
     s: &mut Session,
     agent: &Agent<'_>,
-    pending: Vec<u8>,
+    ahead: Vec<u8>,
 ) -> Result<bool, Declined> {
     let ch = channel(s, agent).await?;
     let frozen = match freeze(conn, agent).await {
@@ -61,7 +62,7 @@ pub(super) async fn hand_over(
             return Err(declined);
         }
     };
-    hand_off(rec, ch, conn, s, agent, frozen, pending).await
+    hand_off(rec, ch, conn, s, agent, frozen, ahead).await
 }
 
 /// The session's control channel to `agent` if it is still good (see
@@ -123,9 +124,10 @@ pub(super) async fn freeze<'a>(conn: &mut ClientConn, agent: &Agent<'a>) -> Resu
     Ok(Frozen { fl, target, tcp_state, started })
 }
 
-/// Sends `HandOff` with `pending`, STEERs, waits for `HandOffOk` and then for the connection to
-/// come back (docs/handover.md, "Hand-off D → A" steps 4–6, "Hand-back A → D" step 3). A refusal or
-/// no answer restores the snapshot here (`Err`: relay). The channel stays in the session when its
+/// STEERs, sends `HandOff` (with `ahead`, the request the agent has not seen, if any, and every
+/// byte read behind it), waits for `HandOffOk` and then for the connection to come back
+/// (docs/handover.md, "Hand-off D → A" steps 4–6, "Hand-back A → D" step 3). A refusal or no
+/// answer restores the snapshot here (`Err`: relay). The channel stays in the session when its
 /// framing is still in step.
 pub(super) async fn hand_off(
     rec: Rec<'_>,
@@ -134,23 +136,14 @@ pub(super) async fn hand_off(
     s: &mut Session,
     agent: &Agent<'_>,
     frozen: Frozen<'_>,
-    pending: Vec<u8>,
+    ahead: Vec<u8>,
 ) -> Result<bool, Declined> {
     let Frozen { fl, target, tcp_state, started } = frozen;
-    let epoch = s.epochs.advance(s.id);
-    let t = Transfer {
-        conn: s.id,
-        epoch,
-        socket: Socket::Repair { flow: fl.key, tcp_state: tcp_state.clone() },
-        pending,
-        // The agent serves the backend it fronts: this dispatcher names none.
-        serving: Serving { idle_ms: rec.idle_ms(), backend: None },
-        sent: 0,
-    };
-    if let Err((declined, in_step)) = answer(rec, &mut ch, s, &fl, target, t, started).await {
+    let mut cut = Cut { rec, conn, ahead };
+    if let Err((declined, in_step)) = answer(&mut cut, &mut ch, s, &fl, target, &tcp_state, started).await {
         // By docs/handover.md's failure table, D still holds the snapshot: restore it, un-steer,
         // relay.
-        let restored = resume_here(conn, &tcp_state);
+        let restored = resume_here(cut.conn, &tcp_state);
         fl.release();
         if in_step {
             keep(s, agent, ch); // `HandOffErr`: the agent waits for the next request
@@ -158,18 +151,17 @@ pub(super) async fn hand_off(
         return restored.and(Err(declined));
     }
     rec.accepted(started);
-    conn.buf.clear();
-    match take_back(rec, &mut ch, conn, s).await {
-        Back::Here => {
+    match settle(&mut cut, &mut ch, s).await {
+        Landed::Here => {
             fl.release();
             keep(s, agent, ch);
             Ok(true)
         }
-        Back::Closed => {
+        Landed::Closed => {
             fl.linger();
             Ok(false)
         }
-        Back::Lost => {
+        Landed::Lost => {
             // The client's next segment meets this stack and is reset: it sees an error now.
             fl.release();
             Ok(false)
@@ -180,44 +172,32 @@ pub(super) async fn hand_off(
 /// STEERs, sends `HandOff` and waits for `HandOffOk`. `Err` says why not and whether
 /// the channel is still in step (only after `HandOffErr`: the agent answered and waits).
 async fn answer(
-    rec: Rec<'_>,
+    cut: &mut Cut<'_, '_>,
     ch: &mut ControlChannel,
-    s: &Session,
+    s: &mut Session,
     fl: &Flow<'_>,
     target: Option<SteerTarget>,
-    t: Transfer,
+    tcp_state: &TcpState,
     started: std::time::Instant,
 ) -> Result<(), (Declined, bool)> {
-    let (flow, epoch) = (fl.key, t.epoch);
-    let lost = |e: refract_handover::Error| (Declined::new(Why::AgentLost, format!("agent: {e}")), false);
+    let (flow, epoch) = (fl.key, s.epochs.advance(s.id));
     // STEER before `HandOff` leaves: the agent writes to the client as soon as it has restored the
     // socket, and an ACK of that first flight meeting FREEZE here would be lost, which costs the
     // cold restored socket a whole initial RTO (1 s) — docs/handover.md: "steer before the target
     // sends". What arrives at the agent before its socket exists, its guard drops.
     if let Some(tg) = target {
         fl.set(|m| m.steer(flow, tg, epoch)).map_err(|d| (d, false))?;
-        rec.metrics().handover_frozen(started.elapsed().as_secs_f64());
+        cut.rec.metrics().handover_frozen(started.elapsed().as_secs_f64());
     }
-    ch.send(&Msg::HandOff(Box::new(t))).await.map_err(lost)?;
-    match timeout(ANSWER, ch.recv()).await {
-        Ok(Ok(Msg::HandOffOk { conn: c, epoch: e })) if c == s.id => {
-            s.epochs.check(c, e).map_err(|e| (Declined::new(Why::StaleEpoch, format!("HandOffOk: {e}")), false))
-        }
-        Ok(Ok(Msg::HandOffErr { reason, .. })) => Err((Declined::new(Why::of_refusal(&reason), reason), true)),
-        Ok(Ok(other)) => Err((Declined::new(Why::Protocol, format!("agent: unexpected {}", other.name())), false)),
-        Ok(Err(e)) => Err(lost(e)),
-        Err(_) => Err((Declined::new(Why::Timeout, "no answer to HandOff"), false)),
-    }
-}
-
-/// How the agent's ownership ended.
-enum Back {
-    /// Handed back; the socket is restored here.
-    Here,
-    /// The agent closed the connection (client gone, or the exchange asked for close).
-    Closed,
-    /// The agent or the channel failed, or the hand-back could not be restored.
-    Lost,
+    let offer = Offer {
+        conn: s.id,
+        epoch,
+        socket: Socket::Repair { flow, tcp_state: tcp_state.clone() },
+        // The agent serves the backend it fronts: this dispatcher names none.
+        serving: Serving { idle_ms: cut.rec.idle_ms(), backend: None },
+        answer: ANSWER,
+    };
+    seam::hand_off(ch, cut, &s.epochs, offer).await.map_err(|r| (declined(&r), matches!(r, Refusal::Refused(_))))
 }
 
 /// A flow's entry in the ingress map, if this dispatcher steers.
@@ -255,62 +235,16 @@ impl Flow<'_> {
     }
 }
 
-/// Answers the agent's `Next`s (`keep.rs`) until it sends `HandBack` (or `Closed`), and
-/// restores the socket here.
-async fn take_back(rec: Rec<'_>, ch: &mut ControlChannel, conn: &mut ClientConn, s: &mut Session) -> Back {
-    let t = loop {
-        match ch.recv().await {
-            Ok(Msg::HandBack(t)) if t.conn == s.id => break t,
-            // Only a same-host agent's `Idle` means something (the dispatcher kept no descriptor).
-            Ok(Msg::Idle { conn: c, .. }) if c == s.id => {}
-            Ok(Msg::Next { conn: c, request, bytes }) if c == s.id => {
-                let answer = match keep::judge(rec, &bytes) {
-                    Verdict::Serve => Msg::Serve { conn: c, request },
-                    Verdict::Return(why) => {
-                        tracing::debug!(conn = c, request, "the agent hands the connection back: {why}");
-                        Msg::Return { conn: c, request }
-                    }
-                };
-                if let Err(e) = ch.send(&answer).await {
-                    tracing::warn!(
-                        "agent lost while it owned the connection ({e}); the client's next segment is reset"
-                    );
-                    rec.ended(None);
-                    return Back::Lost;
-                }
-            }
-            Ok(Msg::Closed { sent, .. }) => {
-                rec.ended(Some(sent));
-                return Back::Closed;
-            }
-            other => {
-                tracing::warn!(
-                    "agent lost while it owned the connection ({other:?}); the client's next segment is reset"
-                );
-                rec.ended(None);
-                return Back::Lost;
-            }
-        }
-    };
-    if let Err(e) = s.epochs.observe(t.conn, t.epoch) {
-        tracing::warn!("hand-back refused: {e}");
-        rec.ended(Some(t.sent));
-        return Back::Lost;
+impl Land for ControlChannel {
+    /// Restores the `HandBack`'s TCP state here and acknowledges it (`HandBackOk`).
+    async fn land(&mut self, conn: &mut ClientConn, t: &Transfer) -> Result<(), String> {
+        let Socket::Repair { tcp_state, .. } = &t.socket else {
+            return Err("a hand-back without its TCP state".into());
+        };
+        resume_here(conn, tcp_state).map_err(|e| e.to_string())?;
+        let _ = self.send(&Msg::HandBackOk { conn: t.conn, epoch: t.epoch }).await;
+        Ok(())
     }
-    let Socket::Repair { tcp_state, .. } = &t.socket else {
-        tracing::warn!("a hand-back without its TCP state");
-        rec.ended(Some(t.sent));
-        return Back::Lost;
-    };
-    if let Err(e) = resume_here(conn, tcp_state) {
-        tracing::warn!("{e}");
-        rec.ended(Some(t.sent));
-        return Back::Lost;
-    }
-    rec.handed_back(t.sent);
-    let _ = ch.send(&Msg::HandBackOk { conn: t.conn, epoch: t.epoch }).await;
-    conn.buf.extend_from_slice(&t.pending);
-    Back::Here
 }
 
 /// Restores `state` here and makes it the session's socket (the old one, unhashed, closes silently).

@@ -78,6 +78,23 @@ fn refused(server: &Server, r: Refusal, timeout: Option<Duration>) -> PgError {
     PgError::Refused { sqlstate: sqlstate::TOO_MANY_CONNECTIONS, message }
 }
 
+/// The candidates a unit may run on, each once, in their order: the readers among them (the
+/// replicas, and the primary when it takes reads), or when there is none the rest (the primary
+/// for a write, or as the reads' fallback).
+fn readers(candidates: &[Arc<Server>], read_from_primary: bool) -> Vec<&Arc<Server>> {
+    let mut once: Vec<&Arc<Server>> = Vec::with_capacity(candidates.len());
+    for s in candidates {
+        if !once.iter().any(|o| Arc::ptr_eq(o, s)) {
+            once.push(s);
+        }
+    }
+    let reads = |s: &&Arc<Server>| s.role == PgRole::Replica || read_from_primary;
+    if once.iter().any(reads) {
+        once.retain(reads);
+    }
+    once
+}
+
 impl Session {
     /// This session's deadline budget: its `statement_timeout`, else `[overload]
     /// default_timeout_ms`.
@@ -89,15 +106,15 @@ impl Session {
         (ms > 0).then(|| Duration::from_millis(ms))
     }
 
-    /// A permit for a new unit of work among `candidates` (in preference order): a free slot
-    /// now, else the queue with the shortest expected wait. A read never takes the primary's
-    /// capacity while a replica is a candidate (the primary follows only when replicas fail).
+    /// A permit for a new unit of work among `candidates` (in preference order, the balancer's
+    /// choice first): a free slot now, else the queue with the shortest expected wait. A read
+    /// takes the primary's capacity only when it is a reader (`[balance] read_from_primary`)
+    /// or no replica is a candidate (the primary follows as a fallback).
     pub(super) async fn admit(&mut self, candidates: &[Arc<Server>]) -> Result<(Arc<Server>, Admitted), PgError> {
-        let replicas = candidates.iter().any(|s| s.role == PgRole::Replica);
-        let choice: Vec<&Arc<Server>> = candidates.iter().filter(|s| !replicas || s.role == PgRole::Replica).collect();
+        let choice = readers(candidates, self.shared.servers.read_from_primary());
         for s in &choice {
             if let Some(p) = s.member.admission.try_acquire(Arrival::Fresh) {
-                return Ok(((*s).clone(), Admitted::new(p)));
+                return Ok(((*s).clone(), Admitted::new(p, &s.member)));
             }
         }
         let Some(best) = choice.iter().min_by_key(|s| s.member.admission.expected_wait()) else {
@@ -112,7 +129,7 @@ impl Session {
         let timeout = self.timeout();
         let deadline = timeout.map(|t| Instant::now() + t);
         match server.member.admission.acquire_as(prio, deadline, Arrival::Fresh).await {
-            Ok(p) => Ok(Admitted::new(p)),
+            Ok(p) => Ok(Admitted::new(p, &server.member)),
             Err(r) => {
                 tracing::debug!(server = %server.name, refusal = ?r, "postgres statement refused by admission");
                 Err(refused(server, r, timeout))
@@ -128,7 +145,8 @@ impl Session {
     pub(super) async fn admit_bound(&mut self) -> Result<(), PgError> {
         let Some(b) = self.bound.as_mut() else { return Ok(()) };
         if b.admitted.is_none() {
-            b.admitted = b.server.member.admission.try_acquire(Arrival::Fresh).map(Admitted::new);
+            let member = &b.server.member;
+            b.admitted = member.admission.try_acquire(Arrival::Fresh).map(|p| Admitted::new(p, member));
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! [`Admitted`]: the permit of a server's admission control a session holds for one unit of
 //! work (a transaction, or a statement outside one); taken in `admit.rs`, kept by the session.
 
+use refract_core::backend::{Backend, InflightGuard};
 use refract_core::overload::{Outcome, Permit};
+use std::sync::Arc;
 
 /// A permit held by a session for its unit of work.
 ///
@@ -13,11 +15,15 @@ use refract_core::overload::{Outcome, Permit};
 #[derive(Debug)]
 pub(super) struct Admitted {
     permit: Permit,
+    /// Counts the unit in its server's in-flight requests while it runs: the balancer's cost
+    /// (peak-EWMA latency × (in flight + 1)) weighs it, as it does an HTTP request.
+    _inflight: InflightGuard,
 }
 
 impl Admitted {
-    pub(super) fn new(permit: Permit) -> Self {
-        Admitted { permit }
+    /// The permit of a unit that runs on `member`.
+    pub(super) fn new(permit: Permit, member: &Arc<Backend>) -> Self {
+        Admitted { permit, _inflight: member.begin() }
     }
 
     /// The unit ended with its ReadyForQuery.

@@ -9,7 +9,8 @@
 //! waits and is never refused (its transaction holds the resource already, and a COMMIT or
 //! ROLLBACK must not be kept from releasing it), as a PgBouncer user expects of a pool: the
 //! wait, when there is one, comes before `BEGIN`. A session that already holds a connection
-//! (session mode, or pinned) queues at high priority: it costs no connection.
+//! (session mode, or pinned) queues at high priority: it costs no connection; others at their
+//! user's `priority` (`[[postgres.user]]`, normal by default).
 //!
 //! Refusals are ErrorResponses followed by ReadyForQuery; the session goes on: `53300`
 //! (too_many_connections, as PgBouncer answers for a full pool) when overloaded, `57014`
@@ -120,8 +121,16 @@ impl Session {
         let Some(best) = choice.iter().min_by_key(|s| s.member.admission.expected_wait()) else {
             return Err(PgError::Unavailable("refract: no server is available".into()));
         };
-        let prio = if self.bound.is_some() { Priority::High } else { Priority::Normal };
-        self.queue(best, prio).await.map(|a| ((*best).clone(), a))
+        self.queue(best, self.priority()).await.map(|a| ((*best).clone(), a))
+    }
+
+    /// Where this session's next unit waits: high when it holds a connection already (it
+    /// costs none), else its user's `priority`.
+    fn priority(&self) -> Priority {
+        if self.bound.is_some() {
+            return Priority::High;
+        }
+        self.shared.cfg.user(&self.client.info.user).map_or(Priority::Normal, |u| u.priority)
     }
 
     /// Waits in `server`'s queue.

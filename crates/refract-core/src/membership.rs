@@ -174,26 +174,34 @@ impl Membership {
     }
 
     fn choose<'a>(&self, readers: &[&'a Arc<Backend>]) -> &'a Arc<Backend> {
-        let n = readers.len();
-        match self.balance.policy {
-            Policy::RoundRobin => readers[self.rr.fetch_add(1, Relaxed) % n],
-            Policy::LeastOutstanding | Policy::PeakEwma if n == 1 => readers[0],
-            Policy::LeastOutstanding => two_choices(readers, |b| b.inflight() as f64),
-            Policy::PeakEwma => two_choices(readers, Backend::cost),
-        }
+        readers[choose(self.balance.policy, &self.rr, readers, |b| b)]
     }
 }
 
-/// Power of two choices: two distinct random readers, the one with the lower cost.
-fn two_choices<'a>(readers: &[&'a Arc<Backend>], cost: impl Fn(&Backend) -> f64) -> &'a Arc<Backend> {
+/// The index in `readers` (not empty) of the one a request goes to under `policy`: in turn
+/// (`rr` counts the turns), or the lower cost of two random choices. `member` gives each
+/// reader's engine member, so that any front end's servers (HTTP backends, PostgreSQL servers)
+/// are balanced by this one chooser.
+pub fn choose<T>(policy: Policy, rr: &AtomicUsize, readers: &[T], member: impl Fn(&T) -> &Backend) -> usize {
     let n = readers.len();
+    match policy {
+        _ if n <= 1 => 0,
+        Policy::RoundRobin => rr.fetch_add(1, Relaxed) % n,
+        Policy::LeastOutstanding => two_choices(n, |i| member(&readers[i]).inflight() as f64),
+        Policy::PeakEwma => two_choices(n, |i| member(&readers[i]).cost()),
+    }
+}
+
+/// Power of two choices among `n` (at least 2): two distinct random indices, the one with the
+/// lower cost.
+fn two_choices(n: usize, cost: impl Fn(usize) -> f64) -> usize {
     let mut rng = rand::thread_rng();
     let a = rng.gen_range(0..n);
     let b = (a + rng.gen_range(1..n)) % n;
-    if cost(readers[b]) < cost(readers[a]) {
-        readers[b]
+    if cost(b) < cost(a) {
+        b
     } else {
-        readers[a]
+        a
     }
 }
 

@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// One unit of work in flight per server, one waiting; refusals and waits are what is tested.
-const EXTRA: &str = "pool_size = 4\n\n[overload]\nmax_concurrency = 1\ninitial_concurrency = 1\nmax_queue = 1\n";
+/// `lowuser` has the low admission priority.
+const EXTRA: &str =
+    "pool_size = 4\n\n[[postgres.user]]\nname = \"lowuser\"\npassword = \"lowpass\"\npriority = \"low\"\n\n\
+                     [overload]\nmax_concurrency = 1\ninitial_concurrency = 1\nmax_queue = 1\n";
 
 static FIXTURE: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
 /// The tests share the primary's single slot: one at a time.
@@ -41,9 +44,18 @@ fn wait_primary(f: &Fixture, want: (u64, u64)) {
 /// A client (in its own thread) whose write waits in the primary's queue; returns its answer's
 /// SQLSTATE (`None`: served), how long it took, and the client.
 fn queue_a_write(f: &Arc<Fixture>) -> std::thread::JoinHandle<(Option<String>, Duration, Client)> {
+    queue_a_write_as(f, USER, PASSWORD)
+}
+
+/// [`queue_a_write`] as `user`.
+fn queue_a_write_as(
+    f: &Arc<Fixture>,
+    user: &'static str,
+    password: &'static str,
+) -> std::thread::JoinHandle<(Option<String>, Duration, Client)> {
     let f = f.clone();
     std::thread::spawn(move || {
-        let mut c = connect(&f);
+        let mut c = Client::connect(f.addr(), user, password).unwrap();
         let started = Instant::now();
         let code = c.query("SELECT txid_current()").code().map(str::to_owned);
         (code, started.elapsed(), c)
@@ -154,5 +166,28 @@ fn statements_of_an_open_transaction_are_never_refused_nor_queued() {
     let end = holder.query("ROLLBACK");
     assert_eq!((end.code(), end.status), (None, Some(TxStatus::Idle)), "ROLLBACK is not refused");
     assert_eq!(waiter.join().unwrap().0, None);
+    wait_primary(&f, (0, 0));
+}
+
+#[test]
+fn a_low_priority_user_never_pushes_a_normal_users_statement_out_of_the_queue() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let f = fixture();
+    calm(&f);
+    let mut holder = connect(&f);
+    assert_eq!(holder.query("BEGIN").status, Some(TxStatus::InTransaction));
+    let normal = queue_a_write(&f);
+    wait_primary(&f, (1, 1));
+    // The waiter has stood past the 5 ms target: the next arrival turns the queue to overload
+    // mode, where a newcomer pushes out an older waiter of its own priority or lower. A
+    // low-priority newcomer finds none to push out, so it is the one refused.
+    std::thread::sleep(Duration::from_millis(50));
+    let low = queue_a_write_as(&f, "lowuser", "lowpass");
+    let (code, took, _) = low.join().unwrap();
+    assert_eq!(code.as_deref(), Some("53300"), "the low-priority statement is refused");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(primary_admission(&f), (1, 1), "the normal statement still waits");
+    assert!(holder.query("COMMIT").error.is_none());
+    assert_eq!(normal.join().unwrap().0, None, "the normal statement ran once the slot freed");
     wait_primary(&f, (0, 0));
 }

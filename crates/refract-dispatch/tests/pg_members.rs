@@ -1,6 +1,7 @@
 //! PostgreSQL servers as members of the engine, against a real primary + replica: listed in
 //! `/backends` beside the HTTP backends, a replica joining, drained and leaving at run time,
-//! and a slow replica ejected by the engine's latency outlier check.
+//! a slow replica ejected by the engine's latency outlier check, and reads balanced by the
+//! engine's `[balance]` (a slow replica gets few; `read_from_primary` lets the primary serve).
 #![allow(clippy::unwrap_used)]
 
 mod pg_common;
@@ -36,6 +37,17 @@ fn slow_proxy(upstream: SocketAddr, delay: Duration) -> SocketAddr {
     addr
 }
 
+/// What `/backends` says member `name` served so far.
+fn served(f: &Fixture, name: &str) -> u64 {
+    let list = f.admin_json("/backends");
+    list.as_array().unwrap().iter().find(|m| m["name"] == name).unwrap()["served"].as_u64().unwrap()
+}
+
+/// Top-level sections for [`Fixture::start_with`], whose first argument ends `[listen]`.
+fn sections(text: &str) -> String {
+    format!("\n{text}\n")
+}
+
 fn copy(from: &mut TcpStream, to: &mut TcpStream, delay: Duration) {
     let mut buf = [0u8; 16 * 1024];
     while let Ok(n @ 1..) = from.read(&mut buf) {
@@ -49,7 +61,9 @@ fn copy(from: &mut TcpStream, to: &mut TcpStream, delay: Duration) {
 
 #[test]
 fn postgres_servers_are_members_that_join_drain_leave_and_are_ejected_when_slow() {
-    let f = Fixture::start("");
+    // Round robin: the slow replica must take reads for the outlier check to see it (the
+    // default peak-EWMA policy would give it hardly any; see the next tests).
+    let f = Fixture::start_with(&sections("[balance]\npolicy = \"round-robin\""), "");
     until("both servers up in /backends", || {
         state(&f, "pg:primary").as_deref() == Some("up") && state(&f, "pg:replica").as_deref() == Some("up")
     });
@@ -89,4 +103,50 @@ fn postgres_servers_are_members_that_join_drain_leave_and_are_ejected_when_slow(
     assert_eq!(f.admin_call("DELETE", "/backends/pg:slow", "").0, 404);
     assert_eq!(f.admin_call("DELETE", "/backends/pg:primary", "").0, 409);
     assert_eq!(c.query("SELECT 1").value(), "1");
+}
+
+#[test]
+fn reads_go_mostly_to_the_faster_replica_by_the_engines_balance_policy() {
+    // The outlier check is off: the balancer alone must keep reads off the slow replica.
+    let f = Fixture::start_with(&sections("[overload]\neject_slow_factor = 0"), "");
+    until("both servers up", || state(&f, "pg:replica").as_deref() == Some("up"));
+    let slow = slow_proxy(f.cluster.replica().addr(), Duration::from_millis(100));
+    let def = format!(r#"{{"name": "pg:slow", "addr": "{slow}", "role": "replica"}}"#);
+    assert_eq!(f.admin_call("POST", "/backends", &def).0, 201);
+    until("the slow replica passes its probe", || state(&f, "pg:slow").as_deref() == Some("up"));
+
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    let (slow_before, fast_before) = (served(&f, "pg:slow"), served(&f, "pg:replica"));
+    for _ in 0..40 {
+        assert_eq!(c.query("SELECT 1").value(), "1");
+    }
+    let on_slow = served(&f, "pg:slow") - slow_before;
+    let on_fast = served(&f, "pg:replica") - fast_before;
+    // Round robin would give each half; peak-EWMA cost gives the slow one its first reads
+    // (no latency known yet) and then hardly any.
+    assert_eq!(on_slow + on_fast, 40, "every read on a replica");
+    assert!(on_slow <= 8, "the slow replica served {on_slow} of 40 reads");
+}
+
+#[test]
+fn with_read_from_primary_the_primary_and_the_replica_both_serve_reads() {
+    let f = Fixture::start_with(&sections("[balance]\nread_from_primary = true"), "");
+    until("both servers up", || {
+        state(&f, "pg:primary").as_deref() == Some("up") && state(&f, "pg:replica").as_deref() == Some("up")
+    });
+    // Four clients at once: each read holds its server 50 ms, so the in-flight count in the
+    // balancer's cost spreads them over both servers.
+    let addr = f.addr();
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr, USER, PASSWORD).unwrap();
+                let q = "SELECT pg_is_in_recovery() FROM pg_sleep(0.05)";
+                (0..6).map(|_| c.query(q).value().to_owned()).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let seen: Vec<String> = clients.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    assert!(seen.iter().any(|v| v == "t"), "the replica served none: {seen:?}");
+    assert!(seen.iter().any(|v| v == "f"), "the primary served none: {seen:?}");
 }

@@ -9,7 +9,8 @@
 //! waits and is never refused (its transaction holds the resource already, and a COMMIT or
 //! ROLLBACK must not be kept from releasing it), as a PgBouncer user expects of a pool: the
 //! wait, when there is one, comes before `BEGIN`. A session that already holds a connection
-//! (session mode, or pinned) queues at high priority: it costs no connection.
+//! (session mode, or pinned) queues at high priority: it costs no connection; others at their
+//! user's `priority` (`[[postgres.user]]`, normal by default).
 //!
 //! Refusals are ErrorResponses followed by ReadyForQuery; the session goes on: `53300`
 //! (too_many_connections, as PgBouncer answers for a full pool) when overloaded, `57014`
@@ -78,6 +79,35 @@ fn refused(server: &Server, r: Refusal, timeout: Option<Duration>) -> PgError {
     PgError::Refused { sqlstate: sqlstate::TOO_MANY_CONNECTIONS, message }
 }
 
+/// The candidates a unit may run on, each once, in their order: the readers among them (the
+/// replicas, and the primary when it takes reads), or when there is none the rest (the primary
+/// for a write, or as the reads' fallback).
+fn readers(candidates: &[Arc<Server>], read_from_primary: bool) -> Vec<&Arc<Server>> {
+    let mut once: Vec<&Arc<Server>> = Vec::with_capacity(candidates.len());
+    for s in candidates {
+        if !once.iter().any(|o| Arc::ptr_eq(o, s)) {
+            once.push(s);
+        }
+    }
+    let reads = |s: &&Arc<Server>| s.role == PgRole::Replica || read_from_primary;
+    if once.iter().any(reads) {
+        once.retain(reads);
+    }
+    once
+}
+
+/// How full `s` is: units admitted and waiting per slot of its limit, in thousandths. The unit
+/// queues where this is least (join the shortest queue): each server keeps its own queue, and
+/// a server's free slot serves only its own waiters, so uneven queues would leave one server
+/// idle while the other's waiters age (measured with the balancer's choice instead: p99 of
+/// 860 ms at 3× load over a primary + replica, where one server had given 33 ms).
+/// `expected_wait` cannot say this: it is learnt from latency samples, which PostgreSQL's
+/// permits do not give (`permit.rs`).
+fn backlog(s: &Server) -> usize {
+    let v = s.member.admission.view();
+    (v.inflight + v.queued) * 1000 / v.limit.max(1)
+}
+
 impl Session {
     /// This session's deadline budget: its `statement_timeout`, else `[overload]
     /// default_timeout_ms`.
@@ -89,22 +119,30 @@ impl Session {
         (ms > 0).then(|| Duration::from_millis(ms))
     }
 
-    /// A permit for a new unit of work among `candidates` (in preference order): a free slot
-    /// now, else the queue with the shortest expected wait. A read never takes the primary's
-    /// capacity while a replica is a candidate (the primary follows only when replicas fail).
+    /// A permit for a new unit of work among `candidates` (in preference order, the balancer's
+    /// choice first): a free slot now, else the shortest queue. A read
+    /// takes the primary's capacity only when it is a reader (`[balance] read_from_primary`)
+    /// or no replica is a candidate (the primary follows as a fallback).
     pub(super) async fn admit(&mut self, candidates: &[Arc<Server>]) -> Result<(Arc<Server>, Admitted), PgError> {
-        let replicas = candidates.iter().any(|s| s.role == PgRole::Replica);
-        let choice: Vec<&Arc<Server>> = candidates.iter().filter(|s| !replicas || s.role == PgRole::Replica).collect();
+        let choice = readers(candidates, self.shared.servers.read_from_primary());
         for s in &choice {
             if let Some(p) = s.member.admission.try_acquire(Arrival::Fresh) {
-                return Ok(((*s).clone(), Admitted::new(p)));
+                return Ok(((*s).clone(), Admitted::new(p, &s.member)));
             }
         }
-        let Some(best) = choice.iter().min_by_key(|s| s.member.admission.expected_wait()) else {
+        let Some(best) = choice.iter().min_by_key(|s| backlog(s)) else {
             return Err(PgError::Unavailable("refract: no server is available".into()));
         };
-        let prio = if self.bound.is_some() { Priority::High } else { Priority::Normal };
-        self.queue(best, prio).await.map(|a| ((*best).clone(), a))
+        self.queue(best, self.priority()).await.map(|a| ((*best).clone(), a))
+    }
+
+    /// Where this session's next unit waits: high when it holds a connection already (it
+    /// costs none), else its user's `priority`.
+    fn priority(&self) -> Priority {
+        if self.bound.is_some() {
+            return Priority::High;
+        }
+        self.shared.cfg.user(&self.client.info.user).map_or(Priority::Normal, |u| u.priority)
     }
 
     /// Waits in `server`'s queue.
@@ -112,7 +150,7 @@ impl Session {
         let timeout = self.timeout();
         let deadline = timeout.map(|t| Instant::now() + t);
         match server.member.admission.acquire_as(prio, deadline, Arrival::Fresh).await {
-            Ok(p) => Ok(Admitted::new(p)),
+            Ok(p) => Ok(Admitted::new(p, &server.member)),
             Err(r) => {
                 tracing::debug!(server = %server.name, refusal = ?r, "postgres statement refused by admission");
                 Err(refused(server, r, timeout))
@@ -128,7 +166,8 @@ impl Session {
     pub(super) async fn admit_bound(&mut self) -> Result<(), PgError> {
         let Some(b) = self.bound.as_mut() else { return Ok(()) };
         if b.admitted.is_none() {
-            b.admitted = b.server.member.admission.try_acquire(Arrival::Fresh).map(Admitted::new);
+            let member = &b.server.member;
+            b.admitted = member.admission.try_acquire(Arrival::Fresh).map(|p| Admitted::new(p, member));
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! `[postgres]`: the listener, TLS, client users, servers, pooling, lag and health settings.
 
+use refract_core::overload::Priority;
 use refract_pg::auth::{AuthMethod, Credential};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -30,6 +31,8 @@ pub struct UserEntry {
     pub credential: Credential,
     /// How long this user's clients keep a server connection.
     pub pool_mode: PoolMode,
+    /// Where this user's units of work wait in a server's admission queue.
+    pub priority: Priority,
 }
 
 /// `[postgres]` as written.
@@ -113,6 +116,32 @@ pub struct PgUser {
     /// This user's pool mode; absent = `[postgres] pool_mode`.
     #[serde(default)]
     pub pool_mode: Option<PoolMode>,
+    /// This user's admission priority: `high`, `normal` (default) or `low` (`docs/overload.md`).
+    #[serde(default)]
+    pub priority: UserPriority,
+}
+
+/// A user's admission priority as written; the engine's [`Priority`] classes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UserPriority {
+    /// Served first, shed last (an operator's or a payment service's user).
+    High,
+    /// The default.
+    #[default]
+    Normal,
+    /// Shed first (reports, batch jobs).
+    Low,
+}
+
+impl From<UserPriority> for Priority {
+    fn from(p: UserPriority) -> Priority {
+        match p {
+            UserPriority::High => Priority::High,
+            UserPriority::Normal => Priority::Normal,
+            UserPriority::Low => Priority::Low,
+        }
+    }
 }
 
 /// A client authentication method.
@@ -265,7 +294,8 @@ fn user_entry(u: &PgUser, default_mode: PoolMode) -> Result<UserEntry, String> {
     if !usable {
         return Err(format!("[[postgres.user]] {}: the stored password cannot verify {:?}", u.name, u.auth));
     }
-    Ok(UserEntry { method, credential, pool_mode: u.pool_mode.unwrap_or(default_mode) })
+    let pool_mode = u.pool_mode.unwrap_or(default_mode);
+    Ok(UserEntry { method, credential, pool_mode, priority: u.priority.into() })
 }
 
 impl PgSettings {

@@ -88,7 +88,12 @@ impl PgFront {
     /// The front end's shared state for `[postgres]` of the configuration in force.
     fn shared(&self, ctx: &Ctx) -> Option<Arc<Shared>> {
         let cfg = ctx.cfg.sections.get::<PgConfig>()?;
-        Some(self.shared.get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop, &ctx.cfg.overload))).clone())
+        let c = &ctx.cfg;
+        Some(
+            self.shared
+                .get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop, &c.overload, &c.balance)))
+                .clone(),
+        )
     }
 
     /// An admin view (`/pg/pools`, `/pg/clients`, `/pg/servers`), once the front end runs.

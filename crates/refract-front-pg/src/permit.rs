@@ -1,23 +1,34 @@
 //! [`Admitted`]: the permit of a server's admission control a session holds for one unit of
 //! work (a transaction, or a statement outside one); taken in `admit.rs`, kept by the session.
 
+use refract_core::backend::{Backend, InflightGuard};
 use refract_core::overload::{Outcome, Permit};
+use std::sync::Arc;
 
 /// A permit held by a session for its unit of work.
 ///
 /// It teaches the limit nothing (`Outcome::Ignore`): the limit stays at its cap, `pool_size`.
 /// Vegas against the minimum latency reads a mix of statement costs as queueing: measured with
 /// the bench's 20 ms statements, the `SELECT 1` of a readiness probe set the no-load latency to
-/// 0.1 ms and the limit fell to 1 (46 statements/s where PgBouncer served 142). What admission
-/// gives PostgreSQL is the managed queue, deadlines and priorities in front of the pool.
+/// 0.1 ms and the limit fell to 1 (46 statements/s where PgBouncer served 142). The permit's
+/// lifetime is no sample either: for a transaction it spans the client's round trips between
+/// statements. Per-statement server times (`Server::book`) still mix costs, and a statement that
+/// waits rather than works (`pg_sleep`, a lock) takes as long at any concurrency up to the pool
+/// size, so Vegas could only climb back to this cap; an adaptive limit needs a baseline per kind
+/// of statement (docs/overload.md). What admission gives PostgreSQL is the managed queue,
+/// deadlines and priorities in front of the pool.
 #[derive(Debug)]
 pub(super) struct Admitted {
     permit: Permit,
+    /// Counts the unit in its server's in-flight requests while it runs: the balancer's cost
+    /// (peak-EWMA latency × (in flight + 1)) weighs it, as it does an HTTP request.
+    _inflight: InflightGuard,
 }
 
 impl Admitted {
-    pub(super) fn new(permit: Permit) -> Self {
-        Admitted { permit }
+    /// The permit of a unit that runs on `member`.
+    pub(super) fn new(permit: Permit, member: &Arc<Backend>) -> Self {
+        Admitted { permit, _inflight: member.begin() }
     }
 
     /// The unit ended with its ReadyForQuery.

@@ -9,7 +9,7 @@ use super::pool::Pool;
 use super::server::Login;
 use crate::config::{PgConfig, PgRole, PgServerConfig};
 use refract_core::backend::Backend;
-use refract_core::config::{BackendConfig, Overload, Role};
+use refract_core::config::{BackendConfig, Balance, Overload, Role};
 use refract_core::metrics::Metrics;
 use refract_core::overload::AdmissionConfig;
 use std::collections::VecDeque;
@@ -135,11 +135,14 @@ pub enum ChangeError {
 pub struct Servers {
     /// In configuration order, then in the order they joined (replaced whole on a change).
     list: RwLock<Arc<Vec<Arc<Server>>>>,
+    /// The round-robin turn (`[balance] policy = "round-robin"`).
     next: AtomicUsize,
     /// The next server's [`Server::index`].
     next_index: AtomicUsize,
     max_lag: u64,
     max_lag_ms: u64,
+    /// The engine's `[balance]`: its policy chooses among the readers.
+    balance: Balance,
     /// What a new server's pool and member are built from.
     login: Arc<Login>,
     pool_size: usize,
@@ -165,8 +168,8 @@ const DEMAND_FOR_MS: u64 = 2000;
 impl Servers {
     /// Pools for every configured server; all start up (the first probe corrects that). Each
     /// server's ejection and admission control follow `overload` (the engine's `[overload]`;
-    /// admission as [`admission_config`] adapts it).
-    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload) -> Servers {
+    /// admission as [`admission_config`] adapts it); reads are balanced by `balance`.
+    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload, balance: &Balance) -> Servers {
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
@@ -179,6 +182,7 @@ impl Servers {
             next_index: AtomicUsize::new(0),
             max_lag: cfg.max_lag_bytes,
             max_lag_ms: cfg.max_lag_ms,
+            balance: balance.clone(),
             login,
             pool_size: cfg.pool_size,
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
@@ -316,30 +320,53 @@ impl Servers {
         self.list().iter().find(|s| s.role == PgRole::Primary).cloned()
     }
 
-    /// Replicas that may serve a read, round robin from the next one: available (up, not
-    /// ejected or drained), within the lag bounds (bytes and time), and (read-your-writes) past
-    /// `min_lsn`.
+    /// The servers that may serve a read, the engine's choice first (`[balance] policy`, as for
+    /// HTTP backends: by default the lower peak-EWMA cost of two random choices), the others
+    /// after it by cost: replicas that are available (up, not ejected or drained), within the
+    /// lag bounds (bytes and time) and (read-your-writes) past `min_lsn`; and the primary too
+    /// with `[balance] read_from_primary`. Empty when none may: the caller falls back to the
+    /// primary.
     pub fn replicas_for_read(&self, min_lsn: Option<u64>) -> Vec<Arc<Server>> {
         let list = self.list();
-        let replicas: Vec<&Arc<Server>> = list.iter().filter(|s| s.role == PgRole::Replica).collect();
-        if replicas.is_empty() {
-            return vec![];
-        }
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        (0..replicas.len())
-            .map(|i| replicas[(start + i) % replicas.len()])
-            .filter(|s| s.is_available() && (self.max_lag == 0 || s.lag_bytes() <= self.max_lag))
-            .filter(|s| self.max_lag_ms == 0 || s.lag_ms() <= self.max_lag_ms)
-            .filter(|s| match min_lsn {
-                None => true,
-                Some(want) if s.lsn() >= want => true,
-                Some(_) => {
-                    self.want_fresh_lsn();
-                    false
-                }
-            })
+        let mut readers: Vec<Arc<Server>> = list
+            .iter()
+            .filter(|s| s.role == PgRole::Replica || self.balance.read_from_primary)
+            .filter(|s| s.is_available() && self.within_lag(s))
+            .filter(|s| self.past(s, min_lsn))
             .cloned()
-            .collect()
+            .collect();
+        if readers.is_empty() {
+            return readers;
+        }
+        let first = refract_core::membership::choose(self.balance.policy, &self.next, &readers, |s| &s.member);
+        let chosen = readers.remove(first);
+        readers.sort_by(|a, b| a.member.cost().total_cmp(&b.member.cost()));
+        readers.insert(0, chosen);
+        readers
+    }
+
+    /// Whether the replica `s` is within the lag bounds (the primary always is).
+    fn within_lag(&self, s: &Server) -> bool {
+        (self.max_lag == 0 || s.lag_bytes() <= self.max_lag) && (self.max_lag_ms == 0 || s.lag_ms() <= self.max_lag_ms)
+    }
+
+    /// Whether `s` has replayed up to `min_lsn` (read-your-writes; the primary always has). A
+    /// replica that has not asks for fresh WAL positions.
+    fn past(&self, s: &Server, min_lsn: Option<u64>) -> bool {
+        match min_lsn {
+            _ if s.role == PgRole::Primary => true,
+            None => true,
+            Some(want) if s.lsn() >= want => true,
+            Some(_) => {
+                self.want_fresh_lsn();
+                false
+            }
+        }
+    }
+
+    /// Whether the primary takes reads beside the replicas (`[balance] read_from_primary`).
+    pub(super) fn read_from_primary(&self) -> bool {
+        self.balance.read_from_primary
     }
 
     /// A conversation with `s` failed (its connection broke, or it closed it): counted, and

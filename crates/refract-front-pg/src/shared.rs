@@ -7,7 +7,7 @@ use super::clients::Clients;
 use super::notify::Notifier;
 use super::servers::Servers;
 use crate::config::PgConfig;
-use refract_core::config::Overload;
+use refract_core::config::{Balance, Overload};
 use refract_core::metrics::Metrics;
 use refract_pg::classify::{Classifier, ClassifierConfig};
 use std::sync::atomic::AtomicU64;
@@ -38,14 +38,21 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The state for `cfg`; `stop` ends its background work.
-    pub(super) fn new(cfg: &PgConfig, metrics: &Arc<Metrics>, stop: &CancellationToken, overload: &Overload) -> Shared {
+    /// The state for `cfg` under the engine's `[overload]` and `[balance]`; `stop` ends its
+    /// background work.
+    pub(super) fn new(
+        cfg: &PgConfig,
+        metrics: &Arc<Metrics>,
+        stop: &CancellationToken,
+        overload: &Overload,
+        balance: &Balance,
+    ) -> Shared {
         let mut ccfg = ClassifierConfig::default();
         if let Some(f) = &cfg.write_functions {
             ccfg.write_functions = f.clone();
         }
         Shared {
-            servers: Arc::new(Servers::new(cfg, metrics, overload)),
+            servers: Arc::new(Servers::new(cfg, metrics, overload, balance)),
             classifier: Classifier::new(ccfg),
             cancels: Arc::default(),
             server_params: RwLock::new(vec![]),

@@ -68,6 +68,7 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
         dir: work.path().to_path_buf(),
         run_as,
         placement: opts.placement,
+        read_from_primary: false,
     };
     let mut results = Results {
         opts: opts.clone(),

@@ -48,6 +48,9 @@ pub struct Setup {
     pub run_as: Option<(String, u32, u32)>,
     /// Where the poolers run, for the scheduler.
     pub placement: Placement,
+    /// refract's primary serves reads beside the replica (`[balance] read_from_primary`), and
+    /// PgBouncer, which has one server, gets as many connections to it as refract has to both.
+    pub read_from_primary: bool,
 }
 
 /// Where the poolers run, for the kernel's scheduler: with `sched_autogroup` on, every session
@@ -203,6 +206,9 @@ pub fn refract_config(ctx: &Setup, port: u16, http: u16, admin: u16, read_your_w
          [[postgres.server]]\nname = \"replica\"\naddr = \"127.0.0.1:{}\"\nrole = \"replica\"\n",
         ctx.pool_size, ctx.primary, ctx.replica
     );
+    if ctx.read_from_primary {
+        s.push_str("\n[balance]\nread_from_primary = true\n");
+    }
     s
 }
 
@@ -218,7 +224,8 @@ pub fn pgbouncer_config(ctx: &Setup, dir: &Path, port: u16) -> String {
          auth_type = scram-sha-256\nauth_file = {d}/userlist.txt\npool_mode = transaction\n\
          default_pool_size = {}\nmax_client_conn = 1000\nignore_startup_parameters = extra_float_digits\n\
          logfile = {d}/pgbouncer.log\npidfile = {d}/pgbouncer.pid\n",
-        ctx.primary, ctx.pool_size
+        ctx.primary,
+        ctx.pool_size * if ctx.read_from_primary { 2 } else { 1 }
     )
 }
 
@@ -356,6 +363,7 @@ mod tests {
             dir: "/tmp/x".into(),
             run_as: None,
             placement: Placement::Own,
+            read_from_primary: false,
         }
     }
 
@@ -366,6 +374,14 @@ mod tests {
         assert_eq!(v["postgres"]["pool_size"].as_integer(), Some(16));
         assert_eq!(v["postgres"]["read_your_writes"].as_bool(), Some(false));
         assert_eq!(v["postgres"]["server"][1]["addr"].as_str(), Some("127.0.0.1:5434"));
+    }
+
+    #[test]
+    fn with_read_from_primary_refract_reads_from_both_and_pgbouncer_has_their_connections() {
+        let ctx = Setup { read_from_primary: true, ..ctx() };
+        let v: toml::Value = toml::from_str(&refract_config(&ctx, 6432, 8080, 8081, false)).expect("toml");
+        assert_eq!(v["balance"]["read_from_primary"].as_bool(), Some(true));
+        assert!(pgbouncer_config(&ctx, Path::new("/tmp/x"), 7000).contains("default_pool_size = 32"));
     }
 
     #[test]

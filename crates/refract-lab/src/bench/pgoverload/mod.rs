@@ -1,8 +1,10 @@
 //! `refract bench pg-overload`: PostgreSQL past saturation. A primary and a streaming replica
 //! (the refract-pg test kit), statements of ~20 ms (`SELECT pg_sleep(0.02)`, a read); the
 //! closed-loop capacity through refract by pgbench; then an open loop ([`openloop`]) at
-//! 0.5×, 1× and 3× that capacity through refract (shipped defaults) and PgBouncer (transaction
-//! mode), with the same pool size; [`report`] writes the section of docs/overload.md.
+//! 0.5×, 1× and 3× that capacity through refract (shipped defaults, but the primary and the
+//! replica both serve reads: `[balance] read_from_primary`) and PgBouncer (transaction mode,
+//! as many connections to its one server as refract has to both); [`report`] writes the
+//! section of docs/overload.md.
 
 pub mod conn;
 pub mod openloop;

@@ -164,10 +164,11 @@ pub fn render(res: &Results) -> String {
          other than a serialization failure or deadlock (`--max-tries` retries only those; `--continue-on-error` came later), so \
          a refusal would stop a client; the generator (`crates/refract-lab/src/bench/pgoverload/openloop.rs`) counts each \
          statement as served, *refused* (ErrorResponse 53300 or 57014), *timeout* (no answer in time) or *error*. \
-         **Targets:** `refract` with shipped defaults (no `[overload]` section) and `pool_size = {p}`: reads go to the replica, \
-         the primary serves them only when no replica is available; `pgbouncer` in transaction mode, `default_pool_size = {p}`, \
-         pointed at the primary (PgBouncer has one server per database). Each has one server of {p} connections for these \
-         statements. Configurations: `refract_config` and `pgbouncer_config` in `crates/refract-lab/src/bench/pgbench/targets.rs`.\n",
+         **Targets:** `refract` with shipped defaults (no `[overload]` section) but `[balance] read_from_primary = true` and \
+         `pool_size = {p}`: the primary and the replica both serve the reads, balanced by peak-EWMA cost; `pgbouncer` in \
+         transaction mode, `default_pool_size = {p2}`, pointed at the primary (PgBouncer has one server per database). Each has \
+         {p2} server connections for these statements. Configurations: `refract_config` and `pgbouncer_config` in \
+         `crates/refract-lab/src/bench/pgbench/targets.rs`.\n",
         super::SQL,
         res.capacity,
         res.capacity_load,
@@ -177,6 +178,7 @@ pub fn render(res: &Results) -> String {
         a.timeout_ms,
         res.tools.split(';').next().unwrap_or_default().trim(),
         p = a.pool_size,
+        p2 = a.pool_size * 2,
     );
     acceptance(&mut s, res);
     for (name, points) in &res.points {

@@ -37,12 +37,14 @@ pub fn run(args: PgOverloadArgs) -> Result<()> {
         dir: work.path().to_path_buf(),
         run_as,
         placement: Placement::Own,
+        read_from_primary: true,
     };
     let mut res = Results::new(&args, &pgbench);
     let mut refract = targets::start(&setup, "refract")?;
     let script = work.path().join("sleep.sql");
     std::fs::write(&script, format!("{SQL};\n"))?;
-    let clients = args.pool_size * 2;
+    // Twice the server connections of both servers: enough to keep every one busy.
+    let clients = args.pool_size * 4;
     let load = Load {
         clients,
         jobs: 2,

@@ -13,6 +13,7 @@
 //! - [`backend`]: typed server messages ([`BackendMessage`]).
 //! - [`notice`]: ErrorResponse/NoticeResponse fields and SQLSTATE codes.
 //! - [`partition`]: PostgreSQL's hash partitioning (which remainder a key gets), for sharding.
+//! - [`keyparam`]: key values from Bind parameters (text, binary, arrays for `= ANY($n)`).
 //! - [`auth`]: SCRAM-SHA-256, md5 and trust, as server ([`auth::ServerAuth`]) and client ([`auth::ClientAuth`]).
 //! - [`classify`]: read or write, and session statements, by PostgreSQL's parser; cached.
 //! - [`reply`]: encoders for what refract answers itself (errors, auth requests, login).
@@ -27,6 +28,7 @@ pub mod classify;
 pub mod error;
 pub mod frame;
 pub mod frontend;
+pub mod keyparam;
 pub mod notice;
 pub mod partition;
 pub mod reply;

@@ -1,8 +1,10 @@
 //! refract's hash placement against PostgreSQL's own: rows inserted into a real
 //! `PARTITION BY HASH` table land in the partition whose remainder `partition::remainder`
-//! computes, for every supported key type, several moduli, and a two-column key.
+//! computes, for every supported key type, several moduli, and a two-column key; array
+//! parameters (`= ANY($n)`) read alike in PostgreSQL's text and binary forms.
 #![allow(clippy::unwrap_used)]
 
+use refract_pg::keyparam::Params;
 use refract_pg::partition::{remainder, Key, KeyType};
 use refract_pg::testkit::PgCluster;
 
@@ -124,4 +126,36 @@ fn varchar_keys_and_two_column_keys_match_too() {
         .unwrap();
     let want = [remainder(&[Key::Null, Key::Text(b"abc".to_vec())], 5), remainder(&[Key::Null, Key::Null], 5)];
     assert_eq!(got, format!("{}\n{}", want[0], want[1]));
+}
+
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap()).collect()
+}
+
+#[test]
+fn array_parameters_read_alike_in_postgresqls_text_and_binary_forms() {
+    let cluster = PgCluster::start_with_replicas(0).unwrap();
+    let cases = [
+        (KeyType::Int8, "ARRAY[1, -2, NULL, 9223372036854775807]::int8[]"),
+        (KeyType::Int4, "ARRAY[[1, 2], [3, 4]]::int4[]"),
+        (KeyType::Text, r#"ARRAY['a b', 'c"d', 'e,f', 'g\h', '{x}', 'NULL', NULL, '', ' pad ']::text[]"#),
+        (KeyType::Uuid, "ARRAY['a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', NULL]::uuid[]"),
+        (KeyType::Int8, "'{}'::int8[]"),
+    ];
+    for (ty, expr) in cases {
+        let out = cluster
+            .psql(&cluster.primary, &format!("SELECT ({expr})::text, encode(array_send({expr}), 'hex')"))
+            .unwrap();
+        let (text, hex) = out.split_once('|').unwrap();
+        let bin = unhex(hex);
+        let from_text = Params { formats: &[], values: &[Some(text.as_bytes())] }.array(1, ty).unwrap();
+        let from_bin = Params { formats: &[1], values: &[Some(&bin)] }.array(1, ty).unwrap();
+        assert_eq!(from_text, from_bin, "{expr}: text form {text}");
+        assert!(!from_text.is_empty() || expr.starts_with("'{}'"), "{expr}");
+        if ty == KeyType::Text {
+            let t = |s: &str| Key::Text(s.as_bytes().to_vec());
+            let want = [t("a b"), t("c\"d"), t("e,f"), t(r"g\h"), t("{x}"), t("NULL"), Key::Null, t(""), t(" pad ")];
+            assert_eq!(from_text, want, "{text}");
+        }
+    }
 }

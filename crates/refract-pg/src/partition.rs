@@ -60,8 +60,9 @@ impl KeyType {
         let int = |bits: u32| -> Result<i64, KeyError> {
             let s = std::str::from_utf8(text).map_err(|_| err("not UTF-8"))?.trim();
             let v: i64 = s.parse().map_err(|_| err("not a decimal integer"))?;
-            let (lo, hi) = (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1);
-            if bits < 64 && !(lo..=hi).contains(&v) {
+            // int8 is i64 itself (and -(1 << 63) would overflow); narrower types are checked.
+            let half = 1i64.checked_shl(bits - 1).filter(|_| bits < 64);
+            if half.is_some_and(|h| !(-h..h).contains(&v)) {
                 return Err(err("out of range"));
             }
             Ok(v)
@@ -257,6 +258,11 @@ mod tests {
     fn integers_parse_in_range_only() {
         assert_eq!(KeyType::Int2.parse_text(b" -32768 "), Ok(Key::Int2(i16::MIN)));
         assert!(KeyType::Int2.parse_text(b"32768").is_err());
+        assert_eq!(KeyType::Int2.parse_text(b"32767"), Ok(Key::Int2(i16::MAX)));
+        assert!(KeyType::Int4.parse_text(b"-2147483649").is_err());
+        // The fuzzer's find (fuzz/regressions/pg_keyparam/): the int8 bounds overflowed.
+        assert_eq!(KeyType::Int8.parse_text(b"99"), Ok(Key::Int8(99)));
+        assert_eq!(KeyType::Int8.parse_text(b"-9223372036854775808"), Ok(Key::Int8(i64::MIN)));
         assert!(KeyType::Int4.parse_text(b"1.5").is_err());
         assert_eq!(KeyType::Int8.parse_binary(&(-5i64).to_be_bytes()), Ok(Key::Int8(-5)));
         assert!(KeyType::Int4.parse_binary(&[0, 1]).is_err());

@@ -7,17 +7,18 @@ mod pg;
 
 pub use handover::handover_msg;
 pub use http::{http_chunked, http_head};
-pub use pg::{pg_backend, pg_frontend, pg_startup};
+pub use pg::{pg_backend, pg_frontend, pg_keyparam, pg_startup};
 
 /// A fuzz target: a name (its `src/bin/` harness, its `corpus/` directory) and its function.
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target, in the order `make fuzz` runs them.
-pub const ALL: [Target; 6] = [
+pub const ALL: [Target; 7] = [
     ("http_head", http_head),
     ("http_chunked", http_chunked),
     ("pg_frontend", pg_frontend),
     ("pg_backend", pg_backend),
     ("pg_startup", pg_startup),
     ("handover_msg", handover_msg),
+    ("pg_keyparam", pg_keyparam),
 ];

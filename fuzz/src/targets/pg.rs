@@ -1,10 +1,13 @@
 //! Targets for refract-pg: framing (`frame::peek`, `stream::Splitter`), the typed message
-//! decoders of both directions, and the untyped startup-phase packets.
+//! decoders of both directions, the untyped startup-phase packets, and the shard-key readers
+//! of Bind parameters (arrays in text and binary form).
 
 use bytes::BytesMut;
 use refract_pg::auth::{decode_password, SaslInitialResponse};
 use refract_pg::frame::{self, Header};
 use refract_pg::frontend::bind_names;
+use refract_pg::keyparam::{binary_array, text_array, Params};
+use refract_pg::partition::KeyType;
 use refract_pg::stream::Splitter;
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Side, StartupPacket};
 
@@ -101,6 +104,24 @@ pub fn pg_startup(data: &[u8]) {
         buf = &buf[n..];
         if !matches!(packet, StartupPacket::SslRequest | StartupPacket::GssEncRequest) {
             break;
+        }
+    }
+}
+
+/// The shard-key readers of a Bind parameter: the bytes as an array in text and in binary form,
+/// and as a key of every type in both formats. Nothing may panic; every element found lies
+/// within the input.
+pub fn pg_keyparam(data: &[u8]) {
+    for elems in [text_array(data), binary_array(data)].into_iter().flatten() {
+        let bytes: usize = elems.iter().flatten().map(Vec::len).sum();
+        assert!(bytes <= data.len(), "{bytes} element bytes from {} input bytes", data.len());
+    }
+    for ty in [KeyType::Int2, KeyType::Int4, KeyType::Int8, KeyType::Text, KeyType::Uuid] {
+        for format in [0i16, 1] {
+            let p = Params { formats: &[format], values: &[Some(data)] };
+            let _ = p.array(1, ty);
+            let _ = ty.parse_text(data);
+            let _ = ty.parse_binary(data);
         }
     }
 }

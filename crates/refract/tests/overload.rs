@@ -8,9 +8,14 @@ use std::time::{Duration, Instant};
 
 const ONE_SLOT: &str = "[overload]\nmax_concurrency = 1\ninitial_concurrency = 1\n";
 
-fn in_flight(d: &Dispatcher, name: &str) -> u64 {
+/// A counter of backend `name` in the admin API's `/backends`.
+fn backend_count(d: &Dispatcher, name: &str, field: &str) -> u64 {
     let list = admin_get(d.admin, "/backends").json();
-    list.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()["in_flight"].as_u64().unwrap()
+    list.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()[field].as_u64().unwrap()
+}
+
+fn in_flight(d: &Dispatcher, name: &str) -> u64 {
+    backend_count(d, name, "in_flight")
 }
 
 #[test]
@@ -57,8 +62,7 @@ fn a_client_that_goes_away_releases_its_backend_slot() {
 }
 
 fn queued(d: &Dispatcher, name: &str) -> u64 {
-    let list = admin_get(d.admin, "/backends").json();
-    list.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()["queued"].as_u64().unwrap()
+    backend_count(d, name, "queued")
 }
 
 #[test]

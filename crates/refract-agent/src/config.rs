@@ -25,6 +25,11 @@ pub struct AgentConfig {
     /// it). A backend that does not answer with a deferred head is served as without it.
     #[serde(default)]
     pub pass_socket: bool,
+    /// The backend is a PostgreSQL server, and refract's server connections reach it through
+    /// this address (docs/handover.md, "PostgreSQL"): the agent proxies them and writes large
+    /// results straight to the client. Absent: the backend speaks HTTP (the blob server).
+    #[serde(default)]
+    pub postgres_listen: Option<SocketAddr>,
     /// Where the agent listens for dispatcher control connections (cross-host hand-over).
     #[serde(default)]
     pub control: Option<SocketAddr>,

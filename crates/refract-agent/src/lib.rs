@@ -28,6 +28,9 @@
 //! - `pipe.rs`: splicing large bodies backend → pipe → client (zero-copy).
 //! - `hybrid.rs`: forwarded requests over either carrier; a large result asks for the client's
 //!   connection and adopts it (`adopt.rs`).
+//! - `pg/`: in front of a PostgreSQL server (`postgres_listen`): refract's server connections
+//!   pass through; a large result is written straight to the client (`pg/pump.rs`) once the
+//!   link hands its socket over (`pg/adopt.rs`).
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry; the I/O errors
 //!   that end serving an adopted connection.
 
@@ -42,6 +45,7 @@ mod hybrid;
 mod local;
 mod options;
 mod peer;
+mod pg;
 mod pipe;
 mod remote;
 mod server;
@@ -53,6 +57,7 @@ pub use config::AgentConfig;
 pub use error::{Error, Problem, Result, Side};
 pub use options::LocalOptions;
 pub use peer::{bind_local, PeerPolicy};
+pub use pg::{serve_postgres, Waiting};
 pub use server::{serve, serve_local, serve_local_for, serve_with, NOT_YET};
 
 /// `refract agent --config FILE`.
@@ -82,6 +87,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         tokio::select! {
             r = remote(&cfg, key, guard.clone()) => r?,
             r = same_host(&cfg) => r?,
+            r = postgres(&cfg, guard.clone()) => r?,
             r = tokio::signal::ctrl_c() => r.map_err(Error::Io)?,
         }
         Ok::<_, Error>(())
@@ -113,6 +119,15 @@ async fn same_host(cfg: &AgentConfig) -> Result<()> {
     serve_local_for(listener, local_options(cfg, None), peers).await.map_err(Error::Io)
 }
 
+/// The listener for refract's PostgreSQL server connections (pending forever when not
+/// configured). Its waiting connections are the links' too: one [`LocalOptions::pg`] for all.
+async fn postgres(cfg: &AgentConfig, guard: Option<SharedGuard>) -> Result<()> {
+    let Some(addr) = cfg.postgres_listen else { return std::future::pending().await };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Io(bind_err(addr, e)))?;
+    tracing::info!(postgres = %addr, backend = %cfg.backend, "PostgreSQL listener up");
+    pg::serve_postgres(listener, local_options(cfg, guard)).await.map_err(Error::Io)
+}
+
 /// How adopted connections reach the backend, from the config.
 fn local_options(cfg: &AgentConfig, guard: Option<SharedGuard>) -> LocalOptions {
     LocalOptions {
@@ -122,8 +137,13 @@ fn local_options(cfg: &AgentConfig, guard: Option<SharedGuard>) -> LocalOptions 
         backend_timeout: cfg.backend_timeout(),
         write_stall: cfg.write_stall(),
         guard,
+        pg: WAITING.clone(),
     }
 }
+
+/// The PostgreSQL connections waiting for a client's socket: one registry for the process, so
+/// that the links (which take the `HandOff`) and the PostgreSQL listener share it.
+static WAITING: std::sync::LazyLock<pg::Waiting> = std::sync::LazyLock::new(pg::Waiting::default);
 
 /// The guard, shared by the tasks that tombstone flows they hand back.
 type SharedGuard = std::sync::Arc<std::sync::Mutex<refract_handover::Guard>>;

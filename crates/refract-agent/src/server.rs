@@ -16,6 +16,7 @@ use crate::backend::BackendStream;
 use crate::hybrid::{self, Forwarded, Over};
 use crate::options::LocalOptions;
 use crate::peer::PeerPolicy;
+use crate::pg;
 
 /// What `HandOffErr` says while this agent cannot adopt cross-host connections (issue 3: the
 /// TCP_REPAIR restore is not wired to the serving code yet; same-host adoption is `local.rs`).
@@ -80,8 +81,12 @@ async fn session(mut ch: ControlChannel, backend: Option<LocalOptions>) -> refra
         let msg = ch.recv().await?;
         match msg {
             Msg::HandOff(t) => match &backend {
-                // `adopt` checks the epoch: a stale one is refused (`HandOffErr`).
-                Some(b) => adopt(&mut ch, b, &epochs, *t, None, None).await?,
+                // `adopt` checks the epoch: a stale one is refused (`HandOffErr`). A PostgreSQL
+                // connection waiting at a large result has its own adoption.
+                Some(b) => match b.pg.take(t.conn) {
+                    Some(w) => pg::adopt(&mut ch, b, &epochs, *t, None, w).await?,
+                    None => adopt(&mut ch, b, &epochs, *t, None, None).await?,
+                },
                 None => {
                     let observed = lock(&epochs).observe(t.conn, t.epoch);
                     if let Err(e) = observed {
@@ -149,7 +154,11 @@ async fn same_host_link(
     let mut backend: Option<BackendStream> = None;
     loop {
         match link.recv().await? {
-            (Msg::HandOff(t), fd) => adopt(&mut link, opts, epochs, *t, fd, None).await?,
+            (Msg::HandOff(t), fd) => match opts.pg.take(t.conn) {
+                // A PostgreSQL connection waiting at a large result.
+                Some(w) => pg::adopt(&mut link, opts, epochs, *t, fd, w).await?,
+                None => adopt(&mut link, opts, epochs, *t, fd, None).await?,
+            },
             (Msg::Forward { conn, request, threshold, bytes }, None) => {
                 let fw = Forwarded { conn, request, threshold, bytes };
                 let mut via = Over { link: &mut link, opts, epochs };

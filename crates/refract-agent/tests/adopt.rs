@@ -60,6 +60,7 @@ async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
             backend_timeout: Duration::from_secs(5),
             write_stall: Duration::from_secs(30),
             guard: None,
+            pg: Default::default(),
         },
     ));
     path
@@ -348,6 +349,7 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
             backend_timeout: timeout,
             write_stall: Duration::from_secs(30),
             guard: None,
+            pg: Default::default(),
         },
     ));
     let (mut client, server, mut link) = adopted(&path, backend, 7, 0, get(8 << 20, 0).into_bytes()).await;
@@ -417,6 +419,7 @@ async fn agent_passing(backend: SocketAddr, socket: PathBuf, tag: &str, pass_soc
         backend_timeout: timeout,
         write_stall: Duration::from_secs(30),
         guard: None,
+        pg: Default::default(),
     };
     tokio::spawn(serve_local(l, opts));
     path

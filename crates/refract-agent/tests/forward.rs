@@ -40,6 +40,7 @@ async fn setup(delay_ms: u64) -> ControlChannel {
         backend_timeout: Duration::from_secs(5),
         write_stall: Duration::from_secs(30),
         guard: None,
+        pg: Default::default(),
     };
     tokio::spawn(serve_with(l, ControlKey::try_new(KEY).unwrap(), opts(), Some(local)));
     ControlChannel::connect(addr, &ControlKey::try_new(KEY).unwrap(), opts()).await.unwrap()

@@ -97,6 +97,7 @@ async fn scenario() {
         backend_timeout: Duration::from_secs(5),
         write_stall: Duration::from_secs(30),
         guard: None,
+        pg: Default::default(),
     };
     tokio::spawn(serve_with(cl, ControlKey::try_new(KEY).unwrap(), opts, Some(backend_opts)));
 

@@ -81,6 +81,7 @@ async fn agent(tag: &str) -> (PathBuf, tokio::sync::mpsc::UnboundedReceiver<()>)
         backend_timeout: Duration::from_secs(5),
         write_stall: Duration::from_secs(30),
         guard: None,
+        pg: Default::default(),
     };
     tokio::spawn(serve_local(l, opts));
     (path, rx)

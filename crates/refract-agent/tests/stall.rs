@@ -105,6 +105,7 @@ async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
         backend_timeout: Duration::from_secs(5),
         write_stall: STALL,
         guard: None,
+        pg: Default::default(),
     };
     tokio::spawn(serve_local(l, opts));
     path

@@ -77,7 +77,11 @@ pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
     };
     let mut cfg = engine.checked(text, base, &others)?;
     if let Some(h) = &f.handover {
-        h.validate(&cfg.backends, text)?;
+        let mut names: Vec<&str> = cfg.backends.iter().map(|b| b.get_ref().name.as_str()).collect();
+        names.extend(f.postgres.iter().flat_map(|p| p.servers.iter().map(|s| s.name.as_str())));
+        h.validate(&names, find_key_line(text, "handover"))?;
+        // The PostgreSQL front end reads the section on its own.
+        cfg.sections.insert(h.clone());
     }
     cfg.sections.insert(HttpConfig::new(f.routes, f.handover));
     if let Some(pg) = f.postgres {

@@ -299,6 +299,7 @@ impl Session {
             let (tag, frame) = self.server_frame().await?;
             self.note_copy(tag);
             match tag {
+                refract_pg::hybrid::WANT => self.at_want(verbatim(&expect)).await?,
                 b'S' => {
                     self.note_untracked();
                     self.out.extend_from_slice(&frame);
@@ -365,6 +366,15 @@ fn prepare_silently(plan: &mut Plan, ps: &Arc<PreparedStatement>, g: &str) {
             runs: None,
         });
     }
+}
+
+/// Whether every answer still expected goes to the client as the server sends it (no answer
+/// refract swallows, stands in for or rewrites): only then may the agent write them itself.
+fn verbatim(expect: &VecDeque<Expect>) -> bool {
+    expect.iter().all(|e| match e {
+        Expect::Server { relay, prepares, .. } => *relay && !matches!(prepares, Some(Made::Refused(_))),
+        Expect::Local(..) => false,
+    })
 }
 
 /// After an error the server skips to the next Sync, and refract owes nothing before it.

@@ -10,6 +10,8 @@
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
 //! - `large`: large DataRow / CopyData relayed in pieces, never held whole.
+//! - `handover`: a large result written to the client by the server's agent (the client's
+//!   socket lent to it; the agent's digest replayed muted), or relayed.
 //! - `bind`: large Bind messages relayed in pieces, as a dispatch point of their batch.
 //! - `unreadable`: text that is not UTF-8 (LATIN1, WIN1252 ...): relayed as sent, classified
 //!   conservatively.
@@ -34,6 +36,7 @@ mod clients;
 pub mod config;
 mod error;
 mod extended;
+mod handover;
 mod held;
 mod large;
 mod listen;
@@ -70,6 +73,7 @@ pub enum Change<'a> {
 
 use refract_core::engine::{Front, Serving};
 use refract_core::{Config, Ctx};
+use refract_handover::config::HandoverConfig;
 use serde_json::Value;
 use shared::Shared;
 use std::net::SocketAddr;
@@ -91,7 +95,10 @@ impl PgFront {
         let c = &ctx.cfg;
         Some(
             self.shared
-                .get_or_init(|| Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop, &c.overload, &c.balance)))
+                .get_or_init(|| {
+                    let handover = c.sections.get::<HandoverConfig>().cloned();
+                    Arc::new(Shared::new(cfg, &ctx.metrics, &ctx.stop, &c.overload, &c.balance, handover))
+                })
                 .clone(),
         )
     }

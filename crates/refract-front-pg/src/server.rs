@@ -5,6 +5,7 @@ use super::error::PgError;
 use super::wire::Wire;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{ClientAuth, ClientStep};
+use refract_pg::hybrid::HybridRequest;
 use refract_pg::session::{ParamTracker, PreparedStatement};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::{BackendMessage, FrontendMessage, Side, Startup, StartupPacket};
@@ -25,6 +26,9 @@ pub struct Login {
     pub database: String,
     /// Connect plus login time limit.
     pub timeout: Duration,
+    /// The server is reached through its agent (`[handover] agents`): results of at least
+    /// this many bytes are offered for hand-over (`refract_pg::hybrid`).
+    pub hybrid: Option<u64>,
 }
 
 /// What a CancelRequest for this connection must carry, and where it goes.
@@ -64,6 +68,10 @@ pub struct ServerConn {
     pub broken: bool,
     /// The shard whose event loop the socket is registered with (its pool's idle list).
     pub home: usize,
+    /// The id the server's agent gave this connection (through an agent only).
+    pub hybrid_id: Option<u64>,
+    /// The epochs of this connection's hand-overs.
+    pub epochs: refract_handover::EpochTracker,
 }
 
 impl ServerConn {
@@ -85,8 +93,15 @@ impl ServerConn {
             ("application_name".to_owned(), "refract".to_owned()),
         ];
         let mut out = BytesMut::new();
+        if let Some(threshold) = login.hybrid {
+            HybridRequest { threshold }.encode(&mut out);
+        }
         StartupPacket::Startup(Startup { protocol: PROTOCOL_3_0, params }).encode(&mut out);
         wire.send(&out).await?;
+        let hybrid_id = match login.hybrid {
+            Some(_) => Some(accepted(&mut wire).await?),
+            None => None,
+        };
         let mut conn = ServerConn {
             wire,
             key: ServerKey { addr, pid: 0, secret: Bytes::new() },
@@ -97,6 +112,8 @@ impl ServerConn {
             applied: Some(vec![]),
             broken: false,
             home: refract_core::shard::current(),
+            hybrid_id,
+            epochs: refract_handover::EpochTracker::new(),
         };
         conn.login(login).await?;
         Ok(conn)
@@ -209,6 +226,17 @@ pub async fn cancel(key: &ServerKey, timeout: Duration) -> Result<(), PgError> {
 pub fn parse_lsn(s: &str) -> Option<u64> {
     let (hi, lo) = s.split_once('/')?;
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+/// The agent's answer to the hybrid request sent ahead of the startup message: the
+/// connection's id.
+async fn accepted(wire: &mut Wire) -> Result<u64, PgError> {
+    while wire.buffered().len() < 9 {
+        wire.fill().await?;
+    }
+    let answer = wire.buffered().split_to(9);
+    let b: [u8; 9] = answer[..].try_into().map_err(|_| PgError::Timeout("agent answer"))?;
+    Ok(refract_pg::hybrid::parse_accepted(&b)?)
 }
 
 #[cfg(test)]

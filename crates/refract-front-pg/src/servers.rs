@@ -12,6 +12,7 @@ use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
 use refract_core::metrics::Metrics;
 use refract_core::overload::AdmissionConfig;
+use refract_handover::config::{AgentAddr, HandoverConfig, HandoverMode};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -41,6 +42,8 @@ pub struct Server {
     pub(super) last_check: AtomicU64,
     pub(super) login: Arc<Login>,
     addr: std::net::SocketAddr,
+    /// Its agent, when results may be handed over (`[handover]` names one for it).
+    pub(super) agent: Option<AgentAddr>,
 }
 
 impl Server {
@@ -150,6 +153,8 @@ pub struct Servers {
     overload: Overload,
     /// Each server's admission settings (`admit::config`: `[overload]` capped by the pool).
     admission: AdmissionConfig,
+    /// `[handover]`, when it names agents.
+    handover: Option<HandoverConfig>,
     /// Sequence number of the last primary WAL-position poll started (health or fast poll).
     poll_started: AtomicU64,
     /// Recent primary polls that finished: (sequence number, WAL position), oldest first.
@@ -169,12 +174,19 @@ impl Servers {
     /// Pools for every configured server; all start up (the first probe corrects that). Each
     /// server's ejection and admission control follow `overload` (the engine's `[overload]`;
     /// admission as [`admission_config`] adapts it); reads are balanced by `balance`.
-    pub fn new(cfg: &PgConfig, metrics: &Metrics, overload: &Overload, balance: &Balance) -> Servers {
+    pub fn new(
+        cfg: &PgConfig,
+        metrics: &Metrics,
+        overload: &Overload,
+        balance: &Balance,
+        handover: Option<HandoverConfig>,
+    ) -> Servers {
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
             database: cfg.database.clone(),
             timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            hybrid: None,
         });
         let servers = Servers {
             list: RwLock::new(Arc::new(Vec::new())),
@@ -188,6 +200,7 @@ impl Servers {
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
             admission: admission_config(overload, cfg),
+            handover: handover.filter(|h| h.mode != HandoverMode::Off),
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
             demand: AtomicU64::new(0),
@@ -206,19 +219,30 @@ impl Servers {
         let name = metrics_name(&s.name);
         let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None };
         let member = Arc::new(Backend::new(&def, 0, metrics.backend(&name), self.admission.clone()));
+        let (agent, login) = self.through_agent(&s.name);
         Arc::new(Server {
             name: s.name.clone(),
             role: s.role,
-            pool: Pool::new(s.addr, self.login.clone(), self.pool_size, self.checkout),
+            pool: Pool::new(s.addr, login.clone(), self.pool_size, self.checkout),
             index: self.next_index.fetch_add(1, Ordering::Relaxed),
             member,
             lsn: AtomicU64::new(0),
             lag: AtomicU64::new(0),
             lag_ms: AtomicU64::new(0),
             last_check: AtomicU64::new(0),
-            login: self.login.clone(),
+            login,
             addr: s.addr,
+            agent,
         })
+    }
+
+    /// The agent of server `name` and the login of its connections: through the agent, they
+    /// ask it to watch their results (`always`: every result with a row is offered).
+    fn through_agent(&self, name: &str) -> (Option<AgentAddr>, Arc<Login>) {
+        let Some(h) = &self.handover else { return (None, self.login.clone()) };
+        let Some(agent) = h.agents.get(name) else { return (None, self.login.clone()) };
+        let threshold = if h.mode == HandoverMode::Always { 1 } else { h.threshold };
+        (Some(agent.clone()), Arc::new(Login { hybrid: Some(threshold), ..(*self.login).clone() }))
     }
 
     /// The servers now (a cheap snapshot; servers may join or leave after).

@@ -16,6 +16,8 @@ use super::wire::{Frame, Incoming, Wire};
 use crate::config::{PgRole, PoolMode};
 use bytes::BytesMut;
 use refract_pg::classify::{Classification, Route, Statement};
+use refract_pg::frame::{self, Limits};
+use refract_pg::hybrid;
 use refract_pg::notice::sqlstate;
 use refract_pg::session::SessionState;
 use refract_pg::{reply, text, BackendMessage, FrontendMessage, Side, TxStatus};
@@ -74,6 +76,10 @@ pub(super) struct Session {
     pub(super) client: Registration,
     /// Session state refract keeps for it (pinning, LISTEN channels, extended-protocol SETs).
     pub(super) held: Held,
+    /// After a hand-over: the messages the agent delivered to the client itself (rows left
+    /// out), read before the server's next ones; while it is set, nothing goes to the client
+    /// (`handover.rs`).
+    replay: Option<BytesMut>,
 }
 
 /// Serves one client connection to its end.
@@ -107,6 +113,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         pool_mode,
         client,
         held: Held::default(),
+        replay: None,
     };
     match s.serve().await {
         Ok(()) => s.give_back().await,
@@ -540,6 +547,10 @@ impl Session {
             let (tag, frame) = self.server_frame().await?;
             self.note_copy(tag);
             match tag {
+                hybrid::WANT => {
+                    self.at_want(true).await?;
+                    continue;
+                }
                 b'E' => {
                     failed = true;
                     self.advance(Event::QueryError);
@@ -591,8 +602,21 @@ impl Session {
         }
     }
 
+    /// After a hand-over: what the agent delivered is read next, muted.
+    pub(super) fn replay_delivered(&mut self, delivered: bytes::Bytes) {
+        self.replay = Some(BytesMut::from(&delivered[..]));
+    }
+
     /// The next message from the bound server; flushes to the client before waiting.
     pub(super) async fn server_frame(&mut self) -> Result<Frame, PgError> {
+        if let Some(r) = self.replay.as_mut() {
+            if let Some(h) = frame::peek(r, Side::Backend, &Limits::default())? {
+                return Ok((h.tag, r.split_to(h.total).freeze()));
+            }
+            // What was gathered for the client meanwhile, it has from the agent.
+            self.replay = None;
+            self.out.clear();
+        }
         loop {
             if let Some(f) = self.conn()?.wire.next_frame()? {
                 return Ok(f);
@@ -633,6 +657,14 @@ impl Session {
 
     /// Writes pending bytes to the client.
     pub(super) async fn flush(&mut self) -> Result<(), PgError> {
+        if let Some(r) = &self.replay {
+            // Replaying what the agent delivered: the client has it.
+            if r.is_empty() {
+                self.replay = None;
+            }
+            self.out.clear();
+            return Ok(());
+        }
         if !self.out.is_empty() {
             self.wire.send(&self.out).await?;
             self.out.clear();

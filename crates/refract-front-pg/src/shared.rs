@@ -9,6 +9,7 @@ use super::servers::Servers;
 use crate::config::PgConfig;
 use refract_core::config::{Balance, Overload};
 use refract_core::metrics::Metrics;
+use refract_handover::config::HandoverConfig;
 use refract_pg::classify::{Classifier, ClassifierConfig};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
@@ -46,13 +47,14 @@ impl Shared {
         stop: &CancellationToken,
         overload: &Overload,
         balance: &Balance,
+        handover: Option<HandoverConfig>,
     ) -> Shared {
         let mut ccfg = ClassifierConfig::default();
         if let Some(f) = &cfg.write_functions {
             ccfg.write_functions = f.clone();
         }
         Shared {
-            servers: Arc::new(Servers::new(cfg, metrics, overload, balance)),
+            servers: Arc::new(Servers::new(cfg, metrics, overload, balance, handover)),
             classifier: Classifier::new(ccfg),
             cancels: Arc::default(),
             server_params: RwLock::new(vec![]),

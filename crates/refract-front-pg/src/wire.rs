@@ -192,6 +192,15 @@ impl Wire {
         &mut self.buf
     }
 
+    /// The socket of a plain-TCP connection (`None` on TLS: its session cannot move).
+    pub fn plain_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        match &self.stream {
+            Stream::Plain(s) => Some(s.as_fd()),
+            _ => None,
+        }
+    }
+
     /// Whether the connection is encrypted.
     pub fn is_tls(&self) -> bool {
         matches!(self.stream, Stream::Tls(_))

@@ -23,6 +23,8 @@
 //!   authentication, heartbeats).
 //! - [`seam`]: the dispatcher's hand-over client, protocol-neutral ([`seam::hand_off`],
 //!   [`seam::take_back`]); a front end implements [`seam::Seam`] for what only it knows.
+//! - [`config`]: the dispatcher's `[handover]` section (mode, threshold, agents), shared by
+//!   the front ends.
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
 //! - `sys.rs`: the raw socket options and ioctls, descriptors received by SCM_RIGHTS, the
 //!   `Pod` promises of the map types (every `unsafe` of the crate lives here);
@@ -31,6 +33,7 @@
 
 mod bpf;
 mod carrier;
+pub mod config;
 pub mod control;
 mod epoch;
 mod error;

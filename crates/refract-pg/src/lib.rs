@@ -11,6 +11,7 @@
 //! - [`text`]: message text in any client encoding, held losslessly (non-UTF-8 bytes escaped).
 //! - [`frontend`]: typed client messages ([`FrontendMessage`]).
 //! - [`backend`]: typed server messages ([`BackendMessage`]).
+//! - [`hybrid`]: the in-band signals of the result hand-over between refract and an agent.
 //! - [`notice`]: ErrorResponse/NoticeResponse fields and SQLSTATE codes.
 //! - [`partition`]: PostgreSQL's hash partitioning (which remainder a key gets), for sharding.
 //! - [`keyparam`]: key values from Bind parameters (text, binary, arrays for `= ANY($n)`).
@@ -28,6 +29,7 @@ pub mod classify;
 pub mod error;
 pub mod frame;
 pub mod frontend;
+pub mod hybrid;
 pub mod keyparam;
 pub mod notice;
 pub mod partition;

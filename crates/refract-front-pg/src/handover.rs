@@ -1,0 +1,158 @@
+//! The PostgreSQL result hand-over, refract's side (docs/handover.md, "PostgreSQL").
+//!
+//! A server with an agent is reached through it, and the agent watches each result. When one
+//! passes the threshold the agent stops at the boundary before the next row and says `WANT`
+//! (`refract_pg::hybrid`); the session, which has relayed everything before it, flushes that to
+//! the client and decides: the client's socket goes to the agent over the hand-over link
+//! (`refract_handover::seam`; same host: the descriptor by SCM_RIGHTS), or the session says
+//! `RELAY` in-band and relays the rest as usual. The agent writes the rest of the result to
+//! the client, hands the socket back at ReadyForQuery and sends `DELIVERED`: the messages it
+//! wrote other than rows, copy data, notices and notifications. The session reads them as if
+//! relayed, with its output to the client muted ([`Session::replay`]), so its transaction,
+//! statement and SET tracking see what the client saw.
+//!
+//! The cut is taken only when everything from it to the ReadyForQuery would be relayed
+//! verbatim (no answer refract swallows or stands in for: the batch's `Expect`s say so) and the
+//! client is on plain TCP (a TLS session cannot move: this kernel has no kTLS). Nothing of the
+//! client's travels: the agent never reads from the client, so what it pipelined stays in the
+//! session's buffer and in the socket.
+
+use super::error::PgError;
+use super::session::Session;
+use refract_handover::config::AgentAddr;
+use refract_handover::local::LocalLink;
+use refract_handover::seam::{self, Back, Offer, Refusal, Seam};
+use refract_handover::{Serving, Socket};
+use refract_pg::hybrid;
+use refract_pg::Side;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+/// Bound on reaching the agent's socket.
+const CONNECT: Duration = Duration::from_millis(200);
+/// Bound on the agent's answer to a hand-off.
+const ANSWER: Duration = Duration::from_secs(5);
+
+/// PostgreSQL's side of the seam: the client's socket; nothing travels, nothing more is served.
+struct Cut<'a> {
+    socket: BorrowedFd<'a>,
+}
+
+impl Seam for Cut<'_> {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.socket
+    }
+
+    fn travelling(&self) -> Vec<u8> {
+        Vec::new() // the agent writes the rest of one result and reads nothing
+    }
+
+    fn moved(&mut self) {}
+
+    fn may_serve(&mut self, _: &[u8]) -> bool {
+        false // the agent never asks: it hands back at ReadyForQuery
+    }
+}
+
+/// How an attempt ended.
+enum Attempt {
+    /// The agent wrote the rest and gave the socket back.
+    Back { sent: u64 },
+    /// Not handed over (the agent holds the rest for `RELAY` unless it refused itself).
+    Declined { why: &'static str, detail: String, tell_agent: bool },
+}
+
+impl Session {
+    /// The agent holds a large result (`WANT`). `verbatim`: everything from here to the
+    /// ReadyForQuery would be relayed as the server sends it. Either the agent writes the rest
+    /// (its digest is then replayed, muted), or the session relays it.
+    pub(super) async fn at_want(&mut self, verbatim: bool) -> Result<(), PgError> {
+        self.flush().await?;
+        let started = Instant::now();
+        let name = self.bound_name();
+        match self.attempt(verbatim).await? {
+            Attempt::Back { sent } => {
+                let m = &self.shared.metrics;
+                m.handover(&name, "ok");
+                m.handover_latency(started.elapsed().as_secs_f64());
+                m.handback(&name);
+                m.bytes_direct(&name, sent);
+                let (tag, frame) = self.conn()?.wire.recv().await?;
+                if tag != hybrid::DELIVERED {
+                    self.conn()?.broken = true;
+                    return Err(PgError::Unavailable("the agent sent no digest after the hand-back".into()));
+                }
+                self.replay_delivered(frame.slice(5..));
+                Ok(())
+            }
+            Attempt::Declined { why, detail, tell_agent } => {
+                tracing::debug!(server = %name, "large result relayed: {detail}");
+                self.shared.metrics.handover(&name, why);
+                if tell_agent {
+                    let mut relay = bytes::BytesMut::new();
+                    hybrid::encode_marker(hybrid::RELAY, &[], &mut relay);
+                    self.conn()?.wire.send(&relay).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn bound_name(&self) -> String {
+        self.bound.as_ref().map_or_else(String::new, |b| format!("pg:{}", b.server.name))
+    }
+
+    /// Offers the client's socket to the agent and waits until it comes back. `Err`: the agent
+    /// may have written part of the result: the client connection and the server connection end.
+    async fn attempt(&mut self, verbatim: bool) -> Result<Attempt, PgError> {
+        let declined = |why, detail: &str, tell_agent| Attempt::Declined { why, detail: detail.into(), tell_agent };
+        if !verbatim {
+            return Ok(declined("unsupported", "refract answers part of the rest itself", true));
+        }
+        let Some(agent) = self.bound.as_ref().and_then(|b| b.server.agent.clone()) else {
+            return Ok(declined("unsupported", "the server has no agent", true));
+        };
+        let AgentAddr::Unix(path) = agent else {
+            return Ok(declined("unsupported", "PostgreSQL hand-over across hosts is not built yet", true));
+        };
+        let mut link = match tokio::time::timeout(CONNECT, LocalLink::connect(&path)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => return Ok(declined("unreachable", &format!("agent {}: {e}", path.display()), true)),
+            Err(_) => return Ok(declined("unreachable", "agent: connect timed out", true)),
+        };
+        // Disjoint fields: the client's socket (kept here, untouched until it comes back; the
+        // agent's descriptor is a duplicate) and the bound server connection.
+        let (wire, bound) = (&self.wire, &mut self.bound);
+        let Some(socket) = wire.plain_fd() else { return Ok(declined("unsupported", "the client is on TLS", true)) };
+        let Some(conn) = bound.as_mut().map(|b| &mut b.guard) else {
+            return Err(PgError::Unavailable("internal: no server bound".into()));
+        };
+        let Some(id) = conn.hybrid_id else { return Ok(declined("unsupported", "not through the agent", true)) };
+        let mut cut = Cut { socket };
+        let epoch = conn.epochs.advance(id);
+        let offer = Offer { conn: id, epoch, socket: Socket::Passed, serving: Serving::default(), answer: ANSWER };
+        match seam::hand_off(&mut link, &mut cut, &conn.epochs, offer).await {
+            Ok(()) => {}
+            // The agent refused and forwards the rest itself.
+            Err(Refusal::Refused(reason)) => return Ok(declined("refused", &reason, false)),
+            Err(r) => {
+                conn.broken = true;
+                tracing::warn!("PostgreSQL hand-over failed after the offer ({r}); closing the client");
+                return Err(PgError::Closed(Side::Client));
+            }
+        }
+        match seam::take_back(&mut link, &mut cut, &mut conn.epochs, id).await {
+            Back::Here(t, _theirs) => Ok(Attempt::Back { sent: t.sent }),
+            Back::Closed { sent, reason } => {
+                conn.broken = true;
+                tracing::debug!(sent, "the agent closed the client connection: {reason}");
+                Err(PgError::Closed(Side::Client))
+            }
+            other => {
+                conn.broken = true;
+                tracing::warn!("PostgreSQL hand-over lost while the agent had the client ({other:?}); closing it");
+                Err(PgError::Closed(Side::Client))
+            }
+        }
+    }
+}

@@ -23,6 +23,7 @@ use std::time::Duration;
 struct Hybrid {
     port: u16,
     admin: u16,
+    agent: Agent,
     _ctx: Arc<Ctx>,
     _dir: TempDir,
     cluster: PgCluster,
@@ -41,10 +42,26 @@ fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
 }
 
-/// Starts the agent in front of `server`: its PostgreSQL listener and its same-host link.
-fn agent(server: SocketAddr, sock: PathBuf) -> SocketAddr {
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let addr = listener.local_addr().unwrap();
+/// An agent running in this process, as `refract agent` runs it; [`Agent::kill`] ends it the
+/// way a crash would for its sockets (its runtime, with every task and socket, is dropped).
+struct Agent {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    fn kill(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+/// Starts the agent in front of `server` on `listener` (its PostgreSQL listener) and `sock`
+/// (its same-host link).
+fn agent(server: SocketAddr, listener: std::net::TcpListener, sock: PathBuf) -> Agent {
+    let (ready, is_ready) = std::sync::mpsc::channel();
     let opts = refract_agent::LocalOptions {
         backend: server,
         backend_socket: None,
@@ -54,28 +71,36 @@ fn agent(server: SocketAddr, sock: PathBuf) -> SocketAddr {
         guard: None,
         pg: Default::default(),
     };
-    std::thread::spawn(move || {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
             listener.set_nonblocking(true).unwrap();
             let pg = tokio::net::TcpListener::from_std(listener).unwrap();
             let local = refract_agent::bind_local(&sock, None).unwrap();
+            ready.send(()).unwrap();
             tokio::select! {
                 r = refract_agent::serve_postgres(pg, opts.clone()) => r.unwrap(),
                 r = refract_agent::serve_local(local, opts) => r.unwrap(),
+                _ = stopped => {}
             }
         });
     });
-    addr
+    is_ready.recv().unwrap();
+    Agent { stop: Some(stop), thread: Some(thread) }
 }
 
 impl Hybrid {
     fn start() -> Hybrid {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
-        let dir = std::env::temp_dir().join(format!("refract-pg-handover-{}", std::process::id()));
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("refract-pg-handover-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("agent.sock");
-        let through = agent(cluster.primary.addr(), sock.clone());
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let through = listener.local_addr().unwrap();
+        let agent = agent(cluster.primary.addr(), listener, sock.clone());
         let (port, admin) = (free_port(), free_port());
         let text = format!(
             r#"
@@ -98,7 +123,8 @@ password = "{PASSWORD}"
 
 [[postgres.server]]
 name = "primary"
-addr = "{through}"
+addr = "{}"
+through = "{through}"
 role = "primary"
 
 [handover]
@@ -106,6 +132,7 @@ mode = "hybrid"
 threshold = 65536
 agents = {{ primary = "unix:{}" }}
 "#,
+            cluster.primary.addr(),
             sock.display()
         );
         let cfg = config::parse(&text).unwrap();
@@ -118,7 +145,7 @@ agents = {{ primary = "unix:{}" }}
             assert!(std::time::Instant::now() < deadline, "refract never listened");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Hybrid { port, admin, _ctx: ctx, _dir: TempDir(dir), cluster }
+        Hybrid { port, admin, agent, _ctx: ctx, _dir: TempDir(dir), cluster }
     }
 
     fn client(&self) -> Client {
@@ -144,7 +171,16 @@ agents = {{ primary = "unix:{}" }}
 
 /// Same messages, rows, error and status.
 fn same(what: &str, through: &Answer, direct: &Answer) {
-    assert_eq!(through.tags, direct.tags, "{what}: message types differ");
+    let error = through.error.as_ref().map(|e| format!("{e:?}"));
+    let head = |a: &Answer| a.tags.chars().take(40).collect::<String>();
+    assert!(
+        through.tags == direct.tags,
+        "{what}: message types differ: {} ({} messages) vs {} ({}); error {error:?}",
+        head(through),
+        through.tags.len(),
+        head(direct),
+        direct.tags.len()
+    );
     assert_eq!(through.rows, direct.rows, "{what}: rows differ");
     assert_eq!(through.code(), direct.code(), "{what}: errors differ");
     assert_eq!(through.status, direct.status, "{what}: status differs");
@@ -205,4 +241,90 @@ fn large_results_are_handed_over_and_read_as_from_postgresql() {
 
     let handed = h.handed_over() - before;
     assert!(handed >= 6, "{handed} hand-overs, expected one per large result");
+}
+
+/// A result far larger than the tests read (about 450 MB): the agent is still writing it
+/// when the test acts.
+const HUGE: &str = "select n, md5(n::text) from generate_series(1, 10000000) n";
+
+/// Reads rows of the result under way until `bytes` of them came (the agent writes by then).
+fn read_rows(c: &mut Client, bytes: usize) {
+    let mut got = 0;
+    while got < bytes {
+        match c.recv().expect("the result ended early") {
+            refract_pg::BackendMessage::DataRow(cols) => {
+                got += cols.iter().flatten().map(|b| b.len() + 4).sum::<usize>()
+            }
+            m => assert!(matches!(m, refract_pg::BackendMessage::RowDescription(_)), "unexpected {m:?}"),
+        }
+    }
+}
+
+/// Whether the huge query still runs on the server.
+fn huge_running(d: &mut Client) -> bool {
+    let q = format!("select count(*) from pg_stat_activity where query = '{HUGE}' and pid <> pg_backend_pid()");
+    d.query(&q).value() != "0"
+}
+
+#[test]
+fn an_agent_that_is_gone_leaves_results_relayed() {
+    let mut h = Hybrid::start();
+    let (mut c, mut d) = (h.client(), h.direct());
+    same("through the agent", &c.query(LARGE), &d.query(LARGE));
+    assert!(h.handed_over() > 0, "handed over while the agent ran");
+    h.agent.kill();
+    let before = h.handed_over();
+    // The idle connection through the dead agent is dropped at checkout; the next one goes
+    // straight to the server, and the result is relayed.
+    same("after the agent died", &c.query(LARGE), &d.query(LARGE));
+    same("and again", &c.query(LARGE), &d.query(LARGE));
+    assert_eq!(h.handed_over(), before, "no hand-over without the agent");
+}
+
+#[test]
+fn an_agent_that_dies_mid_result_ends_that_client_only() {
+    let mut h = Hybrid::start();
+    let (mut other, mut d) = (h.client(), h.direct());
+    let mut c = h.client();
+    c.send(&[FrontendMessage::Query(HUGE.into())]);
+    read_rows(&mut c, 4 << 20);
+    let killed = std::time::Instant::now();
+    h.agent.kill();
+    // The client reads what is in its socket, then the connection ends.
+    while c.recv().is_some() {}
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(2), "the client's connection ended {took:?} after the agent died");
+    // Every other client goes on (straight to the server now).
+    same("another client", &other.query("select 1"), &d.query("select 1"));
+    same("a new client", &h.client().query(LARGE), &d.query(LARGE));
+    // The server connection the agent had is gone with its query, never reused.
+    pg_common::until("the huge query ended on the server", || !huge_running(&mut d));
+}
+
+#[test]
+fn a_client_that_leaves_mid_result_has_its_query_cancelled() {
+    let h = Hybrid::start();
+    let mut d = h.direct();
+    let mut c = h.client();
+    c.send(&[FrontendMessage::Query(HUGE.into())]);
+    read_rows(&mut c, 4 << 20);
+    assert!(huge_running(&mut d), "the query runs while the agent writes");
+    drop(c); // unread data in its socket: the close resets the connection
+    pg_common::until("the huge query ended on the server", || !huge_running(&mut d));
+    let mut again = h.client();
+    same("refract serves on", &again.query(LARGE), &d.query(LARGE));
+}
+
+#[test]
+fn a_cancel_request_stops_a_handed_over_result() {
+    let h = Hybrid::start();
+    let mut c = h.client();
+    c.send(&[FrontendMessage::Query(HUGE.into())]);
+    read_rows(&mut c, 4 << 20);
+    c.cancel(SocketAddr::from((Ipv4Addr::LOCALHOST, h.port)));
+    let rest = c.until_ready();
+    assert_eq!(rest.code(), Some("57014"), "the result ends with query_canceled");
+    assert_eq!(rest.status, Some(refract_pg::TxStatus::Idle));
+    assert_eq!(c.query("select 5").value(), "5", "the session goes on");
+    assert!(h.handed_over() > 0, "the cancelled result had been handed over");
 }

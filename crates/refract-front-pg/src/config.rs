@@ -168,6 +168,12 @@ pub struct PgServerConfig {
     pub addr: SocketAddr,
     /// `primary` or `replica`.
     pub role: PgRole,
+    /// The PostgreSQL listener of the agent in front of this server (its `postgres_listen`):
+    /// with an agent named for the server in `[handover] agents`, server connections go
+    /// through it so that large results can be handed over, and straight to `addr` whenever
+    /// it does not answer (docs/handover.md, "PostgreSQL").
+    #[serde(default)]
+    pub through: Option<SocketAddr>,
 }
 
 /// A server's role.

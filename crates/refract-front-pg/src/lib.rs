@@ -132,7 +132,7 @@ impl PgFront {
                     refract_core::config::Role::Primary => PgRole::Primary,
                     refract_core::config::Role::Replica => PgRole::Replica,
                 };
-                servers.add(&PgServerConfig { name: name.into(), addr: def.addr, role }, &ctx.metrics)
+                servers.add(&PgServerConfig { name: name.into(), addr: def.addr, role, through: None }, &ctx.metrics)
             }
             Change::Remove(name) => servers.remove(name.strip_prefix("pg:")?, &ctx.metrics),
             Change::Drain(name, drained) => {

@@ -81,9 +81,17 @@ impl Pool {
             Ok(slot) => slot,
             Err(_) => self.wait_for_slot().await?,
         };
-        let conn = match self.take_idle() {
-            Some(c) => c,
-            None => ServerConn::connect(self.addr, &self.login).await?,
+        let conn = loop {
+            match self.take_idle() {
+                // An idle connection whose peer went away (the server restarted, its agent
+                // died) is dropped here, before a statement is lost on it.
+                Some(mut c) if !c.wire.open_and_quiet() => {
+                    tracing::debug!(server = %self.addr, "dropping an idle connection the other end closed");
+                    c.broken = true;
+                }
+                Some(c) => break c,
+                None => break ServerConn::connect(self.addr, &self.login).await?,
+            }
         };
         Ok(Guard { conn: Some(conn), pool: self.clone(), _slot: slot })
     }

@@ -26,9 +26,19 @@ pub struct Login {
     pub database: String,
     /// Connect plus login time limit.
     pub timeout: Duration,
-    /// The server is reached through its agent (`[handover] agents`): results of at least
-    /// this many bytes are offered for hand-over (`refract_pg::hybrid`).
-    pub hybrid: Option<u64>,
+    /// The server is reached through its agent at this address (`through`, with an agent in
+    /// `[handover] agents`): results of at least `threshold` bytes are offered for hand-over
+    /// (`refract_pg::hybrid`).
+    pub hybrid: Option<Through>,
+}
+
+/// A server's agent, as its connections reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Through {
+    /// The agent's PostgreSQL listener.
+    pub agent: SocketAddr,
+    /// Smallest result offered for hand-over, in bytes.
+    pub threshold: u64,
 }
 
 /// What a CancelRequest for this connection must carry, and where it goes.
@@ -84,7 +94,21 @@ impl ServerConn {
     }
 
     async fn connect_inner(addr: SocketAddr, login: &Login) -> Result<ServerConn, PgError> {
-        let stream = TcpStream::connect(addr).await.map_err(|e| PgError::io(Side::Backend, e))?;
+        // Through the agent when it answers; else straight to the server (relayed only).
+        let through = match login.hybrid {
+            Some(t) => match TcpStream::connect(t.agent).await {
+                Ok(s) => Some((s, t.threshold)),
+                Err(e) => {
+                    tracing::debug!(agent = %t.agent, server = %addr, "agent unreachable ({e}); connecting directly");
+                    None
+                }
+            },
+            None => None,
+        };
+        let (stream, hybrid) = match through {
+            Some((s, threshold)) => (s, Some(threshold)),
+            None => (TcpStream::connect(addr).await.map_err(|e| PgError::io(Side::Backend, e))?, None),
+        };
         let _ = stream.set_nodelay(true);
         let mut wire = Wire::new(stream, Side::Backend);
         let params = vec![
@@ -93,12 +117,12 @@ impl ServerConn {
             ("application_name".to_owned(), "refract".to_owned()),
         ];
         let mut out = BytesMut::new();
-        if let Some(threshold) = login.hybrid {
+        if let Some(threshold) = hybrid {
             HybridRequest { threshold }.encode(&mut out);
         }
         StartupPacket::Startup(Startup { protocol: PROTOCOL_3_0, params }).encode(&mut out);
         wire.send(&out).await?;
-        let hybrid_id = match login.hybrid {
+        let hybrid_id = match hybrid {
             Some(_) => Some(accepted(&mut wire).await?),
             None => None,
         };

@@ -6,7 +6,7 @@
 //! in `probes.rs`.
 
 use super::pool::Pool;
-use super::server::Login;
+use super::server::{Login, Through};
 use crate::config::{PgConfig, PgRole, PgServerConfig};
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
@@ -40,6 +40,7 @@ pub struct Server {
     pub(super) lag_ms: AtomicU64,
     /// When the last probe finished (Unix milliseconds; 0 = never).
     pub(super) last_check: AtomicU64,
+    /// How the probes log in: straight to the server (its pool may go through its agent).
     pub(super) login: Arc<Login>,
     addr: std::net::SocketAddr,
     /// Its agent, when results may be handed over (`[handover]` names one for it).
@@ -219,18 +220,19 @@ impl Servers {
         let name = metrics_name(&s.name);
         let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None };
         let member = Arc::new(Backend::new(&def, 0, metrics.backend(&name), self.admission.clone()));
-        let (agent, login) = self.through_agent(&s.name);
+        let (agent, login) = self.through_agent(s);
         Arc::new(Server {
             name: s.name.clone(),
             role: s.role,
-            pool: Pool::new(s.addr, login.clone(), self.pool_size, self.checkout),
+            pool: Pool::new(s.addr, login, self.pool_size, self.checkout),
             index: self.next_index.fetch_add(1, Ordering::Relaxed),
             member,
             lsn: AtomicU64::new(0),
             lag: AtomicU64::new(0),
             lag_ms: AtomicU64::new(0),
             last_check: AtomicU64::new(0),
-            login,
+            // Probes check the server itself, never through its agent.
+            login: self.login.clone(),
             addr: s.addr,
             agent,
         })
@@ -238,11 +240,13 @@ impl Servers {
 
     /// The agent of server `name` and the login of its connections: through the agent, they
     /// ask it to watch their results (`always`: every result with a row is offered).
-    fn through_agent(&self, name: &str) -> (Option<AgentAddr>, Arc<Login>) {
-        let Some(h) = &self.handover else { return (None, self.login.clone()) };
-        let Some(agent) = h.agents.get(name) else { return (None, self.login.clone()) };
+    fn through_agent(&self, s: &PgServerConfig) -> (Option<AgentAddr>, Arc<Login>) {
+        let plain = || (None, self.login.clone());
+        let (Some(h), Some(through)) = (&self.handover, s.through) else { return plain() };
+        let Some(agent) = h.agents.get(&s.name) else { return plain() };
         let threshold = if h.mode == HandoverMode::Always { 1 } else { h.threshold };
-        (Some(agent.clone()), Arc::new(Login { hybrid: Some(threshold), ..(*self.login).clone() }))
+        let hybrid = Some(Through { agent: through, threshold });
+        (Some(agent.clone()), Arc::new(Login { hybrid, ..(*self.login).clone() }))
     }
 
     /// The servers now (a cheap snapshot; servers may join or leave after).

@@ -192,6 +192,19 @@ impl Wire {
         &mut self.buf
     }
 
+    /// An idle plain-TCP connection is still open and has sent nothing: its peer neither
+    /// closed it nor spoke out of turn (a read that would block). Reads at most one byte,
+    /// which only an unusable connection has.
+    pub fn open_and_quiet(&self) -> bool {
+        match &self.stream {
+            Stream::Plain(s) => {
+                self.buf.is_empty()
+                    && matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+            _ => true,
+        }
+    }
+
     /// The socket of a plain-TCP connection (`None` on TLS: its session cannot move).
     pub fn plain_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;

@@ -394,6 +394,14 @@ fn the_same_host_example_parses() {
     cfg.control_key().unwrap();
 }
 
+#[test]
+fn the_postgres_example_parses() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agent-postgres.toml");
+    let cfg = refract_agent::AgentConfig::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(cfg.local.is_some() && cfg.postgres_listen.is_some());
+    cfg.control_key().unwrap();
+}
+
 /// A blob server on a Unix socket only; its TCP identity (`backend`) has no listener.
 async fn unix_blob(tag: &str) -> (PathBuf, std::sync::Arc<BlobServer>) {
     let path = std::env::temp_dir().join(format!("rf-blob-{}-{tag}.sock", std::process::id()));

@@ -23,6 +23,9 @@
 //!   authentication, heartbeats).
 //! - [`seam`]: the dispatcher's hand-over client, protocol-neutral ([`seam::hand_off`],
 //!   [`seam::take_back`]); a front end implements [`seam::Seam`] for what only it knows.
+//! - [`across`]: the dispatcher's cross-host move for any protocol (quiesce, FREEZE, snapshot,
+//!   STEER, `HandOff`, restore at the hand-back; [`across::steer`]: its ingress map), and why a
+//!   hand-over did not happen ([`across::Declined`]).
 //! - [`config`]: the dispatcher's `[handover]` section (mode, threshold, agents), shared by
 //!   the front ends.
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
@@ -31,6 +34,7 @@
 //!   [`queued_bytes`].
 //! - [`Error`] (`error.rs`): what failed, whose fault, whether to retry.
 
+pub mod across;
 mod bpf;
 mod carrier;
 pub mod config;

@@ -5,9 +5,9 @@
 //! request the agent reads is judged by `keep.rs`.
 
 use super::keep::{self, Verdict};
-use super::{Declined, Rec, Session, Why};
+use super::{Rec, Session};
 use crate::conn::ClientConn;
-use refract_handover::seam::{self, Back, Refusal, Seam};
+use refract_handover::seam::{self, Back, Seam};
 use refract_handover::{Carrier, Transfer};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -46,18 +46,6 @@ impl Seam for Cut<'_, '_> {
             }
         }
     }
-}
-
-/// The label and detail of an offer the agent did not take.
-pub(super) fn declined(r: &Refusal) -> Declined {
-    let why = match r {
-        Refusal::Refused(reason) => Why::of_refusal(reason),
-        Refusal::Lost(_) => Why::AgentLost,
-        Refusal::Stale(_) => Why::StaleEpoch,
-        Refusal::Unexpected(_) => Why::Protocol,
-        Refusal::Timeout => Why::Timeout,
-    };
-    Declined::new(why, r.to_string())
 }
 
 /// What differs when the connection comes back: how the socket becomes the session's again.

@@ -6,7 +6,7 @@
 //! the client's connection with it. Its ordering — `HandOffOk` before any byte to the client —
 //! is what makes "no answer yet" safe to relay.
 
-use super::cut::{declined, settle, Cut, Land, Landed};
+use super::cut::{settle, Cut, Land, Landed};
 use super::{Declined, Rec, Session, Why};
 use crate::conn::ClientConn;
 use refract_handover::local::LocalLink;
@@ -61,7 +61,7 @@ pub(super) async fn adopt(
     let offer = Offer { conn: s.id, epoch: s.epochs.advance(s.id), socket: Socket::Passed, serving, answer: ANSWER };
     let mut cut = Cut { rec, conn, ahead };
     if let Err(r) = seam::hand_off(link, &mut cut, &s.epochs, offer).await {
-        let declined = declined(&r);
+        let declined = Declined::of(&r);
         if r.is_clean() {
             return Err(declined);
         }

@@ -9,7 +9,7 @@
 //!   ownership ended, whichever way the socket comes back (`Land`).
 //! - `local.rs`: the same-host move (SCM_RIGHTS over the agent's Unix socket), with epochs.
 //! - `remote.rs`: the TCP_REPAIR move over the control channel kept by the session.
-//! - `steer.rs`: the ingress map (FREEZE, STEER) on `[handover] interface`.
+//! - the ingress map (FREEZE, STEER) on `[handover] interface` is `refract_handover::across::steer`.
 //! - `hybrid.rs`: reads go through the agent (same host or across hosts), which asks for the
 //!   connection when a result is large.
 //! - `keep.rs`: while an agent owns the connection, it asks (`Next`) about each further
@@ -25,7 +25,6 @@ mod keep;
 mod local;
 mod remote;
 mod sizes;
-mod steer;
 
 use crate::config::{AgentAddr, HandoverMode, HttpConfig};
 use crate::conn::ClientConn;
@@ -44,79 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Why a hand-over failed: the `result` label of `refract_handover_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Why {
-    /// The agent's socket or control port could not be reached (or authenticated) in time.
-    Unreachable,
-    /// The agent answered `AdoptErr` / `HandOffErr` (foreign backend, its backend down, restore failed).
-    Refused,
-    /// An epoch did not match (the agent's refusal, or its acceptance of another epoch).
-    StaleEpoch,
-    /// The link or channel to the agent ended before it answered.
-    AgentLost,
-    /// The client had not acknowledged everything within the bound (cross host).
-    NotQuiescent,
-    /// The ingress map had no room for the flow.
-    MapFull,
-    /// The ingress program could not be attached or set, or the agent's MAC is unknown.
-    Steering,
-    /// Snapshot, silent unhash or restore of the client socket failed here.
-    Snapshot,
-    /// No answer to the hand-off within the bound.
-    Timeout,
-    /// The agent said something out of order.
-    Protocol,
-    /// Not possible for this connection or configuration (IPv6 flow, key file).
-    Unsupported,
-}
-
-impl Why {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Why::Unreachable => "unreachable",
-            Why::Refused => "refused",
-            Why::StaleEpoch => "stale_epoch",
-            Why::AgentLost => "agent_lost",
-            Why::NotQuiescent => "not_quiescent",
-            Why::MapFull => "map_full",
-            Why::Steering => "steering",
-            Why::Snapshot => "snapshot",
-            Why::Timeout => "timeout",
-            Why::Protocol => "protocol",
-            Why::Unsupported => "unsupported",
-        }
-    }
-
-    /// How an agent's refusal reads: a stale epoch or anything else.
-    fn of_refusal(reason: &str) -> Why {
-        if reason.starts_with("stale epoch") {
-            Why::StaleEpoch
-        } else {
-            Why::Refused
-        }
-    }
-}
-
-/// A hand-over that did not happen (nothing reached the client: relay instead).
-#[derive(Debug)]
-pub(crate) struct Declined {
-    pub why: Why,
-    pub detail: String,
-}
-
-impl Declined {
-    pub(crate) fn new(why: Why, detail: impl Into<String>) -> Self {
-        Declined { why, detail: detail.into() }
-    }
-}
-
-impl std::fmt::Display for Declined {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.detail, self.why.as_str())
-    }
-}
+pub(crate) use refract_handover::across::{Declined, Why};
 
 /// One hand-over's context: the dispatcher (its routing of the requests the agent asks about,
 /// its metrics) and the backend whose agent was asked (its series of the metrics).
@@ -215,7 +142,7 @@ pub(crate) fn relayed_directly(ctx: &Ctx, class: RouteClass, head_bytes: &[u8], 
 pub(crate) fn prepare(ctx: &Ctx) {
     let Some(cfg) = HttpConfig::of(&ctx.cfg).handover.as_ref().filter(|h| h.mode != HandoverMode::Off) else { return };
     if let Some(iface) = cfg.interface.as_deref() {
-        match steer::with(iface, cfg.map_capacity, |_| Ok(())) {
+        match refract_handover::across::steer::with(iface, cfg.map_capacity, |_| Ok(())) {
             Ok(()) => tracing::info!(interface = iface, "hand-over steering attached"),
             Err(e) => tracing::warn!("hand-over steering unavailable, hand-overs will relay: {e}"),
         }
@@ -225,7 +152,15 @@ pub(crate) fn prepare(ctx: &Ctx) {
 /// Publishes the ingress map's entry count and packet counters (at scrape time; nothing when
 /// no steering program is attached).
 pub(crate) fn publish_metrics(metrics: &Metrics) {
-    steer::publish(metrics);
+    match refract_handover::across::steer::view() {
+        None => {}
+        Some(Ok((n, capacity, st))) => metrics.set_steering(
+            n,
+            capacity,
+            [("frozen_dropped", st.frozen_drops), ("steered", st.steered), ("redirect_error", st.redirect_errors)],
+        ),
+        Some(Err(e)) => tracing::warn!("steering metrics unavailable: {e}"),
+    }
 }
 
 /// Ids of client connections, as the agents see them.

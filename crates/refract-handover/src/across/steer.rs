@@ -3,8 +3,7 @@
 //! socket is back here. Attached once, on first use, to `[handover] interface`.
 
 use super::{Declined, Why};
-use refract_core::metrics::Metrics;
-use refract_handover::{FlowKey, SteerTarget, Steering};
+use crate::{FlowKey, SteerTarget, Steering, SteeringStats};
 use std::net::Ipv4Addr;
 use std::sync::{Mutex, OnceLock};
 
@@ -12,38 +11,28 @@ static STEERING: OnceLock<Result<Mutex<Steering>, String>> = OnceLock::new();
 
 /// Runs `f` on the ingress map of `iface` (attaching it with room for `capacity` flows the
 /// first time; a failed attach is remembered and every hand-over relays).
-pub(super) fn with<T>(
-    iface: &str,
-    capacity: u32,
-    f: impl FnOnce(&mut Steering) -> refract_handover::Result<T>,
-) -> Result<T, Declined> {
+pub fn with<T>(iface: &str, capacity: u32, f: impl FnOnce(&mut Steering) -> crate::Result<T>) -> Result<T, Declined> {
     let map = STEERING.get_or_init(|| {
         Steering::attach(iface, capacity).map(Mutex::new).map_err(|e| format!("steering on {iface}: {e}"))
     });
     let map = map.as_ref().map_err(|e| Declined::new(Why::Steering, e.clone()))?;
     let mut guard = map.lock().unwrap_or_else(|p| p.into_inner());
     f(&mut guard).map_err(|e| match e {
-        refract_handover::Error::MapFull(_) => Declined::new(Why::MapFull, e.to_string()),
+        crate::Error::MapFull(_) => Declined::new(Why::MapFull, e.to_string()),
         _ => Declined::new(Why::Steering, e.to_string()),
     })
 }
 
-/// Sets the steering metrics from the attached program (nothing if none is attached).
-pub(super) fn publish(metrics: &Metrics) {
-    let Some(Ok(map)) = STEERING.get() else { return };
+/// The attached map's entry count, capacity and packet counters (`None`: no program attached;
+/// `Some(Err)`: unreadable), for the metrics.
+pub fn view() -> Option<crate::Result<(usize, u32, SteeringStats)>> {
+    let Some(Ok(map)) = STEERING.get() else { return None };
     let map = map.lock().unwrap_or_else(|p| p.into_inner());
-    match (map.len(), map.stats()) {
-        (Ok(n), Ok(st)) => metrics.set_steering(
-            n,
-            map.capacity(),
-            [("frozen_dropped", st.frozen_drops), ("steered", st.steered), ("redirect_error", st.redirect_errors)],
-        ),
-        (Err(e), _) | (_, Err(e)) => tracing::warn!("steering metrics unavailable: {e}"),
-    }
+    Some(map.len().and_then(|n| Ok((n, map.capacity(), map.stats()?))))
 }
 
 /// Removes the flow's entry (its packets reach this host's stack again); failures are logged.
-pub(super) fn release(iface: &str, capacity: u32, flow: &FlowKey) {
+pub(crate) fn release(iface: &str, capacity: u32, flow: &FlowKey) {
     if let Err(e) = with(iface, capacity, |m| m.remove(flow)) {
         tracing::warn!("steering entry not removed: {e}");
     }
@@ -51,7 +40,7 @@ pub(super) fn release(iface: &str, capacity: u32, flow: &FlowKey) {
 
 /// Where STEER sends packets for the agent at `agent`: out of `iface` (hairpin), to the agent's
 /// MAC (from the neighbour table: the control connection just resolved it), from ours (★).
-pub(super) fn target(iface: &str, agent: Ipv4Addr) -> Result<SteerTarget, Declined> {
+pub(crate) fn target(iface: &str, agent: Ipv4Addr) -> Result<SteerTarget, Declined> {
     target_of(iface, agent).map_err(|e| Declined::new(Why::Steering, e))
 }
 

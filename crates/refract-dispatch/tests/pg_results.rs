@@ -950,3 +950,26 @@ fn application_name_default_and_reset_match_postgres() {
         ],
     ));
 }
+
+/// The comparison itself: one byte changed in the third message is reported there, with both
+/// versions; equal streams pass.
+#[test]
+fn compare_names_the_first_differing_message() {
+    let frames: [&[u8]; 4] = [b"T\0\0\0\x04", b"D\0\0\0\x07\0\0\x01", b"C\0\0\0\x0dSELECT 1\0", b"Z\0\0\0\x05I"];
+    let record = |change: bool| {
+        let mut r = Record::new();
+        for (i, f) in frames.iter().enumerate() {
+            let mut f = f.to_vec();
+            if change && i == 2 {
+                f[12] = b'2';
+            }
+            r.push(&f);
+        }
+        r.finish()
+    };
+    let script = Script::query("t", "select 1");
+    assert!(compare(&script, &record(false), &record(false)).is_ok());
+    let why = compare(&script, &record(false), &record(true)).unwrap_err();
+    assert!(why.contains("first differing message #2"), "{why}");
+    assert!(why.contains("SELECT 1") && why.contains("SELECT 2"), "{why}");
+}

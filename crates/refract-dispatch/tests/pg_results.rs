@@ -588,7 +588,7 @@ fn extended_protocol_named_statement_used_again_on_the_other_server() {
         refract.admin_post(&format!("/backends/pg:{drain}/drain"));
     };
     same_bytes_steered(&e, &refract, &script, &mut steer);
-    let on_replica = e.cluster.psql(&e.cluster.replica(), &format!(
+    let on_replica = e.cluster.psql(e.cluster.replica(), &format!(
         "select count(*) from pg_stat_activity where query like '%pgdiff {nonce}%' and query not like '%pg_stat_activity%'"
     ));
     assert_eq!(on_replica.unwrap(), "1", "the second use ran on the replica");
@@ -782,7 +782,8 @@ fn client_scripts(mix: &Mix, client: usize) -> Vec<Script> {
     let mut rng = Rng(mix.seed ^ (client as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
     (0..mix.queries)
         .map(|j| {
-            let bytes = if rng.next() % 2 == 0 { rng.range(0, 64 << 10) } else { rng.range(64 << 10, mix.max_bytes) };
+            let bytes =
+                if rng.next().is_multiple_of(2) { rng.range(0, 64 << 10) } else { rng.range(64 << 10, mix.max_bytes) };
             let width = [10, 100, 1000][rng.range(0, 2)];
             let rows = rows_for(bytes, width);
             let sql = rows_sql(rows, width);

@@ -225,3 +225,144 @@ fn pgjdbc_suite_passes_through_refract() {
     cmd.arg("-jar").arg(&jar);
     run_suite("pgjdbc", Needs::Built(jar), cmd, FULL);
 }
+
+// Issue 23 groundwork: each driver fetches one large result through refract and directly; the
+// digest it computes client-side (MD5 over the rows as `n|md5|xxx...` lines, what psql prints
+// with `-XAt -F '|'`) must be the same both ways. psql and psycopg2 run in plain `make test`;
+// psycopg 3, asyncpg and pgjdbc only with `REFRACT_DRIVERS=all` (`make test-drivers`).
+
+/// MiB in the large result: `REFRACT_DRIVERS_RESULT_MIB`, 8 unless set (the documented run: 256).
+fn result_mib() -> u64 {
+    std::env::var("REFRACT_DRIVERS_RESULT_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(8)
+}
+
+/// Width of the padding column; rows are about `RESULT_WIDTH + 45` bytes. The fetchers
+/// (python/large_result.py, java/.../LargeResult.java) compute the same row count.
+const RESULT_WIDTH: u64 = 1000;
+
+fn result_rows(mib: u64) -> u64 {
+    (mib * 1024 * 1024 / (RESULT_WIDTH + 45)).max(1)
+}
+
+/// Runs `cmd` (a fetcher, given the port) to the end and returns its last line, `rows N md5 HEX`.
+fn fetched(driver: &str, mut cmd: Command) -> String {
+    let started = Instant::now();
+    let mut child = cmd
+        .current_dir(drivers_dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{driver}: cannot start {cmd:?}: {e}"));
+    let (out, err) = (drain(child.stdout.take().unwrap()), drain(child.stderr.take().unwrap()));
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > SUITE_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{driver}: killed after {SUITE_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
+    assert!(status.success(), "{driver}: exit status {status}\n{stdout}\n--- stderr:\n{stderr}");
+    stdout.lines().last().unwrap_or_default().to_owned()
+}
+
+/// psql's digest of the result at `port`, computed here over its output as it streams.
+fn psql_digest(port: u16, mib: u64) -> String {
+    use md5::{Digest, Md5};
+    let sql =
+        format!("select n, md5(n::text), repeat('x', {RESULT_WIDTH}) from generate_series(1, {}) n", result_rows(mib));
+    let mut child = Command::new(refract_pg::testkit::tool("psql").unwrap())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", refract_pg::testkit::USER])
+        .args(["-d", refract_pg::testkit::DATABASE, "-XAtq", "-F", "|", "-v", "ON_ERROR_STOP=1", "-c", &sql])
+        .env("PGPASSWORD", refract_pg::testkit::PASSWORD)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = drain(child.stderr.take().unwrap());
+    let mut stdout = child.stdout.take().unwrap();
+    let (mut md5, mut lines, mut chunk) = (Md5::new(), 0u64, vec![0u8; 1 << 16]);
+    loop {
+        let n = stdout.read(&mut chunk).unwrap();
+        if n == 0 {
+            break;
+        }
+        md5.update(&chunk[..n]);
+        lines += chunk[..n].iter().filter(|b| **b == b'\n').count() as u64;
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "psql: {status}: {}", err.join().unwrap());
+    let hex: String = md5.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("rows {lines} md5 {hex}")
+}
+
+/// `fetch(port, mib)` through refract and straight from the primary: the same digest, of the
+/// expected number of rows. `all_only` drivers run only with `REFRACT_DRIVERS=all`.
+fn same_large_result(driver: &str, needs: Option<Needs>, all_only: bool, fetch: impl Fn(u16, u64) -> String) {
+    if all_only && !flag("REFRACT_DRIVERS", "all") {
+        println!("skipped: {driver} large result runs with REFRACT_DRIVERS=all (make test-drivers)");
+        return;
+    }
+    if needs.is_some_and(|n| !ready(driver, &n)) {
+        return;
+    }
+    let f = fixture();
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mib = result_mib();
+    let started = Instant::now();
+    let through = fetch(f.port, mib);
+    let took = started.elapsed();
+    let direct = fetch(f.cluster.primary.port, mib);
+    println!("{driver}: {mib} MiB through refract in {:.1} s: {through}", took.as_secs_f64());
+    assert_eq!(through, direct, "{driver}: {mib} MiB through refract (left) and directly (right)");
+    assert!(through.starts_with(&format!("rows {} md5 ", result_rows(mib))), "{driver}: {through}");
+}
+
+fn python_fetch(driver: &'static str) -> impl Fn(u16, u64) -> String {
+    move |port, mib| {
+        let mut cmd = Command::new(python());
+        cmd.arg(drivers_dir().join("python/large_result.py")).args([port.to_string(), driver.into(), mib.to_string()]);
+        fetched(driver, cmd)
+    }
+}
+
+#[test]
+fn psql_large_result_same_through_refract() {
+    same_large_result("psql", None, false, psql_digest);
+}
+
+#[test]
+fn psycopg2_large_result_same_through_refract() {
+    same_large_result("psycopg2", Some(Needs::Python), false, python_fetch("psycopg2"));
+}
+
+#[test]
+fn psycopg3_large_result_same_through_refract() {
+    same_large_result("psycopg 3", Some(Needs::Python), true, python_fetch("psycopg3"));
+}
+
+#[test]
+fn asyncpg_large_result_same_through_refract() {
+    same_large_result("asyncpg", Some(Needs::Python), true, python_fetch("asyncpg"));
+}
+
+#[test]
+fn pgjdbc_large_result_same_through_refract() {
+    let jar = drivers_dir().join("java/target/pgjdbc-suite.jar");
+    let fetch = {
+        let jar = jar.clone();
+        move |port: u16, mib: u64| {
+            let mut cmd = Command::new("java");
+            cmd.arg("-cp").arg(&jar).arg("refract.LargeResult").args([port.to_string(), mib.to_string()]);
+            fetched("pgjdbc", cmd)
+        }
+    };
+    same_large_result("pgjdbc", Some(Needs::Built(jar)), true, fetch);
+}

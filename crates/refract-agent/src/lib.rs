@@ -30,7 +30,7 @@
 //!   connection and adopts it (`adopt.rs`).
 //! - `pg/`: in front of a PostgreSQL server (`postgres_listen`): refract's server connections
 //!   pass through; a large result is written straight to the client (`pg/pump.rs`) once the
-//!   link hands its socket over (`pg/adopt.rs`).
+//!   link hands its socket over (`pg/adopt.rs`); `waiting.rs`: the connections waiting for it.
 //! - [`Error`] (`error.rs`): what stops the agent, whose fault, whether to retry; the I/O errors
 //!   that end serving an adopted connection.
 
@@ -49,6 +49,7 @@ mod pg;
 mod pipe;
 mod remote;
 mod server;
+mod waiting;
 
 use std::path::PathBuf;
 
@@ -57,8 +58,9 @@ pub use config::AgentConfig;
 pub use error::{Error, Problem, Result, Side};
 pub use options::LocalOptions;
 pub use peer::{bind_local, PeerPolicy};
-pub use pg::{serve_postgres, Waiting};
+pub use pg::serve_postgres;
 pub use server::{serve, serve_local, serve_local_for, serve_with, NOT_YET};
+pub use waiting::Waiting;
 
 /// `refract agent --config FILE`.
 #[derive(Debug, clap::Args)]
@@ -143,7 +145,7 @@ fn local_options(cfg: &AgentConfig, guard: Option<SharedGuard>) -> LocalOptions 
 
 /// The PostgreSQL connections waiting for a client's socket: one registry for the process, so
 /// that the links (which take the `HandOff`) and the PostgreSQL listener share it.
-static WAITING: std::sync::LazyLock<pg::Waiting> = std::sync::LazyLock::new(pg::Waiting::default);
+static WAITING: std::sync::LazyLock<Waiting> = std::sync::LazyLock::new(Waiting::default);
 
 /// The guard, shared by the tasks that tombstone flows they hand back.
 type SharedGuard = std::sync::Arc<std::sync::Mutex<refract_handover::Guard>>;

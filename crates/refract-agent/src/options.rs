@@ -21,7 +21,7 @@ pub struct LocalOptions {
     /// The guard on this host's NIC (cross host): a flow being handed back is tombstoned in it.
     pub guard: Option<Arc<Mutex<refract_handover::Guard>>>,
     /// PostgreSQL server connections waiting for the client's socket (`postgres_listen`).
-    pub pg: crate::pg::Waiting,
+    pub pg: crate::waiting::Waiting,
 }
 
 impl LocalOptions {

@@ -19,13 +19,14 @@
 
 use super::error::PgError;
 use super::session::Session;
+use refract_handover::across::{self, Why};
 use refract_handover::config::AgentAddr;
 use refract_handover::local::LocalLink;
 use refract_handover::seam::{self, Back, Offer, Refusal, Seam};
 use refract_handover::{Serving, Socket};
 use refract_pg::hybrid;
 use refract_pg::Side;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 /// Bound on reaching the agent's socket.
@@ -59,7 +60,41 @@ enum Attempt {
     /// The agent wrote the rest and gave the socket back.
     Back { sent: u64 },
     /// Not handed over (the agent holds the rest for `RELAY` unless it refused itself).
-    Declined { why: &'static str, detail: String, tell_agent: bool },
+    Declined { why: Why, detail: String, tell_agent: bool },
+}
+
+/// Not offered: the agent waits for `RELAY`.
+fn declined(why: Why, detail: &str) -> Attempt {
+    Attempt::Declined { why, detail: detail.into(), tell_agent: true }
+}
+
+/// The agent refused (it forwards the rest itself).
+fn refused(reason: &str) -> Attempt {
+    Attempt::Declined { why: Why::of_refusal(reason), detail: reason.into(), tell_agent: false }
+}
+
+/// The bound server connection.
+fn bound_conn(bound: &mut Option<super::session::Bound>) -> Result<&mut super::pool::Guard, PgError> {
+    bound.as_mut().map(|b| &mut b.guard).ok_or_else(|| PgError::Unavailable("internal: no server bound".into()))
+}
+
+/// The agent may have written part of the result: the client and the server connection end.
+fn lost(conn: &mut super::pool::Guard, detail: &str) -> PgError {
+    conn.broken = true;
+    tracing::warn!("PostgreSQL hand-over failed after the offer ({detail}); closing the client");
+    PgError::Closed(Side::Client)
+}
+
+/// The agent's ownership ended without a hand-back.
+fn ended(conn: &mut super::pool::Guard, back: Back) -> PgError {
+    match back {
+        Back::Closed { sent, reason } => {
+            conn.broken = true;
+            tracing::debug!(sent, "the agent closed the client connection: {reason}");
+            PgError::Closed(Side::Client)
+        }
+        other => lost(conn, &format!("{other:?}")),
+    }
 }
 
 impl Session {
@@ -87,7 +122,7 @@ impl Session {
             }
             Attempt::Declined { why, detail, tell_agent } => {
                 tracing::debug!(server = %name, "large result relayed: {detail}");
-                self.shared.metrics.handover(&name, why);
+                self.shared.metrics.handover(&name, why.as_str());
                 if tell_agent {
                     let mut relay = bytes::BytesMut::new();
                     hybrid::encode_marker(hybrid::RELAY, &[], &mut relay);
@@ -105,53 +140,99 @@ impl Session {
     /// Offers the client's socket to the agent and waits until it comes back. `Err`: the agent
     /// may have written part of the result: the client connection and the server connection end.
     async fn attempt(&mut self, verbatim: bool) -> Result<Attempt, PgError> {
-        let declined = |why, detail: &str, tell_agent| Attempt::Declined { why, detail: detail.into(), tell_agent };
         if !verbatim {
-            return Ok(declined("unsupported", "refract answers part of the rest itself", true));
+            return Ok(declined(Why::Unsupported, "refract answers part of the rest itself"));
+        }
+        if self.wire.plain_fd().is_none() {
+            return Ok(declined(Why::Unsupported, "the client is on TLS"));
         }
         let Some(agent) = self.bound.as_ref().and_then(|b| b.server.agent.clone()) else {
-            return Ok(declined("unsupported", "the server has no agent", true));
+            return Ok(declined(Why::Unsupported, "the server has no agent"));
         };
-        let AgentAddr::Unix(path) = agent else {
-            return Ok(declined("unsupported", "PostgreSQL hand-over across hosts is not built yet", true));
-        };
-        let mut link = match tokio::time::timeout(CONNECT, LocalLink::connect(&path)).await {
+        match &agent.addr {
+            AgentAddr::Unix(path) => self.same_host(path).await,
+            AgentAddr::Tcp(addr) => {
+                let Some(key_file) = agent.key_file.as_deref() else {
+                    return Ok(declined(Why::Unsupported, "no [handover] key_file"));
+                };
+                let steer = agent.steer.as_ref().map(|(i, c)| (i.as_str(), *c));
+                self.across(&across::Agent { addr: *addr, key_file, steer }).await
+            }
+        }
+    }
+
+    /// Same host: the descriptor goes beside the `HandOff`; this session keeps its own.
+    async fn same_host(&mut self, path: &std::path::Path) -> Result<Attempt, PgError> {
+        let mut link = match tokio::time::timeout(CONNECT, LocalLink::connect(path)).await {
             Ok(Ok(l)) => l,
-            Ok(Err(e)) => return Ok(declined("unreachable", &format!("agent {}: {e}", path.display()), true)),
-            Err(_) => return Ok(declined("unreachable", "agent: connect timed out", true)),
+            Ok(Err(e)) => return Ok(declined(Why::Unreachable, &format!("agent {}: {e}", path.display()))),
+            Err(_) => return Ok(declined(Why::Unreachable, "agent: connect timed out")),
         };
         // Disjoint fields: the client's socket (kept here, untouched until it comes back; the
         // agent's descriptor is a duplicate) and the bound server connection.
         let (wire, bound) = (&self.wire, &mut self.bound);
-        let Some(socket) = wire.plain_fd() else { return Ok(declined("unsupported", "the client is on TLS", true)) };
-        let Some(conn) = bound.as_mut().map(|b| &mut b.guard) else {
-            return Err(PgError::Unavailable("internal: no server bound".into()));
-        };
-        let Some(id) = conn.hybrid_id else { return Ok(declined("unsupported", "not through the agent", true)) };
+        let Some(socket) = wire.plain_fd() else { return Ok(declined(Why::Unsupported, "the client is on TLS")) };
+        let conn = bound_conn(bound)?;
+        let Some(id) = conn.hybrid_id else { return Ok(declined(Why::Unsupported, "not through the agent")) };
         let mut cut = Cut { socket };
         let epoch = conn.epochs.advance(id);
         let offer = Offer { conn: id, epoch, socket: Socket::Passed, serving: Serving::default(), answer: ANSWER };
         match seam::hand_off(&mut link, &mut cut, &conn.epochs, offer).await {
             Ok(()) => {}
             // The agent refused and forwards the rest itself.
-            Err(Refusal::Refused(reason)) => return Ok(declined("refused", &reason, false)),
-            Err(r) => {
-                conn.broken = true;
-                tracing::warn!("PostgreSQL hand-over failed after the offer ({r}); closing the client");
-                return Err(PgError::Closed(Side::Client));
-            }
+            Err(Refusal::Refused(reason)) => return Ok(refused(&reason)),
+            Err(r) => return Err(lost(conn, &r.to_string())),
         }
         match seam::take_back(&mut link, &mut cut, &mut conn.epochs, id).await {
             Back::Here(t, _theirs) => Ok(Attempt::Back { sent: t.sent }),
-            Back::Closed { sent, reason } => {
-                conn.broken = true;
-                tracing::debug!(sent, "the agent closed the client connection: {reason}");
-                Err(PgError::Closed(Side::Client))
+            other => Err(ended(conn, other)),
+        }
+    }
+
+    /// Across hosts: quiesce, FREEZE, snapshot, STEER, `HandOff` over the control channel; the
+    /// socket is restored here from the `HandBack` (`refract_handover::across`).
+    async fn across(&mut self, agent: &across::Agent<'_>) -> Result<Attempt, PgError> {
+        let mut ch = match across::channel(None, agent).await {
+            Ok(ch) => ch,
+            Err(d) => return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent: true }),
+        };
+        let (wire, bound) = (&mut self.wire, &mut self.bound);
+        let Some(stream) = wire.plain_stream() else { return Ok(declined(Why::Unsupported, "the client is on TLS")) };
+        let conn = bound_conn(bound)?;
+        let Some(id) = conn.hybrid_id else { return Ok(declined(Why::Unsupported, "not through the agent")) };
+        let frozen = match across::freeze(stream, agent).await {
+            Ok(f) => f,
+            Err(d) => return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent: true }),
+        };
+        let offered = {
+            let mut cut = Cut { socket: stream.as_fd() };
+            across::offer(&mut ch, &mut cut, &mut conn.epochs, id, &frozen, Serving::default(), |_| {}).await
+        };
+        if let Err((d, _)) = offered {
+            // Nothing reached the client: the socket lives here again. The agent forwards the
+            // rest itself after a refusal; otherwise it may not have heard the offer at all.
+            frozen.restore_here(stream).map_err(|e| lost(conn, &e.to_string()))?;
+            let tell_agent = d.why != Why::Refused && d.why != Why::StaleEpoch;
+            return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent });
+        }
+        let back = {
+            let mut cut = Cut { socket: stream.as_fd() };
+            seam::take_back(&mut ch, &mut cut, &mut conn.epochs, id).await
+        };
+        match back {
+            Back::Here(t, _) => {
+                let landed = across::land(&mut ch, stream, &t).await;
+                frozen.release();
+                landed.map_err(|e| lost(conn, &e))?;
+                Ok(Attempt::Back { sent: t.sent })
             }
             other => {
-                conn.broken = true;
-                tracing::warn!("PostgreSQL hand-over lost while the agent had the client ({other:?}); closing it");
-                Err(PgError::Closed(Side::Client))
+                if matches!(other, Back::Closed { .. }) {
+                    frozen.linger();
+                } else {
+                    frozen.release();
+                }
+                Err(ended(conn, other))
             }
         }
     }

@@ -44,7 +44,18 @@ pub struct Server {
     pub(super) login: Arc<Login>,
     addr: std::net::SocketAddr,
     /// Its agent, when results may be handed over (`[handover]` names one for it).
-    pub(super) agent: Option<AgentAddr>,
+    pub(super) agent: Option<AgentRoute>,
+}
+
+/// How the session reaches a server's agent for a hand-over (`[handover]`).
+#[derive(Debug, Clone)]
+pub(super) struct AgentRoute {
+    /// `unix:/path` (same host) or its control listener (across hosts).
+    pub addr: AgentAddr,
+    /// The control key's file (across hosts).
+    pub key_file: Option<std::path::PathBuf>,
+    /// The steering interface and map capacity, when this dispatcher steers.
+    pub steer: Option<(String, u32)>,
 }
 
 impl Server {
@@ -240,13 +251,18 @@ impl Servers {
 
     /// The agent of server `name` and the login of its connections: through the agent, they
     /// ask it to watch their results (`always`: every result with a row is offered).
-    fn through_agent(&self, s: &PgServerConfig) -> (Option<AgentAddr>, Arc<Login>) {
+    fn through_agent(&self, s: &PgServerConfig) -> (Option<AgentRoute>, Arc<Login>) {
         let plain = || (None, self.login.clone());
         let (Some(h), Some(through)) = (&self.handover, s.through) else { return plain() };
         let Some(agent) = h.agents.get(&s.name) else { return plain() };
         let threshold = if h.mode == HandoverMode::Always { 1 } else { h.threshold };
         let hybrid = Some(Through { agent: through, threshold });
-        (Some(agent.clone()), Arc::new(Login { hybrid, ..(*self.login).clone() }))
+        let route = AgentRoute {
+            addr: agent.clone(),
+            key_file: h.key_file.clone(),
+            steer: h.interface.clone().map(|i| (i, h.map_capacity)),
+        };
+        (Some(route), Arc::new(Login { hybrid, ..(*self.login).clone() }))
     }
 
     /// The servers now (a cheap snapshot; servers may join or leave after).

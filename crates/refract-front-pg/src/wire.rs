@@ -214,6 +214,14 @@ impl Wire {
         }
     }
 
+    /// The socket of a plain-TCP connection, to move it (`None` on TLS).
+    pub fn plain_stream(&mut self) -> Option<&mut TcpStream> {
+        match &mut self.stream {
+            Stream::Plain(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// Whether the connection is encrypted.
     pub fn is_tls(&self) -> bool {
         matches!(self.stream, Stream::Tls(_))

@@ -2,8 +2,8 @@
 //! server connections reach the server through here, and a result past the threshold is
 //! written straight to the client.
 //!
-//! - this file: the listener for refract's server connections, and [`Waiting`], the
-//!   connections that stopped at a large result and wait for the client's socket.
+//! - this file: the listener for refract's server connections (the connections that stopped
+//!   at a large result wait in `crate::waiting::Waiting` for the client's socket).
 //! - `pump.rs`: one proxied connection: refract ↔ server, watching the results (the
 //!   in-band signals are `refract_pg::hybrid`'s).
 //! - `adopt.rs`: a `HandOff` for a waiting connection, over either carrier: take the client's
@@ -12,59 +12,12 @@
 mod adopt;
 mod pump;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::net::TcpListener;
 
 use crate::options::LocalOptions;
 
+pub(crate) use crate::waiting::{Served, Verdict, Waiting};
 pub(crate) use adopt::adopt;
-
-/// What a waiting connection is told by the hand-over link.
-#[derive(Debug)]
-pub(crate) enum Verdict {
-    /// The hand-off was refused or failed before the socket was taken: forward the rest to
-    /// refract (it relays).
-    Relay,
-    /// Write the rest of the result to `client`, then report on `done`.
-    Serve { client: TcpStream, done: oneshot::Sender<Served> },
-}
-
-/// How the pump ended its part.
-#[derive(Debug)]
-pub(crate) enum Served {
-    /// At a message boundary (after ReadyForQuery, or before a COPY FROM/BOTH start): the
-    /// socket goes back; `sent` bytes were written to it.
-    Boundary { client: TcpStream, sent: u64 },
-    /// The client connection must end (it went away or stalled); the server connection ends
-    /// too (its query cancelled).
-    Close { sent: u64, reason: String },
-}
-
-/// The connections waiting for a verdict, by id (shared by the listener and the links).
-#[derive(Debug, Clone, Default)]
-pub struct Waiting(Arc<Mutex<HashMap<u64, oneshot::Sender<Verdict>>>>);
-
-impl Waiting {
-    fn insert(&self, id: u64, tx: oneshot::Sender<Verdict>) {
-        self.lock().insert(id, tx);
-    }
-
-    fn remove(&self, id: u64) {
-        self.lock().remove(&id);
-    }
-
-    /// The waiting connection `id`, taken out (a hand-off names it once).
-    pub(crate) fn take(&self, id: u64) -> Option<oneshot::Sender<Verdict>> {
-        self.lock().remove(&id)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Verdict>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
 
 /// Serves refract's server connections on `listener` until it fails, one task each.
 pub async fn serve_postgres(listener: TcpListener, opts: LocalOptions) -> std::io::Result<()> {

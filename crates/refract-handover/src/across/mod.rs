@@ -139,7 +139,10 @@ pub struct Agent<'a> {
 /// `kept`, the caller's channel to `agent`, if it is still good (see
 /// [`ControlChannel::refresh`]), else a new one (connected and authenticated within
 /// [`HANDSHAKE`]; this also resolves the agent's MAC for STEER).
-pub async fn channel(kept: Option<(SocketAddr, ControlChannel)>, agent: &Agent<'_>) -> Result<ControlChannel, Declined> {
+pub async fn channel(
+    kept: Option<(SocketAddr, ControlChannel)>,
+    agent: &Agent<'_>,
+) -> Result<ControlChannel, Declined> {
     if let Some((addr, mut ch)) = kept {
         match ch.refresh() {
             Ok(()) if addr == agent.addr => return Ok(ch),

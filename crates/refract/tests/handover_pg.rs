@@ -1,0 +1,150 @@
+//! The PostgreSQL result hand-over across hosts (TCP_REPAIR over the control channel), in a
+//! throw-away network namespace (root only): a real PostgreSQL server (refract-pg's test kit),
+//! the agent in front of it and the dispatcher are the real binary on one kernel, the agent's
+//! guard on `lo` drops the client's segments during the two gaps. A large result is handed
+//! over at the agent's `WANT`, restored there, written to the client and handed back; psql
+//! reads exactly what PostgreSQL gives it directly, and the session goes on.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{dispatcher_with, free_port, metric, wait_metric, Proc};
+use refract_pg::testkit::{self, PgCluster, PASSWORD, USER};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+const VIP: &str = "198.18.5.101";
+const KEY: &str = "pg hand-over test key, 16+ bytes";
+
+fn root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+fn sh(cmd: &str) {
+    assert!(Command::new("sh").args(["-c", cmd]).status().unwrap().success(), "{cmd}");
+}
+
+/// The namespace this process was started in by `unshare --net`: lo up, the VIP on lo, ARP
+/// sysctls as an agent host needs them.
+fn prepare_netns() {
+    sh(&format!("ip link set lo up && ip addr add {VIP}/32 dev lo"));
+    for iface in ["all", "lo"] {
+        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_ignore"), "1").unwrap();
+        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_announce"), "2").unwrap();
+    }
+}
+
+/// psql's unaligned output of `sql` at `host:port`.
+fn psql(host: &str, port: u16, sql: &str) -> String {
+    let out = Command::new(testkit::tool("psql").unwrap())
+        .args(["-XAt", "-v", "ON_ERROR_STOP=1", "-h", host, "-p", &port.to_string(), "-U", USER, "-d", "postgres"])
+        .args(["-c", sql])
+        .env("PGPASSWORD", PASSWORD)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "psql: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn scenario() {
+    let cluster = PgCluster::start().expect("PostgreSQL test cluster");
+    let server = cluster.primary.addr();
+    let dir = tempfile::tempdir().unwrap();
+    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let through: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "backend = \"{server}\"\npostgres_listen = \"{through}\"\ncontrol = \"{control}\"\nvip = \"{VIP}\"\n\
+             interface = \"lo\"\nkey = \"{KEY}\"\nmap_capacity = 64\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(common::bin())
+        .args(["agent", "--config", cfg.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_listening(control);
+    common::wait_listening(through);
+    let _agent = Proc { child, addr: control };
+
+    let key_file = dir.path().join("control.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let http: SocketAddr = format!("{VIP}:8080").parse().unwrap();
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let text = format!(
+        r#"
+[listen]
+http = "{http}"
+admin = "{admin}"
+
+[admin]
+insecure_loopback = true
+
+[postgres]
+listen = "{VIP}:6432"
+server_user = "{USER}"
+server_password = "{PASSWORD}"
+
+[[postgres.user]]
+name = "{USER}"
+password = "{PASSWORD}"
+
+[[postgres.server]]
+name = "primary"
+addr = "{server}"
+through = "{through}"
+role = "primary"
+
+[handover]
+mode = "hybrid"
+threshold = 65536
+key_file = "{}"
+agents = {{ primary = "{control}" }}
+"#,
+        key_file.display()
+    );
+    let d = dispatcher_with(&text, http, admin);
+    common::wait_listening(format!("{VIP}:6432").parse().unwrap());
+
+    let large = "select n, md5(n::text) from generate_series(1, 20000) n";
+    let direct = psql(&server.ip().to_string(), server.port(), large);
+    assert_eq!(psql(VIP, 6432, large), direct, "the handed-over result reads as PostgreSQL's");
+    wait_metric(d.admin, r#"refract_handback_total{backend="pg:primary"}"#, 1);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="pg:primary",result="ok"}"#), 1);
+    // One session: a small query, the large one, a small one again (the socket came back).
+    let session = format!("select 1; {large}; select 2");
+    let want = psql(&server.ip().to_string(), server.port(), &session);
+    assert_eq!(psql(VIP, 6432, &session), want);
+    wait_metric(d.admin, r#"refract_handback_total{backend="pg:primary"}"#, 2);
+}
+
+/// Runs the scenario in a fresh network namespace: this binary re-runs itself under
+/// `unshare --net` (as root), where `RF_IN_NETNS` says to prepare the namespace and go.
+#[test]
+fn pg_large_result_handed_over_across_hosts() {
+    let test = "pg_large_result_handed_over_across_hosts";
+    if !root() {
+        eprintln!("SKIP {test}: needs root (network namespace, TCP_REPAIR, eBPF)");
+        return;
+    }
+    if std::env::var_os("RF_IN_NETNS").is_some() {
+        prepare_netns();
+        return scenario();
+    }
+    let out = Command::new("unshare")
+        .args(["--net", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env("RF_IN_NETNS", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "in the namespace:\n{text}");
+}

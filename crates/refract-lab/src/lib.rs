@@ -16,6 +16,9 @@
 //!   where they live; [`cluster::dispatch_config`], [`cluster::haproxy`]: reading the
 //!   dispatcher config, HAProxy's mirrored config; [`cluster::http_client`]: a tiny HTTP client.
 //! - [`lab`]: `lab up/down/status` and `LabGuard`, which undoes what it brought up.
+//! - [`pglab`]: the PostgreSQL cluster of `lab up --cluster --db postgres` (primary, streaming
+//!   replica, refract hybrid and relay-only, PgBouncer); [`pglab::layout`]: its addresses and
+//!   where the PostgreSQL agent slots in, [`pglab::server`]: PostgreSQL, [`pglab::pgbouncer`].
 //! - [`bench`](mod@bench): the benchmarks, one folder each, each with its own results, report and plot:
 //!   [`bench::sweep`] (`bench sweep`: wrk, the sweep with progress and ETA, the steering
 //!   dispatcher switch, the hand-over figures from `/metrics`, the section, CSV and figure);
@@ -35,6 +38,7 @@ pub mod cluster;
 pub mod demo;
 pub mod fabric;
 pub mod lab;
+pub mod pglab;
 pub mod report;
 pub mod support;
 

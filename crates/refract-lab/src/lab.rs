@@ -115,7 +115,13 @@ pub fn status_text() -> Result<String> {
     out += &format!("cluster: {}\n", if ready { "ready (every listener answers)" } else { "not ready" });
     for p in layout.all_procs() {
         let state = if cluster::is_running(&p.name) { "running" } else { "stopped" };
-        out += &format!("  {:<17} {:<6} {:<8} {}\n", p.name, p.ns.as_deref().unwrap_or("-"), state, what(&layout, &p.name));
+        out += &format!(
+            "  {:<17} {:<6} {:<8} {}\n",
+            p.name,
+            p.ns.as_deref().unwrap_or("-"),
+            state,
+            what(&layout, &p.name)
+        );
     }
     let ready = complete && pglab::is_ready();
     let ready = if ready { "ready (every listener answers, the replica streams)" } else { "not ready" };

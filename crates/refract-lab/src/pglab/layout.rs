@@ -168,7 +168,10 @@ fn check_servers(d: &PgDispatcher) -> Result<()> {
         SERVERS.iter().map(|s| (s.host.name.to_string(), refract_server_addr(s), s.role())).collect();
     let want: Vec<(&str, &str, &str)> = want.iter().map(|(n, a, r)| (n.as_str(), a.as_str(), *r)).collect();
     if got != want {
-        bail!("{}: [[postgres.server]] is {got:?}, the lab has {want:?} (pglab::layout::refract_server_addr)", d.source);
+        bail!(
+            "{}: [[postgres.server]] is {got:?}, the lab has {want:?} (pglab::layout::refract_server_addr)",
+            d.source
+        );
     }
     Ok(())
 }

@@ -89,12 +89,12 @@ fn daemons() -> Vec<(String, &'static str)> {
     v
 }
 
-/// A daemon's pid, if its pid file names a live process running `program`.
+/// A daemon's pid, if its pid file names a live process whose command line names `program`
+/// (for a moment after the start, that is `ip netns exec rf-d PROGRAM …`).
 pub fn daemon_pid(name: &str, program: &str) -> Option<u32> {
     let pid: u32 = state::read(&format!("{name}.pid"))?.trim().parse().ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let argv0 = cmdline.split(|&b| b == 0).next().map(String::from_utf8_lossy).unwrap_or_default();
-    (sh::alive(pid) && argv0.contains(program)).then_some(pid)
+    (sh::alive(pid) && String::from_utf8_lossy(&cmdline).contains(program)).then_some(pid)
 }
 
 /// Stop everything of the cluster (those not running are skipped) and delete its data;
@@ -165,8 +165,11 @@ fn wait_ready() -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     while !pending.is_empty() {
         interrupt::check()?;
-        for (name, program) in daemons() {
-            if daemon_pid(&name, program).is_none() {
+        for (name, _) in daemons() {
+            // Only whether the pid lives: while `ip netns exec` execs the daemon, its command
+            // line can read empty.
+            let pid = state::read(&format!("{name}.pid")).and_then(|p| p.trim().parse().ok());
+            if !pid.is_some_and(sh::alive) {
                 bail!("{name} exited; {name}.log:\n{}", state::log_tail(&format!("{name}.log"), 20));
             }
         }
@@ -186,7 +189,12 @@ pub fn status_lines() -> Vec<String> {
         .iter()
         .map(|s| {
             let what = if s.primary { "PostgreSQL primary" } else { "PostgreSQL streaming replica of pg-b1" };
-            (s.name(), s.host.ns(), server::pid(s), format!("{} ({what}, data {})", s.listen_addr(), s.data().display()))
+            (
+                s.name(),
+                s.host.ns(),
+                server::pid(s),
+                format!("{} ({what}, data {})", s.listen_addr(), s.data().display()),
+            )
         })
         .collect();
     for d in layout::dispatchers().unwrap_or_default() {

@@ -3,8 +3,8 @@
 //! database entry for the primary (PgBouncer does not split reads), SCRAM for clients and the
 //! server from a clear-text `auth_file`.
 
-use crate::pglab::layout::{pg_dir, Server, PGBOUNCER_PORT};
 use crate::fabric::topology::DISPATCHER;
+use crate::pglab::layout::{pg_dir, Server, PGBOUNCER_PORT};
 use refract_pg::testkit::{DATABASE, PASSWORD, USER};
 use std::path::PathBuf;
 

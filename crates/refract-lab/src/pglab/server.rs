@@ -81,7 +81,8 @@ impl Pg {
     /// Give `path` to the server user.
     pub fn give(&self, path: &Path) -> Result<()> {
         if let Some((_, uid, gid)) = &self.run_as {
-            std::os::unix::fs::chown(path, Some(*uid), Some(*gid)).with_context(|| format!("chown {}", path.display()))?;
+            std::os::unix::fs::chown(path, Some(*uid), Some(*gid))
+                .with_context(|| format!("chown {}", path.display()))?;
         }
         Ok(())
     }

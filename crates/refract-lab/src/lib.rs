@@ -1,10 +1,11 @@
 //! refract's lab: a network-namespace fabric that reproduces the paper's topology on one
 //! machine, the cluster that runs in it (blob servers with their agents, the refract
-//! dispatchers — relay-only, hybrid, hand-over — and HAProxy as the peer), the wrk-driven
+//! dispatchers — relay-only, hybrid, hand-over — and HAProxy as the peer) or the PostgreSQL
+//! cluster (primary, streaming replica, refract, PgBouncer as the peer), the wrk-driven
 //! payload sweep with its report (markdown, CSV, PNG), the paper's reproduction, and the demo.
 //!
 //! This crate is the bench harness: it uses `anyhow` and shells out to `ip`, `tc`, `wrk`,
-//! `curl` and `haproxy`; it never ships in the data path.
+//! `curl`, `haproxy`, PostgreSQL's tools and `pgbouncer`; it never ships in the data path.
 //!
 //! # Layout
 //! - [`cli`]: the `lab`, `bench` and `demo` subcommands (`LabCmd`, `BenchCmd`, `DemoArgs`).

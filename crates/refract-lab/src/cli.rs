@@ -180,3 +180,34 @@ impl DemoArgs {
         demo::run(self.quick, self.loopback)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `refract lab …` as the binary parses it.
+    #[derive(Debug, Parser)]
+    struct Lab {
+        #[command(subcommand)]
+        cmd: LabCmd,
+    }
+
+    fn up(args: &[&str]) -> Result<(bool, lab::Db), clap::Error> {
+        let argv = ["lab", "up"].iter().chain(args);
+        match Lab::try_parse_from(argv)?.cmd {
+            LabCmd::Up { cluster, db, .. } => Ok((cluster, db)),
+            other => panic!("not `up`: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_http_cluster_is_the_default_and_postgres_is_asked_for() {
+        assert_eq!(up(&[]).expect("bare"), (false, lab::Db::Http));
+        assert_eq!(up(&["--cluster"]).expect("http"), (true, lab::Db::Http));
+        assert_eq!(up(&["--cluster", "--db", "http"]).expect("http"), (true, lab::Db::Http));
+        assert_eq!(up(&["--cluster", "--db", "postgres"]).expect("pg"), (true, lab::Db::Postgres));
+        assert!(up(&["--db", "postgres"]).is_err(), "--db without --cluster starts nothing: refused");
+        assert!(up(&["--cluster", "--db", "mysql"]).is_err());
+    }
+}

@@ -123,8 +123,11 @@ pub fn status_text() -> Result<String> {
             what(&layout, &p.name)
         );
     }
-    let ready = complete && pglab::is_ready();
-    let ready = if ready { "ready (every listener answers, the replica streams)" } else { "not ready" };
+    let ready = match pglab::any_running() {
+        false => "not running",
+        true if complete && pglab::is_ready() => "ready (every listener answers, the replica streams)",
+        true => "not ready",
+    };
     out += &format!("postgres cluster (`lab up --cluster --db postgres`): {ready}\n");
     out += &format!("  {:<17} {:<6} {:<8} {:<8} what\n", "process", "netns", "state", "pid");
     for line in pglab::status_lines() {

@@ -183,6 +183,11 @@ fn wait_ready() -> Result<()> {
     Ok(())
 }
 
+/// Whether any process of the cluster runs (else `lab status` need not probe it).
+pub fn any_running() -> bool {
+    SERVERS.iter().any(|s| server::pid(s).is_some()) || daemons().iter().any(|(n, p)| daemon_pid(n, p).is_some())
+}
+
 /// One line per process for `lab status`: name, namespace, running or stopped, pid, what.
 pub fn status_lines() -> Vec<String> {
     let mut rows: Vec<(String, String, Option<u32>, String)> = SERVERS

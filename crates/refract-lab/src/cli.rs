@@ -17,17 +17,24 @@ pub enum LabCmd {
         /// Link rate for tbf on both ends of every link (`1gbit`, `100mbit`, …) or `none`.
         #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
         rate: Rate,
-        /// Also start the cluster: blob servers and agents on b1, b2; refract hybrid (VIP:8080),
-        /// refract relay-only (VIP:8081), its busy-polling variant (VIP:8083) and HAProxy in rf-d.
+        /// Also start a cluster (`--db`): by default blob servers and agents on b1, b2; refract
+        /// hybrid (VIP:8080), refract relay-only (VIP:8081), its busy-polling variant
+        /// (VIP:8083) and HAProxy in rf-d.
         #[arg(long)]
         cluster: bool,
+        /// Which cluster `--cluster` starts: `http` (above) or `postgres`: a PostgreSQL primary
+        /// on b1 and streaming replica on b2 (port 5432, user/password refract), refract hybrid
+        /// (VIP:6432), refract relay-only (VIP:6433) and PgBouncer (198.18.0.2:6434) in rf-d.
+        #[arg(long, value_enum, default_value = "http", requires = "cluster")]
+        db: lab::Db,
         /// TCP congestion control in every namespace (default: `$REFRACT_LAB_CC`, else
         /// `cubic`). One the host does not allow is allowed for the lab's lifetime (`lab down`
         /// restores the host's list); one the kernel lacks falls back to the host's default.
         #[arg(long)]
         cc: Option<String>,
     },
-    /// Stop the cluster (agents included) and remove every rf-* namespace.
+    /// Stop the cluster (agents included; PostgreSQL by `pg_ctl stop -m fast`, its data
+    /// deleted) and remove every rf-* namespace.
     Down,
     /// Show what is up.
     Status,
@@ -45,8 +52,8 @@ impl LabCmd {
     /// Run the subcommand.
     pub fn run(self) -> Result<()> {
         match self {
-            LabCmd::Up { rate, cluster, cc } => {
-                lab::up(rate, cluster, &crate::fabric::congestion::requested(cc.as_deref()))
+            LabCmd::Up { rate, cluster, db, cc } => {
+                lab::up(rate, cluster.then_some(db), &crate::fabric::congestion::requested(cc.as_deref()))
             }
             LabCmd::Down => lab::down(),
             LabCmd::Status => lab::status(),
@@ -171,5 +178,36 @@ impl DemoArgs {
     /// Run the demo.
     pub fn run(self) -> Result<()> {
         demo::run(self.quick, self.loopback)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `refract lab …` as the binary parses it.
+    #[derive(Debug, Parser)]
+    struct Lab {
+        #[command(subcommand)]
+        cmd: LabCmd,
+    }
+
+    fn up(args: &[&str]) -> Result<(bool, lab::Db), clap::Error> {
+        let argv = ["lab", "up"].iter().chain(args);
+        match Lab::try_parse_from(argv)?.cmd {
+            LabCmd::Up { cluster, db, .. } => Ok((cluster, db)),
+            other => panic!("not `up`: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_http_cluster_is_the_default_and_postgres_is_asked_for() {
+        assert_eq!(up(&[]).expect("bare"), (false, lab::Db::Http));
+        assert_eq!(up(&["--cluster"]).expect("http"), (true, lab::Db::Http));
+        assert_eq!(up(&["--cluster", "--db", "http"]).expect("http"), (true, lab::Db::Http));
+        assert_eq!(up(&["--cluster", "--db", "postgres"]).expect("pg"), (true, lab::Db::Postgres));
+        assert!(up(&["--db", "postgres"]).is_err(), "--db without --cluster starts nothing: refused");
+        assert!(up(&["--cluster", "--db", "mysql"]).is_err());
     }
 }

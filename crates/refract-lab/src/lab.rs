@@ -1,16 +1,36 @@
-//! The lab as a whole: `lab up/down/status` and a guard that brings the lab and its cluster up
-//! for a benchmark or the demo and takes down exactly what it brought up.
+//! The lab as a whole: `lab up/down/status` (with the HTTP cluster or the PostgreSQL one) and a
+//! guard that brings the lab and its HTTP cluster up for a benchmark or the demo and takes down
+//! exactly what it brought up.
 
 use crate::cluster::layout::Layout;
 use crate::cluster::{self, Running};
 use crate::fabric::topology::{HOSTS, VIP};
 use crate::fabric::{self, shaping};
+use crate::pglab;
 use crate::support::state;
 use crate::support::units::Rate;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use std::path::Path;
 
-/// `lab up`: build or repair the fabric, shape it, optionally start the cluster.
-pub fn up(rate: Rate, with_cluster: bool, cc: &str) -> Result<()> {
+/// Which cluster `lab up --cluster` starts (`--db`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Db {
+    /// Blob servers with their agents, refract (HTTP) and HAProxy.
+    #[default]
+    Http,
+    /// A PostgreSQL primary and streaming replica, refract (PostgreSQL) and PgBouncer.
+    Postgres,
+}
+
+/// `lab up`: build or repair the fabric, shape it, optionally start a cluster.
+pub fn up(rate: Rate, cluster: Option<Db>, cc: &str) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the refract binary")?;
+    up_with(rate, cluster, cc, &exe)
+}
+
+/// [`up`] with `refract_bin` as the dispatchers' binary (tests run this library, not refract).
+/// One cluster runs at a time: starting one stops the other.
+pub fn up_with(rate: Rate, cluster: Option<Db>, cc: &str, refract_bin: &Path) -> Result<()> {
     require_root()?;
     let rebuilt = fabric::up_with(rate, cc)?;
     eprintln!(
@@ -20,17 +40,42 @@ pub fn up(rate: Rate, with_cluster: bool, cc: &str) -> Result<()> {
         shaping::describe(rate),
         crate::fabric::congestion::describe()
     );
-    if with_cluster {
-        let layout = Layout::lab()?;
-        if !rebuilt && cluster::is_ready(&layout) {
-            eprintln!("cluster already running");
-        } else {
-            cluster::stop(&layout);
-            // The daemons outlive this process; `lab down` stops them.
-            cluster::start(&layout)?.detach();
-            eprintln!("cluster running: {}", describe(&layout));
-        }
-        eprintln!("logs and pid files: {}", state::dir().display());
+    match cluster {
+        None => return Ok(()),
+        Some(Db::Http) => up_http(rebuilt)?,
+        Some(Db::Postgres) => up_postgres(rebuilt, refract_bin)?,
+    }
+    eprintln!("logs and pid files: {}", state::dir().display());
+    Ok(())
+}
+
+fn up_http(rebuilt: bool) -> Result<()> {
+    let layout = Layout::lab()?;
+    if !rebuilt && cluster::is_ready(&layout) {
+        eprintln!("cluster already running");
+        return Ok(());
+    }
+    pglab::stop();
+    cluster::stop(&layout);
+    // The daemons outlive this process; `lab down` stops them.
+    cluster::start(&layout)?.detach();
+    eprintln!("cluster running: {}", describe(&layout));
+    Ok(())
+}
+
+fn up_postgres(rebuilt: bool, refract_bin: &Path) -> Result<()> {
+    if !rebuilt && pglab::is_ready() {
+        eprintln!("PostgreSQL cluster already running");
+        return Ok(());
+    }
+    // `cluster::stop` kills whatever runs in the HTTP cluster's namespaces: the PostgreSQL
+    // servers are stopped properly first (`pglab::start` begins with that).
+    pglab::stop();
+    cluster::stop(&Layout::lab()?);
+    pglab::start(refract_bin)?;
+    eprintln!("PostgreSQL cluster running:");
+    for line in pglab::status_lines() {
+        eprintln!("{line}");
     }
     Ok(())
 }
@@ -38,6 +83,7 @@ pub fn up(rate: Rate, with_cluster: bool, cc: &str) -> Result<()> {
 /// `lab down`: stop the cluster, remove every `rf-*` namespace.
 pub fn down() -> Result<()> {
     require_root()?;
+    pglab::stop();
     cluster::stop(&Layout::lab()?);
     fabric::down()?;
     let left = fabric::lab_namespaces()?;
@@ -50,22 +96,45 @@ pub fn down() -> Result<()> {
 
 /// `lab status`: what is up.
 pub fn status() -> Result<()> {
+    print!("{}", status_text()?);
+    Ok(())
+}
+
+/// What `lab status` prints: the fabric, then each cluster's processes (running or stopped).
+pub fn status_text() -> Result<String> {
     let namespaces = fabric::lab_namespaces()?;
     if namespaces.is_empty() {
-        println!("lab: down");
-        return Ok(());
+        return Ok("lab: down\n".into());
     }
     let complete = fabric::is_complete();
     let rate = fabric::current_rate().map(|r| r.label()).unwrap_or_else(|| "?".into());
-    println!("lab: {} (namespaces: {}), rate {rate}", if complete { "up" } else { "PARTIAL" }, namespaces.join(" "));
+    let state = if complete { "up" } else { "PARTIAL" };
+    let mut out = format!("lab: {state} (namespaces: {}), rate {rate}\n", namespaces.join(" "));
     let layout = Layout::lab()?;
     let ready = complete && cluster::is_ready(&layout);
-    println!("cluster: {}", if ready { "ready (every listener answers)" } else { "not ready" });
+    out += &format!("cluster: {}\n", if ready { "ready (every listener answers)" } else { "not ready" });
     for p in layout.all_procs() {
         let state = if cluster::is_running(&p.name) { "running" } else { "stopped" };
-        println!("  {:<17} {:<6} {:<8} {}", p.name, p.ns.as_deref().unwrap_or("-"), state, what(&layout, &p.name));
+        out += &format!(
+            "  {:<17} {:<6} {:<8} {}\n",
+            p.name,
+            p.ns.as_deref().unwrap_or("-"),
+            state,
+            what(&layout, &p.name)
+        );
     }
-    Ok(())
+    let ready = match pglab::any_running() {
+        false => "not running",
+        true if complete && pglab::is_ready() => "ready (every listener answers, the replica streams)",
+        true => "not ready",
+    };
+    out += &format!("postgres cluster (`lab up --cluster --db postgres`): {ready}\n");
+    out += &format!("  {:<17} {:<6} {:<8} {:<8} what\n", "process", "netns", "state", "pid");
+    for line in pglab::status_lines() {
+        out += &line;
+        out.push('\n');
+    }
+    Ok(out)
 }
 
 /// What a process of the lab's cluster serves, for `lab status`.
@@ -132,6 +201,7 @@ impl LabGuard {
         }
         eprintln!("bringing the lab up ({})…", shaping::describe(rate));
         fabric::up(rate)?;
+        pglab::stop();
         cluster::stop(&guard.layout);
         guard.running = Some(cluster::start(&guard.layout)?);
         Ok(guard)

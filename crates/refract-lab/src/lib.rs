@@ -1,10 +1,11 @@
 //! refract's lab: a network-namespace fabric that reproduces the paper's topology on one
 //! machine, the cluster that runs in it (blob servers with their agents, the refract
-//! dispatchers — relay-only, hybrid, hand-over — and HAProxy as the peer), the wrk-driven
+//! dispatchers — relay-only, hybrid, hand-over — and HAProxy as the peer) or the PostgreSQL
+//! cluster (primary, streaming replica, refract, PgBouncer as the peer), the wrk-driven
 //! payload sweep with its report (markdown, CSV, PNG), the paper's reproduction, and the demo.
 //!
 //! This crate is the bench harness: it uses `anyhow` and shells out to `ip`, `tc`, `wrk`,
-//! `curl` and `haproxy`; it never ships in the data path.
+//! `curl`, `haproxy`, PostgreSQL's tools and `pgbouncer`; it never ships in the data path.
 //!
 //! # Layout
 //! - [`cli`]: the `lab`, `bench` and `demo` subcommands (`LabCmd`, `BenchCmd`, `DemoArgs`).
@@ -16,6 +17,9 @@
 //!   where they live; [`cluster::dispatch_config`], [`cluster::haproxy`]: reading the
 //!   dispatcher config, HAProxy's mirrored config; [`cluster::http_client`]: a tiny HTTP client.
 //! - [`lab`]: `lab up/down/status` and `LabGuard`, which undoes what it brought up.
+//! - [`pglab`]: the PostgreSQL cluster of `lab up --cluster --db postgres` (primary, streaming
+//!   replica, refract hybrid and relay-only, PgBouncer); [`pglab::layout`]: its addresses and
+//!   where the PostgreSQL agent slots in, [`pglab::server`]: PostgreSQL, [`pglab::pgbouncer`].
 //! - [`bench`](mod@bench): the benchmarks, one folder each, each with its own results, report and plot:
 //!   [`bench::sweep`] (`bench sweep`: wrk, the sweep with progress and ETA, the steering
 //!   dispatcher switch, the hand-over figures from `/metrics`, the section, CSV and figure);
@@ -35,6 +39,7 @@ pub mod cluster;
 pub mod demo;
 pub mod fabric;
 pub mod lab;
+pub mod pglab;
 pub mod report;
 pub mod support;
 

@@ -8,14 +8,13 @@
 
 mod pg_common;
 
+use pg_common::agent::{self, Agent};
 use pg_common::{Answer, Client};
 use refract_dispatch::{config, run_sharded, Ctx};
 use refract_pg::frontend::Bind;
 use refract_pg::testkit::{PgCluster, PASSWORD, USER};
 use refract_pg::FrontendMessage;
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,82 +24,18 @@ struct Hybrid {
     admin: u16,
     agent: Agent,
     _ctx: Arc<Ctx>,
-    _dir: TempDir,
     cluster: PgCluster,
-}
-
-/// A directory removed on drop (the agent's socket lives in it).
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
 }
 
-/// An agent running in this process, as `refract agent` runs it; [`Agent::kill`] ends it the
-/// way a crash would for its sockets (its runtime, with every task and socket, is dropped).
-struct Agent {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Agent {
-    fn kill(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-    }
-}
-
-/// Starts the agent in front of `server` on `listener` (its PostgreSQL listener) and `sock`
-/// (its same-host link).
-fn agent(server: SocketAddr, listener: std::net::TcpListener, sock: PathBuf) -> Agent {
-    let (ready, is_ready) = std::sync::mpsc::channel();
-    let opts = refract_agent::LocalOptions {
-        backend: server,
-        backend_socket: None,
-        pass_socket: false,
-        backend_timeout: Duration::from_secs(30),
-        write_stall: Duration::from_secs(10),
-        guard: None,
-        pg: Default::default(),
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            listener.set_nonblocking(true).unwrap();
-            let pg = tokio::net::TcpListener::from_std(listener).unwrap();
-            let local = refract_agent::bind_local(&sock, None).unwrap();
-            ready.send(()).unwrap();
-            tokio::select! {
-                r = refract_agent::serve_postgres(pg, opts.clone()) => r.unwrap(),
-                r = refract_agent::serve_local(local, opts) => r.unwrap(),
-                _ = stopped => {}
-            }
-        });
-    });
-    is_ready.recv().unwrap();
-    Agent { stop: Some(stop), thread: Some(thread) }
-}
-
 impl Hybrid {
     fn start() -> Hybrid {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("refract-pg-handover-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let sock = dir.join("agent.sock");
-        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let through = listener.local_addr().unwrap();
-        let agent = agent(cluster.primary.addr(), listener, sock.clone());
+        let agent = Agent::start(cluster.primary.addr(), agent::sock_path("handover"));
+        let (through, sock) = (agent.through, agent.sock.clone());
         let (port, admin) = (free_port(), free_port());
         let text = format!(
             r#"
@@ -145,7 +80,7 @@ agents = {{ primary = "unix:{}" }}
             assert!(std::time::Instant::now() < deadline, "refract never listened");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Hybrid { port, admin, agent, _ctx: ctx, _dir: TempDir(dir), cluster }
+        Hybrid { port, admin, agent, _ctx: ctx, cluster }
     }
 
     fn client(&self) -> Client {
@@ -158,14 +93,7 @@ agents = {{ primary = "unix:{}" }}
 
     /// Hand-overs that succeeded so far.
     fn handed_over(&self) -> u64 {
-        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, self.admin)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out.lines()
-            .filter(|l| l.starts_with("refract_handover_total{") && l.contains("result=\"ok\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+        agent::handed_over(self.admin)
     }
 }
 

@@ -6,8 +6,10 @@
 //! differs, printed). BackendKeyData and the startup ParameterStatus messages legitimately
 //! differ: they come before the compared window.
 //!
-//! The refract under test is started in one place, [`refract_under_test`]: today relay mode;
-//! the PostgreSQL result hand-over (hybrid mode) is tested by changing that function alone.
+//! Two refracts are under test, started in one place, [`refract_under_test`]: one relaying,
+//! one in hybrid mode with an agent in front of each server (same host, threshold 16 KiB), so
+//! that every result past 16 KiB is written to the client by an agent (the PostgreSQL result
+//! hand-over, docs/handover.md "PostgreSQL"). Every script is compared through both.
 //!
 //! The concurrent mixed run ([`concurrent_mixed_run_matches_postgres`]) is sized for CI by
 //! default (12 clients, results up to 4 MiB); `REFRACT_PGDIFF_CLIENTS`,
@@ -15,6 +17,10 @@
 //! make it the larger documented run (docs/postgres.md, *Results identical to PostgreSQL*).
 #![allow(clippy::unwrap_used)]
 
+#[path = "pg_common/agent.rs"]
+mod agent;
+
+use agent::Agent;
 use bytes::{Bytes, BytesMut};
 use md5::{Digest, Md5};
 use refract_dispatch::config;
@@ -96,8 +102,22 @@ fn free_port() -> u16 {
 /// relay mode; to prove the PostgreSQL result hand-over byte-identical, start the hybrid
 /// refract (and an agent in front of each server) here, and every test of this file compares
 /// it with PostgreSQL.
-fn refract_under_test(primary: SocketAddr, replica: SocketAddr, extra: &str) -> Dispatcher {
+fn refract_under_test(
+    primary: SocketAddr,
+    replica: SocketAddr,
+    extra: &str,
+    agents: Option<&[Agent; 2]>,
+) -> Dispatcher {
     let (port, admin) = (free_port(), free_port());
+    let through = |i: usize| agents.map_or(String::new(), |a| format!("through = \"{}\"", a[i].through));
+    let handover = agents.map_or(String::new(), |a| {
+        format!(
+            "[handover]\nmode = \"hybrid\"\nthreshold = {HYBRID_THRESHOLD}\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
+            a[0].sock.display(),
+            a[1].sock.display()
+        )
+    });
+    let (through_primary, through_replica) = (through(0), through(1));
     let text = format!(
         r#"
 [listen]
@@ -124,12 +144,16 @@ password = "{PASSWORD}"
 [[postgres.server]]
 name = "primary"
 addr = "{primary}"
+{through_primary}
 role = "primary"
 
 [[postgres.server]]
 name = "replica"
 addr = "{replica}"
+{through_replica}
 role = "replica"
+
+{handover}
 "#
     );
     let cfg = config::parse(&text).unwrap();
@@ -146,10 +170,17 @@ role = "replica"
     Dispatcher { port, admin, ctx, thread: Some(thread) }
 }
 
-/// A cluster with what the scripts need, and the refract under test in front of it.
+/// Results past this many bytes are handed over by the hybrid refract under test.
+const HYBRID_THRESHOLD: usize = 16 << 10;
+
+/// A cluster with what the scripts need, and the refracts under test in front of it.
 struct Env {
-    /// Declared first: stopped before the cluster.
+    /// Declared first: stopped before the agents and the cluster.
     refract: Dispatcher,
+    /// In hybrid mode, through `agents`.
+    hybrid: Dispatcher,
+    /// Kept running while the environment lives.
+    _agents: [Agent; 2],
     cluster: PgCluster,
 }
 
@@ -158,8 +189,14 @@ impl Env {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
         cluster.psql(&cluster.primary, SETUP).unwrap();
         cluster.wait_replicated(Duration::from_secs(30)).unwrap();
-        let refract = refract_under_test(cluster.primary.addr(), cluster.replica().addr(), "");
-        Env { refract, cluster }
+        let (primary, replica) = (cluster.primary.addr(), cluster.replica().addr());
+        let refract = refract_under_test(primary, replica, "", None);
+        let agents = [
+            Agent::start(primary, agent::sock_path("results-primary")),
+            Agent::start(replica, agent::sock_path("results-replica")),
+        ];
+        let hybrid = refract_under_test(primary, replica, "", Some(&agents));
+        Env { refract, hybrid, _agents: agents, cluster }
     }
 
     /// PostgreSQL itself (the primary; reads through refract may run on either server, both
@@ -458,8 +495,10 @@ fn same_bytes_steered(
     direct
 }
 
+/// The script reads the same through the relaying and the hybrid refract as from PostgreSQL.
 fn same_bytes(script: &Script) -> Received {
     let e = env();
+    same_bytes_steered(&e, &e.hybrid, script, &mut |_| {});
     same_bytes_steered(&e, &e.refract, script, &mut |_| {})
 }
 
@@ -561,7 +600,7 @@ fn extended_protocol_text_and_binary_unnamed() {
 fn extended_protocol_named_statement_used_again_on_the_other_server() {
     let e = env();
     // A refract of its own: the test drains servers to move the statement's second use.
-    let refract = refract_under_test(e.cluster.primary.addr(), e.cluster.replica().addr(), "");
+    let refract = refract_under_test(e.cluster.primary.addr(), e.cluster.replica().addr(), "", None);
     // A text of its own, so no server connection has it prepared yet.
     let nonce = std::process::id();
     let sql = format!("select n, md5(n::text) /* pgdiff {nonce} */ from generate_series(1, $1::int) n");
@@ -893,43 +932,55 @@ fn concurrent_mixed_run_matches_postgres() {
     let all: Vec<Script> = scripts.iter().flatten().cloned().collect();
     let direct = Arc::new(rt.block_on(direct_digests(e.direct(), all, 4)).unwrap());
     let direct_took = started.elapsed();
-    let started = Instant::now();
-    let results = rt.block_on(async {
-        let tasks: Vec<_> = scripts
-            .into_iter()
-            .map(|s| tokio::spawn(client_through(e.refract.addr(), s, direct.clone(), e.direct())))
+    let handed_before = agent::handed_over(e.hybrid.admin);
+    for (name, refract) in [("relay", &e.refract), ("hybrid", &e.hybrid)] {
+        let started = Instant::now();
+        let results = rt.block_on(async {
+            let tasks: Vec<_> = scripts
+                .iter()
+                .cloned()
+                .map(|s| tokio::spawn(client_through(refract.addr(), s, direct.clone(), e.direct())))
+                .collect();
+            let mut out = vec![];
+            for t in tasks {
+                out.push(t.await.map_err(|e| e.to_string()).and_then(|r| r));
+            }
+            out
+        });
+        let failures: Vec<String> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(c, r)| r.as_ref().err().map(|e| format!("client {c}: {e}")))
             .collect();
-        let mut out = vec![];
-        for t in tasks {
-            out.push(t.await.map_err(|e| e.to_string()).and_then(|r| r));
-        }
-        out
-    });
-    let failures: Vec<String> =
-        results.iter().enumerate().filter_map(|(c, r)| r.as_ref().err().map(|e| format!("client {c}: {e}"))).collect();
-    let bytes: usize = results.iter().filter_map(|r| r.as_ref().ok()).sum();
+        let bytes: usize = results.iter().filter_map(|r| r.as_ref().ok()).sum();
+        let errors_in_results = direct.values().filter(|d| d.2).count();
+        println!(
+            "pgdiff mixed run ({name}): seed {:#x}, {} clients × {} results (up to {} MiB), {errors_in_results} \
+             distinct failing ones; {:.1} MiB through refract in {:.1} s ({:.1} s directly first); {} client(s) failed",
+            mix.seed,
+            mix.clients,
+            mix.queries,
+            mix.max_bytes / MIB,
+            bytes as f64 / MIB as f64,
+            started.elapsed().as_secs_f64(),
+            direct_took.as_secs_f64(),
+            failures.len(),
+        );
+        assert!(
+            failures.is_empty(),
+            "{name}: seed {:#x} (REFRACT_PGDIFF_SEED={}): {} of {} clients got results other than PostgreSQL's:\n{}",
+            mix.seed,
+            mix.seed,
+            failures.len(),
+            mix.clients,
+            failures.join("\n")
+        );
+    }
+    let handed = agent::handed_over(e.hybrid.admin) - handed_before;
+    let large = direct.values().filter(|d| d.1 > HYBRID_THRESHOLD).count();
+    println!("pgdiff mixed run (hybrid): {handed} results handed over ({large} distinct scripts past the threshold)");
+    assert!(handed > 0, "the hybrid run handed nothing over");
     let errors_in_results = direct.values().filter(|d| d.2).count();
-    println!(
-        "pgdiff mixed run: seed {:#x}, {} clients × {} results (up to {} MiB), {errors_in_results} distinct failing \
-         ones; {:.1} MiB through refract in {:.1} s ({:.1} s directly first); {} client(s) failed",
-        mix.seed,
-        mix.clients,
-        mix.queries,
-        mix.max_bytes / MIB,
-        bytes as f64 / MIB as f64,
-        started.elapsed().as_secs_f64(),
-        direct_took.as_secs_f64(),
-        failures.len(),
-    );
-    assert!(
-        failures.is_empty(),
-        "seed {:#x} (REFRACT_PGDIFF_SEED={}): {} of {} clients got results other than PostgreSQL's:\n{}",
-        mix.seed,
-        mix.seed,
-        failures.len(),
-        mix.clients,
-        failures.join("\n")
-    );
     assert!(errors_in_results > 0, "the mix had no failing result: widen it");
 }
 

@@ -3,6 +3,8 @@
 //! listener on the same port), psql/pgbench runners and a tiny raw client.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod agent;
+
 use bytes::BytesMut;
 use refract_dispatch::config;
 use refract_dispatch::{run_sharded, Ctx};

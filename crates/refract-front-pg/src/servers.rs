@@ -418,9 +418,13 @@ impl Servers {
 /// One server's admission settings: `[overload]`, with the limit capped at `pool_size` (more
 /// units in flight than connections would only queue in the pool, unmanaged) and starting
 /// there, not at `initial_concurrency`: the pool size is the concurrency the operator stated,
-/// and a lower limit would hold back transactions PgBouncer would run (clients whose open
-/// transactions wait on each other would stall until the timeout). When `max_queue_wait_ms`
-/// is 0 the wait is bounded by `checkout_timeout_ms`, as the pool's was before admission.
+/// and a limit starting lower would hold back transactions PgBouncer would run. It adapts from
+/// there ([`Server::learn`]) down to `min_concurrency` (capped at `pool_size` too). The floor is
+/// a trade-off: a limit below the number of transactions that wait on each other (a client
+/// that keeps one open while it waits for another's) stalls them until their deadline, since
+/// only new units wait (statements inside an open transaction never do); a floor at
+/// `pool_size` keeps the limit fixed. When `max_queue_wait_ms` is 0 the wait is bounded by
+/// `checkout_timeout_ms`, as the pool's was before admission.
 pub(super) fn admission_config(overload: &Overload, pg: &PgConfig) -> AdmissionConfig {
     let mut adm = overload.admission();
     let cap = pg.pool_size.max(1) as f64;

@@ -1,6 +1,9 @@
 //! Admission control for PostgreSQL statements: the same per-server `Admission` (limit and
 //! managed, deadline-aware queue) as HTTP backends (`overload/admission.rs`), built from
-//! `[overload]`; its limit is held at `pool_size` (see `permit.rs` for why it does not adapt).
+//! `[overload]`. Its limit starts at `pool_size`, is capped by it and adapts to the server
+//! time of the statements run under it, each read against the no-load time of its kind of
+//! statement (`Server::learn`, `baseline.rs`; `permit.rs` says why the permits themselves are
+//! no samples).
 //!
 //! The unit admitted is the unit of work that holds a server connection in transaction
 //! pooling: a transaction, or a statement (an extended batch up to Sync) outside one. Its
@@ -101,8 +104,9 @@ fn readers(candidates: &[Arc<Server>], read_from_primary: bool) -> Vec<&Arc<Serv
 /// a server's free slot serves only its own waiters, so uneven queues would leave one server
 /// idle while the other's waiters age (measured with the balancer's choice instead: p99 of
 /// 860 ms at 3× load over a primary + replica, where one server had given 33 ms).
-/// `expected_wait` cannot say this: it is learnt from latency samples, which PostgreSQL's
-/// permits do not give (`permit.rs`).
+/// `expected_wait` cannot say this: it rests on a recent latency learnt from permits, which
+/// PostgreSQL's do not give (`permit.rs`), and the statement samples the limit reads are of
+/// mixed costs, no estimate of a unit's length.
 fn backlog(s: &Server) -> usize {
     let v = s.member.admission.view();
     (v.inflight + v.queued) * 1000 / v.limit.max(1)

@@ -7,11 +7,13 @@ use super::error::PgError;
 use super::phase::Event;
 use super::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
-use refract_pg::classify::{Classification, Route};
+use refract_pg::classify::{fingerprint, Classification, Route};
 use refract_pg::frontend::Target;
 use refract_pg::session::{Origin, PreparedStatement};
 use refract_pg::{reply, BackendMessage, FrontendMessage};
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hasher;
 use std::sync::Arc;
 
 /// What answer a message sent to the server ends with.
@@ -148,7 +150,7 @@ impl Session {
         route: Route,
     ) -> Result<(), PgError> {
         self.mirror_batch_names(&msgs).await?;
-        let started = std::time::Instant::now();
+        let started = self.sent(self.batch_key(&msgs));
         let mut head = BytesMut::new();
         let prefixed = self.params_prefix(&mut head)?;
         let plan = self.plan(msgs)?;
@@ -159,12 +161,38 @@ impl Session {
         } else {
             self.conn()?.wire.send(&plan.out).await?;
         }
-        self.relay_batch(plan.expect).await?;
+        let failed = self.relay_batch(plan.expect).await?;
         if synced {
-            self.book(started);
+            self.book(started, failed);
             self.after_ready(route == Route::Write).await?;
         }
         Ok(())
+    }
+
+    /// The batch's kind for its server's adaptive limit: the fingerprints of the statements it
+    /// parses and binds, in order (`refract_pg::classify::fingerprint` of each query text).
+    fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
+        let mut parsed: HashMap<&str, &str> = HashMap::new();
+        let mut h = DefaultHasher::new();
+        for m in msgs {
+            let text = match m {
+                FrontendMessage::Parse { name, query, .. } => {
+                    parsed.insert(name, query);
+                    Some(query.as_str())
+                }
+                FrontendMessage::Bind(b) => parsed.get(b.statement.as_str()).copied().or_else(|| {
+                    self.state.prepared.get(&b.statement).map(|p| match &p.origin {
+                        Origin::Protocol { query, .. } => query.as_str(),
+                        Origin::Sql { text } => text.as_str(),
+                    })
+                }),
+                _ => None,
+            };
+            if let Some(t) = text {
+                h.write_u64(fingerprint(t));
+            }
+        }
+        h.finish()
     }
 
     /// A batch is a read if every statement it parses or binds is one.
@@ -285,8 +313,10 @@ impl Session {
         Ok(g)
     }
 
-    /// Relays answers in order, inserting refract's own where due, until all are in.
-    pub(super) async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<(), PgError> {
+    /// Relays answers in order, inserting refract's own where due, until all are in; returns
+    /// whether an error came.
+    pub(super) async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<bool, PgError> {
+        let mut failed = false;
         loop {
             while let Some(Expect::Local(..)) = expect.front() {
                 if let Some(Expect::Local(b, _)) = expect.pop_front() {
@@ -294,7 +324,7 @@ impl Session {
                 }
             }
             if expect.is_empty() {
-                return self.flush().await;
+                return self.flush().await.map(|()| failed);
             }
             let (tag, frame) = self.server_frame().await?;
             self.note_copy(tag);
@@ -306,6 +336,7 @@ impl Session {
                 }
                 b'N' | b'A' => self.out.extend_from_slice(&frame),
                 b'E' => {
+                    failed = true;
                     self.held.ext_failed = true;
                     let frame = self.parse_failed(&expect).unwrap_or(frame);
                     self.out.extend_from_slice(&frame);

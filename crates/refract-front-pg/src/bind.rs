@@ -121,7 +121,7 @@ impl Session {
         if prefixed {
             self.drain_prefix().await?;
         }
-        self.relay_batch(expect).await
+        self.relay_batch(expect).await.map(drop)
     }
 
     /// The Bind planned for the bound connection, its encoding cut back to a head announcing

@@ -107,6 +107,8 @@ impl Session {
         let name = self.bound_name();
         match self.attempt(verbatim).await? {
             Attempt::Back { sent } => {
+                // The client received them: the answer counts as large (no limit sample).
+                self.wire.count_sent_elsewhere(sent);
                 let m = &self.shared.metrics;
                 m.handover(&name, "ok");
                 m.handover_latency(started.elapsed().as_secs_f64());

@@ -4,7 +4,8 @@
 //!
 //! # Layout
 //! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
-//! - `admit`: admission control (adaptive limit, deadline queue) before a server connection.
+//! - `admit`: admission control (adaptive limit, deadline queue) before a server connection;
+//!   `baseline`: each server's no-load time per kind of statement, which its limit reads.
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
@@ -29,6 +30,7 @@
 //! - `error`: the error type.
 
 mod admit;
+mod baseline;
 mod batch;
 mod bind;
 mod cancel;

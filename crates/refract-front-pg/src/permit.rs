@@ -7,16 +7,13 @@ use std::sync::Arc;
 
 /// A permit held by a session for its unit of work.
 ///
-/// It teaches the limit nothing (`Outcome::Ignore`): the limit stays at its cap, `pool_size`.
-/// Vegas against the minimum latency reads a mix of statement costs as queueing: measured with
-/// the bench's 20 ms statements, the `SELECT 1` of a readiness probe set the no-load latency to
-/// 0.1 ms and the limit fell to 1 (46 statements/s where PgBouncer served 142). The permit's
-/// lifetime is no sample either: for a transaction it spans the client's round trips between
-/// statements. Per-statement server times (`Server::book`) still mix costs, and a statement that
-/// waits rather than works (`pg_sleep`, a lock) takes as long at any concurrency up to the pool
-/// size, so Vegas could only climb back to this cap; an adaptive limit needs a baseline per kind
-/// of statement (docs/overload.md). What admission gives PostgreSQL is the managed queue,
-/// deadlines and priorities in front of the pool.
+/// It teaches the limit nothing (`Outcome::Ignore`): the permit's lifetime is no sample, since
+/// for a transaction it spans the client's round trips between statements. The limit learns
+/// from the statements run under it instead: each one's server time, read against the no-load
+/// time of its kind of statement (`Server::learn`, `baseline.rs`). Against a single minimum
+/// latency, as for HTTP, a mix of statement costs reads as queueing: measured with the bench's
+/// 20 ms statements, the `SELECT 1` of a readiness probe set the no-load latency to 0.1 ms and
+/// the limit fell to 1 (46 statements/s where PgBouncer served 142).
 #[derive(Debug)]
 pub(super) struct Admitted {
     permit: Permit,

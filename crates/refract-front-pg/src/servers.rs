@@ -5,6 +5,7 @@
 //! Replicas join and leave at run time ([`Servers::add`], [`Servers::remove`]); the probes are
 //! in `probes.rs`.
 
+use super::baseline::Baselines;
 use super::pool::Pool;
 use super::server::{Login, Through};
 use crate::config::{PgConfig, PgRole, PgServerConfig};
@@ -45,6 +46,8 @@ pub struct Server {
     addr: std::net::SocketAddr,
     /// Its agent, when results may be handed over (`[handover]` names one for it).
     pub(super) agent: Option<AgentRoute>,
+    /// Its no-load time per kind of statement, for its adaptive limit ([`Server::learn`]).
+    baselines: Mutex<Baselines>,
 }
 
 /// How the session reaches a server's agent for a hand-over (`[handover]`).
@@ -57,6 +60,12 @@ pub(super) struct AgentRoute {
     /// The steering interface and map capacity, when this dispatcher steers.
     pub steer: Option<(String, u32)>,
 }
+
+/// Added to every baseline a limit reads a statement against: a millisecond of delay is not
+/// worth managing, and on a busy host a sub-millisecond statement is delayed that much by the
+/// scheduler alone, with no queue in PostgreSQL (against its bare 0.1 ms, a 2 ms `SELECT 1`
+/// would read as 20× queueing).
+const NOISE: Duration = Duration::from_millis(1);
 
 impl Server {
     /// Whether it passed its last check.
@@ -110,6 +119,19 @@ impl Server {
         self.member.observe(took);
         if ok {
             self.member.note_outcome(true, 0);
+        }
+    }
+
+    /// Teaches its adaptive limit one statement (or batch) of kind `key` (a fingerprint) that
+    /// took `took`, server time, read against that kind's baseline (`baseline.rs`). The first
+    /// sample of a kind only sets its baseline.
+    pub(super) fn learn(&self, key: u64, took: Duration) {
+        let admission = &self.member.admission;
+        let v = admission.view();
+        let light = v.inflight * 2 < v.limit;
+        let baseline = self.baselines.lock().unwrap_or_else(PoisonError::into_inner).observe(key, took, light);
+        if let Some(b) = baseline {
+            admission.learn(took, b + NOISE);
         }
     }
 
@@ -246,6 +268,7 @@ impl Servers {
             login: self.login.clone(),
             addr: s.addr,
             agent,
+            baselines: Mutex::default(),
         })
     }
 
@@ -439,9 +462,13 @@ impl Servers {
 /// One server's admission settings: `[overload]`, with the limit capped at `pool_size` (more
 /// units in flight than connections would only queue in the pool, unmanaged) and starting
 /// there, not at `initial_concurrency`: the pool size is the concurrency the operator stated,
-/// and a lower limit would hold back transactions PgBouncer would run (clients whose open
-/// transactions wait on each other would stall until the timeout). When `max_queue_wait_ms`
-/// is 0 the wait is bounded by `checkout_timeout_ms`, as the pool's was before admission.
+/// and a limit starting lower would hold back transactions PgBouncer would run. It adapts from
+/// there ([`Server::learn`]) down to `min_concurrency` (capped at `pool_size` too). The floor is
+/// a trade-off: a limit below the number of transactions that wait on each other (a client
+/// that keeps one open while it waits for another's) stalls them until their deadline, since
+/// only new units wait (statements inside an open transaction never do); a floor at
+/// `pool_size` keeps the limit fixed. When `max_queue_wait_ms` is 0 the wait is bounded by
+/// `checkout_timeout_ms`, as the pool's was before admission.
 pub(super) fn admission_config(overload: &Overload, pg: &PgConfig) -> AdmissionConfig {
     let mut adm = overload.admission();
     let cap = pg.pool_size.max(1) as f64;

@@ -15,7 +15,7 @@ use super::shared::Shared;
 use super::wire::{Frame, Incoming, Wire};
 use crate::config::{PgRole, PoolMode};
 use bytes::BytesMut;
-use refract_pg::classify::{Classification, Route, Statement};
+use refract_pg::classify::{fingerprint, Classification, Route, Statement};
 use refract_pg::frame::{self, Limits};
 use refract_pg::hybrid;
 use refract_pg::notice::sqlstate;
@@ -30,6 +30,20 @@ use tokio::net::TcpStream;
 
 /// Flush relayed bytes to the client once this much is pending.
 pub(super) const FLUSH_AT: usize = 64 * 1024;
+
+/// A statement whose answer to the client was larger than this (about a socket buffer) is no
+/// sample for its server's limit: its time includes the client's reading of it.
+const SAMPLE_MAX_RELAYED: u64 = 64 * 1024;
+
+/// When a statement (or batch) went to its server, for its sample at ReadyForQuery.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sent {
+    at: Instant,
+    /// The client wire's byte count then.
+    relayed: u64,
+    /// Its kind (`refract_pg::classify::fingerprint`).
+    key: u64,
+}
 
 /// A server connection bound to the session.
 #[derive(Debug)]
@@ -215,18 +229,20 @@ impl Session {
         if let Err(e) = self.bind(route).await {
             return self.refuse(e, true).await;
         }
-        let result = self.run_simple(&c, frame, route).await;
+        let result = self.run_simple(&c, frame, route, fingerprint(sql)).await;
         self.settle(result).await
     }
 
+    /// Runs a simple Query of kind `key` (its fingerprint) on the bound connection.
     pub(super) async fn run_simple(
         &mut self,
         c: &Classification,
         frame: bytes::Bytes,
         route: Route,
+        key: u64,
     ) -> Result<(), PgError> {
         let in_tx_before = self.phase.in_transaction();
-        let started = Instant::now();
+        let started = self.sent(key);
         let mut head = BytesMut::new();
         let mut prefixed = self.params_prefix(&mut head)?;
         let prepares = c
@@ -263,7 +279,7 @@ impl Session {
         }
         self.sql_names_done(c, failed)?;
         let wrote = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
-        self.book(started);
+        self.book(started, failed);
         self.after_ready(route == Route::Write && wrote).await
     }
 
@@ -675,12 +691,24 @@ impl Session {
         Ok(())
     }
 
-    /// Books a statement (or batch) sent at `started` whose ReadyForQuery came: the server
-    /// answered, whatever the answer (an SQL error is the client's), so it counts as served,
-    /// with its latency, for the engine's balancing and outlier check.
-    pub(super) fn book(&self, started: Instant) {
+    /// Marks a statement (or batch) of kind `key` about to go to the server.
+    pub(super) fn sent(&self, key: u64) -> Sent {
+        Sent { at: Instant::now(), relayed: self.wire.sent(), key }
+    }
+
+    /// Books a statement (or batch) `sent` whose ReadyForQuery came: the server answered,
+    /// whatever the answer (an SQL error is the client's), so it counts as served, with its
+    /// latency, for the engine's balancing and outlier check. Its time is also a sample for the
+    /// server's adaptive limit (`Server::learn`), unless it `failed` (an error or a cancel
+    /// ends a statement at any time: its time says nothing about the server's queue) or its
+    /// answer was too large to have left without the client reading it.
+    pub(super) fn book(&self, sent: Sent, failed: bool) {
         if let Some(b) = &self.bound {
-            b.server.book(started.elapsed(), true);
+            let took = sent.at.elapsed();
+            b.server.book(took, true);
+            if !failed && self.wire.sent() - sent.relayed <= SAMPLE_MAX_RELAYED {
+                b.server.learn(sent.key, took);
+            }
         }
     }
 

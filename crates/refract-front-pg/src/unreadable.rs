@@ -78,7 +78,7 @@ impl Session {
         if untracked {
             self.note_untracked();
         }
-        let result = self.run_simple(&c, frame, route).await;
+        let result = self.run_simple(&c, frame, route, refract_pg::classify::fingerprint(sql)).await;
         self.settle(result).await
     }
 }

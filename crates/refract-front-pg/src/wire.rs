@@ -21,6 +21,9 @@ pub struct Wire {
     buf: BytesMut,
     /// Who is at the other end (for error attribution).
     peer: Side,
+    /// Bytes written so far (a statement's sample for the adaptive limit is dropped when its
+    /// answer was larger than a socket buffer: its time then includes the client's reading).
+    sent: u64,
 }
 
 /// The transport under a [`Wire`]. An enum rather than a generic: the plain-TCP path costs one
@@ -58,7 +61,7 @@ const PIPE_READ: usize = 64 * 1024;
 impl Wire {
     /// Wraps a connected socket.
     pub fn new(stream: TcpStream, peer: Side) -> Self {
-        Wire { stream: Stream::Plain(stream), buf: BytesMut::with_capacity(8 * 1024), peer }
+        Wire { stream: Stream::Plain(stream), buf: BytesMut::with_capacity(8 * 1024), peer, sent: 0 }
     }
 
     /// The next buffered message, if a whole one is there.
@@ -177,6 +180,7 @@ impl Wire {
     /// Writes all of `bytes` (and, over TLS, flushes the records out).
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), PgError> {
         let peer = self.peer;
+        self.sent += bytes.len() as u64;
         match &mut self.stream {
             Stream::Plain(s) => s.write_all(bytes).await.map_err(|e| PgError::io(peer, e)),
             Stream::Tls(s) => {
@@ -185,6 +189,11 @@ impl Wire {
             }
             Stream::Detached => Err(PgError::io(peer, detached())),
         }
+    }
+
+    /// How many bytes were written to the peer so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
     }
 
     /// The bytes read but not consumed yet.
@@ -212,6 +221,12 @@ impl Wire {
             Stream::Plain(s) => Some(s.as_fd()),
             _ => None,
         }
+    }
+
+    /// Counts `n` bytes another process wrote into this connection (the agent of a hand-over):
+    /// what the client received, whoever wrote it.
+    pub fn count_sent_elsewhere(&mut self, n: u64) {
+        self.sent += n;
     }
 
     /// The socket of a plain-TCP connection, to move it (`None` on TLS).

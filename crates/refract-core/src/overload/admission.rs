@@ -398,6 +398,19 @@ impl Admission {
         Duration::from_secs_f64((rounds * s.limiter.recent_latency()).min(3600.0))
     }
 
+    /// Teaches the limit one sample taken inside a permit's lifetime, measured against its own
+    /// `baseline` (the no-load time of its kind of request; see
+    /// [`AdaptiveLimit::sample_relative`]), with the requests now in flight. For a front end whose
+    /// permit spans more than the work it measures (a PostgreSQL transaction holds its permit
+    /// across the client's round trips): such permits finish with [`Outcome::Ignore`] and the
+    /// work inside them is sampled here. A limit that grew grants waiters at once.
+    pub fn learn(&self, rtt: Duration, baseline: Duration) {
+        let mut s = self.lock();
+        let inflight = s.inflight;
+        s.limiter.sample_relative(rtt.as_secs_f64(), baseline.as_secs_f64(), inflight);
+        self.dispatch(&mut s);
+    }
+
     fn release(&self, sample: Option<(Outcome, Duration)>) {
         let mut s = self.lock();
         s.inflight = s.inflight.saturating_sub(1);
@@ -770,5 +783,27 @@ mod tests {
             a.acquire(Priority::Normal, None).await.unwrap().finish(Outcome::Overloaded);
         }
         assert!(a.view().limit < before);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn learnt_samples_move_the_limit_and_a_grown_limit_grants_waiters() {
+        let l = LimitConfig { initial: 4.0, min: 1.0, max: 4.0, ..LimitConfig::default() };
+        let a = Admission::new(AdmissionConfig { limit: l, ..AdmissionConfig::default() });
+        let mut held: Vec<Permit> = futures_lite(&a, 4).await;
+        for _ in 0..4 {
+            a.learn(Duration::from_millis(80), Duration::from_millis(20));
+        }
+        assert_eq!(a.view().limit, 2, "4× the baseline with 4 in flight: the limit came down");
+        held.truncate(2);
+        let a1 = a.clone();
+        let waiter = tokio::spawn(async move { a1.acquire(Priority::Normal, None).await.map(drop) });
+        tokio::task::yield_now().await;
+        assert_eq!((a.view().inflight, a.view().queued), (2, 1), "2 in flight fill the limit");
+        for _ in 0..2 {
+            a.learn(Duration::from_millis(20), Duration::from_millis(20));
+        }
+        assert_eq!(a.view().limit, 3, "at its baseline the limit grows again");
+        assert_eq!(waiter.await.unwrap(), Ok(()), "the grown limit granted the waiter, no permit ended");
+        drop(held);
     }
 }

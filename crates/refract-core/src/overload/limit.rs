@@ -10,6 +10,12 @@
 //! admitted under the old limit keep reporting its queueing for a whole round, and each of
 //! them would push the limit further (measured in `sim.rs`: the limit swung between 4 and 26
 //! around a capacity of 8, and p99 at 3× load was 5× the p99 at 0.5×).
+//!
+//! [`AdaptiveLimit::sample_relative`] feeds the same decision with samples that each come with
+//! their own no-load time (a baseline per kind of request, kept by the caller): the window's
+//! ratio of time taken to baseline stands for `latency / no_load`. A backend whose requests
+//! differ in cost (a PostgreSQL server running 0.1 ms and 20 ms statements) has no single
+//! no-load latency: against the minimum of all, every slower kind looks queued.
 
 /// Tuning of the limit.
 #[derive(Debug, Clone)]
@@ -49,6 +55,9 @@ pub struct AdaptiveLimit {
     light_min: f64,
     /// The current window: samples taken and the sum of their latencies.
     window: (u64, f64),
+    /// The current window of relative samples: samples taken, the sum of their latencies and
+    /// the sum of their baselines.
+    relative: (u64, f64, f64),
 }
 
 /// Latencies below this are treated as this (a zero would divide by zero).
@@ -66,6 +75,7 @@ impl AdaptiveLimit {
             samples: 0,
             light_min: f64::INFINITY,
             window: (0, 0.0),
+            relative: (0, 0.0, 0.0),
         }
     }
 
@@ -115,7 +125,34 @@ impl AdaptiveLimit {
         }
         let rtt = self.window.1 / self.window.0 as f64;
         self.window = (0, 0.0);
-        let queue = self.limit * (1.0 - self.no_load / rtt);
+        self.decide(self.no_load / rtt);
+    }
+
+    /// Learns from one completed request measured against its own `baseline_secs` (the no-load
+    /// time of its kind of request), with `inflight` in flight. The window's ratio is
+    /// `Σ latency ÷ Σ baseline`, a mean weighted by cost: a cheap request delayed by a few
+    /// milliseconds of scheduling noise (a ratio of 20 on its own) weighs what it costs, not as
+    /// much as a 20 ms one. Lightly loaded samples are skipped, as in [`AdaptiveLimit::sample`];
+    /// the recent latency is left alone (samples of mixed costs say nothing about the next
+    /// request's).
+    pub fn sample_relative(&mut self, rtt_secs: f64, baseline_secs: f64, inflight: usize) {
+        if !(rtt_secs.is_finite() && baseline_secs.is_finite()) || (inflight as f64) * 2.0 < self.limit {
+            return;
+        }
+        let w = &mut self.relative;
+        *w = (w.0 + 1, w.1 + rtt_secs.max(MIN_RTT), w.2 + baseline_secs.max(MIN_RTT));
+        if (w.0 as f64) < self.limit.floor() {
+            return;
+        }
+        let unqueued = w.2 / w.1;
+        self.relative = (0, 0.0, 0.0);
+        self.decide(unqueued);
+    }
+
+    /// One decision on a window whose share of time not spent queued is `unqueued` (no-load
+    /// latency ÷ latency): `limit × (1 − unqueued)` requests of the limit wait inside the backend.
+    fn decide(&mut self, unqueued: f64) {
+        let queue = self.limit * (1.0 - unqueued);
         let step = self.limit.log10().max(1.0);
         if queue <= self.cfg.alpha * step {
             self.limit += step;
@@ -124,7 +161,7 @@ impl AdaptiveLimit {
             // step per round would keep requests queued inside the backend for many rounds:
             // jump to the concurrency the backend actually works on (limit × no_load / rtt)
             // plus the queue it may grow on, if that is lower.
-            let working = self.limit * self.no_load / rtt + self.cfg.alpha * step;
+            let working = self.limit * unqueued + self.cfg.alpha * step;
             self.limit = (self.limit - step).min(working);
         }
         self.limit = self.limit.clamp(self.cfg.min, self.cfg.max);
@@ -229,5 +266,61 @@ mod tests {
         let mut l = AdaptiveLimit::new(LimitConfig { initial: 4.0, min: 2.0, max: 10.0, ..LimitConfig::default() });
         run(&mut l, |_| 0.001, 2000);
         assert_eq!(l.limit(), 10);
+    }
+
+    /// Relative samples of two kinds of request, 0.1 ms and 20 ms without queueing, on a
+    /// backend of `capacity` workers: past it, each takes `n / capacity` times its baseline.
+    fn run_mixed(l: &mut AdaptiveLimit, capacity: f64, rounds: usize) {
+        for i in 0..rounds {
+            let n = l.limit();
+            let base = if i % 2 == 0 { 0.0001 } else { 0.020 };
+            l.sample_relative(base * (n as f64 / capacity).max(1.0), base, n);
+        }
+    }
+
+    #[test]
+    fn relative_samples_of_mixed_costs_without_queueing_grow_to_the_cap() {
+        // Against one minimum (0.1 ms), the 20 ms samples would read as 200× queueing.
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 8.0, max: 20.0, ..LimitConfig::default() });
+        run_mixed(&mut l, 1000.0, 2000);
+        assert_eq!(l.limit(), 20);
+    }
+
+    #[test]
+    fn relative_samples_that_show_queueing_settle_near_capacity() {
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 40.0, max: 40.0, ..LimitConfig::default() });
+        run_mixed(&mut l, 8.0, 5000);
+        let settled = l.limit();
+        assert!((8..=20).contains(&settled), "limit {settled} should sit a little above capacity 8");
+    }
+
+    #[test]
+    fn relative_samples_decide_once_per_window_by_the_cost_weighted_ratio() {
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 10.0, ..LimitConfig::default() });
+        for _ in 0..9 {
+            l.sample_relative(0.080, 0.020, 10);
+        }
+        assert_eq!(l.limit(), 10, "no decision before a window of 10 samples");
+        l.sample_relative(0.080, 0.020, 10);
+        assert_eq!(l.limit(), 3, "4× its baseline: the working concurrency (10 ÷ 4) plus alpha");
+        // A cheap sample 20× its baseline among 20 ms ones at theirs: weighted by cost, no queue.
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 10.0, max: 10.0, ..LimitConfig::default() });
+        l.sample_relative(0.002, 0.0001, 10);
+        for _ in 0..9 {
+            l.sample_relative(0.020, 0.020, 10);
+        }
+        assert_eq!(l.limit(), 10);
+    }
+
+    #[test]
+    fn relative_samples_under_light_load_or_not_finite_are_ignored() {
+        let mut l = AdaptiveLimit::new(LimitConfig { initial: 50.0, ..LimitConfig::default() });
+        for _ in 0..100 {
+            l.sample_relative(1.0, 0.001, 2);
+            l.sample_relative(f64::NAN, 0.001, 50);
+            l.sample_relative(1.0, f64::INFINITY, 50);
+        }
+        assert_eq!(l.limit(), 50);
+        assert_eq!(l.recent_latency(), 0.0, "relative samples leave the recent latency alone");
     }
 }

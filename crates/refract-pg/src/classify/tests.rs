@@ -369,3 +369,13 @@ fn statements_that_may_leave_session_state() {
     assert_eq!(classify("UNLISTEN \"C\"").statements, vec![Statement::Unlisten { channel: Some("C".into()) }]);
     assert_eq!(classify("UNLISTEN *").statements, vec![Statement::Unlisten { channel: None }]);
 }
+
+#[test]
+fn fingerprints_are_one_per_kind_of_statement() {
+    let f = super::fingerprint;
+    assert_eq!(f("SELECT pg_sleep(0.02)"), f("SELECT pg_sleep(0.5)"), "literals do not make a kind");
+    assert_eq!(f("SELECT * FROM t WHERE a = 'x'"), f("SELECT * FROM t WHERE a = 'yy'"));
+    assert_ne!(f("SELECT 1"), f("SELECT pg_sleep(0.02)"));
+    assert_ne!(f("SELECT a FROM t"), f("SELECT b FROM t"), "a text without literals is its own kind");
+    assert_eq!(f("SELECT a FROM t"), f("SELECT a FROM t"));
+}

@@ -1,0 +1,143 @@
+//! [`Baselines`]: one server's no-load time per kind of statement (a statement fingerprint,
+//! `refract_pg::classify::fingerprint`), which its adaptive limit reads samples against
+//! (`Admission::learn`). A single no-load latency cannot serve PostgreSQL: a `SELECT 1` and a
+//! 20 ms report share a server, and against the minimum of all, every slower kind of statement
+//! looks queued (measured: the limit fell to 1; docs/overload.md).
+//!
+//! The table is bounded ([`CAPACITY`] kinds; when full, the kind used least recently makes
+//! room), and each kind's baseline is re-learned every [`RELEARN_EVERY`] of its samples from the
+//! fastest of them taken under light load, if any: a server that became slower for good (a
+//! table that grew, a cold cache) is not read as queued forever, one that became faster is
+//! read against its new time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Kinds of statement kept per server.
+pub(super) const CAPACITY: usize = 1024;
+
+/// A kind's baseline is re-learned after this many of its samples.
+pub(super) const RELEARN_EVERY: u32 = 128;
+
+/// One kind of statement.
+#[derive(Debug, Clone, Copy)]
+struct Kind {
+    /// The fastest time seen (since the last re-learning).
+    min: Duration,
+    /// The fastest time taken under light load since the last re-learning.
+    light_min: Option<Duration>,
+    /// Samples since the last re-learning.
+    seen: u32,
+    /// When it was last used (the table's tick), for eviction.
+    used: u64,
+}
+
+/// The kinds of statement of one server.
+#[derive(Debug, Default)]
+pub(super) struct Baselines {
+    kinds: HashMap<u64, Kind>,
+    tick: u64,
+}
+
+impl Baselines {
+    /// Notes that a statement of kind `key` took `took` (`light`: few units were in flight);
+    /// returns the kind's baseline to read it against, or `None` for a kind's first sample
+    /// (which only sets its baseline: it says nothing about queueing).
+    pub(super) fn observe(&mut self, key: u64, took: Duration, light: bool) -> Option<Duration> {
+        self.tick += 1;
+        let Some(k) = self.kinds.get_mut(&key) else {
+            self.make_room();
+            let kind = Kind { min: took, light_min: light.then_some(took), seen: 1, used: self.tick };
+            self.kinds.insert(key, kind);
+            return None;
+        };
+        k.used = self.tick;
+        k.seen += 1;
+        k.min = k.min.min(took);
+        if light {
+            k.light_min = Some(k.light_min.map_or(took, |m| m.min(took)));
+        }
+        let baseline = k.min;
+        if k.seen >= RELEARN_EVERY {
+            if let Some(m) = k.light_min.take() {
+                k.min = m;
+            }
+            k.seen = 0;
+        }
+        Some(baseline)
+    }
+
+    /// How many kinds are kept.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    /// When full, forgets the kind used least recently (a scan: only when a new kind comes to a
+    /// full table).
+    fn make_room(&mut self) {
+        if self.kinds.len() < CAPACITY {
+            return;
+        }
+        if let Some(oldest) = self.kinds.iter().min_by_key(|(_, k)| k.used).map(|(key, _)| *key) {
+            self.kinds.remove(&oldest);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_kind_is_read_against_its_own_fastest_time() {
+        let mut b = Baselines::default();
+        assert_eq!(b.observe(1, 20 * MS, false), None, "the first sample only sets the baseline");
+        assert_eq!(b.observe(2, MS / 10, false), None);
+        assert_eq!(b.observe(1, 80 * MS, false), Some(20 * MS), "not against the other kind's 0.1 ms");
+        assert_eq!(b.observe(1, 18 * MS, false), Some(18 * MS));
+        assert_eq!(b.observe(2, MS, false), Some(MS / 10));
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_forgets_the_kind_used_least_recently() {
+        let mut b = Baselines::default();
+        for key in 0..CAPACITY as u64 {
+            b.observe(key, MS, false);
+        }
+        b.observe(0, MS, false); // kind 0 is in use: kind 1 is now the least recent
+        for key in CAPACITY as u64..3 * CAPACITY as u64 {
+            b.observe(key, MS, false);
+            assert!(b.len() <= CAPACITY);
+        }
+        assert_eq!(b.len(), CAPACITY);
+        let mut b2 = Baselines::default();
+        for key in 0..CAPACITY as u64 {
+            b2.observe(key, MS, false);
+        }
+        b2.observe(0, MS, false);
+        b2.observe(CAPACITY as u64, MS, false);
+        assert!(b2.observe(0, MS, false).is_some(), "the kind in use was kept");
+        assert_eq!(b2.observe(1, MS, false), None, "the least recent one was forgotten");
+    }
+
+    #[test]
+    fn a_slower_server_is_relearnt_from_lightly_loaded_samples() {
+        let mut b = Baselines::default();
+        b.observe(7, 10 * MS, true);
+        // The server became 3× slower for good: under load nothing is re-learnt.
+        for _ in 0..2 * RELEARN_EVERY {
+            assert_eq!(b.observe(7, 30 * MS, false), Some(10 * MS));
+        }
+        // Under light load, a period later, 30 ms is the new baseline.
+        for _ in 0..RELEARN_EVERY {
+            b.observe(7, 30 * MS, true);
+        }
+        assert_eq!(b.observe(7, 30 * MS, false), Some(30 * MS));
+        // And a faster time is taken at once.
+        b.observe(7, 12 * MS, false);
+        assert_eq!(b.observe(7, 30 * MS, false), Some(12 * MS));
+    }
+}

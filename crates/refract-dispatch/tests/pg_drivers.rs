@@ -61,6 +61,19 @@ fn fixture() -> Arc<Fixture> {
     pg_common::shared_in(&FIXTURE, POSTGRES)
 }
 
+static HYBRID: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
+
+/// refract in hybrid mode, an agent in front of each server: large results are handed over.
+fn hybrid_fixture() -> Arc<Fixture> {
+    let mut slot = HYBRID.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(f) = slot.upgrade() {
+        return f;
+    }
+    let f = Arc::new(Fixture::start_hybrid(POSTGRES));
+    *slot = Arc::downgrade(&f);
+    f
+}
+
 /// The repository (two levels above this crate).
 fn repo() -> PathBuf {
     let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -313,16 +326,23 @@ fn same_large_result(driver: &str, needs: Option<Needs>, all_only: bool, fetch: 
     if needs.is_some_and(|n| !ready(driver, &n)) {
         return;
     }
-    let f = fixture();
+    let (f, h) = (fixture(), hybrid_fixture());
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let mib = result_mib();
-    let started = Instant::now();
-    let through = fetch(f.port, mib);
-    let took = started.elapsed();
     let direct = fetch(f.cluster.primary.port, mib);
-    println!("{driver}: {mib} MiB through refract in {:.1} s: {through}", took.as_secs_f64());
-    assert_eq!(through, direct, "{driver}: {mib} MiB through refract (left) and directly (right)");
-    assert!(through.starts_with(&format!("rows {} md5 ", result_rows(mib))), "{driver}: {through}");
+    assert!(direct.starts_with(&format!("rows {} md5 ", result_rows(mib))), "{driver}: {direct}");
+    for (mode, fx) in [("relay", &f), ("hybrid", &h)] {
+        let handed = pg_common::agent::handed_over(fx.admin);
+        let started = Instant::now();
+        let through = fetch(fx.port, mib);
+        let took = started.elapsed();
+        println!("{driver}: {mib} MiB through refract ({mode}) in {:.1} s: {through}", took.as_secs_f64());
+        assert_eq!(through, direct, "{driver}: {mib} MiB through refract {mode} (left) and directly (right)");
+        if mode == "hybrid" {
+            let now = pg_common::agent::handed_over(fx.admin);
+            assert!(now > handed, "{driver}: the {mib} MiB result was handed over");
+        }
+    }
 }
 
 fn python_fetch(driver: &'static str) -> impl Fn(u16, u64) -> String {

@@ -26,6 +26,8 @@ pub struct Fixture {
     pub admin: u16,
     ctx: Arc<Ctx>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The agents in front of the servers ([`Fixture::start_hybrid`]; none otherwise).
+    pub agents: Vec<agent::Agent>,
     /// Declared last: stopped after refract.
     pub cluster: PgCluster,
 }
@@ -87,7 +89,34 @@ impl Fixture {
     /// Starts a cluster and refract with `listen` lines in `[listen]` and `extra` lines in
     /// `[postgres]`.
     pub fn start_with(listen: &str, extra: &str) -> Fixture {
+        Fixture::start_in(listen, extra, false)
+    }
+
+    /// Like [`Fixture::start`], with an agent in front of each server and `[handover] mode =
+    /// "hybrid"` (threshold 64 KiB): large results are handed over (docs/handover.md,
+    /// "PostgreSQL").
+    pub fn start_hybrid(extra: &str) -> Fixture {
+        Fixture::start_in("", extra, true)
+    }
+
+    fn start_in(listen: &str, extra: &str, hybrid: bool) -> Fixture {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
+        let agents: Vec<agent::Agent> = if hybrid {
+            let servers = [cluster.primary.addr(), cluster.replica().addr()];
+            servers.iter().map(|s| agent::Agent::start(*s, agent::sock_path("fixture"))).collect()
+        } else {
+            vec![]
+        };
+        let through = |i: usize| agents.get(i).map_or(String::new(), |a| format!("through = \"{}\"", a.through));
+        let (through_primary, through_replica) = (through(0), through(1));
+        let handover = match agents.as_slice() {
+            [p, r] => format!(
+                "[handover]\nmode = \"hybrid\"\nthreshold = 65536\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
+                p.sock.display(),
+                r.sock.display()
+            ),
+            _ => String::new(),
+        };
         let (port, admin) = (free_port(), free_port());
         // `extra` may set its own health interval.
         let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
@@ -129,12 +158,16 @@ pool_mode = "session"
 [[postgres.server]]
 name = "primary"
 addr = "{}"
+{through_primary}
 role = "primary"
 
 [[postgres.server]]
 name = "replica"
 addr = "{}"
+{through_replica}
 role = "replica"
+
+{handover}
 "#,
             cluster.primary.addr(),
             cluster.replica().addr()
@@ -145,7 +178,7 @@ role = "replica"
         let run = ctx.clone();
         let thread = std::thread::spawn(move || run_sharded(run, SHARDS).unwrap());
         wait_listening(port);
-        Fixture { port, admin, ctx, thread: Some(thread), cluster }
+        Fixture { port, admin, ctx, thread: Some(thread), agents, cluster }
     }
 
     /// refract's address.

@@ -973,6 +973,10 @@ fn concurrent_mixed_run_matches_postgres() {
             direct_took.as_secs_f64(),
             failures.len(),
         );
+        if !failures.is_empty() {
+            // How the hand-overs ended, for a failure under load.
+            println!("{name} hand-over metrics:\n{}", agent::handover_lines(refract.admin));
+        }
         assert!(
             failures.is_empty(),
             "{name}: seed {:#x} (REFRACT_PGDIFF_SEED={}): {} of {} clients got results other than PostgreSQL's:\n{}",

@@ -78,22 +78,31 @@ fn bound_conn(bound: &mut Option<super::session::Bound>) -> Result<&mut super::p
     bound.as_mut().map(|b| &mut b.guard).ok_or_else(|| PgError::Unavailable("internal: no server bound".into()))
 }
 
+/// Where an attempt's end is counted (`refract_handover_ended_total{backend, end}`).
+struct Count<'a> {
+    metrics: &'a refract_core::metrics::Metrics,
+    name: &'a str,
+}
+
 /// The agent may have written part of the result: the client and the server connection end.
-fn lost(conn: &mut super::pool::Guard, detail: &str) -> PgError {
+fn lost(c: &Count<'_>, conn: &mut super::pool::Guard, detail: &str) -> PgError {
+    c.metrics.handover_ended(c.name, "lost");
     conn.broken = true;
     tracing::warn!("PostgreSQL hand-over failed after the offer ({detail}); closing the client");
     PgError::Closed(Side::Client)
 }
 
 /// The agent's ownership ended without a hand-back.
-fn ended(conn: &mut super::pool::Guard, back: Back) -> PgError {
+fn ended(c: &Count<'_>, conn: &mut super::pool::Guard, back: Back) -> PgError {
     match back {
         Back::Closed { sent, reason } => {
+            c.metrics.handover_ended(c.name, "closed");
+            c.metrics.bytes_direct(c.name, sent);
             conn.broken = true;
             tracing::debug!(sent, "the agent closed the client connection: {reason}");
             PgError::Closed(Side::Client)
         }
-        other => lost(conn, &format!("{other:?}")),
+        other => lost(c, conn, &format!("{other:?}")),
     }
 }
 
@@ -165,6 +174,8 @@ impl Session {
 
     /// Same host: the descriptor goes beside the `HandOff`; this session keeps its own.
     async fn same_host(&mut self, path: &std::path::Path) -> Result<Attempt, PgError> {
+        let (shared, name) = (self.shared.clone(), self.bound_name());
+        let count = Count { metrics: &shared.metrics, name: &name };
         let mut link = match tokio::time::timeout(CONNECT, LocalLink::connect(path)).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => return Ok(declined(Why::Unreachable, &format!("agent {}: {e}", path.display()))),
@@ -183,17 +194,19 @@ impl Session {
             Ok(()) => {}
             // The agent refused and forwards the rest itself.
             Err(Refusal::Refused(reason)) => return Ok(refused(&reason)),
-            Err(r) => return Err(lost(conn, &r.to_string())),
+            Err(r) => return Err(lost(&count, conn, &r.to_string())),
         }
         match seam::take_back(&mut link, &mut cut, &mut conn.epochs, id).await {
             Back::Here(t, _theirs) => Ok(Attempt::Back { sent: t.sent }),
-            other => Err(ended(conn, other)),
+            other => Err(ended(&count, conn, other)),
         }
     }
 
     /// Across hosts: quiesce, FREEZE, snapshot, STEER, `HandOff` over the control channel; the
     /// socket is restored here from the `HandBack` (`refract_handover::across`).
     async fn across(&mut self, agent: &across::Agent<'_>) -> Result<Attempt, PgError> {
+        let (shared, name) = (self.shared.clone(), self.bound_name());
+        let count = Count { metrics: &shared.metrics, name: &name };
         let mut ch = match across::channel(None, agent).await {
             Ok(ch) => ch,
             Err(d) => return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent: true }),
@@ -213,7 +226,7 @@ impl Session {
         if let Err((d, _)) = offered {
             // Nothing reached the client: the socket lives here again. The agent forwards the
             // rest itself after a refusal; otherwise it may not have heard the offer at all.
-            frozen.restore_here(stream).map_err(|e| lost(conn, &e.to_string()))?;
+            frozen.restore_here(stream).map_err(|e| lost(&count, conn, &e.to_string()))?;
             let tell_agent = d.why != Why::Refused && d.why != Why::StaleEpoch;
             return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent });
         }
@@ -225,7 +238,7 @@ impl Session {
             Back::Here(t, _) => {
                 let landed = across::land(&mut ch, stream, &t).await;
                 frozen.release();
-                landed.map_err(|e| lost(conn, &e))?;
+                landed.map_err(|e| lost(&count, conn, &e))?;
                 Ok(Attempt::Back { sent: t.sent })
             }
             other => {
@@ -234,7 +247,7 @@ impl Session {
                 } else {
                     frozen.release();
                 }
-                Err(ended(conn, other))
+                Err(ended(&count, conn, other))
             }
         }
     }

@@ -78,14 +78,27 @@ pub fn sock_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("rf-pg-agent-{}-{tag}-{n}.sock", std::process::id()))
 }
 
-/// Successful hand-overs counted at the admin listener on `admin` (its `/metrics`).
-pub fn handed_over(admin: u16) -> u64 {
+/// The admin listener's `/metrics` on `admin`.
+fn metrics(admin: u16) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, admin)).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
-    out.lines()
+    out
+}
+
+/// Every `refract_handover*` / `refract_handback*` series at `admin`, one per line.
+pub fn handover_lines(admin: u16) -> String {
+    let text = metrics(admin);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("refract_hand")).collect();
+    lines.join("\n")
+}
+
+/// Successful hand-overs counted at the admin listener on `admin` (its `/metrics`).
+pub fn handed_over(admin: u16) -> u64 {
+    metrics(admin)
+        .lines()
         .filter(|l| l.starts_with("refract_handover_total{") && l.contains("result=\"ok\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64

@@ -7,12 +7,12 @@ use anyhow::{anyhow, Context, Result};
 use plotters::prelude::*;
 use std::path::Path;
 
-/// `1K`, `1M`, `256M` for the size axis.
+/// Decimal labels for the log axis's decade ticks: `1k`, `100k`, `10M`.
 fn size_label(v: f64) -> String {
     match v {
-        v if v >= f64::from(1u32 << 20) => format!("{}M", (v / f64::from(1u32 << 20)).round()),
-        v if v >= 1024.0 => format!("{}K", (v / 1024.0).round()),
-        v => format!("{v}"),
+        v if v >= 1e6 => format!("{}M", (v / 1e6).round()),
+        v if v >= 1e3 => format!("{}k", (v / 1e3).round()),
+        v => format!("{}", v.round()),
     }
 }
 

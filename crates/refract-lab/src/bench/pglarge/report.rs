@@ -97,18 +97,20 @@ fn cell(v: Option<f64>) -> String {
     v.map_or("–".into(), sig3)
 }
 
-/// The table: one row per size, MiB/s per target (median), the hybrid's ratios.
+/// The table: one row per size, MiB/s per target (median), the hybrid's ratios and direct's
+/// over the relay (what the machine allows beyond one link).
 pub fn table(res: &Results) -> String {
     let mut s = String::from(
-        "| result | direct | relay | hybrid | PgBouncer | hybrid/relay | hybrid/PgBouncer | hybrid/direct |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| result | direct | relay | hybrid | PgBouncer | hybrid/relay | hybrid/PgBouncer | hybrid/direct | direct/relay |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for &size in &res.sizes {
         let m: Vec<Option<f64>> = TARGETS.iter().map(|t| res.median(size, t)).collect();
-        let h = m[2].unwrap_or(0.0);
-        let r = |i: usize| ratio(h, m[i].unwrap_or(0.0));
+        // A ratio of two measured cells, else `–`.
+        let r = |a: usize, b: usize| m[a].zip(m[b]).map_or("–".into(), |(a, b)| ratio(a, b));
         let cells: Vec<String> = m.iter().map(|v| cell(*v)).collect();
-        let _ = writeln!(s, "| {} | {} | {} | {} | {} |", ByteSize(size).human(), cells.join(" | "), r(1), r(3), r(0));
+        let ratios = [r(2, 1), r(2, 3), r(2, 0), r(0, 1)].join(" | ");
+        let _ = writeln!(s, "| {} | {} | {ratios} |", ByteSize(size).human(), cells.join(" | "));
     }
     s
 }
@@ -170,4 +172,39 @@ pub fn render(res: &Results) -> String {
         a.seconds
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results() -> Results {
+        let args = PgLargeArgs {
+            sizes: "1K,64M".into(),
+            repeat: 3,
+            rate: "1gbit".into(),
+            pairs: 0,
+            seconds: 5,
+            out: "x.md".into(),
+        };
+        let rate = Rate::parse("1gbit").expect("rate");
+        Results::new(&args, rate, &[ByteSize(1024), ByteSize(64 << 20)])
+    }
+
+    #[test]
+    fn medians_per_cell_and_the_hybrids_ratios_in_the_table() {
+        let mut r = results();
+        let mib = f64::from(1u32 << 20);
+        for (t, v) in [("direct", 200.0), ("relay", 100.0), ("hybrid", 190.0), ("pgbouncer", 95.0)] {
+            for k in [1.0, 0.5, 2.0] {
+                r.add(64 << 20, t, v * k * mib);
+            }
+        }
+        r.add(1024, "relay", 4.0 * mib);
+        assert_eq!(r.median(64 << 20, "hybrid"), Some(190.0));
+        assert_eq!(r.median(1024, "hybrid"), None);
+        let t = table(&r);
+        assert!(t.contains("| 64 MiB | 200 | 100 | 190 | 95.0 | 1.90× | 2.00× | 0.950× | 2.00× |"), "{t}");
+        assert!(t.contains("| 1 KiB | – | 4.00 | – | – | – | – | – | – |"), "{t}");
+    }
 }

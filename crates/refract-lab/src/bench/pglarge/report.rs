@@ -135,7 +135,7 @@ pub fn render(res: &Results) -> String {
         s,
         "- **Load:** rf-c1 and rf-c2 at once, each psql (`-XAt -o /dev/null`, `\\timing`) running `select repeat('x', 1048576) \
          from generate_series(1, N/1MiB)` (below 1 MiB one row of N bytes), repeated to ≥ 32 MiB per client (at most 64 \
-         times); MiB/s = each client's bytes over its query time, summed; median of {} rounds, the targets taking turns. \
+         times); MiB/s = both clients' bytes over the slower client's query time; median of {} rounds, the targets taking turns. \
          `direct`: c1 → pg-b1, c2 → pg-b2; `relay` VIP:6433; `hybrid` VIP:6432; PgBouncer 198.18.0.2:6434 (pg-b1 only)",
         a.repeat
     );

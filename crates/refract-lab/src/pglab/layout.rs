@@ -282,10 +282,10 @@ mod tests {
         for (s, a) in SERVERS.iter().zip(&agents) {
             assert_eq!(named[s.host.name].as_str(), Some(a.control.as_str()), "{}", s.agent_name());
         }
-        assert_eq!(agents.iter().map(|a| a.postgres_listen.as_str()).collect::<Vec<_>>(), [
-            "198.18.0.21:6543",
-            "198.18.0.22:6543"
-        ]);
+        assert_eq!(
+            agents.iter().map(|a| a.postgres_listen.as_str()).collect::<Vec<_>>(),
+            ["198.18.0.21:6543", "198.18.0.22:6543"]
+        );
         assert!(agents.iter().all(|a| a.key == agents[0].key && a.key.len() >= 16));
         assert_eq!(hybrid["handover"]["mode"].as_str(), Some("hybrid"));
     }

@@ -19,7 +19,7 @@ const MAX_QUERIES: u64 = 64;
 
 /// A query whose result holds `bytes` of payload: rows of 1 MiB, or one row below that.
 pub fn query(bytes: u64) -> String {
-    if bytes >= ROW && bytes % ROW == 0 {
+    if bytes >= ROW && bytes.is_multiple_of(ROW) {
         format!("select repeat('x', {ROW}) from generate_series(1, {})", bytes / ROW)
     } else {
         format!("select repeat('x', {bytes})")
@@ -44,10 +44,8 @@ pub fn addr(target: &str, i: usize) -> Result<String> {
 
 /// Sums psql's `Time: 12.345 ms` lines, in seconds; the count of them.
 pub fn timings(stdout: &str) -> (f64, usize) {
-    let ms: Vec<f64> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("Time: ")?.split_whitespace().next()?.parse().ok())
-        .collect();
+    let ms: Vec<f64> =
+        stdout.lines().filter_map(|l| l.strip_prefix("Time: ")?.split_whitespace().next()?.parse().ok()).collect();
     (ms.iter().sum::<f64>() / 1000.0, ms.len())
 }
 

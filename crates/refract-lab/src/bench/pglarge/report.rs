@@ -82,10 +82,8 @@ pub fn figure_name(rate: Rate) -> String {
     format!("benchmarks-pg-large-{}.png", rate.label())
 }
 
-/// Writes the section and the figure into `out`'s directory and prints the section.
+/// Writes the section into `out` and prints it (the figure beside it is `plot`'s).
 pub fn write(out: &Path, res: &Results) -> Result<()> {
-    let png = out.with_file_name(figure_name(res.rate));
-    super::plot::draw(&png, res)?;
     let body = render(res);
     println!("{body}");
     let doc = std::fs::read_to_string(out).unwrap_or_default();

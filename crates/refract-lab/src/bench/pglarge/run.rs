@@ -45,6 +45,7 @@ pub fn run(args: &PgLargeArgs) -> Result<()> {
     res.handovers = hybrid_stats()?.since(&before);
     res.pgbench = pgbench_pairs(args, started)?;
     res.took_s = started.elapsed().as_secs_f64();
+    super::plot::draw(&args.out.with_file_name(report::figure_name(rate)), &res)?;
     report::write(&args.out, &res)
 }
 

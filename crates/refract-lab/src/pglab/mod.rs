@@ -66,6 +66,33 @@ fn start_agents(refract_bin: &Path, dispatchers: &[PgDispatcher]) -> Result<()> 
     for file in dispatchers.iter().filter_map(|d| d.config.handover.as_ref()?.key_file.as_deref()) {
         crate::cluster::write_private(Path::new(file), key)?;
     }
+    wait_agents(&agents)
+}
+
+/// Until every agent listens (its server port and its control port). The hybrid dispatcher
+/// must not start before: a server connection it makes while the agent is not there goes
+/// straight to the server, stays in its pool, and never hands a result over.
+fn wait_agents(agents: &[layout::PgAgentConfig]) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    for (s, a) in SERVERS.iter().zip(agents) {
+        for addr in [&a.postgres_listen, &a.control] {
+            let listening = || {
+                let out = sh::run(sh::cmd(Some(&s.host.ns()), "ss", &["-ltnH", "src", addr])).unwrap_or_default();
+                !out.trim().is_empty()
+            };
+            while !listening() {
+                interrupt::check()?;
+                let name = s.agent_name();
+                if Instant::now() > deadline {
+                    bail!(
+                        "{name} is not listening on {addr}; {name}.log:\n{}",
+                        state::log_tail(&format!("{name}.log"), 20)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
     Ok(())
 }
 

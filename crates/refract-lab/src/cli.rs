@@ -92,6 +92,10 @@ pub enum BenchCmd {
     /// PostgreSQL past saturation: an open loop of 20 ms reads at 0.5×, 1× and 3× the
     /// capacity through refract and PgBouncer; writes its section of docs/overload.md.
     PgOverload(crate::bench::pgoverload::PgOverloadArgs),
+    /// PostgreSQL large results in the lab (2 clients, 1 KiB – 256 MiB): direct, relay, hybrid
+    /// and PgBouncer interleaved, plus `pgbench -S` pairs hybrid/relay; writes section
+    /// `pglarge:RATE` of docs/benchmarks.md and its figure.
+    PgLarge(crate::bench::pglarge::PgLargeArgs),
     /// The open-loop load generator `bench overload` runs in a client namespace (JSON on stdout).
     #[command(hide = true)]
     Loadgen(crate::bench::loadgen::Spec),
@@ -136,6 +140,7 @@ impl BenchCmd {
             BenchCmd::Overload(a) => crate::bench::overload::run(&a.into_options()),
             BenchCmd::Pgbench(a) => crate::bench::pgbench::run(&a.into_options()?).map(drop),
             BenchCmd::PgOverload(a) => crate::bench::pgoverload::run(a),
+            BenchCmd::PgLarge(a) => crate::bench::pglarge::run(&a),
             BenchCmd::Loadgen(spec) => crate::bench::loadgen::main(&spec),
         }
     }

@@ -1,9 +1,10 @@
 //! The PostgreSQL lab cluster end to end (root only): `lab up --cluster --db postgres` brings up
 //! a primary on rf-b1, its streaming replica on rf-b2, refract hybrid (VIP:6432) and relay-only
-//! (VIP:6433) and PgBouncer (198.18.0.2:6434); from the client hosts psql, pgbench and psycopg2
-//! reach them; a row written through refract is read back through refract from the replica;
-//! `lab status` lists every piece; `lab down` leaves no namespace, no PostgreSQL process and
-//! no data of the lab.
+//! (VIP:6433) and PgBouncer (198.18.0.2:6434), an agent in front of each server; from the
+//! client hosts psql, pgbench and psycopg2 reach them; a row written through refract is read
+//! back through refract from the replica; a 4 MiB result through hybrid is handed over (by both
+//! agents) and reads as through the relay and directly; `lab status` lists every piece; `lab
+//! down` leaves no namespace, no PostgreSQL process and no data of the lab.
 //!
 //! It needs PostgreSQL's server and client programs, PgBouncer and a built refract binary
 //! (`$REFRACT_BIN`, else `refract` in this test's target directory, which `cargo test
@@ -131,6 +132,51 @@ fn clients_connect() {
     }
 }
 
+/// The md5 of psql's unaligned output of `sql` at `addr`, run in rf-c1.
+fn psql_md5(addr: &str, sql: &str) -> String {
+    let psql = refract_pg::testkit::tool("psql").expect("psql").to_string_lossy().into_owned();
+    let (host, port) = addr.rsplit_once(':').expect("IP:PORT");
+    let script = format!(
+        "set -o pipefail; PGPASSWORD=refract {psql} -XAt -v ON_ERROR_STOP=1 -h {host} -p {port} -U refract \
+         -d postgres -c \"{sql}\" | md5sum"
+    );
+    let out = sh::run(cmd(Some("rf-c1"), "bash", &["-c", &script])).unwrap_or_else(|e| panic!("{addr}: {e:#}"));
+    out.split_whitespace().next().expect("md5sum output").to_string()
+}
+
+/// The hybrid dispatcher's hand-over series (its admin `/metrics`).
+fn handover_metrics() -> String {
+    let body = sh::run(cmd(Some("rf-d"), "curl", &["-sf", "http://198.18.0.2:6532/metrics"])).expect("/metrics");
+    body.lines().filter(|l| l.starts_with("refract_hand")).collect::<Vec<_>>().join("\n")
+}
+
+/// `refract_handover_total{backend="pg:NAME",result="ok"}` on the hybrid dispatcher's admin.
+fn handovers_ok(name: &str) -> u64 {
+    let body = handover_metrics();
+    let series = format!("refract_handover_total{{backend=\"pg:{name}\",result=\"ok\"}} ");
+    body.lines().find_map(|l| l.strip_prefix(&series)).map_or(0, |v| v.trim().parse::<f64>().unwrap_or(0.0) as u64)
+}
+
+/// A 4 MiB result (4 rows of 1 MiB) from rf-c1: through hybrid it is handed over, by both
+/// agents within a few runs (reads are balanced over the servers), and every copy reads as
+/// through the relay and straight from the primary.
+fn large_result_handed_over() {
+    let sql = "select repeat('x', 1048576) || n from generate_series(1, 4) n";
+    let direct = psql_md5(&layout::SERVERS[0].listen_addr(), sql);
+    assert_eq!(psql_md5(&layout::vip(6433), sql), direct, "through the relay");
+    let before = [handovers_ok("b1"), handovers_ok("b2")];
+    let mut after = before;
+    for run in 0..12 {
+        assert_eq!(psql_md5(&layout::vip(6432), sql), direct, "through hybrid, run {run}");
+        after = [handovers_ok("b1"), handovers_ok("b2")];
+        if run >= 1 && after[0] > before[0] && after[1] > before[1] {
+            eprintln!("hand-overs by b1, b2: {before:?} → {after:?} in {} runs", run + 1);
+            return;
+        }
+    }
+    panic!("hand-overs by b1, b2: {before:?} → {after:?} in 12 runs:\n{}", handover_metrics());
+}
+
 #[test]
 fn postgres_lab_up_query_replicate_status_down() {
     if let Some(why) = skip_reason() {
@@ -161,12 +207,15 @@ fn postgres_lab_up_query_replicate_status_down() {
     let attempts = read_back_on_replica(&token);
     eprintln!("read back on the replica after {attempts} read(s)");
     clients_connect();
+    large_result_handed_over();
 
     let status = lab::status_text().expect("lab status");
     assert!(status.contains("postgres cluster (`lab up --cluster --db postgres`): ready"), "{status}");
     for (name, port) in [
         ("pg-b1", "198.18.0.21:5432"),
         ("pg-b2", "198.18.0.22:5432"),
+        ("pg-agent-b1", "198.18.0.21:6543"),
+        ("pg-agent-b2", "198.18.0.22:6543"),
         ("refract-pg-hybrid", "198.18.0.100:6432"),
         ("refract-pg-relay", "198.18.0.100:6433"),
         ("pgbouncer", "198.18.0.2:6434"),

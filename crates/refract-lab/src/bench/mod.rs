@@ -2,12 +2,14 @@
 //! report, CSV and figure), [`pairs`] (two targets in alternating runs), [`paper`] (the
 //! paper's reproduction), [`overload`] (past saturation), [`loadgen`] (its open-loop load
 //! generator), [`pgbench`] (pgbench through refract and the poolers), [`pgoverload`]
-//! (PostgreSQL past saturation, refract beside PgBouncer).
+//! (PostgreSQL past saturation, refract beside PgBouncer), [`pglarge`] (large PostgreSQL
+//! results in the lab: direct, relay, hybrid, PgBouncer).
 
 pub mod loadgen;
 pub mod overload;
 pub mod pairs;
 pub mod paper;
 pub mod pgbench;
+pub mod pglarge;
 pub mod pgoverload;
 pub mod sweep;

@@ -62,7 +62,7 @@ fn write_configs(layout: &Layout) -> Result<()> {
 }
 
 /// Write a file only its owner may read.
-fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
+pub(crate) fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;

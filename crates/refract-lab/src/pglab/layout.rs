@@ -1,5 +1,6 @@
-//! Where the PostgreSQL lab's pieces live: the servers on b1 and b2, the two refract
-//! dispatchers on the VIP, PgBouncer on the dispatcher host; their names, ports and files.
+//! Where the PostgreSQL lab's pieces live: the servers on b1 and b2 with an agent in front of
+//! each, the two refract dispatchers on the VIP, PgBouncer on the dispatcher host; their names,
+//! ports and files.
 
 use crate::fabric::topology::{Host, B1, B2, DISPATCHER, VIP};
 use crate::support::state;
@@ -19,6 +20,17 @@ pub const PG_HYBRID_TOML: &str = include_str!("../../../../examples/lab/pg-hybri
 pub const PG_RELAY_TOML: &str = include_str!("../../../../examples/lab/pg-relay.toml");
 /// Process, log and pid-file name of PgBouncer.
 pub const PGBOUNCER: &str = "pgbouncer";
+/// The agents in front of the servers: `examples/lab/agent-pg-b1.toml`, `agent-pg-b2.toml`,
+/// in [`SERVERS`] order.
+pub const PG_AGENT_TOMLS: [&str; 2] = [
+    include_str!("../../../../examples/lab/agent-pg-b1.toml"),
+    include_str!("../../../../examples/lab/agent-pg-b2.toml"),
+];
+/// The port each agent takes refract's server connections on (`postgres_listen`), on its
+/// host's own address.
+pub const AGENT_PG_PORT: u16 = 6543;
+/// Each agent's control port (the HTTP lab's agents use it too; one cluster runs at a time).
+pub const AGENT_CONTROL_PORT: u16 = 9200;
 
 /// One PostgreSQL server of the lab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +62,16 @@ impl Server {
         self.dir().join("data")
     }
 
+    /// The agent in front of it: process, log and pid-file name, `pg-agent-b1`.
+    pub fn agent_name(&self) -> String {
+        format!("pg-agent-{}", self.host.name)
+    }
+
+    /// The agent's control listener (`[handover] agents` in pg-hybrid.toml).
+    pub fn agent_control(&self) -> String {
+        format!("{}:{AGENT_CONTROL_PORT}", self.host.addr)
+    }
+
     /// `primary` or `replica`, as `[[postgres.server]] role` spells it.
     pub fn role(&self) -> &'static str {
         if self.primary {
@@ -60,16 +82,47 @@ impl Server {
     }
 }
 
-/// The address refract uses for a server of the lab (`[[postgres.server]] addr` in
-/// examples/lab/pg-*.toml, which a test holds to this function).
-///
-/// Today that is the server itself. The PostgreSQL agent (issue 23: `refract agent` fronting
-/// the server on its host, to hand large results over) goes here: once it exists, refract
-/// reaches each server through the agent on the server's host, this returns the agent's
-/// address, and the two configs change with it. PgBouncer and `direct` keep using
-/// [`Server::listen_addr`].
+/// The address refract names a server of the lab by (`[[postgres.server]] addr` in
+/// examples/lab/pg-*.toml, which a test holds to this function): the server itself. The relay
+/// reaches it there, as PgBouncer and `direct` do.
 pub fn refract_server_addr(server: &Server) -> String {
     server.listen_addr()
+}
+
+/// Where the hybrid dispatcher reaches a server: the agent on the server's host
+/// (`[[postgres.server]] through` in pg-hybrid.toml, the agent's `postgres_listen`), which
+/// proxies its server connections and writes large results straight to the client.
+pub fn agent_addr(server: &Server) -> String {
+    format!("{}:{AGENT_PG_PORT}", server.host.addr)
+}
+
+/// One agent's config, as the lab runs it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PgAgentConfig {
+    /// The server it fronts.
+    pub backend: String,
+    /// refract's way in.
+    pub postgres_listen: String,
+    /// The control listener.
+    pub control: String,
+    /// The shared control key (inline in the lab).
+    pub key: String,
+}
+
+/// The agents' configs, in [`SERVERS`] order, checked against the lab's addresses.
+pub fn agents() -> Result<Vec<PgAgentConfig>> {
+    let mut v = Vec::new();
+    for (s, text) in SERVERS.iter().zip(PG_AGENT_TOMLS) {
+        let source = format!("examples/lab/agent-pg-{}.toml", s.host.name);
+        let a: PgAgentConfig = toml::from_str(text).with_context(|| format!("parsing {source}"))?;
+        let got = (a.backend.as_str(), a.postgres_listen.as_str(), a.control.as_str());
+        let want = (s.listen_addr(), agent_addr(s), s.agent_control());
+        if got != (want.0.as_str(), want.1.as_str(), want.2.as_str()) {
+            bail!("{source}: backend, postgres_listen, control are {got:?}, the lab has {want:?}");
+        }
+        v.push(a);
+    }
+    Ok(v)
 }
 
 /// Everything of the PostgreSQL lab that is deleted on `lab down`: `STATE/pg`.
@@ -115,6 +168,15 @@ pub struct PgDispatchConfig {
     pub listen: PgListen,
     /// `[postgres]`.
     pub postgres: PgSection,
+    /// `[handover]` (the hybrid one).
+    pub handover: Option<PgHandover>,
+}
+
+/// `[handover]`: what the harness reads of it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PgHandover {
+    /// The file the lab writes the agents' key into.
+    pub key_file: Option<String>,
 }
 
 /// `[listen]`.
@@ -143,33 +205,45 @@ pub struct PgServerEntry {
     pub name: String,
     /// `IP:PORT`.
     pub addr: String,
+    /// The agent it is reached through, if any.
+    pub through: Option<String>,
     /// `primary` or `replica`.
     pub role: String,
 }
 
-/// The hybrid dispatcher (VIP:6432) and the relay-only one (VIP:6433), both in rf-d, both
-/// checked to reach the servers at [`refract_server_addr`].
+/// The hybrid dispatcher (VIP:6432, through the agents) and the relay-only one (VIP:6433,
+/// straight), both in rf-d, both checked to name the servers at [`refract_server_addr`].
 pub fn dispatchers() -> Result<Vec<PgDispatcher>> {
     let v = vec![
         PgDispatcher::new("refract-pg-hybrid", "examples/lab/pg-hybrid.toml", PG_HYBRID_TOML)?,
         PgDispatcher::new("refract-pg-relay", "examples/lab/pg-relay.toml", PG_RELAY_TOML)?,
     ];
-    for d in &v {
-        check_servers(d)?;
-    }
+    check_servers(&v[0], true)?;
+    check_servers(&v[1], false)?;
     Ok(v)
 }
 
-/// A dispatcher's `[[postgres.server]]` entries are the lab's servers, as refract reaches them.
-fn check_servers(d: &PgDispatcher) -> Result<()> {
-    let got: Vec<(&str, &str, &str)> =
-        d.config.postgres.servers.iter().map(|s| (s.name.as_str(), s.addr.as_str(), s.role.as_str())).collect();
-    let want: Vec<(String, String, &str)> =
-        SERVERS.iter().map(|s| (s.host.name.to_string(), refract_server_addr(s), s.role())).collect();
-    let want: Vec<(&str, &str, &str)> = want.iter().map(|(n, a, r)| (n.as_str(), a.as_str(), *r)).collect();
+/// A dispatcher's `[[postgres.server]]` entries are the lab's servers, reached through their
+/// agents (`through` = [`agent_addr`]) or straight.
+fn check_servers(d: &PgDispatcher, through_agents: bool) -> Result<()> {
+    type Row = (String, String, Option<String>, String);
+    let got: Vec<Row> = d
+        .config
+        .postgres
+        .servers
+        .iter()
+        .map(|s| (s.name.clone(), s.addr.clone(), s.through.clone(), s.role.clone()))
+        .collect();
+    let want: Vec<Row> = SERVERS
+        .iter()
+        .map(|s| {
+            let through = through_agents.then(|| agent_addr(s));
+            (s.host.name.to_string(), refract_server_addr(s), through, s.role().to_string())
+        })
+        .collect();
     if got != want {
         bail!(
-            "{}: [[postgres.server]] is {got:?}, the lab has {want:?} (pglab::layout::refract_server_addr)",
+            "{}: [[postgres.server]] is {got:?}, the lab has {want:?} (pglab::layout::refract_server_addr, agent_addr)",
             d.source
         );
     }
@@ -194,21 +268,50 @@ mod tests {
         assert_eq!(SERVERS.map(|s| s.listen_addr()), ["198.18.0.21:5432", "198.18.0.22:5432"]);
         let mut broken = d[0].clone();
         broken.config.postgres.servers[1].addr = "198.18.0.22:6000".into();
-        let e = check_servers(&broken).expect_err("a config that drifted from the function");
+        let e = check_servers(&broken, true).expect_err("a config that drifted from the function");
         assert!(e.to_string().contains("refract_server_addr"), "{e}");
+        let e = check_servers(&d[1], true).expect_err("the relay reaches the servers straight");
+        assert!(e.to_string().contains("agent_addr"), "{e}");
     }
 
-    /// A config as a table without the keys that set its ports and its header comment.
+    #[test]
+    fn the_agents_front_the_servers_where_the_hybrid_dispatcher_reaches_them() {
+        let agents = agents().expect("both agent configs match the lab");
+        let hybrid: toml::Table = toml::from_str(PG_HYBRID_TOML).expect("toml");
+        let named = hybrid["handover"]["agents"].as_table().expect("[handover] agents");
+        for (s, a) in SERVERS.iter().zip(&agents) {
+            assert_eq!(named[s.host.name].as_str(), Some(a.control.as_str()), "{}", s.agent_name());
+        }
+        assert_eq!(
+            agents.iter().map(|a| a.postgres_listen.as_str()).collect::<Vec<_>>(),
+            ["198.18.0.21:6543", "198.18.0.22:6543"]
+        );
+        assert!(agents.iter().all(|a| a.key == agents[0].key && a.key.len() >= 16));
+        assert_eq!(hybrid["handover"]["mode"].as_str(), Some("hybrid"));
+    }
+
+    /// A config as a table without the keys that set its ports, its agents (`through`) and
+    /// its `[handover]`.
     fn without_ports(text: &str) -> toml::Table {
         let mut t: toml::Table = toml::from_str(text).expect("toml");
         for (section, key) in [("listen", "http"), ("listen", "admin"), ("postgres", "listen")] {
             t.get_mut(section).and_then(|s| s.as_table_mut()).expect("section").remove(key);
         }
+        t.remove("handover");
+        let servers = t["postgres"]["server"].as_array().expect("servers").clone();
+        let servers: Vec<toml::Value> = servers
+            .into_iter()
+            .map(|mut s| {
+                s.as_table_mut().expect("server").remove("through");
+                s
+            })
+            .collect();
+        t["postgres"].as_table_mut().expect("postgres").insert("server".into(), servers.into());
         t
     }
 
     #[test]
-    fn hybrid_and_relay_differ_only_in_their_ports_until_the_postgres_hand_over_exists() {
+    fn hybrid_and_relay_differ_only_in_their_ports_and_the_hand_over() {
         assert_eq!(without_ports(PG_HYBRID_TOML), without_ports(PG_RELAY_TOML), "pg-hybrid.toml drifted");
         let t: toml::Table = toml::from_str(PG_HYBRID_TOML).expect("toml");
         assert_eq!(t["balance"]["read_from_primary"].as_bool(), Some(true), "both servers serve reads");

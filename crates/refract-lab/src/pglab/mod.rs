@@ -1,11 +1,12 @@
 //! The PostgreSQL lab cluster (`lab up --cluster --db postgres`): a primary on rf-b1 and its
-//! streaming replica on rf-b2, refract hybrid (VIP:6432) and relay-only (VIP:6433) and PgBouncer
-//! (198.18.0.2:6434) in rf-d. The servers are started by `pg_ctl` (they daemonise themselves),
-//! refract and PgBouncer as daemons with logs and pid files in the state directory; `stop`
-//! stops them all (PostgreSQL with `pg_ctl stop -m fast`) and deletes the data.
+//! streaming replica on rf-b2, each with `refract agent` in front of it, refract hybrid
+//! (VIP:6432, through the agents) and relay-only (VIP:6433) and PgBouncer (198.18.0.2:6434) in
+//! rf-d. The servers are started by `pg_ctl` (they daemonise themselves), the agents, refract
+//! and PgBouncer as daemons with logs and pid files in the state directory; `stop` stops them
+//! all (PostgreSQL with `pg_ctl stop -m fast`) and deletes the data.
 //!
-//! Inside: [`layout`] (names, addresses, ports, the configs; `refract_server_addr`, where the
-//! PostgreSQL agent will slot in), [`server`] (PostgreSQL), [`pgbouncer`] (its config).
+//! Inside: [`layout`] (names, addresses, ports, the configs; `refract_server_addr` and
+//! `agent_addr`), [`server`] (PostgreSQL), [`pgbouncer`] (its config).
 
 pub mod layout;
 pub mod pgbouncer;
@@ -42,13 +43,57 @@ fn start_all(pg: &Pg, refract_bin: &Path) -> Result<()> {
     pg.start(&primary)?;
     pg.base_backup(&replica, &primary)?;
     pg.start(&replica)?;
+    start_agents(refract_bin, &dispatchers)?;
     for d in &dispatchers {
         let config = state::write(&format!("{}.toml", d.name), d.text)?;
         let config = config.to_string_lossy().into_owned();
-        spawn(d.name, refract_bin, &["dispatch", "--config", &config])?;
+        spawn(&DISPATCHER.ns(), d.name, refract_bin, &["dispatch", "--config", &config])?;
     }
     start_pgbouncer(pg, &dispatchers)?;
     wait_ready()
+}
+
+/// An agent on each server's host, and the lab key into the file the hybrid dispatcher's
+/// `[handover] key_file` names (owner-only).
+fn start_agents(refract_bin: &Path, dispatchers: &[PgDispatcher]) -> Result<()> {
+    let agents = layout::agents()?;
+    for (s, text) in SERVERS.iter().zip(layout::PG_AGENT_TOMLS) {
+        let config = state::write(&format!("{}.toml", s.agent_name()), text)?;
+        let config = config.to_string_lossy().into_owned();
+        spawn(&s.host.ns(), &s.agent_name(), refract_bin, &["agent", "--config", &config])?;
+    }
+    let key = agents.first().map(|a| a.key.as_str()).context("no agent")?;
+    for file in dispatchers.iter().filter_map(|d| d.config.handover.as_ref()?.key_file.as_deref()) {
+        crate::cluster::write_private(Path::new(file), key)?;
+    }
+    wait_agents(&agents)
+}
+
+/// Until every agent listens (its server port and its control port). The hybrid dispatcher
+/// must not start before: a server connection it makes while the agent is not there goes
+/// straight to the server, stays in its pool, and never hands a result over.
+fn wait_agents(agents: &[layout::PgAgentConfig]) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    for (s, a) in SERVERS.iter().zip(agents) {
+        for addr in [&a.postgres_listen, &a.control] {
+            let listening = || {
+                let out = sh::run(sh::cmd(Some(&s.host.ns()), "ss", &["-ltnH", "src", addr])).unwrap_or_default();
+                !out.trim().is_empty()
+            };
+            while !listening() {
+                interrupt::check()?;
+                let name = s.agent_name();
+                if Instant::now() > deadline {
+                    bail!(
+                        "{name} is not listening on {addr}; {name}.log:\n{}",
+                        state::log_tail(&format!("{name}.log"), 20)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// PgBouncer in rf-d as the server user (`-u`; it refuses to run as root).
@@ -67,12 +112,13 @@ fn start_pgbouncer(pg: &Pg, dispatchers: &[PgDispatcher]) -> Result<()> {
     let ini = ini.to_string_lossy().into_owned();
     let mut args: Vec<&str> = pg.user().map(|u| vec!["-u", u]).unwrap_or_default();
     args.push(&ini);
-    spawn(layout::PGBOUNCER, Path::new(pgbouncer::BINARY), &args)
+    spawn(&DISPATCHER.ns(), layout::PGBOUNCER, Path::new(pgbouncer::BINARY), &args)
 }
 
-/// Start a daemon in rf-d: its own process group, output to `NAME.log`, pid to `NAME.pid`.
-fn spawn(name: &str, program: &Path, args: &[&str]) -> Result<()> {
-    let mut c = sh::cmd(Some(&DISPATCHER.ns()), &program.to_string_lossy(), args);
+/// Start a daemon in namespace `ns`: its own process group, output to `NAME.log`, pid to
+/// `NAME.pid`.
+fn spawn(ns: &str, name: &str, program: &Path, args: &[&str]) -> Result<()> {
+    let mut c = sh::cmd(Some(ns), &program.to_string_lossy(), args);
     let log = std::fs::File::create(state::path(&format!("{name}.log")))?;
     c.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).env("RUST_LOG", "warn").process_group(0);
     // `ip netns exec` execs the program, so this pid is the daemon's.
@@ -83,8 +129,8 @@ fn spawn(name: &str, program: &Path, args: &[&str]) -> Result<()> {
 
 /// The daemons started by [`spawn`]: name and the program their command line names.
 fn daemons() -> Vec<(String, &'static str)> {
-    let mut v: Vec<(String, &'static str)> =
-        layout::dispatchers().unwrap_or_default().iter().map(|d| (d.name.to_string(), "refract")).collect();
+    let mut v: Vec<(String, &'static str)> = SERVERS.iter().map(|s| (s.agent_name(), "refract")).collect();
+    v.extend(layout::dispatchers().unwrap_or_default().iter().map(|d| (d.name.to_string(), "refract")));
     v.push((layout::PGBOUNCER.to_string(), "pgbouncer"));
     v
 }
@@ -145,6 +191,8 @@ fn checks() -> Result<Vec<(String, String, &'static str, &'static str)>> {
         SERVERS.iter().map(|s| (s.name(), s.listen_addr(), "SELECT 1", "1")).collect();
     let streaming = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'";
     v.push(("streaming replication".into(), SERVERS[0].listen_addr(), streaming, "1"));
+    // A plain client through an agent is proxied byte for byte: this checks it and its server.
+    v.extend(SERVERS.iter().map(|s| (s.agent_name(), layout::agent_addr(s), "SELECT 1", "1")));
     for d in layout::dispatchers()? {
         v.push((d.name.to_string(), d.addr().to_string(), "SELECT 1", "1"));
     }
@@ -202,6 +250,15 @@ pub fn status_lines() -> Vec<String> {
             )
         })
         .collect();
+    for s in &SERVERS {
+        let what = format!(
+            "{} (refract agent in front of {}, control {})",
+            layout::agent_addr(s),
+            s.name(),
+            s.agent_control()
+        );
+        rows.push((s.agent_name(), s.host.ns(), daemon_pid(&s.agent_name(), "refract"), what));
+    }
     for d in layout::dispatchers().unwrap_or_default() {
         let admin = d.config.listen.admin.clone().unwrap_or_else(|| "-".into());
         let what = format!("{} (refract, `{}`, admin {admin})", d.addr(), d.source);

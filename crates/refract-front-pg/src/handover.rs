@@ -57,8 +57,8 @@ impl Seam for Cut<'_> {
 
 /// How an attempt ended.
 enum Attempt {
-    /// The agent wrote the rest and gave the socket back.
-    Back { sent: u64 },
+    /// The agent wrote the rest and gave the socket back; it had accepted after `accepted`.
+    Back { sent: u64, accepted: Duration },
     /// Not handed over (the agent holds the rest for `RELAY` unless it refused itself).
     Declined { why: Why, detail: String, tell_agent: bool },
 }
@@ -112,15 +112,15 @@ impl Session {
     /// (its digest is then replayed, muted), or the session relays it.
     pub(super) async fn at_want(&mut self, verbatim: bool) -> Result<(), PgError> {
         self.flush().await?;
-        let started = Instant::now();
         let name = self.bound_name();
         match self.attempt(verbatim).await? {
-            Attempt::Back { sent } => {
+            Attempt::Back { sent, accepted } => {
                 // The client received them: the answer counts as large (no limit sample).
                 self.wire.count_sent_elsewhere(sent);
                 let m = &self.shared.metrics;
                 m.handover(&name, "ok");
-                m.handover_latency(started.elapsed().as_secs_f64());
+                // As for HTTP: the offer until the agent accepted, not the whole delivery.
+                m.handover_latency(accepted.as_secs_f64());
                 m.handback(&name);
                 m.bytes_direct(&name, sent);
                 let (tag, frame) = self.conn()?.wire.recv().await?;
@@ -174,6 +174,7 @@ impl Session {
 
     /// Same host: the descriptor goes beside the `HandOff`; this session keeps its own.
     async fn same_host(&mut self, path: &std::path::Path) -> Result<Attempt, PgError> {
+        let started = Instant::now();
         let (shared, name) = (self.shared.clone(), self.bound_name());
         let count = Count { metrics: &shared.metrics, name: &name };
         let mut link = match tokio::time::timeout(CONNECT, LocalLink::connect(path)).await {
@@ -196,8 +197,9 @@ impl Session {
             Err(Refusal::Refused(reason)) => return Ok(refused(&reason)),
             Err(r) => return Err(lost(&count, conn, &r.to_string())),
         }
+        let accepted = started.elapsed();
         match seam::take_back(&mut link, &mut cut, &mut conn.epochs, id).await {
-            Back::Here(t, _theirs) => Ok(Attempt::Back { sent: t.sent }),
+            Back::Here(t, _theirs) => Ok(Attempt::Back { sent: t.sent, accepted }),
             other => Err(ended(&count, conn, other)),
         }
     }
@@ -230,6 +232,7 @@ impl Session {
             let tell_agent = d.why != Why::Refused && d.why != Why::StaleEpoch;
             return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent });
         }
+        let accepted = frozen.started.elapsed();
         let back = {
             let mut cut = Cut { socket: stream.as_fd() };
             seam::take_back(&mut ch, &mut cut, &mut conn.epochs, id).await
@@ -239,7 +242,7 @@ impl Session {
                 let landed = across::land(&mut ch, stream, &t).await;
                 frozen.release();
                 landed.map_err(|e| lost(&count, conn, &e))?;
-                Ok(Attempt::Back { sent: t.sent })
+                Ok(Attempt::Back { sent: t.sent, accepted })
             }
             other => {
                 if matches!(other, Back::Closed { .. }) {

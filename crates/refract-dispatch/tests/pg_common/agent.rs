@@ -30,7 +30,7 @@ impl Agent {
             backend_socket: None,
             pass_socket: false,
             backend_timeout: Duration::from_secs(30),
-            write_stall: Duration::from_secs(10),
+            write_stall: Duration::from_secs(60),
             guard: None,
             pg: Default::default(),
         };

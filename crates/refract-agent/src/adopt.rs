@@ -72,16 +72,25 @@ pub(crate) async fn adopt<C: Move>(
     // Heartbeats go on while serving and waiting (`AskOver::beat`): a dispatcher across hosts
     // waits for the hand-back with a dead bound.
     let (served, sent) = adopted.run(held, &mut AskOver { link: &mut *link, conn }).await?;
-    let closed = |reason: String| Msg::Closed { conn, epoch, sent, reason };
-    let pending = match served {
-        Served::Boundary(pending) => pending,
-        Served::Close(reason) => {
-            tracing::debug!(conn, "connection ends at the agent: {reason}");
-            lock(epochs).remove(conn);
-            return link.send(&closed(reason), None).await;
-        }
-    };
-    match C::leave(client, &t, opts).await {
+    match served {
+        Served::Boundary(pending) => hand_back(link, opts, epochs, client, &t, pending, sent).await,
+        Served::Close(reason) => closed(link, epochs, (conn, epoch), sent, reason).await,
+    }
+}
+
+/// Hands `client`, adopted as `t` said, back at a message boundary (`pending`: what the agent
+/// read behind it; `sent`: what it wrote), or reports `Closed` if it cannot go back.
+pub(crate) async fn hand_back<C: Move>(
+    link: &mut C,
+    opts: &LocalOptions,
+    epochs: &Mutex<EpochTracker>,
+    client: TcpStream,
+    t: &Transfer,
+    pending: Vec<u8>,
+    sent: u64,
+) -> Result<()> {
+    let conn = t.conn;
+    match C::leave(client, t, opts).await {
         Ok((socket, fd)) => {
             let back = lock(epochs).advance(conn);
             let t = Transfer { conn, epoch: back, socket, pending, serving: Serving::default(), sent };
@@ -89,10 +98,22 @@ pub(crate) async fn adopt<C: Move>(
         }
         Err(e) => {
             tracing::warn!(conn, "hand-back impossible ({e}); closing the connection");
-            lock(epochs).remove(conn);
-            link.send(&closed(format!("no hand-back: {e}")), None).await
+            closed(link, epochs, (conn, t.epoch), sent, format!("no hand-back: {e}")).await
         }
     }
+}
+
+/// Reports that connection `(conn, epoch)` ends here, `sent` bytes written to it.
+pub(crate) async fn closed<C: Move>(
+    link: &mut C,
+    epochs: &Mutex<EpochTracker>,
+    (conn, epoch): (u64, u64),
+    sent: u64,
+    reason: String,
+) -> Result<()> {
+    tracing::debug!(conn, "connection ends at the agent: {reason}");
+    lock(epochs).remove(conn);
+    link.send(&Msg::Closed { conn, epoch, sent, reason }, None).await
 }
 
 /// Checks the offer (epoch, backend) and gets the sockets ready before answering: the backend

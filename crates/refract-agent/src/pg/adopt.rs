@@ -4,14 +4,14 @@
 //! from the client, so what the client sent meanwhile waits in the socket for refract), or
 //! report `Closed`.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-use refract_handover::{EpochTracker, Msg, Result, Serving, Transfer};
+use refract_handover::{EpochTracker, Msg, Result, Transfer};
 use tokio::sync::oneshot;
 
 use super::{Served, Verdict};
-use crate::adopt::{lock, Move};
+use crate::adopt::{closed, hand_back, lock, Move};
 use crate::options::LocalOptions;
 
 /// Adopts the client connection of `t` for the pump waiting on `waiter`.
@@ -40,7 +40,7 @@ pub(crate) async fn adopt<C: Move>(
     }
     let (done, served) = oneshot::channel();
     if waiter.send(Verdict::Serve { client, done }).is_err() {
-        return closed(link, epochs, conn, epoch, 0, "the server connection ended".into()).await;
+        return closed(link, epochs, (conn, epoch), 0, "the server connection ended".into()).await;
     }
     let served = tokio::select! {
         s = served => s,
@@ -50,29 +50,8 @@ pub(crate) async fn adopt<C: Move>(
         },
     };
     match served {
-        Ok(Served::Boundary { client, sent }) => match C::leave(client, &t, opts).await {
-            Ok((socket, fd)) => {
-                let back = lock(epochs).advance(conn);
-                let t = Transfer { conn, epoch: back, socket, pending: Vec::new(), serving: Serving::default(), sent };
-                link.send(&Msg::HandBack(Box::new(t)), fd.as_ref().map(|f| f.as_fd())).await
-            }
-            Err(e) => closed(link, epochs, conn, epoch, sent, format!("no hand-back: {e}")).await,
-        },
-        Ok(Served::Close { sent, reason }) => closed(link, epochs, conn, epoch, sent, reason).await,
-        Err(_) => closed(link, epochs, conn, epoch, 0, "the server connection ended".into()).await,
+        Ok(Served::Boundary { client, sent }) => hand_back(link, opts, epochs, client, &t, Vec::new(), sent).await,
+        Ok(Served::Close { sent, reason }) => closed(link, epochs, (conn, epoch), sent, reason).await,
+        Err(_) => closed(link, epochs, (conn, epoch), 0, "the server connection ended".into()).await,
     }
-}
-
-/// Reports that the client connection ends here.
-async fn closed<C: Move>(
-    link: &mut C,
-    epochs: &Mutex<EpochTracker>,
-    conn: u64,
-    epoch: u64,
-    sent: u64,
-    reason: String,
-) -> Result<()> {
-    tracing::debug!(conn, "connection ends at the agent: {reason}");
-    lock(epochs).remove(conn);
-    link.send(&Msg::Closed { conn, epoch, sent, reason }, None).await
 }

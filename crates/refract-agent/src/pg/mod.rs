@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::options::LocalOptions;
 
-pub(crate) use crate::waiting::{Served, Verdict, Waiting};
+pub(crate) use crate::waiting::{Served, Verdict};
 pub(crate) use adopt::adopt;
 
 /// Serves refract's server connections on `listener` until it fails, one task each.

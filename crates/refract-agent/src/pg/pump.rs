@@ -25,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Served, Verdict, Waiting};
+use super::{Served, Verdict};
 use crate::backend::connect_backend;
 use crate::options::LocalOptions;
 
@@ -60,8 +60,7 @@ pub(super) async fn run(mut d: TcpStream, opts: &LocalOptions) -> io::Result<()>
     let (dr, dw) = d.into_split();
     let (br, bw) = tokio::io::split(be);
     let (relay_tx, relay_rx) = mpsc::channel(1);
-    let down =
-        Down { id, threshold: req.threshold.max(1), opts, waiting: &opts.pg, key: None, so_far: 0, asked: false };
+    let down = Down { id, threshold: req.threshold.max(1), opts, key: None, so_far: 0, asked: false };
     // Either direction ending ends the connection (both halves drop).
     tokio::select! {
         r = up(dr, bw, relay_tx) => r,
@@ -84,37 +83,24 @@ where
             return Ok(());
         }
         let (mut i, mut from) = (0usize, 0usize);
-        loop {
-            if left > 0 {
-                let n = left.min(buf.len() - i);
-                (i, left) = (i + n, left - n);
-                if left > 0 {
-                    break;
-                }
+        while pass(&mut i, &mut left, buf.len()) {
+            if startup {
+                let Some(len) = startup_len(&buf[i..])? else { break };
+                (left, startup) = (len, false);
                 continue;
             }
-            let head = if startup { 4 } else { 5 };
-            if buf.len() - i < head {
-                break;
-            }
-            let at = if startup { i } else { i + 1 };
-            let len = i32::from_be_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
-            let len = usize::try_from(len)
-                .ok()
-                .filter(|&l| l >= 4)
-                .ok_or_else(|| io::Error::other("bad message length from refract"))?;
-            if !startup && buf[i] == RELAY {
-                if buf.len() - i < len + 1 {
+            let Some((tag, total)) = head(&buf[i..])? else { break };
+            if tag == RELAY {
+                if buf.len() - i < total {
                     break; // the whole marker first
                 }
                 bw.write_all(&buf[from..i]).await?;
-                i += len + 1;
+                i += total;
                 from = i;
                 let _ = relay.send(()).await;
                 continue;
             }
-            left = if startup { len } else { len + 1 };
-            startup = false;
+            left = total;
         }
         bw.write_all(&buf[from..i]).await?;
         buf.advance(i);
@@ -126,7 +112,6 @@ struct Down<'a> {
     id: u64,
     threshold: u64,
     opts: &'a LocalOptions,
-    waiting: &'a Waiting,
     /// The server's BackendKeyData body (process id and secret), for cancelling.
     key: Option<Vec<u8>>,
     /// Bytes of rows and copy data since the last ReadyForQuery.
@@ -141,11 +126,24 @@ fn head(buf: &[u8]) -> io::Result<Option<(u8, usize)>> {
         return Ok(None);
     }
     let len = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
-    let len = usize::try_from(len)
-        .ok()
-        .filter(|&l| l >= 4)
-        .ok_or_else(|| io::Error::other("bad message length from the server"))?;
+    let len = usize::try_from(len).ok().filter(|&l| l >= 4).ok_or_else(|| io::Error::other("bad message length"))?;
     Ok(Some((buf[0], len + 1)))
+}
+
+/// Moves `i` over what is here of the `left` bytes of the message under way; whether a
+/// message starts at `i` now (else more must be read first).
+fn pass(i: &mut usize, left: &mut usize, len: usize) -> bool {
+    let n = (*left).min(len - *i);
+    (*i, *left) = (*i + n, *left - n);
+    *left == 0
+}
+
+/// The length of the untyped startup packet at the start of `buf` (`None`: not all there yet).
+fn startup_len(buf: &[u8]) -> io::Result<Option<usize>> {
+    let Some(b) = buf.get(..4) else { return Ok(None) };
+    let len = i32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let len = usize::try_from(len).ok().filter(|&l| l >= 4).ok_or_else(|| io::Error::other("bad startup length"))?;
+    Ok(Some(len))
 }
 
 fn is_rows(tag: u8) -> bool {
@@ -165,15 +163,7 @@ impl Down<'_> {
                 return Ok(());
             }
             let mut i = 0usize;
-            loop {
-                if left > 0 {
-                    let n = left.min(buf.len() - i);
-                    (i, left) = (i + n, left - n);
-                    if left > 0 {
-                        break;
-                    }
-                    continue;
-                }
+            while pass(&mut i, &mut left, buf.len()) {
                 let Some((tag, total)) = head(&buf[i..])? else { break };
                 if !is_rows(tag) && buf.len() - i < total && total <= 4096 {
                     break; // small control messages are read whole (BackendKeyData, ReadyForQuery)
@@ -210,7 +200,7 @@ impl Down<'_> {
     /// Says `WANT` and waits for the verdict: `RELAY` in-band, or the link's.
     async fn ask<W: AsyncWrite + Unpin>(&mut self, dw: &mut W, relay: &mut mpsc::Receiver<()>) -> io::Result<Verdict> {
         let (tx, rx) = oneshot::channel();
-        self.waiting.insert(self.id, tx);
+        self.opts.pg.insert(self.id, tx);
         let mut want = BytesMut::new();
         hybrid::encode_want(self.so_far, &mut want);
         dw.write_all(&want).await?;
@@ -222,7 +212,7 @@ impl Down<'_> {
             },
             _ = tokio::time::sleep(VERDICT) => return Err(io::Error::other("no verdict from refract")),
         };
-        self.waiting.remove(self.id);
+        self.opts.pg.remove(self.id);
         Ok(verdict)
     }
 

@@ -226,7 +226,7 @@ impl Running {
 impl Drop for Running {
     /// Stop the processes this handle started and reap them.
     fn drop(&mut self) {
-        stop_pids(self.children.iter().map(|(_, c)| c.id()).collect());
+        sh::stop_pids(&self.children.iter().map(|(_, c)| c.id()).collect::<Vec<_>>());
         for (p, child) in &mut self.children {
             let _ = child.wait();
             let _ = std::fs::remove_file(state::path(&format!("{}.pid", p.name)));
@@ -238,8 +238,8 @@ impl Drop for Running {
 /// repairing): by pid file for loopback, by killing everything in its namespaces for the lab.
 pub fn stop(layout: &Layout) {
     let procs = layout.all_procs();
-    let pids = procs.iter().filter_map(|p| pid_of(&p.name)).collect();
-    stop_pids(pids);
+    let pids: Vec<u32> = procs.iter().filter_map(|p| pid_of(&p.name)).collect();
+    sh::stop_pids(&pids);
     for p in &procs {
         if let Some(ns) = &p.ns {
             fabric::kill_all(ns);
@@ -259,7 +259,7 @@ pub fn pid_of(name: &str) -> Option<u32> {
 /// Stop one daemon by its pid file (wherever it was started from); whether it was running.
 pub fn stop_one(name: &str) -> bool {
     let pid = pid_of(name);
-    stop_pids(pid.into_iter().collect());
+    sh::stop_pids(&pid.into_iter().collect::<Vec<_>>());
     let _ = std::fs::remove_file(state::path(&format!("{name}.pid")));
     pid.is_some()
 }
@@ -267,18 +267,4 @@ pub fn stop_one(name: &str) -> bool {
 /// Whether the daemon `name` runs (by its pid file).
 pub fn is_running(name: &str) -> bool {
     pid_of(name).is_some()
-}
-
-/// TERM, up to 2 s of grace, then KILL.
-fn stop_pids(pids: Vec<u32>) {
-    for pid in &pids {
-        sh::signal(*pid, "TERM");
-    }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while pids.iter().any(|p| sh::alive(*p)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for pid in pids.iter().filter(|p| sh::alive(**p)) {
-        sh::signal(*pid, "KILL");
-    }
 }

@@ -151,7 +151,7 @@ pub fn stop() {
         pids.extend(daemon_pid(&name, program));
         let _ = std::fs::remove_file(state::path(&format!("{name}.pid")));
     }
-    stop_pids(&pids);
+    sh::stop_pids(&pids);
     if let Ok(pg) = Pg::find() {
         // The replica first: the primary's fast shutdown then has no standby to wait for.
         for s in SERVERS.iter().rev() {
@@ -159,20 +159,6 @@ pub fn stop() {
         }
     }
     let _ = std::fs::remove_dir_all(pg_dir());
-}
-
-/// TERM, up to 2 s of grace, then KILL.
-fn stop_pids(pids: &[u32]) {
-    for pid in pids {
-        sh::signal(*pid, "TERM");
-    }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while pids.iter().any(|p| sh::alive(*p)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for pid in pids.iter().filter(|p| sh::alive(**p)) {
-        sh::signal(*pid, "KILL");
-    }
 }
 
 /// `psql -XAtq -c SQL` from namespace `ns` to `IP:PORT` as the lab user; trimmed output.

@@ -87,6 +87,20 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
+/// TERM, up to 2 s of grace, then KILL.
+pub fn stop_pids(pids: &[u32]) {
+    for pid in pids {
+        signal(*pid, "TERM");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while pids.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for pid in pids.iter().filter(|p| alive(**p)) {
+        signal(*pid, "KILL");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,25 +16,6 @@ use std::process::{Command, Stdio};
 const VIP: &str = "198.18.5.101";
 const KEY: &str = "pg hand-over test key, 16+ bytes";
 
-fn root() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-}
-
-fn sh(cmd: &str) {
-    assert!(Command::new("sh").args(["-c", cmd]).status().unwrap().success(), "{cmd}");
-}
-
-/// The namespace this process was started in by `unshare --net`: lo up, the VIP on lo, ARP
-/// sysctls as an agent host needs them.
-fn prepare_netns() {
-    sh(&format!("ip link set lo up && ip addr add {VIP}/32 dev lo"));
-    for iface in ["all", "lo"] {
-        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_ignore"), "1").unwrap();
-        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_announce"), "2").unwrap();
-    }
-}
-
 /// psql's unaligned output of `sql` at `host:port`.
 fn psql(host: &str, port: u16, sql: &str) -> String {
     let out = Command::new(testkit::tool("psql").unwrap())
@@ -125,26 +106,7 @@ agents = {{ primary = "{control}" }}
     wait_metric(d.admin, r#"refract_handback_total{backend="pg:primary"}"#, 2);
 }
 
-/// Runs the scenario in a fresh network namespace: this binary re-runs itself under
-/// `unshare --net` (as root), where `RF_IN_NETNS` says to prepare the namespace and go.
 #[test]
 fn pg_large_result_handed_over_across_hosts() {
-    let test = "pg_large_result_handed_over_across_hosts";
-    if !root() {
-        eprintln!("SKIP {test}: needs root (network namespace, TCP_REPAIR, eBPF)");
-        return;
-    }
-    if std::env::var_os("RF_IN_NETNS").is_some() {
-        prepare_netns();
-        return scenario();
-    }
-    let out = Command::new("unshare")
-        .args(["--net", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture"])
-        .env("RF_IN_NETNS", "1")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("1 passed"), "in the namespace:\n{text}");
+    common::in_netns("pg_large_result_handed_over_across_hosts", VIP, scenario);
 }

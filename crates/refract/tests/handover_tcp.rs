@@ -14,7 +14,6 @@ use common::{
     Dispatcher, Proc, Response,
 };
 use refract_blob::pattern;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -22,32 +21,6 @@ use std::time::{Duration, Instant};
 
 const VIP: &str = "198.18.5.100";
 const KEY: &str = "tcp hand-over test key, 16+ bytes";
-
-fn root_or_skip(test: &str) -> bool {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().next().unwrap_or("1").to_string()));
-    if uid.as_deref() == Some("0") {
-        return true;
-    }
-    let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root (network namespace, TCP_REPAIR, eBPF)");
-    false
-}
-
-fn sh(cmd: &str) {
-    assert!(Command::new("sh").args(["-c", cmd]).status().unwrap().success(), "{cmd}");
-}
-
-/// Prepares the namespace this process was started in by `unshare --net` (lo up, the VIP on
-/// lo, ARP sysctls as an agent host needs them); it dies with the process and its children.
-fn prepare_netns() {
-    sh(&format!("ip link set lo up && ip addr add {VIP}/32 dev lo"));
-    for iface in ["all", "lo"] {
-        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_ignore"), "1").unwrap();
-        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_announce"), "2").unwrap();
-    }
-}
 
 fn get(bytes: u64, seed: u64) -> String {
     format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
@@ -292,26 +265,8 @@ fn relayed_write(c: &mut Client) {
     assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
 }
 
-/// Runs `scenario` in a fresh network namespace: this test binary re-runs just `test` under
-/// `unshare --net` (as root), where `RF_IN_NETNS` says to prepare the namespace and go.
 fn in_netns(test: &str, scenario: fn()) {
-    if !root_or_skip(test) {
-        return;
-    }
-    if std::env::var_os("RF_IN_NETNS").is_some() {
-        prepare_netns();
-        return scenario();
-    }
-    let me = std::env::current_exe().unwrap();
-    let out = Command::new("unshare")
-        .args(["--net", "--"])
-        .arg(me)
-        .args(["--exact", test, "--nocapture"])
-        .env("RF_IN_NETNS", "1")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("1 passed"), "in the namespace:\n{text}");
+    common::in_netns(test, VIP, scenario);
 }
 
 #[test]

@@ -374,3 +374,42 @@ pub fn check_pipelined_write(c: &mut Client, admin: SocketAddr, b1: &Proc, b2: &
     assert_eq!(refract_blob::pattern::first_mismatch(&r.body, 0, 4), None);
     assert_eq!(metric(admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
 }
+
+/// Runs `scenario` in a fresh network namespace (root only; otherwise the test is skipped with
+/// a printed reason): the test binary re-runs just `test` under `unshare --net`, where
+/// `RF_IN_NETNS` says to prepare the namespace (lo up, `vip` on lo, the ARP sysctls an agent
+/// host needs) and go. The namespace dies with the process and its children.
+pub fn in_netns(test: &str, vip: &str, scenario: fn()) {
+    if !is_root() {
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root (network namespace, TCP_REPAIR, eBPF)");
+        return;
+    }
+    if std::env::var_os("RF_IN_NETNS").is_some() {
+        prepare_netns(vip);
+        return scenario();
+    }
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new("unshare")
+        .args(["--net", "--"])
+        .arg(me)
+        .args(["--exact", test, "--nocapture"])
+        .env("RF_IN_NETNS", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "in the namespace:\n{text}");
+}
+
+fn is_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+fn prepare_netns(vip: &str) {
+    let cmd = format!("ip link set lo up && ip addr add {vip}/32 dev lo");
+    assert!(Command::new("sh").args(["-c", &cmd]).status().unwrap().success(), "{cmd}");
+    for iface in ["all", "lo"] {
+        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_ignore"), "1").unwrap();
+        std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/arp_announce"), "2").unwrap();
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use refract_handover::control::ControlChannel;
-use refract_handover::{discard, restore, snapshot, unacked, FlowKey, Guard, Result};
+use refract_handover::{discard, quiesce, restore, snapshot, FlowKey, Guard, Result};
 use refract_handover::{Socket, TcpState, Transfer};
 use tokio::net::TcpStream;
 
@@ -49,17 +49,9 @@ impl Move for ControlChannel {
 /// removed after a grace period), snapshots, and discards the socket silently. On error the
 /// socket is closed normally by the caller's drop (FIN).
 async fn hand_back_state(client: TcpStream, flow: FlowKey, opts: &LocalOptions) -> Result<TcpState> {
-    let deadline = tokio::time::Instant::now() + QUIESCE;
-    loop {
-        let left = unacked(&client)?;
-        if left == 0 {
-            break;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(refract_handover::Error::NotQuiescent(left));
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    // The last bytes written (a ReadyForQuery, a response's tail) are often one short segment
+    // whose ACK the client holds back: `quiesce` asks for it.
+    quiesce(&client, QUIESCE).await?;
     if let Some(guard) = &opts.guard {
         tombstone(guard.clone(), flow);
     }

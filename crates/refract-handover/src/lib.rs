@@ -9,6 +9,8 @@
 //! - [`TcpState`] (`tcp_state.rs`): the plain, serializable state of one connection.
 //! - [`snapshot`] / [`Repair`] (`snapshot.rs`): source side, TCP_REPAIR in the protocol's order.
 //! - [`restore`] (`restore.rs`): target side, rebuilds the socket from a [`TcpState`].
+//! - [`quiesce`] (`quiesce.rs`): waits until the peer acknowledged everything (I3), asking for
+//!   an ACK it holds back instead of waiting for its delayed-ACK timer.
 //! - [`Rules`]: the ★ rules, each switchable only so tests can show why it exists.
 //! - [`Steering`] (`steering.rs`): the dispatcher's ingress program, FREEZE / STEER per flow.
 //! - [`Guard`] (`guard.rs`): the agent host's no-RST guard and its tombstones.
@@ -45,6 +47,7 @@ mod fd_pass;
 mod guard;
 pub mod local;
 pub mod msg;
+mod quiesce;
 mod restore;
 pub mod seam;
 mod snapshot;
@@ -61,6 +64,7 @@ pub use error::{Error, Result, Side};
 pub use fd_pass::{recv_fd, recv_with_fd, send_fd, send_with_fd};
 pub use guard::{Guard, GuardStats};
 pub use msg::{Msg, MAX_FRAME, NONCE_LEN, VERSION};
+pub use quiesce::quiesce;
 pub use restore::restore;
 #[doc(hidden)]
 pub use restore::restore_with;

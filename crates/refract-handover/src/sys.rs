@@ -22,6 +22,8 @@ pub(crate) const TCP_TIMESTAMP: i32 = 24;
 pub(crate) const TCP_REPAIR_WINDOW: i32 = 29;
 
 pub(crate) const REPAIR_ON: i32 = 1;
+/// Repair off, sending a window probe (`TCP_REPAIR_OFF`).
+pub(crate) const REPAIR_OFF: i32 = 0;
 /// Repair off without sending a window probe (`TCP_REPAIR_OFF_NO_WP`).
 pub(crate) const REPAIR_OFF_NO_WP: i32 = -1;
 

@@ -14,14 +14,13 @@ pub mod steer;
 
 use crate::control::{ChannelOptions, ControlChannel, ControlKey};
 use crate::seam::{self, Offer, Refusal, Seam};
-use crate::{discard_in_place, restore, snapshot, unacked, FlowKey, SteerTarget, TcpState};
+use crate::{discard_in_place, restore, snapshot, FlowKey, SteerTarget, TcpState};
 use crate::{EpochTracker, Msg, Serving, Socket, Transfer};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 /// Why a hand-over failed: the `result` label of `refract_handover_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,7 +114,7 @@ impl std::fmt::Display for Declined {
 /// Bound on the client acknowledging everything sent before a hand-off (else relay).
 /// Linux clients may delay an ACK up to 200 ms (40 ms at least): a shorter bound declined
 /// hand-overs behind a small relayed response whenever that client delayed its ACK and the
-/// machine was busy.
+/// machine was busy. [`crate::quiesce`] asks for a held-back ACK, so the bound is rarely reached.
 const QUIESCE: Duration = Duration::from_millis(200);
 /// Bound on reaching and authenticating the agent (a dead agent host costs the request this
 /// much before it is relayed).
@@ -320,15 +319,10 @@ fn read_key(path: &Path) -> Result<ControlKey, Declined> {
 
 /// docs/handover.md, I3: everything sent is acknowledged, within a bound; else relay.
 async fn quiesce(s: &TcpStream) -> Result<(), Declined> {
-    let deadline = Instant::now() + QUIESCE;
-    loop {
-        match unacked(s) {
-            Ok(0) => return Ok(()),
-            Ok(n) if Instant::now() >= deadline => {
-                return Err(Declined::new(Why::NotQuiescent, format!("not quiescent: {n} bytes unacknowledged")))
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            Err(e) => return Err(Declined::new(Why::Snapshot, e.to_string())),
+    crate::quiesce(s, QUIESCE).await.map_err(|e| match e {
+        crate::Error::NotQuiescent(n) => {
+            Declined::new(Why::NotQuiescent, format!("not quiescent: {n} bytes unacknowledged"))
         }
-    }
+        e => Declined::new(Why::Snapshot, e.to_string()),
+    })
 }

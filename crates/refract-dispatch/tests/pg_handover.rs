@@ -128,6 +128,13 @@ fn large_results_are_handed_over_and_read_as_from_postgresql() {
     assert!(h.handed_over() > before, "the large result was handed over");
     same("small query after", &c.query("select 1"), &d.query("select 1"));
 
+    // One row above the threshold: the cut is before the row that reaches it, so even a
+    // one-row result goes straight to the client.
+    let one_row = "select repeat('x', 200000)";
+    let before_one = h.handed_over();
+    same("one large row", &c.query(one_row), &d.query(one_row));
+    assert_eq!(h.handed_over() - before_one, 1, "the one-row result was handed over");
+
     // Several statements, the large one in the middle.
     let multi = format!("select 1; {LARGE}; select 2");
     same("multi-statement query", &c.query(&multi), &d.query(&multi));

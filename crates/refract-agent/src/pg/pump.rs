@@ -1,9 +1,9 @@
 //! One server connection from refract, proxied to the PostgreSQL server this agent fronts.
 //!
 //! A connection that opens with a `HybridRequest` (`refract_pg::hybrid`) is watched: the agent
-//! follows the server's message boundaries and counts each result's rows and copy data. When a
-//! result passes the threshold it stops forwarding at the boundary before the next row, says
-//! `WANT` and waits. refract answers `RELAY` in-band (the agent forwards the rest), or hands the
+//! follows the server's message boundaries and counts each result's rows and copy data. At the
+//! row (or copy data) whose length brings a result to the threshold it stops forwarding, before
+//! that row, says `WANT` and waits. refract answers `RELAY` in-band (the agent forwards the rest), or hands the
 //! client's socket over on its hand-over link (`adopt.rs`): the agent then writes the rest of
 //! the result to the client itself, through ReadyForQuery (or up to a COPY FROM/BOTH start,
 //! which needs the client's data through refract), hands the socket back and sends refract
@@ -168,7 +168,10 @@ impl Down<'_> {
                 if !is_rows(tag) && buf.len() - i < total && total <= 4096 {
                     break; // small control messages are read whole (BackendKeyData, ReadyForQuery)
                 }
-                if is_rows(tag) && !self.asked && self.so_far >= self.threshold {
+                // Before the row that brings the result to the threshold, not after it: that
+                // row (a one-row result's only one) goes straight to the client too, and
+                // refract relays less than the threshold of any result.
+                if is_rows(tag) && !self.asked && self.so_far + total as u64 >= self.threshold {
                     dw.write_all(&buf[..i]).await?;
                     buf.advance(i);
                     i = 0;

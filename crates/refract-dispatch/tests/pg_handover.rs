@@ -95,6 +95,26 @@ agents = {{ primary = "unix:{}" }}
     fn handed_over(&self) -> u64 {
         agent::handed_over(self.admin)
     }
+
+    /// Bytes the agent wrote to clients so far (`refract_bytes_direct_total`).
+    fn sent_direct(&self) -> u64 {
+        let m = agent::metrics(self.admin);
+        let line = m.lines().find(|l| l.starts_with("refract_bytes_direct_total{backend=\"pg:primary\"}"));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0) as u64
+    }
+}
+
+/// The size in bytes of `sql`'s whole answer, RowDescription to ReadyForQuery.
+fn answer_bytes(c: &mut Client, sql: &str) -> u64 {
+    c.send(&[FrontendMessage::Query(sql.into())]);
+    let mut out = bytes::BytesMut::new();
+    while let Some(m) = c.recv() {
+        m.encode(&mut out);
+        if matches!(m, refract_pg::BackendMessage::ReadyForQuery(_)) {
+            break;
+        }
+    }
+    out.len() as u64
 }
 
 /// Same messages, rows, error and status.
@@ -129,11 +149,13 @@ fn large_results_are_handed_over_and_read_as_from_postgresql() {
     same("small query after", &c.query("select 1"), &d.query("select 1"));
 
     // One row above the threshold: the cut is before the row that reaches it, so even a
-    // one-row result goes straight to the client.
+    // one-row result goes straight to the client; and before the RowDescription that came with
+    // it, so the agent writes the whole answer (refract relayed none of it).
     let one_row = "select repeat('x', 200000)";
-    let before_one = h.handed_over();
+    let (before_one, sent_before) = (h.handed_over(), h.sent_direct());
     same("one large row", &c.query(one_row), &d.query(one_row));
     assert_eq!(h.handed_over() - before_one, 1, "the one-row result was handed over");
+    assert_eq!(h.sent_direct() - sent_before, answer_bytes(&mut d, one_row), "the agent wrote the whole answer");
 
     // Several statements, the large one in the middle.
     let multi = format!("select 1; {LARGE}; select 2");

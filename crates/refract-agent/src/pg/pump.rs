@@ -3,7 +3,8 @@
 //! A connection that opens with a `HybridRequest` (`refract_pg::hybrid`) is watched: the agent
 //! follows the server's message boundaries and counts each result's rows and copy data. At the
 //! row (or copy data) whose length brings a result to the threshold it stops forwarding, before
-//! that row, says `WANT` and waits. refract answers `RELAY` in-band (the agent forwards the rest), or hands the
+//! that row and before whatever arrived with it that it has not forwarded yet (back to the last
+//! ReadyForQuery), says `WANT` and waits. refract answers `RELAY` in-band (the agent forwards the rest), or hands the
 //! client's socket over on its hand-over link (`adopt.rs`): the agent then writes the rest of
 //! the result to the client itself, through ReadyForQuery (or up to a COPY FROM/BOTH start,
 //! which needs the client's data through refract), hands the socket back and sends refract
@@ -163,18 +164,25 @@ impl Down<'_> {
                 return Ok(());
             }
             let mut i = 0usize;
+            // The earliest boundary the cut may move back to: none before this read's first
+            // one (that message was partly forwarded) nor before a ReadyForQuery or a COPY
+            // FROM/BOTH start (refract must see those itself).
+            let mut cut: Option<usize> = None;
             while pass(&mut i, &mut left, buf.len()) {
+                let from = *cut.get_or_insert(i);
                 let Some((tag, total)) = head(&buf[i..])? else { break };
                 if !is_rows(tag) && buf.len() - i < total && total <= 4096 {
                     break; // small control messages are read whole (BackendKeyData, ReadyForQuery)
                 }
                 // Before the row that brings the result to the threshold, not after it: that
-                // row (a one-row result's only one) goes straight to the client too, and
-                // refract relays less than the threshold of any result.
+                // row (a one-row result's only one) goes straight to the client too. And before
+                // what came with it that refract has not forwarded yet (RowDescription,
+                // BindComplete, ...): what refract relayed is then all acknowledged by the
+                // client's query, so the hand-over waits for no ACK.
                 if is_rows(tag) && !self.asked && self.so_far + total as u64 >= self.threshold {
-                    dw.write_all(&buf[..i]).await?;
-                    buf.advance(i);
-                    i = 0;
+                    dw.write_all(&buf[..from]).await?;
+                    buf.advance(from);
+                    (i, cut) = (0, None);
                     self.asked = true;
                     if let Verdict::Serve { client, done } = self.ask(&mut dw, &mut relay).await? {
                         self.serve(&mut br, &mut buf, &mut dw, client, done).await?;
@@ -182,6 +190,9 @@ impl Down<'_> {
                     continue;
                 }
                 self.note(tag, total, &buf[i..(i + total).min(buf.len())]);
+                if matches!(tag, b'Z' | b'G' | b'W') {
+                    cut = Some(i + total);
+                }
                 left = total;
             }
             dw.write_all(&buf[..i]).await?;

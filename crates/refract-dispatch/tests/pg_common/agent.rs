@@ -79,7 +79,7 @@ pub fn sock_path(tag: &str) -> PathBuf {
 }
 
 /// The admin listener's `/metrics` on `admin`.
-fn metrics(admin: u16) -> String {
+pub fn metrics(admin: u16) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, admin)).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();

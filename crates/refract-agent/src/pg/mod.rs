@@ -1,6 +1,6 @@
 //! The agent in front of a PostgreSQL server (docs/handover.md, "PostgreSQL"): refract's
-//! server connections reach the server through here, and a result past the threshold is
-//! written straight to the client.
+//! server connections reach the server through here, and a result that reaches the threshold
+//! is written straight to the client.
 //!
 //! - this file: the listener for refract's server connections (the connections that stopped
 //!   at a large result wait in `crate::waiting::Waiting` for the client's socket).

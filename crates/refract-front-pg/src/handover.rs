@@ -1,8 +1,9 @@
 //! The PostgreSQL result hand-over, refract's side (docs/handover.md, "PostgreSQL").
 //!
-//! A server with an agent is reached through it, and the agent watches each result. When one
-//! passes the threshold the agent stops at the boundary before the next row and says `WANT`
-//! (`refract_pg::hybrid`); the session, which has relayed everything before it, flushes that to
+//! A server with an agent is reached through it, and the agent watches each result. When the
+//! next row would bring one to the threshold the agent stops at a boundary before it (and before
+//! what came with it) and says `WANT` (`refract_pg::hybrid`); the session, which has relayed
+//! everything before it, flushes that to
 //! the client and decides: the client's socket goes to the agent over the hand-over link
 //! (`refract_handover::seam`; same host: the descriptor by SCM_RIGHTS), or the session says
 //! `RELAY` in-band and relays the rest as usual. The agent writes the rest of the result to

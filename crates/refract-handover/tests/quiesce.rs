@@ -32,34 +32,42 @@ fn interactive_exchange(client: &mut TcpStream, server: &mut TcpStream) {
     server.write_all(&[7u8; 43]).unwrap();
 }
 
+/// One exchange, then `quiesce`: whether it asked for the ACK (a window probe) and got it
+/// before the client's delayed-ACK timer fired; the connection still works both ways.
+fn asked_not_waited() -> bool {
+    let p = pair(None);
+    let (mut client, mut server) = (p.client, TcpStream::from(p.server));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let (delayed, probes) = (tcp_ext("DelayedACKs"), tcp_ext("TCPWinProbe"));
+    interactive_exchange(&mut client, &mut server);
+    let started = Instant::now();
+    rt.block_on(quiesce(&server, Duration::from_secs(2))).unwrap();
+    let took = started.elapsed();
+    assert_eq!(unacked(&server).unwrap(), 0);
+    let (delayed, probes) = (tcp_ext("DelayedACKs") - delayed, tcp_ext("TCPWinProbe") - probes);
+    assert!(probes <= 1, "one probe at most, {probes} sent");
+    // The probe changed nothing else: the connection goes on both ways.
+    let mut got = [0u8; 43];
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(got, [7u8; 43]);
+    client.write_all(b"more").unwrap();
+    let mut more = [0u8; 4];
+    server.read_exact(&mut more).unwrap();
+    assert_eq!(&more, b"more");
+    println!("quiesced in {took:?}: {probes} probe(s), {delayed} delayed-ACK timer(s) fired");
+    probes == 1 && delayed == 0
+}
+
 #[test]
 fn a_held_back_ack_is_asked_for_not_waited_for() {
     if !root_or_skip("a_held_back_ack_is_asked_for_not_waited_for") {
         return;
     }
-    in_netns(None, || {
-        let p = pair(None);
-        let (mut client, mut server) = (p.client, TcpStream::from(p.server));
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-        let (delayed, probes) = (tcp_ext("DelayedACKs"), tcp_ext("TCPWinProbe"));
-        interactive_exchange(&mut client, &mut server);
-        let started = Instant::now();
-        rt.block_on(quiesce(&server, Duration::from_secs(2))).unwrap();
-        let took = started.elapsed();
-        assert_eq!(unacked(&server).unwrap(), 0);
-        // Without the probe the wait ends only when the client's delayed-ACK timer fires.
-        assert_eq!(tcp_ext("DelayedACKs") - delayed, 0, "no delayed-ACK timer had to fire (took {took:?})");
-        assert_eq!(tcp_ext("TCPWinProbe") - probes, 1, "one window probe asked for the ACK");
-        // The probe changed nothing else: the connection goes on both ways.
-        let mut got = [0u8; 43];
-        client.read_exact(&mut got).unwrap();
-        assert_eq!(got, [7u8; 43]);
-        client.write_all(b"more").unwrap();
-        let mut more = [0u8; 4];
-        server.read_exact(&mut more).unwrap();
-        assert_eq!(&more, b"more");
-        println!("quiesced in {took:?}");
-    });
+    // Without the probe the wait ends only when the client's delayed-ACK timer fires (every
+    // attempt fails). A test thread descheduled past that timer on a loaded machine can miss
+    // it once: a few attempts.
+    let ok = in_netns(None, || (0..5).any(|_| asked_not_waited()));
+    assert!(ok, "no attempt quiesced by asking for the ACK before the client's delayed-ACK timer");
 }
 
 #[test]

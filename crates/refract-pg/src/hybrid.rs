@@ -5,8 +5,8 @@
 //! startup-phase packet of a code PostgreSQL itself refuses ([`HybridRequest`]); the agent
 //! answers `H` and the connection's id, which names it in the hand-over messages. From then
 //! on, besides PostgreSQL's own messages:
-//! - agent → refract, [`WANT`]: a result passed the threshold; the agent stopped forwarding
-//!   at this message boundary and waits for the hand-off (on the hand-over link) or a [`RELAY`];
+//! - agent → refract, [`WANT`]: the next row would bring a result to the threshold; the agent
+//!   stopped forwarding at a message boundary before it and waits for the hand-off (on the hand-over link) or a [`RELAY`];
 //! - refract → agent, [`RELAY`]: no hand-over for this result; forward the rest;
 //! - agent → refract, [`DELIVERED`]: after a hand-over, the messages the agent wrote to the
 //!   client itself other than rows and copy data (the rows are the bulk and change no

@@ -73,8 +73,7 @@ type Keys = Vec<Option<Val>>;
 
 fn cmp_keys(spec: &[Spec], a: &Keys, b: &Keys) -> Ordering {
     for (s, (x, y)) in spec.iter().zip(a.iter().zip(b)) {
-        let o = cmp_nullable(x.as_ref(), y.as_ref(), s.nulls_first);
-        let o = if s.desc { o.reverse() } else { o };
+        let o = cmp_nullable(x.as_ref(), y.as_ref(), s.desc, s.nulls_first);
         if o != Ordering::Equal {
             return o;
         }

@@ -169,14 +169,16 @@ impl Val {
     }
 }
 
-/// Values that may be NULL, with NULLs placed as `nulls_first` says.
-pub fn cmp_nullable(a: Option<&Val>, b: Option<&Val>, nulls_first: bool) -> Ordering {
+/// Values that may be NULL in an ORDER BY key's order: values reversed when `desc`, NULLs
+/// placed as `nulls_first` says whatever the direction.
+pub fn cmp_nullable(a: Option<&Val>, b: Option<&Val>, desc: bool, nulls_first: bool) -> Ordering {
     match (a, b) {
         (None, None) => Ordering::Equal,
         (None, Some(_)) if nulls_first => Ordering::Less,
         (None, Some(_)) => Ordering::Greater,
         (Some(_), None) if nulls_first => Ordering::Greater,
         (Some(_), None) => Ordering::Less,
+        (Some(a), Some(b)) if desc => b.order(a),
         (Some(a), Some(b)) => a.order(b),
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use proptest::prelude::*;
 use refract_pg::backend::FieldDescription;
-use refract_pg::scatter::value::oid;
+use refract_pg::scatter::value::{oid, ColType};
 use refract_pg::scatter::{Col, Gather, Plan, Role, Row, Shape, SortKey, Step};
 
 fn field(name: &str, type_oid: u32, format: i16) -> FieldDescription {
@@ -161,6 +161,24 @@ proptest! {
         let fields = [field("g", oid::INT8, 0), field("count", oid::INT8, 0), field("sum", oid::INT8, 0)];
         let (got, _, _) = gather(&plan, &fields, per_shard.iter().map(rows).collect());
         prop_assert_eq!(got, rows(&whole));
+    }
+}
+
+proptest! {
+    /// Whatever bytes a shard sends, reading them is an answer or an error, never a panic.
+    #[test]
+    fn any_bytes_read_without_panicking(
+        bytes in proptest::collection::vec(any::<u8>(), 0..40),
+        text in "[-+0-9.:eE ,BCinfyt]{0,40}",
+        ty in 0usize..16,
+        binary in any::<bool>(),
+    ) {
+        let oids = [oid::BOOL, oid::BYTEA, oid::NAME, oid::INT8, oid::INT2, oid::INT4, oid::TEXT, oid::FLOAT4,
+            oid::FLOAT8, oid::BPCHAR, oid::VARCHAR, oid::DATE, oid::TIMESTAMP, oid::TIMESTAMPTZ, oid::NUMERIC, oid::UUID];
+        if let Ok(t) = ColType::of(oids[ty], i16::from(binary), true) {
+            let _ = t.read(&Bytes::from(bytes));
+            let _ = t.read(&Bytes::from(text.into_bytes()));
+        }
     }
 }
 

@@ -45,8 +45,10 @@ fn era(t: &str) -> (&str, bool) {
     }
 }
 
+/// Digits only, at most nine (PostgreSQL's years have six): no arithmetic below can overflow.
 fn num(s: &str) -> Option<i64> {
-    (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())).then(|| s.parse().ok()).flatten()
+    let ok = (1..=9).contains(&s.len()) && s.bytes().all(|c| c.is_ascii_digit());
+    ok.then(|| s.parse().ok()).flatten()
 }
 
 /// `YYYY-MM-DD` as days since 1970-01-01 in the proleptic Gregorian calendar (PostgreSQL's);
@@ -109,5 +111,6 @@ mod tests {
         assert_eq!(timestamp("1970-01-02 00:00:00+00", false), None);
         assert_eq!(date("2020-13-01"), None);
         assert_eq!(timestamp("infinity", true), Some(i128::MAX));
+        assert_eq!(date("99999999999999999999-01-01"), None);
     }
 }

@@ -174,11 +174,23 @@ impl Dec {
         }
         let rscale = (MIN_SIG_DIGITS - qweight * DEC_DIGITS).max(self.scale as i64).clamp(0, MAX_DISPLAY_SCALE);
         let rscale = rscale as usize;
-        let (mut q, rem) = div_small(&self.scaled(rscale), count);
-        if u128::from(rem) * 2 >= u128::from(count) {
-            q = add_mag(&q, &[1]);
-        }
+        // The quotient truncated to one digit more than wanted (truncating the dividend first
+        // is the same: floor(floor(a / b) / c) = floor(a / (b c))); that digit rounds it.
+        let (q, _) = div_small(&self.at_scale(rscale + 1), count);
+        let (keep, last) = q.split_at(q.len() - 1);
+        let q = if last[0] >= 5 { add_mag(keep, &[1]) } else { keep.to_vec() };
         Dec::new(self.neg, q, rscale)
+    }
+
+    /// The magnitude's digits at scale `s`, padded with zeros or truncated.
+    fn at_scale(&self, s: usize) -> Vec<u8> {
+        if s >= self.scale {
+            return self.scaled(s);
+        }
+        let keep = self.digits.len().saturating_sub(self.scale - s);
+        let mut d = self.digits[..keep].to_vec();
+        d.insert(0, 0);
+        d
     }
 
     fn to_text(&self) -> String {
@@ -292,5 +304,13 @@ mod tests {
         assert_eq!(n("12345678").avg(7).to_text(), "1763668.285714285714");
         assert_eq!(n("1.005").avg(2).to_text(), "0.50250000000000000000");
         assert_eq!(n("0").avg(4).to_text(), "0.00000000000000000000");
+        assert_eq!(n("7").avg(9).to_text(), "0.77777777777777777778");
+        assert_eq!(n("99999999").avg(99_999_999).to_text(), "1.00000000000000000000");
+        assert_eq!(n("5").avg(30_000_000_000_000_000).to_text(), "0.00000000000000016666666666666667");
+        assert_eq!(n("1.000005").avg(1_000_000).to_text(), "0.000001000005000000000000");
+        assert_eq!(n("123.45").avg(999_999_999_999).to_text(), "0.0000000001234500000001234500");
+        // A dividend with more than 1000 decimals: the quotient is cut to 1000, rounded.
+        let long = n(&format!("0.{}", "7".repeat(1100))).avg(3).to_text();
+        assert_eq!((long.len(), &long[..6], &long[long.len() - 5..]), (1002, "0.2592", "92593"));
     }
 }

@@ -6,9 +6,9 @@ use std::cmp::Ordering;
 use bytes::Bytes;
 
 use super::decimal::Numeric;
-use super::gather::{GatherError, Row};
+use super::error::GatherError;
 use super::plan::Role;
-use super::value::{oid, ColType};
+use super::value::{oid, ColType, Row};
 use crate::backend::FieldDescription;
 
 /// How one column of a group combines.

@@ -9,15 +9,12 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
-use bytes::Bytes;
-
+pub use super::error::GatherError;
 use super::fold::{self, Fold};
 use super::plan::{Plan, Role, Shape};
+pub use super::value::Row;
 use super::value::{cmp_nullable, ColType, Val};
 use crate::backend::FieldDescription;
-
-/// One DataRow's values (`None` is NULL).
-pub type Row = Vec<Option<Bytes>>;
 
 /// What the caller does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,34 +26,6 @@ pub enum Step {
     /// The answer is complete: send this CommandComplete tag (`SELECT n`). Rows the shards
     /// still send (after a LIMIT) are to be read and dropped.
     Done(String),
-}
-
-/// Why the shards' answers cannot be combined.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum GatherError {
-    /// A column refract cannot compare or combine exactly (known at RowDescription).
-    #[error("{0}")]
-    Refused(String),
-    /// The shards' answers disagree with each other or with the plan.
-    #[error("shard {shard}: {reason}")]
-    Shard { shard: usize, reason: String },
-    /// A value that does not read as its column's type.
-    #[error("{0}")]
-    Value(String),
-    /// A combined int8 sum or count overflows, as `bigint out of range` on one server.
-    #[error("bigint out of range")]
-    OutOfRange,
-}
-
-impl GatherError {
-    /// The SQLSTATE to send the client.
-    pub fn sqlstate(&self) -> &'static str {
-        match self {
-            GatherError::Refused(_) => super::REFUSED,
-            GatherError::OutOfRange => "22003",
-            GatherError::Shard { .. } | GatherError::Value(_) => "XX000",
-        }
-    }
 }
 
 /// One key of the merge order, resolved against the RowDescription.
@@ -196,8 +165,9 @@ impl Gather {
                 if f.format == 1 {
                     return Err(GatherError::Refused("avg() in binary format is not rebuilt (numeric)".into()));
                 }
+                let client = self.description.get_mut(i).ok_or_else(|| shard0("avg() among the hidden columns"))?;
+                *client = fold::avg_field(f);
                 self.averages.push((i, *count));
-                self.description[i] = fold::avg_field(f);
             }
             folds.push(fold);
         }

@@ -9,6 +9,9 @@ use bytes::Bytes;
 
 use super::decimal::Numeric;
 
+/// One DataRow's values (`None` is NULL).
+pub type Row = Vec<Option<Bytes>>;
+
 /// Type OIDs of `pg_type`.
 pub mod oid {
     pub const BOOL: u32 = 16;

@@ -226,3 +226,59 @@ fn a_million_rows_per_shard_merge_one_row_per_shard_at_a_time() {
     assert_eq!(seen, 2 * N);
     assert_eq!(g.peak(), 2);
 }
+
+/// A shard answer that breaks the plan is an error with its SQLSTATE, never a wrong answer.
+#[test]
+fn broken_shard_answers_are_errors_not_answers() {
+    let ordered = Plan {
+        sql: String::new(),
+        hidden: 0,
+        order: vec![SortKey { col: Col::Out(0), desc: false, nulls_first: false }],
+        shape: Shape::Rows,
+        offset: 0,
+        limit: None,
+    };
+    let int = |v: i64| Some(Bytes::from(v.to_string()));
+    let f = vec![field("k", oid::INT8, 0)];
+    let mut g = Gather::new(&ordered, &[f.clone(), f.clone()], true).unwrap();
+    assert_eq!(g.step(), Ok(Step::Need(0)));
+    g.push(0, Some(vec![int(5)])).unwrap();
+    assert_eq!(g.step(), Ok(Step::Need(1)));
+    g.push(1, Some(vec![int(7)])).unwrap();
+    assert_eq!(g.step(), Ok(Step::Row(vec![int(5)])));
+    assert_eq!(g.step(), Ok(Step::Need(0)));
+    let err = g.push(1, Some(vec![int(8)])).unwrap_err();
+    assert!(err.to_string().contains("not asked for"), "{err}");
+    // Shard 0 goes back to 3 after 5: its order is not the plan's (e.g. another collation).
+    let err = g.push(0, Some(vec![int(3)])).unwrap_err();
+    assert!(err.to_string().contains("out of the pushed-down ORDER BY"), "{err}");
+    assert_eq!(err.sqlstate(), "XX000");
+
+    let mut g = Gather::new(&ordered, &[f.clone()], true).unwrap();
+    g.step().unwrap();
+    assert!(g.push(0, Some(vec![int(1), int(2)])).unwrap_err().to_string().contains("a row of 2 columns"));
+    let mut g = Gather::new(&ordered, &[f.clone()], true).unwrap();
+    g.step().unwrap();
+    assert!(g.push(0, Some(vec![Some(Bytes::from_static(b"x"))])).unwrap_err().to_string().contains("cannot read"));
+
+    let other = vec![field("k", oid::INT4, 0)];
+    let err = Gather::new(&ordered, &[f.clone(), other], true).err().unwrap();
+    assert!(err.to_string().contains("shard 1: columns unlike shard 0's"), "{err}");
+
+    // A combined int8 sum that overflows is PostgreSQL's "bigint out of range".
+    let sum = Plan { order: vec![], shape: Shape::Groups(vec![Role::Sum]), ..ordered };
+    let mut g = Gather::new(&sum, &[f.clone(), f], true).unwrap();
+    let mut err = None;
+    for _ in 0..6 {
+        match g.step() {
+            Ok(Step::Need(s)) => g.push(s, Some(vec![int(i64::MAX - 1)])).unwrap(),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    let err = err.unwrap();
+    assert_eq!((err.to_string().as_str(), err.sqlstate()), ("bigint out of range", "22003"));
+}

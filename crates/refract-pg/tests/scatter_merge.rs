@@ -254,10 +254,10 @@ fn broken_shard_answers_are_errors_not_answers() {
     assert!(err.to_string().contains("out of the pushed-down ORDER BY"), "{err}");
     assert_eq!(err.sqlstate(), "XX000");
 
-    let mut g = Gather::new(&ordered, &[f.clone()], true).unwrap();
+    let mut g = Gather::new(&ordered, std::slice::from_ref(&f), true).unwrap();
     g.step().unwrap();
     assert!(g.push(0, Some(vec![int(1), int(2)])).unwrap_err().to_string().contains("a row of 2 columns"));
-    let mut g = Gather::new(&ordered, &[f.clone()], true).unwrap();
+    let mut g = Gather::new(&ordered, std::slice::from_ref(&f), true).unwrap();
     g.step().unwrap();
     assert!(g.push(0, Some(vec![Some(Bytes::from_static(b"x"))])).unwrap_err().to_string().contains("cannot read"));
 

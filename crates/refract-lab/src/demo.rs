@@ -1,5 +1,8 @@
 //! `refract demo`: the main job end to end — a cluster (the lab when root, loopback otherwise),
-//! routing shown by each backend's counters, then a short sweep printed as a table.
+//! routing shown by each backend's counters, then a short sweep printed as a table; in the lab
+//! then the PostgreSQL version of the story in one line ([`pg`]).
+
+pub mod pg;
 
 use crate::bench::sweep::plot;
 use crate::bench::sweep::report::{self, Section};
@@ -52,7 +55,7 @@ impl Drop for Cluster {
 pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     interrupt::install();
     let started = Instant::now();
-    let cluster = start(force_loopback)?;
+    let mut cluster = start(force_loopback)?;
     let layout = cluster.layout();
     if layout.lab {
         println!(
@@ -65,9 +68,48 @@ pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     println!("   refract on {}, backends {}\n", layout.refract_addr(), backend_list(layout));
     routing(layout)?;
     short_sweep(layout, quick)?;
+    postgres(&mut cluster)?;
     drop(cluster);
     println!("demo finished in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The PostgreSQL section in the lab, in the HTTP cluster's place (one cluster runs at a
+/// time); elsewhere, or without PostgreSQL, one line saying why not. Its cluster is stopped
+/// before the lab goes down, however the section ends.
+fn postgres(cluster: &mut Cluster) -> Result<()> {
+    let guard = match cluster {
+        Cluster::Lab(g) => g,
+        Cluster::Loopback(..) => {
+            println!("== PostgreSQL: skipped on loopback: its story is the hand-over between the lab's hosts\n");
+            return Ok(());
+        }
+    };
+    if let Some(why) = pg::unavailable() {
+        println!("== PostgreSQL: skipped: {why}\n");
+        return Ok(());
+    }
+    if !guard.owns_cluster() {
+        println!(
+            "== PostgreSQL: skipped: the lab's HTTP cluster was already running and is left as found \
+             (`sudo refract lab down` first, or `sudo refract bench pg-large`)\n"
+        );
+        return Ok(());
+    }
+    interrupt::check()?;
+    guard.stop_cluster();
+    let exe = std::env::current_exe().context("locating the refract binary")?;
+    println!("{}", postgres_section(&exe)?);
+    Ok(())
+}
+
+/// In the lab's fabric, without a cluster: the PostgreSQL cluster up (`refract_bin` as its
+/// agents and dispatchers), the fetches, the cluster stopped (also on failure); the section.
+pub fn postgres_section(refract_bin: &std::path::Path) -> Result<String> {
+    let cluster = pg::PgCluster::start(refract_bin)?;
+    let story = pg::measure(&cluster)?;
+    drop(cluster);
+    Ok(story.render())
 }
 
 /// Why the lab cannot be built here, if it cannot: not root, no `ip`/`tc`, no namespaces.

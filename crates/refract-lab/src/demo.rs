@@ -51,9 +51,17 @@ impl Drop for Cluster {
     }
 }
 
-/// Run the demo.
+/// Run the demo; after Ctrl-C (everything torn down by then) the error says just that, not
+/// which step the signal happened to break.
 pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     interrupt::install();
+    story(quick, force_loopback).map_err(|e| match interrupt::interrupted() {
+        true => anyhow::anyhow!("interrupted; the demo's clusters and lab are taken down"),
+        false => e,
+    })
+}
+
+fn story(quick: bool, force_loopback: bool) -> Result<()> {
     let started = Instant::now();
     let mut cluster = start(force_loopback)?;
     let layout = cluster.layout();

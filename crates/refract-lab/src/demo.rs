@@ -51,14 +51,19 @@ impl Drop for Cluster {
     }
 }
 
-/// Run the demo; after Ctrl-C (everything torn down by then) the error says just that, not
-/// which step the signal happened to break.
+/// Run the demo.
 pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     interrupt::install();
-    story(quick, force_loopback).map_err(|e| match interrupt::interrupted() {
+    story(quick, force_loopback).map_err(|e| after_interrupt(e, interrupt::interrupted()))
+}
+
+/// After Ctrl-C (everything is torn down by then) the error says just that, not which step
+/// the signal happened to break (a killed `pg_basebackup` has no message of its own).
+fn after_interrupt(e: anyhow::Error, interrupted: bool) -> anyhow::Error {
+    match interrupted {
         true => anyhow::anyhow!("interrupted; the demo's clusters and lab are taken down"),
         false => e,
-    })
+    }
 }
 
 fn story(quick: bool, force_loopback: bool) -> Result<()> {
@@ -87,28 +92,38 @@ fn story(quick: bool, force_loopback: bool) -> Result<()> {
 /// before the lab goes down, however the section ends.
 fn postgres(cluster: &mut Cluster) -> Result<()> {
     let guard = match cluster {
-        Cluster::Lab(g) => g,
-        Cluster::Loopback(..) => {
-            println!("== PostgreSQL: skipped on loopback: its story is the hand-over between the lab's hosts\n");
-            return Ok(());
-        }
+        Cluster::Lab(g) => Some(g),
+        Cluster::Loopback(..) => None,
     };
-    if let Some(why) = pg::unavailable() {
-        println!("== PostgreSQL: skipped: {why}\n");
-        return Ok(());
-    }
-    if !guard.owns_cluster() {
-        println!(
-            "== PostgreSQL: skipped: the lab's HTTP cluster was already running and is left as found \
-             (`sudo refract lab down` first, or `sudo refract bench pg-large`)\n"
-        );
+    let owns_cluster = guard.as_ref().is_some_and(|g| g.owns_cluster());
+    if let Some(why) = postgres_skipped(guard.is_some(), pg::unavailable, owns_cluster) {
+        println!("== PostgreSQL: skipped{why}\n");
         return Ok(());
     }
     interrupt::check()?;
-    guard.stop_cluster();
+    if let Some(g) = guard {
+        g.stop_cluster();
+    }
     let exe = std::env::current_exe().context("locating the refract binary")?;
     println!("{}", postgres_section(&exe)?);
     Ok(())
+}
+
+/// Why the demo skips its PostgreSQL line, if it does: on loopback (no hosts to hand over
+/// between), a program missing (`missing` says which), or a lab whose HTTP cluster the demo
+/// found running (it is left as found, not replaced).
+fn postgres_skipped(lab: bool, missing: impl FnOnce() -> Option<String>, owns_cluster: bool) -> Option<String> {
+    if !lab {
+        return Some(" on loopback: its story is the hand-over between the lab's hosts".into());
+    }
+    if let Some(why) = missing() {
+        return Some(format!(": {why}"));
+    }
+    (!owns_cluster).then(|| {
+        ": the lab's HTTP cluster was already running and is left as found (`sudo refract lab down` \
+         first, or `sudo refract bench pg-large`)"
+            .into()
+    })
 }
 
 /// In the lab's fabric, without a cluster: the PostgreSQL cluster up (`refract_bin` as its
@@ -370,6 +385,25 @@ mod tests {
         for t in &plan.targets {
             assert!(layout.target_addrs(t).is_some(), "the lab has target {t}");
         }
+    }
+
+    #[test]
+    fn the_postgres_line_is_skipped_on_loopback_without_postgres_or_in_a_lab_found_running() {
+        let none = || None;
+        assert_eq!(postgres_skipped(true, none, true), None);
+        let loopback = postgres_skipped(false, none, false).expect("skipped on loopback");
+        assert!(loopback.starts_with(" on loopback: "), "{loopback}");
+        let missing = postgres_skipped(true, || Some("PostgreSQL's `initdb` is not installed".into()), true);
+        assert_eq!(missing.as_deref(), Some(": PostgreSQL's `initdb` is not installed"));
+        let found = postgres_skipped(true, none, false).expect("a running cluster is left alone");
+        assert!(found.contains("already running and is left as found"), "{found}");
+    }
+
+    #[test]
+    fn after_ctrl_c_the_error_says_interrupted() {
+        let e = || anyhow::anyhow!("pg_basebackup of pg-b1 for pg-b2");
+        assert_eq!(after_interrupt(e(), false).to_string(), "pg_basebackup of pg-b1 for pg-b2");
+        assert!(after_interrupt(e(), true).to_string().starts_with("interrupted; "));
     }
 
     #[test]

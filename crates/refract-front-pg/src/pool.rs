@@ -81,10 +81,10 @@ impl Pool {
         if self.in_use() + self.idle_count() <= self.size {
             return None;
         }
-        if let Some(c) = self.from_other_shard(here, Some(want)) {
+        if let Some(c) = self.take_from_other_shard(here, Some(want)) {
             return Some(c);
         }
-        let other = pop_kind(&mut self.idle(here), None).or_else(|| self.from_other_shard(here, None))?;
+        let other = pop_kind(&mut self.idle(here), None).or_else(|| self.take_from_other_shard(here, None))?;
         if self.may_swap() {
             tracing::debug!(server = %self.addr, ?want, "replacing an idle connection of the other kind");
             return None; // `other` closes here; a new one of kind `want` takes its place
@@ -93,7 +93,7 @@ impl Pool {
     }
 
     /// Another shard's idle connection (of kind `want`, or any), registered with this one.
-    fn from_other_shard(&self, here: usize, want: Option<Path>) -> Option<ServerConn> {
+    fn take_from_other_shard(&self, here: usize, want: Option<Path>) -> Option<ServerConn> {
         let mut conn = (0..self.idle.len()).filter(|&i| i != here).find_map(|i| pop_kind(&mut self.idle(i), want))?;
         match conn.wire.rehome() {
             Ok(()) => {

@@ -237,7 +237,10 @@ impl Servers {
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
             admission: admission_config(overload, cfg),
-            sizes: handover.as_ref().filter(|h| h.mode == HandoverMode::Hybrid).map(|h| Mutex::new(Sizes::new(h.threshold))),
+            sizes: handover
+                .as_ref()
+                .filter(|h| h.mode == HandoverMode::Hybrid)
+                .map(|h| Mutex::new(Sizes::new(h.threshold))),
             handover: handover.filter(|h| h.mode != HandoverMode::Off),
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),

@@ -134,12 +134,13 @@ impl Session {
             return self.flush().await;
         }
         let route = self.batch_route(&msgs);
-        if let Err(e) = self.bind(route).await {
+        let key = self.batch_key(&msgs);
+        if let Err(e) = self.bind(route, Some(key)).await {
             return self.refuse(e, synced).await;
         }
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
         self.advance(Event::Batch { synced, executes });
-        let result = self.run_bound_batch(msgs, synced, route).await;
+        let result = self.run_bound_batch(msgs, synced, route, key).await;
         self.settle(result).await
     }
 
@@ -148,9 +149,10 @@ impl Session {
         msgs: Vec<FrontendMessage>,
         synced: bool,
         route: Route,
+        key: u64,
     ) -> Result<(), PgError> {
         self.mirror_batch_names(&msgs).await?;
-        let started = self.sent(self.batch_key(&msgs));
+        let started = self.sent(key);
         let mut head = BytesMut::new();
         let prefixed = self.params_prefix(&mut head)?;
         let plan = self.plan(msgs)?;
@@ -169,9 +171,10 @@ impl Session {
         Ok(())
     }
 
-    /// The batch's kind for its server's adaptive limit: the fingerprints of the statements it
+    /// The batch's kind for its server's adaptive limit and its connection's kind (`sizes.rs`):
+    /// the fingerprints of the statements it
     /// parses and binds, in order (`refract_pg::classify::fingerprint` of each query text).
-    fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
+    pub(super) fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
         let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut h = DefaultHasher::new();
         for m in msgs {

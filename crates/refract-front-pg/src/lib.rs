@@ -5,7 +5,8 @@
 //! # Layout
 //! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
 //! - `admit`: admission control (adaptive limit, deadline queue) before a server connection;
-//!   `baseline`: each server's no-load time per kind of statement, which its limit reads.
+//!   `baseline`: each server's no-load time per kind of statement, which its limit reads;
+//!   `lru`: the bounded table both keep per kind of statement.
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
@@ -17,7 +18,9 @@
 //! - `unreadable`: text that is not UTF-8 (LATIN1, WIN1252 ...): relayed as sent, classified
 //!   conservatively.
 //! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
-//! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
+//! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server;
+//!   `sizes`: which kinds of statement answer small (they go straight to the server, not
+//!   through its agent).
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
 //! - `held`: the session state refract keeps for a client (pins, LISTEN channels, SETs).
@@ -43,6 +46,7 @@ mod held;
 mod large;
 mod listen;
 mod login;
+mod lru;
 mod names;
 mod notify;
 mod permit;
@@ -55,6 +59,7 @@ mod server;
 mod servers;
 mod session;
 mod shared;
+mod sizes;
 mod status;
 mod unreadable;
 mod wire;

@@ -8,6 +8,7 @@
 use super::baseline::Baselines;
 use super::pool::Pool;
 use super::server::{Login, Through};
+use super::sizes::{Path, Sizes};
 use crate::config::{PgConfig, PgRole, PgServerConfig};
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
@@ -189,6 +190,8 @@ pub struct Servers {
     admission: AdmissionConfig,
     /// `[handover]`, when it names agents.
     handover: Option<HandoverConfig>,
+    /// In `hybrid`: which kinds of statement answer small (they skip the agents).
+    sizes: Option<Mutex<Sizes>>,
     /// Sequence number of the last primary WAL-position poll started (health or fast poll).
     poll_started: AtomicU64,
     /// Recent primary polls that finished: (sequence number, WAL position), oldest first.
@@ -234,6 +237,10 @@ impl Servers {
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
             admission: admission_config(overload, cfg),
+            sizes: handover
+                .as_ref()
+                .filter(|h| h.mode == HandoverMode::Hybrid)
+                .map(|h| Mutex::new(Sizes::new(h.threshold))),
             handover: handover.filter(|h| h.mode != HandoverMode::Off),
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
@@ -286,6 +293,23 @@ impl Servers {
             steer: h.interface.clone().map(|i| (i, h.map_capacity)),
         };
         (Some(route), Arc::new(Login { hybrid, ..(*self.login).clone() }))
+    }
+
+    /// The path for a statement of kind `key` (a fingerprint): straight to the server when
+    /// hybrid knows it answers small (`sizes.rs`), else through the agent (if it has one).
+    pub(super) fn path_for(&self, key: u64) -> Path {
+        match &self.sizes {
+            Some(sizes) => sizes.lock().unwrap_or_else(PoisonError::into_inner).path(key),
+            None => Path::Agent,
+        }
+    }
+
+    /// Notes that a statement of kind `key` answered `bytes`, left a transaction open or not,
+    /// `failed` or not (`Sizes::observe`).
+    pub(super) fn observe_size(&self, key: u64, bytes: u64, left_open: bool, failed: bool) {
+        if let Some(sizes) = &self.sizes {
+            sizes.lock().unwrap_or_else(PoisonError::into_inner).observe(key, bytes, left_open, failed);
+        }
     }
 
     /// The servers now (a cheap snapshot; servers may join or leave after).

@@ -72,13 +72,14 @@ impl Session {
         self.state.prepared.close(""); // a simple query drops the unnamed statement
         self.note_state(&c);
         let route = c.target(self.state.route);
-        if let Err(e) = self.bind(route).await {
+        let key = refract_pg::classify::fingerprint(sql);
+        if let Err(e) = self.bind(route, Some(key)).await {
             return self.refuse(e, true).await;
         }
         if untracked {
             self.note_untracked();
         }
-        let result = self.run_simple(&c, frame, route, refract_pg::classify::fingerprint(sql)).await;
+        let result = self.run_simple(&c, frame, route, key).await;
         self.settle(result).await
     }
 }

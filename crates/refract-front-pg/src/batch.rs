@@ -135,7 +135,8 @@ impl Session {
         }
         let route = self.batch_route(&msgs);
         let key = self.batch_key(&msgs);
-        if let Err(e) = self.bind(route, Some(key)).await {
+        let tables = if route == Route::Read { self.batch_tables(&msgs) } else { vec![] };
+        if let Err(e) = self.bind(route, Some(key), &tables).await {
             return self.refuse(e, synced).await;
         }
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
@@ -196,6 +197,37 @@ impl Session {
             }
         }
         h.finish()
+    }
+
+    /// The relations the statements a batch parses or binds name, sorted, once each; empty
+    /// when one of them is not known (a server that holds every table serves it).
+    fn batch_tables(&self, msgs: &[FrontendMessage]) -> Vec<String> {
+        let mut parsed: HashMap<&str, &str> = HashMap::new();
+        let mut tables = vec![];
+        for m in msgs {
+            let text = match m {
+                FrontendMessage::Parse { name, query, .. } => {
+                    parsed.insert(name, query);
+                    Some(query.as_str())
+                }
+                FrontendMessage::Bind(b) => parsed.get(b.statement.as_str()).copied().or_else(|| {
+                    self.state.prepared.get(&b.statement).map(|p| match &p.origin {
+                        Origin::Protocol { query, .. } => query.as_str(),
+                        Origin::Sql { text } => text.as_str(),
+                    })
+                }),
+                _ => continue,
+            };
+            let Some(text) = text else { return vec![] };
+            let c = self.classify_text(text).0;
+            if c.tables.is_empty() {
+                return vec![];
+            }
+            tables.extend(c.tables.iter().cloned());
+        }
+        tables.sort();
+        tables.dedup();
+        tables
     }
 
     /// A batch is a read if every statement it parses or binds is one.

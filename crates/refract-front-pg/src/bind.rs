@@ -43,7 +43,7 @@ impl Session {
             return self.wire.pass_on(None, rest).await;
         }
         let queued = std::mem::take(&mut self.batch);
-        if let Err(e) = self.bind(Route::Write, None).await {
+        if let Err(e) = self.bind(Route::Write, None, &[]).await {
             self.wire.pass_on(None, rest).await?;
             return self.refuse(e, false).await;
         }

@@ -18,6 +18,7 @@
 //! - `unreadable`: text that is not UTF-8 (LATIN1, WIN1252 ...): relayed as sent, classified
 //!   conservatively.
 //! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
+//! - `partial`: partial replicas (the tables each holds) and the shares of a class of reads.
 //! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server;
 //!   `sizes`: which kinds of statement answer small (they go straight to the server, not
 //!   through its agent).
@@ -49,6 +50,7 @@ mod login;
 mod lru;
 mod names;
 mod notify;
+mod partial;
 mod permit;
 mod phase;
 mod pin;
@@ -139,7 +141,10 @@ impl PgFront {
                     refract_core::config::Role::Primary => PgRole::Primary,
                     refract_core::config::Role::Replica => PgRole::Replica,
                 };
-                servers.add(&PgServerConfig { name: name.into(), addr: def.addr, role, through: None }, &ctx.metrics)
+                servers.add(
+                    &PgServerConfig { name: name.into(), addr: def.addr, role, through: None, tables: None },
+                    &ctx.metrics,
+                )
             }
             Change::Remove(name) => servers.remove(name.strip_prefix("pg:")?, &ctx.metrics),
             Change::Drain(name, drained) => {

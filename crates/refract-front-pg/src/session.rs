@@ -228,7 +228,7 @@ impl Session {
         self.note_state(&c);
         let route = self.route(&c);
         let key = fingerprint(sql);
-        if let Err(e) = self.bind(route, Some(key)).await {
+        if let Err(e) = self.bind(route, Some(key), &c.tables).await {
             return self.refuse(e, true).await;
         }
         let result = self.run_simple(&c, frame, route, key).await;
@@ -381,8 +381,9 @@ impl Session {
 
     /// Binds a server connection for `route` unless one is bound already; the statement or
     /// batch it is for is of kind `key` (a fingerprint; `None`: not known), which chooses the
-    /// connection's kind ([`Session::path_for`]).
-    pub(super) async fn bind(&mut self, route: Route, key: Option<u64>) -> Result<(), PgError> {
+    /// connection's kind ([`Session::path_for`]), and names `tables` (a read goes to a server
+    /// that holds them all: `partial.rs`; none or not known: a server that holds everything).
+    pub(super) async fn bind(&mut self, route: Route, key: Option<u64>, tables: &[String]) -> Result<(), PgError> {
         if self.bound.is_some() {
             if route != Route::Write || !self.may_leave_replica() {
                 return self.admit_bound().await;
@@ -396,7 +397,7 @@ impl Session {
             servers.primary().into_iter().collect()
         } else {
             let mut v = match self.replica_floor() {
-                Some(min) => servers.replicas_for_read(min),
+                Some(min) => servers.replicas_for_read(min, tables),
                 None => vec![],
             };
             v.extend(servers.primary());

@@ -51,6 +51,7 @@ pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
             || c.parse_error.is_some()
             || c.statements.iter().any(|s| matches!(s, Statement::Prepare { .. })),
         set_config: c.set_config,
+        tables: c.tables.clone(),
     };
     (c, untracked)
 }
@@ -73,7 +74,7 @@ impl Session {
         self.note_state(&c);
         let route = c.target(self.state.route);
         let key = refract_pg::classify::fingerprint(sql);
-        if let Err(e) = self.bind(route, Some(key)).await {
+        if let Err(e) = self.bind(route, Some(key), &c.tables).await {
             return self.refuse(e, true).await;
         }
         if untracked {

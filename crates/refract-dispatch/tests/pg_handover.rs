@@ -33,6 +33,11 @@ fn free_port() -> u16 {
 
 impl Hybrid {
     fn start() -> Hybrid {
+        Hybrid::with("")
+    }
+
+    /// With `extra` lines in `[postgres]`.
+    fn with(extra: &str) -> Hybrid {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
         let agent = Agent::start(cluster.primary.addr(), agent::sock_path("handover"));
         let (through, sock) = (agent.through, agent.sock.clone());
@@ -51,6 +56,7 @@ listen = "127.0.0.1:{port}"
 server_user = "{USER}"
 server_password = "{PASSWORD}"
 health_interval_ms = 200
+{extra}
 
 [[postgres.user]]
 name = "{USER}"
@@ -284,4 +290,84 @@ fn a_cancel_request_stops_a_handed_over_result() {
     assert_eq!(rest.status, Some(refract_pg::TxStatus::Idle));
     assert_eq!(c.query("select 5").value(), "5", "the session goes on");
     assert!(h.handed_over() > 0, "the cancelled result had been handed over");
+}
+
+#[test]
+fn small_statements_learn_to_go_straight_to_the_server() {
+    let h = Hybrid::start();
+    let (mut c, mut d) = (h.client(), h.direct());
+    // A kind of statement not seen before goes through the agent; after a few small answers
+    // it goes straight to the server, also in the extended protocol.
+    let small = "select n from generate_series(1, 3) n where n > 1";
+    for _ in 0..8 {
+        same("small, learning", &c.query(small), &d.query(small));
+    }
+    let extended = |c: &mut Client| {
+        c.send(&[
+            FrontendMessage::Parse { name: String::new(), query: "select 2".into(), param_types: vec![] },
+            FrontendMessage::Bind(Bind {
+                portal: String::new(),
+                statement: String::new(),
+                param_formats: vec![],
+                params: vec![],
+                result_formats: vec![],
+            }),
+            FrontendMessage::Execute { portal: String::new(), max_rows: 0 },
+            FrontendMessage::Sync,
+        ]);
+        c.until_ready()
+    };
+    for _ in 0..8 {
+        same("extended, learning", &extended(&mut c), &extended(&mut d));
+    }
+    let before = agent::through_agent(h.admin, "primary");
+    assert!(before >= 8, "unknown kinds went through the agent ({before})");
+    for _ in 0..20 {
+        same("small, known", &c.query(small), &d.query(small));
+        same("extended, known", &extended(&mut c), &extended(&mut d));
+    }
+    assert_eq!(agent::through_agent(h.admin, "primary"), before, "known small statements skip the agent");
+
+    // A transaction's connection serves statements not yet seen: BEGIN never goes direct.
+    for _ in 0..6 {
+        same("begin", &c.query("begin"), &d.query("begin"));
+        same("read in a transaction", &c.query(LARGE), &d.query(LARGE));
+        same("commit", &c.query("commit"), &d.query("commit"));
+    }
+    let handed = h.handed_over();
+    assert!(handed >= 6, "every large read in a transaction was handed over ({handed})");
+
+    // A kind known small that answers large once is relayed on its direct connection, exactly,
+    // then goes through the agent again and is handed over.
+    let sized = |n: u32| format!("select n, md5(n::text) from generate_series(1, {n}) n");
+    for _ in 0..8 {
+        same("sized, small", &c.query(&sized(3)), &d.query(&sized(3)));
+    }
+    same("sized, large on a direct connection", &c.query(&sized(20000)), &d.query(&sized(20000)));
+    assert_eq!(h.handed_over(), handed, "relayed: its connection did not go through the agent");
+    same("sized, large again", &c.query(&sized(20000)), &d.query(&sized(20000)));
+    assert_eq!(h.handed_over(), handed + 1, "handed over once it was known to answer large");
+}
+
+#[test]
+fn a_full_pool_replaces_connections_of_the_other_kind_within_its_budget() {
+    let h = Hybrid::with("pool_size = 1");
+    let (mut c, mut d) = (h.client(), h.direct());
+    let small = "select 7";
+    for _ in 0..8 {
+        same("small, learning", &c.query(small), &d.query(small));
+    }
+    // The one connection went through the agent; the pool is full, so the first known-small
+    // statement replaces it with a direct one (the budget starts at pool_size).
+    let before = agent::through_agent(h.admin, "primary");
+    for _ in 0..5 {
+        same("small, known", &c.query(small), &d.query(small));
+    }
+    assert_eq!(agent::through_agent(h.admin, "primary"), before, "replaced by a direct connection");
+    // The budget refills at one a second: a large result after that gets a connection through
+    // the agent again, and is handed over.
+    std::thread::sleep(Duration::from_millis(1100));
+    let handed = h.handed_over();
+    same("large", &c.query(LARGE), &d.query(LARGE));
+    assert_eq!(h.handed_over(), handed + 1, "a connection through the agent took the direct one's place");
 }

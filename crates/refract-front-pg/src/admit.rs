@@ -92,7 +92,9 @@ fn readers(candidates: &[Arc<Server>], read_from_primary: bool) -> Vec<&Arc<Serv
             once.push(s);
         }
     }
-    let reads = |s: &&Arc<Server>| s.role == PgRole::Replica || read_from_primary;
+    // The first candidate is the choice made for this read (a share may name the primary).
+    let first = once.first().map(|s| Arc::as_ptr(s));
+    let reads = |s: &&Arc<Server>| s.role == PgRole::Replica || read_from_primary || first == Some(Arc::as_ptr(s));
     if once.iter().any(reads) {
         once.retain(reads);
     }

@@ -10,7 +10,7 @@
 //! table that grew, a cold cache) is not read as queued forever, one that became faster is
 //! read against its new time.
 
-use std::collections::HashMap;
+use super::lru::Lru;
 use std::time::Duration;
 
 /// Kinds of statement kept per server.
@@ -28,15 +28,18 @@ struct Kind {
     light_min: Option<Duration>,
     /// Samples since the last re-learning.
     seen: u32,
-    /// When it was last used (the table's tick), for eviction.
-    used: u64,
 }
 
 /// The kinds of statement of one server.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Baselines {
-    kinds: HashMap<u64, Kind>,
-    tick: u64,
+    kinds: Lru<Kind>,
+}
+
+impl Default for Baselines {
+    fn default() -> Baselines {
+        Baselines { kinds: Lru::new(CAPACITY) }
+    }
 }
 
 impl Baselines {
@@ -44,14 +47,10 @@ impl Baselines {
     /// returns the kind's baseline to read it against, or `None` for a kind's first sample
     /// (which only sets its baseline: it says nothing about queueing).
     pub(super) fn observe(&mut self, key: u64, took: Duration, light: bool) -> Option<Duration> {
-        self.tick += 1;
-        let Some(k) = self.kinds.get_mut(&key) else {
-            self.make_room();
-            let kind = Kind { min: took, light_min: light.then_some(took), seen: 1, used: self.tick };
-            self.kinds.insert(key, kind);
+        let Some(k) = self.kinds.get_mut(key) else {
+            self.kinds.insert(key, Kind { min: took, light_min: light.then_some(took), seen: 1 });
             return None;
         };
-        k.used = self.tick;
         k.seen += 1;
         k.min = k.min.min(took);
         if light {
@@ -71,17 +70,6 @@ impl Baselines {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.kinds.len()
-    }
-
-    /// When full, forgets the kind used least recently (a scan: only when a new kind comes to a
-    /// full table).
-    fn make_room(&mut self) {
-        if self.kinds.len() < CAPACITY {
-            return;
-        }
-        if let Some(oldest) = self.kinds.iter().min_by_key(|(_, k)| k.used).map(|(key, _)| *key) {
-            self.kinds.remove(&oldest);
-        }
     }
 }
 

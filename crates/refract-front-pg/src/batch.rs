@@ -134,12 +134,14 @@ impl Session {
             return self.flush().await;
         }
         let route = self.batch_route(&msgs);
-        if let Err(e) = self.bind(route).await {
+        let key = self.batch_key(&msgs);
+        let tables = if route == Route::Read { self.batch_tables(&msgs) } else { vec![] };
+        if let Err(e) = self.bind(route, Some(key), &tables).await {
             return self.refuse(e, synced).await;
         }
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
         self.advance(Event::Batch { synced, executes });
-        let result = self.run_bound_batch(msgs, synced, route).await;
+        let result = self.run_bound_batch(msgs, synced, route, key).await;
         self.settle(result).await
     }
 
@@ -148,9 +150,10 @@ impl Session {
         msgs: Vec<FrontendMessage>,
         synced: bool,
         route: Route,
+        key: u64,
     ) -> Result<(), PgError> {
         self.mirror_batch_names(&msgs).await?;
-        let started = self.sent(self.batch_key(&msgs));
+        let started = self.sent(key);
         let mut head = BytesMut::new();
         let prefixed = self.params_prefix(&mut head)?;
         let plan = self.plan(msgs)?;
@@ -169,9 +172,10 @@ impl Session {
         Ok(())
     }
 
-    /// The batch's kind for its server's adaptive limit: the fingerprints of the statements it
+    /// The batch's kind for its server's adaptive limit and its connection's kind (`sizes.rs`):
+    /// the fingerprints of the statements it
     /// parses and binds, in order (`refract_pg::classify::fingerprint` of each query text).
-    fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
+    pub(super) fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
         let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut h = DefaultHasher::new();
         for m in msgs {
@@ -193,6 +197,37 @@ impl Session {
             }
         }
         h.finish()
+    }
+
+    /// The relations the statements a batch parses or binds name, sorted, once each; empty
+    /// when one of them is not known (a server that holds every table serves it).
+    fn batch_tables(&self, msgs: &[FrontendMessage]) -> Vec<String> {
+        let mut parsed: HashMap<&str, &str> = HashMap::new();
+        let mut tables = vec![];
+        for m in msgs {
+            let text = match m {
+                FrontendMessage::Parse { name, query, .. } => {
+                    parsed.insert(name, query);
+                    Some(query.as_str())
+                }
+                FrontendMessage::Bind(b) => parsed.get(b.statement.as_str()).copied().or_else(|| {
+                    self.state.prepared.get(&b.statement).map(|p| match &p.origin {
+                        Origin::Protocol { query, .. } => query.as_str(),
+                        Origin::Sql { text } => text.as_str(),
+                    })
+                }),
+                _ => continue,
+            };
+            let Some(text) = text else { return vec![] };
+            let c = self.classify_text(text).0;
+            if c.tables.is_empty() {
+                return vec![];
+            }
+            tables.extend(c.tables.iter().cloned());
+        }
+        tables.sort();
+        tables.dedup();
+        tables
     }
 
     /// A batch is a read if every statement it parses or binds is one.

@@ -43,7 +43,7 @@ impl Session {
             return self.wire.pass_on(None, rest).await;
         }
         let queued = std::mem::take(&mut self.batch);
-        if let Err(e) = self.bind(Route::Write).await {
+        if let Err(e) = self.bind(Route::Write, None, &[]).await {
             self.wire.pass_on(None, rest).await?;
             return self.refuse(e, false).await;
         }
@@ -93,7 +93,8 @@ impl Session {
             return Ok(());
         }
         queued.push(FrontendMessage::Flush);
-        self.run_bound_batch(queued, false, Route::Write).await
+        let key = self.batch_key(&queued);
+        self.run_bound_batch(queued, false, Route::Write, key).await
     }
 
     /// Sends the Bind's head (after whatever its statement needs), then its `rest` bytes as

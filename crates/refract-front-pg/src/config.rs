@@ -99,6 +99,21 @@ pub struct PgSettings {
     /// `[[postgres.server]]`: the primary and the replicas.
     #[serde(default, rename = "server")]
     pub servers: Vec<PgServerConfig>,
+    /// `[[postgres.share]]`: how the reads of one class are spread over the servers that hold
+    /// its tables (partial replication, `docs/postgres.md`).
+    #[serde(default, rename = "share")]
+    pub shares: Vec<PgShare>,
+}
+
+/// `[[postgres.share]]`: the reads that name exactly `tables` go to the servers named in
+/// `servers` (among those available and holding the tables) in proportion to their weights.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgShare {
+    /// The class: the set of relations a read names (`name`, or `schema.name` outside `public`).
+    pub tables: Vec<String>,
+    /// Server name → weight (> 0; e.g. an LP allocation's fractions).
+    pub servers: HashMap<String, f64>,
 }
 
 /// `[[postgres.user]]`
@@ -174,6 +189,12 @@ pub struct PgServerConfig {
     /// it does not answer (docs/handover.md, "PostgreSQL").
     #[serde(default)]
     pub through: Option<SocketAddr>,
+    /// A replica that holds only these relations (a partial replica: `name`, or `schema.name`
+    /// outside `public`); it serves only reads naming nothing else. Absent: read from the
+    /// replica's subscriptions (`pg_subscription_rel`; a replica without subscriptions holds
+    /// every table).
+    #[serde(default)]
+    pub tables: Option<Vec<String>>,
 }
 
 /// A server's role.
@@ -338,8 +359,35 @@ impl PgSettings {
         if self.database.is_empty() || self.server_user.is_empty() {
             return Err("[postgres] database and server_user must not be empty".into());
         }
+        if let Some(s) = self.servers.iter().find(|s| s.role == PgRole::Primary && s.tables.is_some()) {
+            return Err(format!("[[postgres.server]] {}: the primary holds every table (no `tables`)", s.name));
+        }
+        self.shares.iter().try_for_each(|sh| self.check_share(sh))
+    }
+
+    fn check_share(&self, sh: &PgShare) -> Result<(), String> {
+        let class = sh.tables.join(", ");
+        if sh.tables.is_empty() || sh.servers.is_empty() {
+            return Err("[[postgres.share]] needs `tables` and `servers`".into());
+        }
+        for (name, w) in &sh.servers {
+            if !self.servers.iter().any(|s| &s.name == name) {
+                return Err(format!("[[postgres.share]] for {class}: no [[postgres.server]] {name:?}"));
+            }
+            if !(w.is_finite() && *w > 0.0) {
+                return Err(format!("[[postgres.share]] for {class}: the weight of {name} must be > 0"));
+            }
+        }
+        if self.shares.iter().filter(|o| same_tables(&o.tables, &sh.tables)).count() > 1 {
+            return Err(format!("[[postgres.share]] for {class} is given twice"));
+        }
         Ok(())
     }
+}
+
+/// Whether two lists name the same relations (as sets).
+fn same_tables(a: &[String], b: &[String]) -> bool {
+    a.iter().all(|t| b.contains(t)) && b.iter().all(|t| a.contains(t))
 }
 
 impl PgConfig {

@@ -5,7 +5,8 @@
 //! # Layout
 //! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
 //! - `admit`: admission control (adaptive limit, deadline queue) before a server connection;
-//!   `baseline`: each server's no-load time per kind of statement, which its limit reads.
+//!   `baseline`: each server's no-load time per kind of statement, which its limit reads;
+//!   `lru`: the bounded table both keep per kind of statement.
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
@@ -17,7 +18,10 @@
 //! - `unreadable`: text that is not UTF-8 (LATIN1, WIN1252 ...): relayed as sent, classified
 //!   conservatively.
 //! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
-//! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server.
+//! - `partial`: partial replicas (the tables each holds) and the shares of a class of reads.
+//! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server;
+//!   `sizes`: which kinds of statement answer small (they go straight to the server, not
+//!   through its agent).
 //! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
 //! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
 //! - `held`: the session state refract keeps for a client (pins, LISTEN channels, SETs).
@@ -43,8 +47,10 @@ mod held;
 mod large;
 mod listen;
 mod login;
+mod lru;
 mod names;
 mod notify;
+mod partial;
 mod permit;
 mod phase;
 mod pin;
@@ -55,6 +61,7 @@ mod server;
 mod servers;
 mod session;
 mod shared;
+mod sizes;
 mod status;
 mod unreadable;
 mod wire;
@@ -134,7 +141,10 @@ impl PgFront {
                     refract_core::config::Role::Primary => PgRole::Primary,
                     refract_core::config::Role::Replica => PgRole::Replica,
                 };
-                servers.add(&PgServerConfig { name: name.into(), addr: def.addr, role, through: None }, &ctx.metrics)
+                servers.add(
+                    &PgServerConfig { name: name.into(), addr: def.addr, role, through: None, tables: None },
+                    &ctx.metrics,
+                )
             }
             Change::Remove(name) => servers.remove(name.strip_prefix("pg:")?, &ctx.metrics),
             Change::Drain(name, drained) => {

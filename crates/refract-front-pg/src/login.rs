@@ -278,7 +278,7 @@ async fn check_options(shared: &Shared, startup: &Startup) -> Result<(), Refusal
     }
     let sets: Vec<String> = startup_sets(startup).into_iter().map(|(_, sql)| sql).collect();
     let Some(server) = shared.servers.primary().or_else(|| shared.servers.any_primary()) else { return Ok(()) };
-    let Ok(mut conn) = server.pool.get().await else { return Ok(()) };
+    let Ok(mut conn) = server.pool.get(super::sizes::Path::Direct).await else { return Ok(()) };
     let tried = conn.query(&format!("BEGIN; {}", sets.join("; "))).await;
     if conn.query("ROLLBACK").await.is_ok() {
         conn.release();

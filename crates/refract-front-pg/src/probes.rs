@@ -3,6 +3,7 @@
 //! latency outlier check; [`run_lsn_poll`] polls WAL positions fast while read-your-writes
 //! sessions wait for them.
 
+use super::partial::{holds_from_rows, TABLES_PROBE};
 use super::server::{parse_lsn, ServerConn};
 use super::servers::{unix_ms, Server, Servers};
 use crate::config::PgRole;
@@ -12,6 +13,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// A replica's position in the primary's WAL: a streaming standby's replay position; a
+/// logical replica's (a server not in recovery, subscribing to the primary's publications:
+/// `partial.rs`) the least position its subscriptions' apply workers confirmed to the primary
+/// (`pg_stat_subscription.latest_end_lsn`); `0/0` when not known.
+macro_rules! replica_lsn {
+    () => {
+        "CASE WHEN pg_is_in_recovery() THEN coalesce(pg_last_wal_replay_lsn(), '0/0') \
+         ELSE coalesce((SELECT min(latest_end_lsn) FROM pg_stat_subscription WHERE relid IS NULL), '0/0') END::text"
+    };
+}
 
 /// The fast WAL-position poll interval (read-your-writes, while sessions wait for it).
 pub const LSN_POLL: Duration = Duration::from_millis(10);
@@ -77,7 +89,7 @@ pub async fn run_lsn_poll(servers: Arc<Servers>, stop: CancellationToken) {
             let seq = (s.role == PgRole::Primary).then(|| servers.begin_primary_poll());
             let sql = match s.role {
                 PgRole::Primary => "SELECT pg_current_wal_lsn()::text",
-                PgRole::Replica => "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text",
+                PgRole::Replica => concat!("SELECT ", replica_lsn!()),
             };
             let Some(lsn) = poll_lsn(s, &mut conns, sql).await else {
                 conns.remove(&s.index);
@@ -131,15 +143,19 @@ async fn probe_all(servers: &Servers, list: &[Arc<Server>], probes: &mut Conns) 
 /// The primary's probe: its WAL position.
 const PRIMARY_PROBE: &str = "SELECT pg_current_wal_lsn()::text, 0";
 
-/// A replica's probe: its replay position, and its replay delay in milliseconds, measured on
-/// the replica as `now() - pg_last_xact_replay_timestamp()` but only while it has received WAL
-/// it has not replayed yet (`pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()`). An idle
-/// replica that has replayed everything is not lagging however old its last replayed commit
-/// is; one that has replayed no commit since it started counts 0.
-pub(super) const REPLICA_PROBE: &str = "SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text, \
-     CASE WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
+/// A replica's probe: its position ([`replica_lsn`]), and its replay delay in milliseconds,
+/// measured on the replica as `now() - pg_last_xact_replay_timestamp()` but only while it has
+/// received WAL it has not replayed yet (`pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()`;
+/// never on a logical replica, where both are NULL). An idle replica that has replayed
+/// everything is not lagging however old its last replayed commit is; one that has replayed no
+/// commit since it started counts 0.
+pub(super) const REPLICA_PROBE: &str = concat!(
+    "SELECT ",
+    replica_lsn!(),
+    ", CASE WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
      THEN greatest(0, coalesce((extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint, 0)) \
-     ELSE 0 END";
+     ELSE 0 END"
+);
 
 /// (WAL position, replay delay in ms) if the server answered.
 async fn probe_one(s: &Server, probes: &mut Conns) -> Option<(u64, u64)> {
@@ -152,6 +168,10 @@ async fn probe_one(s: &Server, probes: &mut Conns) -> Option<(u64, u64)> {
     let row = rows.into_iter().next()?;
     let lsn = parse_lsn(row.first()?.as_deref()?)?;
     let lag_ms = row.get(1).and_then(|v| v.as_deref()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    if s.role == PgRole::Replica && !s.holds_fixed {
+        let rows = tokio::time::timeout(s.login.timeout, conn.query(TABLES_PROBE)).await.ok()?.ok()?;
+        s.set_holds(holds_from_rows(&rows));
+    }
     Some((lsn, lag_ms))
 }
 

@@ -6,8 +6,10 @@
 //! in `probes.rs`.
 
 use super::baseline::Baselines;
+use super::partial::{Holds, Shares};
 use super::pool::Pool;
 use super::server::{Login, Through};
+use super::sizes::{Path, Sizes};
 use crate::config::{PgConfig, PgRole, PgServerConfig};
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
@@ -48,6 +50,10 @@ pub struct Server {
     pub(super) agent: Option<AgentRoute>,
     /// Its no-load time per kind of statement, for its adaptive limit ([`Server::learn`]).
     baselines: Mutex<Baselines>,
+    /// The tables it holds (a partial replica holds some: `partial.rs`).
+    holds: RwLock<Holds>,
+    /// `holds` is configured (`tables`), not read from the server.
+    pub(super) holds_fixed: bool,
 }
 
 /// How the session reaches a server's agent for a hand-over (`[handover]`).
@@ -83,6 +89,23 @@ impl Server {
         if self.member.set_up(false) {
             tracing::warn!(server = %self.name, "postgres server marked down");
             self.pool.clear();
+        }
+    }
+
+    /// The tables it holds.
+    pub fn holds(&self) -> Holds {
+        self.holds.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// What the health loop read from the server (ignored when `tables` is configured).
+    pub(super) fn set_holds(&self, holds: Holds) {
+        if self.holds_fixed {
+            return;
+        }
+        let mut h = self.holds.write().unwrap_or_else(PoisonError::into_inner);
+        if *h != holds {
+            tracing::info!(server = %self.name, tables = ?holds.list(), "postgres server's tables changed");
+            *h = holds;
         }
     }
 
@@ -189,6 +212,10 @@ pub struct Servers {
     admission: AdmissionConfig,
     /// `[handover]`, when it names agents.
     handover: Option<HandoverConfig>,
+    /// In `hybrid`: which kinds of statement answer small (they skip the agents).
+    sizes: Option<Mutex<Sizes>>,
+    /// `[[postgres.share]]`: reads of a class spread in proportions (`partial.rs`).
+    shares: Shares,
     /// Sequence number of the last primary WAL-position poll started (health or fast poll).
     poll_started: AtomicU64,
     /// Recent primary polls that finished: (sequence number, WAL position), oldest first.
@@ -234,6 +261,11 @@ impl Servers {
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
             admission: admission_config(overload, cfg),
+            shares: Shares::new(&cfg.shares),
+            sizes: handover
+                .as_ref()
+                .filter(|h| h.mode == HandoverMode::Hybrid)
+                .map(|h| Mutex::new(Sizes::new(h.threshold))),
             handover: handover.filter(|h| h.mode != HandoverMode::Off),
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
@@ -269,6 +301,8 @@ impl Servers {
             addr: s.addr,
             agent,
             baselines: Mutex::default(),
+            holds: RwLock::new(s.tables.as_deref().map_or(Holds::All, Holds::only)),
+            holds_fixed: s.tables.is_some(),
         })
     }
 
@@ -286,6 +320,23 @@ impl Servers {
             steer: h.interface.clone().map(|i| (i, h.map_capacity)),
         };
         (Some(route), Arc::new(Login { hybrid, ..(*self.login).clone() }))
+    }
+
+    /// The path for a statement of kind `key` (a fingerprint): straight to the server when
+    /// hybrid knows it answers small (`sizes.rs`), else through the agent (if it has one).
+    pub(super) fn path_for(&self, key: u64) -> Path {
+        match &self.sizes {
+            Some(sizes) => sizes.lock().unwrap_or_else(PoisonError::into_inner).path(key),
+            None => Path::Agent,
+        }
+    }
+
+    /// Notes that a statement of kind `key` answered `bytes`, left a transaction open or not,
+    /// `failed` or not (`Sizes::observe`).
+    pub(super) fn observe_size(&self, key: u64, bytes: u64, left_open: bool, failed: bool) {
+        if let Some(sizes) = &self.sizes {
+            sizes.lock().unwrap_or_else(PoisonError::into_inner).observe(key, bytes, left_open, failed);
+        }
     }
 
     /// The servers now (a cheap snapshot; servers may join or leave after).
@@ -387,25 +438,37 @@ impl Servers {
         self.list().iter().find(|s| s.role == PgRole::Primary).cloned()
     }
 
-    /// The servers that may serve a read, the engine's choice first (`[balance] policy`, as for
-    /// HTTP backends: by default the lower peak-EWMA cost of two random choices), the others
-    /// after it by cost: replicas that are available (up, not ejected or drained), within the
-    /// lag bounds (bytes and time) and (read-your-writes) past `min_lsn`; and the primary too
-    /// with `[balance] read_from_primary`. Empty when none may: the caller falls back to the
-    /// primary.
-    pub fn replicas_for_read(&self, min_lsn: Option<u64>) -> Vec<Arc<Server>> {
+    /// The servers that may serve a read naming `tables`, the first choice first (the class's
+    /// `[[postgres.share]]` if one is configured for `tables`, else the engine's `[balance]
+    /// policy`, as for HTTP backends: by default the lower peak-EWMA cost of two random
+    /// choices), the others after it by cost: replicas that hold every one of `tables`
+    /// (`partial.rs`), are available (up, not ejected or drained), within the lag bounds (bytes
+    /// and time) and (read-your-writes) past `min_lsn`; and the primary too with `[balance]
+    /// read_from_primary` or a share for the class that names it. Empty when none may: the
+    /// caller falls back to the primary.
+    pub fn replicas_for_read(&self, min_lsn: Option<u64>, tables: &[String]) -> Vec<Arc<Server>> {
         let list = self.list();
         let mut readers: Vec<Arc<Server>> = list
             .iter()
-            .filter(|s| s.role == PgRole::Replica || self.balance.read_from_primary)
+            .filter(|s| s.role == PgRole::Replica || self.balance.read_from_primary || self.shares.names(&s.name))
             .filter(|s| s.is_available() && self.within_lag(s))
-            .filter(|s| self.past(s, min_lsn))
+            .filter(|s| self.past(s, min_lsn) && s.holds().covers(tables))
             .cloned()
             .collect();
         if readers.is_empty() {
             return readers;
         }
-        let first = refract_core::membership::choose(self.balance.policy, &self.next, &readers, |s| &s.member);
+        let first = match self.shares.pick(tables, &readers, |s| &s.name) {
+            Some(i) => i,
+            None => {
+                // A primary a share named serves only its class's reads.
+                readers.retain(|s| s.role == PgRole::Replica || self.balance.read_from_primary);
+                if readers.is_empty() {
+                    return readers;
+                }
+                refract_core::membership::choose(self.balance.policy, &self.next, &readers, |s| &s.member)
+            }
+        };
         let chosen = readers.remove(first);
         readers.sort_by(|a, b| a.member.cost().total_cmp(&b.member.cost()));
         readers.insert(0, chosen);

@@ -10,8 +10,9 @@ use super::login::{self, startup_sets};
 use super::permit::Admitted;
 use super::phase::{CopyDir, Event, Phase};
 use super::pool::Guard;
-use super::servers::Server;
+use super::servers::{metrics_name, Server};
 use super::shared::Shared;
+use super::sizes::Path;
 use super::wire::{Frame, Incoming, Wire};
 use crate::config::{PgRole, PoolMode};
 use bytes::BytesMut;
@@ -226,10 +227,11 @@ impl Session {
         }
         self.note_state(&c);
         let route = self.route(&c);
-        if let Err(e) = self.bind(route).await {
+        let key = fingerprint(sql);
+        if let Err(e) = self.bind(route, Some(key), &c.tables).await {
             return self.refuse(e, true).await;
         }
-        let result = self.run_simple(&c, frame, route, fingerprint(sql)).await;
+        let result = self.run_simple(&c, frame, route, key).await;
         self.settle(result).await
     }
 
@@ -377,21 +379,25 @@ impl Session {
         route
     }
 
-    /// Binds a server connection for `route` unless one is bound already.
-    pub(super) async fn bind(&mut self, route: Route) -> Result<(), PgError> {
+    /// Binds a server connection for `route` unless one is bound already; the statement or
+    /// batch it is for is of kind `key` (a fingerprint; `None`: not known), which chooses the
+    /// connection's kind ([`Session::path_for`]), and names `tables` (a read goes to a server
+    /// that holds them all: `partial.rs`; none or not known: a server that holds everything).
+    pub(super) async fn bind(&mut self, route: Route, key: Option<u64>, tables: &[String]) -> Result<(), PgError> {
         if self.bound.is_some() {
             if route != Route::Write || !self.may_leave_replica() {
                 return self.admit_bound().await;
             }
             self.leave_replica().await?;
         }
+        let path = self.path_for(key);
         let servers = self.shared.servers.clone();
         let session_mode = self.pool_mode == PoolMode::Session;
         let candidates: Vec<Arc<Server>> = if session_mode || route == Route::Write {
             servers.primary().into_iter().collect()
         } else {
             let mut v = match self.replica_floor() {
-                Some(min) => servers.replicas_for_read(min),
+                Some(min) => servers.replicas_for_read(min, tables),
                 None => vec![],
             };
             v.extend(servers.primary());
@@ -411,7 +417,7 @@ impl Session {
             // Admission first: a unit that is refused or must wait holds no connection.
             let (server, admitted) = self.admit(&rest).await?;
             rest.retain(|s| !Arc::ptr_eq(s, &server));
-            match server.pool.get().await {
+            match server.pool.get(path).await {
                 Ok(guard) => {
                     self.key.set(Some(guard.key.clone()));
                     let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
@@ -439,6 +445,16 @@ impl Session {
             }
         }
         Err(last.unwrap_or_else(|| PgError::Unavailable("refract: no server is available".into())))
+    }
+
+    /// The kind of connection a statement of kind `key` binds: straight to the server when
+    /// hybrid knows the kind answers small, else through the server's agent (if it has one).
+    /// In session mode the connection serves the whole session: through the agent.
+    fn path_for(&self, key: Option<u64>) -> Path {
+        match key {
+            Some(key) if self.pool_mode == PoolMode::Transaction => self.shared.servers.path_for(key),
+            _ => Path::Agent,
+        }
     }
 
     /// Read-your-writes: the WAL position a replica must have replayed to serve this session's
@@ -706,8 +722,14 @@ impl Session {
         if let Some(b) = &self.bound {
             let took = sent.at.elapsed();
             b.server.book(took, true);
-            if !failed && self.wire.sent() - sent.relayed <= SAMPLE_MAX_RELAYED {
+            let answered = self.wire.sent() - sent.relayed;
+            if !failed && answered <= SAMPLE_MAX_RELAYED {
                 b.server.learn(sent.key, took);
+            }
+            let left_open = self.phase.tx() != TxStatus::Idle;
+            self.shared.servers.observe_size(sent.key, answered, left_open, failed);
+            if b.guard.path() == Path::Agent && b.server.agent.is_some() {
+                self.shared.metrics.handover_forwarded(&metrics_name(&b.server.name));
             }
         }
     }

@@ -84,6 +84,8 @@ pub(crate) fn servers_view(shared: &Shared) -> Value {
                 "lag_bytes": s.lag_bytes(),
                 "lag_seconds": s.lag_ms() as f64 / 1000.0,
                 "last_check_unix_ms": s.last_check_unix_ms(),
+                // `null`: every table; else the relations a partial replica holds.
+                "tables": s.holds().list(),
             })
         })
         .collect();

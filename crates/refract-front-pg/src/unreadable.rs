@@ -51,6 +51,7 @@ pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
             || c.parse_error.is_some()
             || c.statements.iter().any(|s| matches!(s, Statement::Prepare { .. })),
         set_config: c.set_config,
+        tables: c.tables.clone(),
     };
     (c, untracked)
 }
@@ -72,13 +73,14 @@ impl Session {
         self.state.prepared.close(""); // a simple query drops the unnamed statement
         self.note_state(&c);
         let route = c.target(self.state.route);
-        if let Err(e) = self.bind(route).await {
+        let key = refract_pg::classify::fingerprint(sql);
+        if let Err(e) = self.bind(route, Some(key), &c.tables).await {
             return self.refuse(e, true).await;
         }
         if untracked {
             self.note_untracked();
         }
-        let result = self.run_simple(&c, frame, route, refract_pg::classify::fingerprint(sql)).await;
+        let result = self.run_simple(&c, frame, route, key).await;
         self.settle(result).await
     }
 }

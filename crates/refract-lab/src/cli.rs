@@ -168,7 +168,7 @@ impl SweepArgs {
     }
 }
 
-/// `refract demo`: a cluster, routing shown, a short sweep; under 3 minutes.
+/// `refract demo`: a cluster, routing shown, a short sweep, in the lab a PostgreSQL line; under 90 s.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Fewer sizes, no latency table (about half a minute).

@@ -1,5 +1,8 @@
 //! `refract demo`: the main job end to end — a cluster (the lab when root, loopback otherwise),
-//! routing shown by each backend's counters, then a short sweep printed as a table.
+//! routing shown by each backend's counters, then a short sweep printed as a table; in the lab
+//! then the PostgreSQL version of the story in one line ([`pg`]).
+
+pub mod pg;
 
 use crate::bench::sweep::plot;
 use crate::bench::sweep::report::{self, Section};
@@ -51,8 +54,21 @@ impl Drop for Cluster {
 /// Run the demo.
 pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     interrupt::install();
+    story(quick, force_loopback).map_err(|e| after_interrupt(e, interrupt::interrupted()))
+}
+
+/// After Ctrl-C (everything is torn down by then) the error says just that, not which step
+/// the signal happened to break (a killed `pg_basebackup` has no message of its own).
+fn after_interrupt(e: anyhow::Error, interrupted: bool) -> anyhow::Error {
+    match interrupted {
+        true => anyhow::anyhow!("interrupted; the demo's clusters and lab are taken down"),
+        false => e,
+    }
+}
+
+fn story(quick: bool, force_loopback: bool) -> Result<()> {
     let started = Instant::now();
-    let cluster = start(force_loopback)?;
+    let mut cluster = start(force_loopback)?;
     let layout = cluster.layout();
     if layout.lab {
         println!(
@@ -65,9 +81,58 @@ pub fn run(quick: bool, force_loopback: bool) -> Result<()> {
     println!("   refract on {}, backends {}\n", layout.refract_addr(), backend_list(layout));
     routing(layout)?;
     short_sweep(layout, quick)?;
+    postgres(&mut cluster)?;
     drop(cluster);
     println!("demo finished in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The PostgreSQL section in the lab, in the HTTP cluster's place (one cluster runs at a
+/// time); elsewhere, or without PostgreSQL, one line saying why not. Its cluster is stopped
+/// before the lab goes down, however the section ends.
+fn postgres(cluster: &mut Cluster) -> Result<()> {
+    let guard = match cluster {
+        Cluster::Lab(g) => Some(g),
+        Cluster::Loopback(..) => None,
+    };
+    let owns_cluster = guard.as_ref().is_some_and(|g| g.owns_cluster());
+    if let Some(why) = postgres_skipped(guard.is_some(), pg::unavailable, owns_cluster) {
+        println!("== PostgreSQL: skipped{why}\n");
+        return Ok(());
+    }
+    interrupt::check()?;
+    if let Some(g) = guard {
+        g.stop_cluster();
+    }
+    let exe = std::env::current_exe().context("locating the refract binary")?;
+    println!("{}", postgres_section(&exe)?);
+    Ok(())
+}
+
+/// Why the demo skips its PostgreSQL line, if it does: on loopback (no hosts to hand over
+/// between), a program missing (`missing` says which), or a lab whose HTTP cluster the demo
+/// found running (it is left as found, not replaced).
+fn postgres_skipped(lab: bool, missing: impl FnOnce() -> Option<String>, owns_cluster: bool) -> Option<String> {
+    if !lab {
+        return Some(" on loopback: its story is the hand-over between the lab's hosts".into());
+    }
+    if let Some(why) = missing() {
+        return Some(format!(": {why}"));
+    }
+    (!owns_cluster).then(|| {
+        ": the lab's HTTP cluster was already running and is left as found (`sudo refract lab down` \
+         first, or `sudo refract bench pg-large`)"
+            .into()
+    })
+}
+
+/// In the lab's fabric, without a cluster: the PostgreSQL cluster up (`refract_bin` as its
+/// agents and dispatchers), the fetches, the cluster stopped (also on failure); the section.
+pub fn postgres_section(refract_bin: &std::path::Path) -> Result<String> {
+    let cluster = pg::PgCluster::start(refract_bin)?;
+    let story = pg::measure(&cluster)?;
+    drop(cluster);
+    Ok(story.render())
 }
 
 /// Why the lab cannot be built here, if it cannot: not root, no `ip`/`tc`, no namespaces.
@@ -320,6 +385,25 @@ mod tests {
         for t in &plan.targets {
             assert!(layout.target_addrs(t).is_some(), "the lab has target {t}");
         }
+    }
+
+    #[test]
+    fn the_postgres_line_is_skipped_on_loopback_without_postgres_or_in_a_lab_found_running() {
+        let none = || None;
+        assert_eq!(postgres_skipped(true, none, true), None);
+        let loopback = postgres_skipped(false, none, false).expect("skipped on loopback");
+        assert!(loopback.starts_with(" on loopback: "), "{loopback}");
+        let missing = postgres_skipped(true, || Some("PostgreSQL's `initdb` is not installed".into()), true);
+        assert_eq!(missing.as_deref(), Some(": PostgreSQL's `initdb` is not installed"));
+        let found = postgres_skipped(true, none, false).expect("a running cluster is left alone");
+        assert!(found.contains("already running and is left as found"), "{found}");
+    }
+
+    #[test]
+    fn after_ctrl_c_the_error_says_interrupted() {
+        let e = || anyhow::anyhow!("pg_basebackup of pg-b1 for pg-b2");
+        assert_eq!(after_interrupt(e(), false).to_string(), "pg_basebackup of pg-b1 for pg-b2");
+        assert!(after_interrupt(e(), true).to_string().starts_with("interrupted; "));
     }
 
     #[test]

@@ -213,14 +213,25 @@ impl LabGuard {
     pub fn owns_anything(&self) -> bool {
         self.built_fabric || self.running.is_some()
     }
-}
 
-impl Drop for LabGuard {
-    fn drop(&mut self) {
+    /// Whether the HTTP cluster is the guard's own (it started it), not one it found running.
+    pub fn owns_cluster(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// Stop the HTTP cluster the guard started, keeping the fabric (the PostgreSQL cluster
+    /// then takes its place: one cluster runs at a time); one it found running is left alone.
+    pub fn stop_cluster(&mut self) {
         if let Some(running) = self.running.take() {
             drop(running);
             cluster::stop(&self.layout);
         }
+    }
+}
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        self.stop_cluster();
         if self.built_fabric {
             if let Err(e) = fabric::down() {
                 eprintln!("warning: tearing the lab down: {e:#}");

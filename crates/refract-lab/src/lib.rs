@@ -30,7 +30,7 @@
 //!   pgbench through refract, PgBouncer and pgpool-II on a PostgreSQL primary and replica).
 //! - [`report`]: what every benchmark page shares (page header, marked sections, ratios, the
 //!   environment, the figures' font and colours).
-//! - [`demo`]: the demo.
+//! - [`demo`]: the demo; [`demo::pg`]: its PostgreSQL line (lab only).
 //! - [`support`]: helpers (commands, state directory, units, Ctrl-C).
 
 pub mod bench;

@@ -6,27 +6,13 @@
 //! binary (`$REFRACT_BIN`, else `refract` in this test's target directory, which
 //! `cargo test --workspace` builds); without them it says why and passes.
 
+mod common;
+
+use common::{refract_bin, skip};
 use refract_lab::bench::pgbench::report::{replica_share, MARKER, SECTION};
 use refract_lab::bench::pgbench::targets::{PGBOUNCER, PGPOOL, REFRACT_NO_RYW, TARGETS};
 use refract_lab::bench::pgbench::{self, PgbenchOptions};
 use refract_lab::support::sh;
-use std::path::PathBuf;
-
-/// Say why the test is skipped, past the harness's output capture (a skip must be seen).
-fn skip(why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped: {why}");
-}
-
-/// The refract binary: `$REFRACT_BIN`, or `refract` next to this test's `deps` directory.
-fn refract_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("REFRACT_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("refract");
-    bin.exists().then_some(bin)
-}
 
 fn skip_reason() -> Option<String> {
     for tool in ["initdb", "pgbench", "psql"] {

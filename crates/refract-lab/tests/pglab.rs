@@ -10,29 +10,15 @@
 //! (`$REFRACT_BIN`, else `refract` in this test's target directory, which `cargo test
 //! --workspace` builds); without them, or not as root, it says why and passes.
 
+mod common;
+
+use common::{lab_in_use, refract_bin, skip, Down};
 use refract_lab::fabric::{self, congestion};
 use refract_lab::lab::{self, Db};
 use refract_lab::pglab::{self, layout, pgbouncer};
 use refract_lab::support::sh::{self, cmd};
 use refract_lab::support::units::Rate;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-/// Say why the test is skipped, past the harness's output capture (a skip must be seen).
-fn skip(why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped: {why}");
-}
-
-/// The refract binary: `$REFRACT_BIN`, or `refract` next to this test's `deps` directory.
-fn refract_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("REFRACT_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("refract");
-    bin.exists().then_some(bin)
-}
 
 /// Why the test cannot run here, if it cannot.
 fn skip_reason() -> Option<String> {
@@ -52,22 +38,7 @@ fn skip_reason() -> Option<String> {
     if refract_bin().is_none() {
         return Some("no refract binary: build it (cargo build -p refract) or set REFRACT_BIN".into());
     }
-    match fabric::lab_namespaces() {
-        Ok(ns) if !ns.is_empty() => Some(format!("a lab is up ({}); not touching it", ns.join(" "))),
-        Ok(_) => None,
-        Err(e) => Some(format!("`ip netns list` failed: {e:#}")),
-    }
-}
-
-/// Takes the lab down however the test ends.
-struct Down;
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        if let Err(e) = lab::down() {
-            eprintln!("cleanup failed: {e:#}");
-        }
-    }
+    lab_in_use()
 }
 
 fn psql(ns: &str, addr: &str, sql: &str) -> String {

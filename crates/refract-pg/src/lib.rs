@@ -20,6 +20,7 @@
 //! - [`reply`]: encoders for what refract answers itself (errors, auth requests, login).
 //! - [`session`]: SET parameters, prepared statements and transaction state to carry across servers.
 //! - [`shardkey`]: which key values a statement touches in each sharded table (from its parse tree).
+//! - [`scatter`]: a SELECT over every shard answered exactly (plan, streaming merge) or refused.
 //! - `testkit` (feature `testkit`): a real PostgreSQL primary and streaming replicas for tests.
 //! - [`error`]: the crate's error type.
 
@@ -34,6 +35,7 @@ pub mod keyparam;
 pub mod notice;
 pub mod partition;
 pub mod reply;
+pub mod scatter;
 pub mod session;
 pub mod shardkey;
 pub mod startup;

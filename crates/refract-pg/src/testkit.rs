@@ -29,6 +29,7 @@ full_page_writes = off
 shared_buffers = 16MB
 max_connections = 120
 wal_receiver_status_interval = 1s
+wal_level = logical
 hot_standby_feedback = on
 log_min_messages = warning
 ";
@@ -73,6 +74,8 @@ pub struct PgCluster {
     pub primary: PgServer,
     /// The hot-standby replicas, streaming from the primary.
     pub replicas: Vec<PgServer>,
+    /// Servers of their own ([`PgCluster::add_standalone`]), e.g. logical replicas.
+    pub standalone: Vec<PgServer>,
     tools: Tools,
     // Declared last so it is removed after the servers are stopped.
     dir: tempfile::TempDir,
@@ -91,8 +94,8 @@ impl PgCluster {
         tools.hand_over(dir.path())?;
         let data = dir.path().join("primary");
         let primary = PgServer { port: 0, log: dir.path().join("primary.log"), data, running: false };
-        let mut cluster = PgCluster { primary, replicas: vec![], tools, dir };
-        cluster.init_primary()?;
+        let mut cluster = PgCluster { primary, replicas: vec![], standalone: vec![], tools, dir };
+        cluster.init(&cluster.primary.data)?;
         start_server(&cluster.tools, &mut cluster.primary)?;
         for i in 0..n {
             let replica = cluster.add_replica(i)?;
@@ -109,17 +112,32 @@ impl PgCluster {
         &self.replicas[0]
     }
 
-    fn init_primary(&self) -> io::Result<()> {
+    /// A server of its own, not a replica (its own `initdb`, the same user and settings),
+    /// started; `self.standalone[i]` where `i` is returned. With `wal_level = logical` on
+    /// every server, it can subscribe to the primary's publications.
+    pub fn add_standalone(&mut self) -> io::Result<usize> {
+        let i = self.standalone.len();
+        let data = self.dir.path().join(format!("standalone{i}"));
+        self.init(&data)?;
+        let log = self.dir.path().join(format!("standalone{i}.log"));
+        let mut server = PgServer { port: 0, log, data, running: false };
+        start_server(&self.tools, &mut server)?;
+        self.standalone.push(server);
+        Ok(i)
+    }
+
+    fn init(&self, data: &Path) -> io::Result<()> {
         let pwfile = self.dir.path().join("pwfile");
         std::fs::write(&pwfile, PASSWORD)?;
         self.tools.hand_over(&pwfile)?;
-        let data = path_str(&self.primary.data)?;
+        let data_dir = data;
+        let data = path_str(data)?;
         let pw = path_str(&pwfile)?;
         let args = ["-D", data, "-U", USER, "--auth=scram-sha-256", "--pwfile", pw, "-N", "-E", "UTF8", "--locale=C"];
         self.tools.run_as_server("initdb", &args)?;
         let socket_dir = path_str(self.dir.path())?;
         let conf = format!("{SETTINGS}unix_socket_directories = '{socket_dir}'\n");
-        append(&self.primary.data.join("postgresql.conf"), &conf)
+        append(&data_dir.join("postgresql.conf"), &conf)
     }
 
     fn add_replica(&self, i: usize) -> io::Result<PgServer> {
@@ -187,7 +205,7 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
-        for r in &mut self.replicas {
+        for r in self.replicas.iter_mut().chain(self.standalone.iter_mut()) {
             let _ = stop_server(&self.tools, r);
         }
         let _ = stop_server(&self.tools, &mut self.primary);

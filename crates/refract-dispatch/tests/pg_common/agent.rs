@@ -95,6 +95,13 @@ pub fn handover_lines(admin: u16) -> String {
     lines.join("\n")
 }
 
+/// Statements (and synced batches) that went through server `server`'s agent so far.
+pub fn through_agent(admin: u16, server: &str) -> u64 {
+    let line = format!("refract_handover_forwarded_total{{backend=\"pg:{server}\"}} ");
+    let text = metrics(admin);
+    text.lines().find_map(|l| l.strip_prefix(&line)?.parse::<f64>().ok()).unwrap_or(0.0) as u64
+}
+
 /// Successful hand-overs counted at the admin listener on `admin` (its `/metrics`).
 pub fn handed_over(admin: u16) -> u64 {
     metrics(admin)

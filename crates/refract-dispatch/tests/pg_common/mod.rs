@@ -117,6 +117,35 @@ impl Fixture {
             ),
             _ => String::new(),
         };
+        let servers = format!(
+            r#"
+[[postgres.server]]
+name = "primary"
+addr = "{}"
+{through_primary}
+role = "primary"
+
+[[postgres.server]]
+name = "replica"
+addr = "{}"
+{through_replica}
+role = "replica"
+
+{handover}
+"#,
+            cluster.primary.addr(),
+            cluster.replica().addr()
+        );
+        Fixture::launch(cluster, agents, listen, extra, &servers)
+    }
+
+    /// refract in front of `cluster` with `servers` (the `[[postgres.server]]` tables and what
+    /// follows them) and `extra` lines in `[postgres]`.
+    pub fn start_servers(cluster: PgCluster, extra: &str, servers: &str) -> Fixture {
+        Fixture::launch(cluster, vec![], "", extra, servers)
+    }
+
+    fn launch(cluster: PgCluster, agents: Vec<agent::Agent>, listen: &str, extra: &str, servers: &str) -> Fixture {
         let (port, admin) = (free_port(), free_port());
         // `extra` may set its own health interval.
         let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
@@ -155,22 +184,8 @@ name = "sessionuser"
 password = "sessionpass"
 pool_mode = "session"
 
-[[postgres.server]]
-name = "primary"
-addr = "{}"
-{through_primary}
-role = "primary"
-
-[[postgres.server]]
-name = "replica"
-addr = "{}"
-{through_replica}
-role = "replica"
-
-{handover}
-"#,
-            cluster.primary.addr(),
-            cluster.replica().addr()
+{servers}
+"#
         );
         let cfg = config::parse(&text).unwrap();
         refract_core::shard::set_count(SHARDS);

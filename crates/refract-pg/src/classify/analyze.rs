@@ -7,10 +7,15 @@ use serde_json::Value;
 use super::state::Effects;
 use super::{RouteHint, Statement};
 
-/// Parses `sql` and describes each statement, and whether any may leave session state
-/// behind (`super::state`); `Err` carries the parser's message.
-pub(super) fn statements(sql: &str, write_functions: &[String]) -> Result<(Vec<Statement>, Effects), String> {
+/// What [`statements`] finds in a query text.
+pub(super) type Analysis = (Vec<Statement>, Effects, Vec<String>);
+
+/// Parses `sql` and describes each statement, whether any may leave session state behind
+/// (`super::state`), and the relations it names ([`relations`]); `Err` carries the parser's
+/// message.
+pub(super) fn statements(sql: &str, write_functions: &[String]) -> Result<Analysis, String> {
     let parsed = pg_query::parse(sql, 0).map_err(|e| e.to_string())?;
+    let tables = relations(&parsed.protobuf);
     let mut all = Effects::default();
     for node in parsed.protobuf.stmts.iter().filter_map(|raw| raw.stmt.as_ref().and_then(|n| n.node.as_ref())) {
         let e = super::state::effects(node)?;
@@ -19,7 +24,25 @@ pub(super) fn statements(sql: &str, write_functions: &[String]) -> Result<(Vec<S
     }
     let statements: Result<Vec<_>, _> =
         parsed.protobuf.stmts.iter().map(|raw| statement(sql, raw, write_functions)).collect();
-    Ok((statements?, all))
+    Ok((statements?, all, tables))
+}
+
+/// Every relation the text names (each `RangeVar`: tables, views, and also the names of its
+/// common table expressions, which a server without such a table cannot answer — harmless,
+/// since a name no replica holds only sends the statement to a full server), as
+/// [`super::relation_name`] spells them, sorted, once each.
+fn relations(tree: &protobuf::ParseResult) -> Vec<String> {
+    let mut names: Vec<String> = tree
+        .nodes()
+        .into_iter()
+        .filter_map(|(node, ..)| match node {
+            pg_query::NodeRef::RangeVar(v) => Some(super::relation_name(&v.schemaname, &v.relname)),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 fn statement(sql: &str, raw: &RawStmt, write_functions: &[String]) -> Result<Statement, String> {

@@ -149,6 +149,20 @@ pub struct Classification {
     /// Some statement calls `set_config(..., false)` (or with a third argument other than the
     /// keyword `true`): settings refract cannot track nor always see (custom `a.b` ones).
     pub set_config: bool,
+    /// The relations the text names ([`relation_name`]; sorted, once each): a read goes only to
+    /// a server that holds all of them (partial replicas). Empty when it names none or did not
+    /// parse.
+    pub tables: Vec<String>,
+}
+
+/// How refract names a relation: `name`, or `schema.name` outside `public` (an unqualified name
+/// is taken to be in `public`, the default `search_path`). Identifiers as the parser folded
+/// them (unquoted ones lower-cased), so a server's own catalog names compare equal.
+pub fn relation_name(schema: &str, name: &str) -> String {
+    match schema {
+        "" | "public" => name.to_owned(),
+        s => format!("{s}.{name}"),
+    }
 }
 
 impl Classification {
@@ -272,7 +286,7 @@ impl Classifier {
     pub fn classify_uncached(&self, sql: &str) -> Classification {
         let hint = hint::find(sql);
         match analyze::statements(sql, &self.write_functions) {
-            Ok((statements, effects)) => {
+            Ok((statements, effects, tables)) => {
                 let write = statements.iter().any(Statement::is_write);
                 Classification {
                     route: if write { Route::Write } else { Route::Read },
@@ -281,6 +295,7 @@ impl Classifier {
                     parse_error: None,
                     stateful: effects.stateful,
                     set_config: effects.set_config,
+                    tables,
                 }
             }
             Err(e) => match hint::unquoted_route_setting(sql) {
@@ -291,6 +306,7 @@ impl Classifier {
                     parse_error: None,
                     stateful: false,
                     set_config: false,
+                    tables: vec![],
                 },
                 None => Classification {
                     route: Route::Write,
@@ -299,6 +315,7 @@ impl Classifier {
                     parse_error: Some(e),
                     stateful: false,
                     set_config: false,
+                    tables: vec![],
                 },
             },
         }

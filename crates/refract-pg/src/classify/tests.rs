@@ -379,3 +379,14 @@ fn fingerprints_are_one_per_kind_of_statement() {
     assert_ne!(f("SELECT a FROM t"), f("SELECT b FROM t"), "a text without literals is its own kind");
     assert_eq!(f("SELECT a FROM t"), f("SELECT a FROM t"));
 }
+
+#[test]
+fn the_relations_a_text_names() {
+    let tables = |sql: &str| classify(sql).tables;
+    assert_eq!(tables("select * from b join a using (id) where x in (select y from s.c)"), ["a", "b", "s.c"]);
+    assert_eq!(tables("select * from public.a, A, \"A\""), ["A", "a"], "public. dropped; unquoted names fold");
+    assert_eq!(tables("with r as (select * from t) select * from r"), ["r", "t"], "a CTE's name counts (conservative)");
+    assert_eq!(tables("select 1; select * from x"), ["x"]);
+    assert!(tables("select 1").is_empty());
+    assert!(tables("select from").is_empty(), "no parse, no tables");
+}

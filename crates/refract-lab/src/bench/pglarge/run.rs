@@ -68,8 +68,8 @@ fn ensure_cluster(rate: Rate) -> Result<()> {
     lab::up_with(rate, Some(Db::Postgres), &congestion::requested(None), &exe)
 }
 
-/// The hybrid dispatcher's hand-over counters now.
-fn hybrid_stats() -> Result<HandoverStats> {
+/// The hybrid dispatcher's hand-over counters now (the demo's PostgreSQL section reads them too).
+pub(crate) fn hybrid_stats() -> Result<HandoverStats> {
     let url = format!("http://{HYBRID_ADMIN}/metrics");
     let body = sh::run(sh::cmd(Some("rf-d"), "curl", &["-sf", "--max-time", "5", &url]))?;
     Ok(HandoverStats::parse(&body))

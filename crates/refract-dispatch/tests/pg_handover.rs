@@ -70,7 +70,7 @@ role = "primary"
 
 [handover]
 mode = "hybrid"
-threshold = 65536
+postgres_threshold = 65536
 agents = {{ primary = "unix:{}" }}
 "#,
             cluster.primary.addr(),

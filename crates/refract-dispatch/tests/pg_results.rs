@@ -112,7 +112,7 @@ fn refract_under_test(
     let through = |i: usize| agents.map_or(String::new(), |a| format!("through = \"{}\"", a[i].through));
     let handover = agents.map_or(String::new(), |a| {
         format!(
-            "[handover]\nmode = \"hybrid\"\nthreshold = {HYBRID_THRESHOLD}\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
+            "[handover]\nmode = \"hybrid\"\npostgres_threshold = {HYBRID_THRESHOLD}\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
             a[0].sock.display(),
             a[1].sock.display()
         )

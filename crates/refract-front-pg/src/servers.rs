@@ -265,7 +265,7 @@ impl Servers {
             sizes: handover
                 .as_ref()
                 .filter(|h| h.mode == HandoverMode::Hybrid)
-                .map(|h| Mutex::new(Sizes::new(h.threshold))),
+                .map(|h| Mutex::new(Sizes::new(h.postgres_threshold))),
             handover: handover.filter(|h| h.mode != HandoverMode::Off),
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
@@ -312,7 +312,7 @@ impl Servers {
         let plain = || (None, self.login.clone());
         let (Some(h), Some(through)) = (&self.handover, s.through) else { return plain() };
         let Some(agent) = h.agents.get(&s.name) else { return plain() };
-        let threshold = if h.mode == HandoverMode::Always { 1 } else { h.threshold };
+        let threshold = if h.mode == HandoverMode::Always { 1 } else { h.postgres_threshold };
         let hybrid = Some(Through { agent: through, threshold });
         let route = AgentRoute {
             addr: agent.clone(),

@@ -12,9 +12,13 @@ pub struct HandoverConfig {
     /// `off`, `hybrid` (hand over when a result is at least `threshold` bytes) or `always`.
     #[serde(default)]
     pub mode: HandoverMode,
-    /// Smallest result, in bytes, that hybrid mode hands over.
+    /// Smallest result, in bytes, that hybrid mode hands over (HTTP backends).
     #[serde(default = "default_threshold")]
     pub threshold: u64,
+    /// Smallest PostgreSQL result, in bytes, that hybrid mode hands over: the agent cuts before
+    /// the row that brings a result to it.
+    #[serde(default = "default_postgres_threshold")]
+    pub postgres_threshold: u64,
     /// The agent in front of each backend, by backend name: `"unix:/path"` (same host, the
     /// socket moves by SCM_RIGHTS) or `"IP:port"` (its control listener, cross host).
     #[serde(default)]
@@ -52,6 +56,15 @@ fn default_idle_ms() -> u32 {
 /// relaying at 4 KiB (0.5×) and won at 32 KiB (2×).
 fn default_threshold() -> u64 {
     32 << 10
+}
+
+/// The measured crossover for PostgreSQL (docs/benchmarks.md, `bench pg-large` at 1 Gbit/s,
+/// 2026-11-25): a hand-over costs a PostgreSQL result 10–25 ms more than HTTP's (the control
+/// connection and login per hand-over, the hand-back, the session's replay), so a 64 KiB
+/// result handed over ran at 0.04× relay and a 1 MiB one at 0.67×; from 16 MiB on it won
+/// (1.92×).
+fn default_postgres_threshold() -> u64 {
+    2 << 20
 }
 
 /// When the dispatcher hands a connection over.
@@ -96,8 +109,8 @@ impl HandoverConfig {
     /// Checks the section against the backends it may name (`names`: HTTP backends and
     /// PostgreSQL servers); errors name `at`, the section's line.
     pub fn validate(&self, names: &[&str], at: usize) -> Result<(), String> {
-        if self.threshold == 0 || self.map_capacity == 0 {
-            return Err(format!("line {at}: [handover] threshold and map_capacity must be > 0"));
+        if self.threshold == 0 || self.postgres_threshold == 0 || self.map_capacity == 0 {
+            return Err(format!("line {at}: [handover] threshold, postgres_threshold and map_capacity must be > 0"));
         }
         if self.idle_ms > MAX_IDLE_MS {
             return Err(format!("line {at}: [handover] idle_ms must be at most {MAX_IDLE_MS}"));

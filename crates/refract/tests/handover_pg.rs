@@ -85,7 +85,7 @@ role = "primary"
 
 [handover]
 mode = "hybrid"
-threshold = 65536
+postgres_threshold = 65536
 key_file = "{}"
 agents = {{ primary = "{control}" }}
 "#,

@@ -111,7 +111,7 @@ impl Fixture {
         let (through_primary, through_replica) = (through(0), through(1));
         let handover = match agents.as_slice() {
             [p, r] => format!(
-                "[handover]\nmode = \"hybrid\"\nthreshold = 65536\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
+                "[handover]\nmode = \"hybrid\"\npostgres_threshold = 65536\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
                 p.sock.display(),
                 r.sock.display()
             ),

@@ -302,29 +302,14 @@ fn small_statements_learn_to_go_straight_to_the_server() {
     for _ in 0..8 {
         same("small, learning", &c.query(small), &d.query(small));
     }
-    let extended = |c: &mut Client| {
-        c.send(&[
-            FrontendMessage::Parse { name: String::new(), query: "select 2".into(), param_types: vec![] },
-            FrontendMessage::Bind(Bind {
-                portal: String::new(),
-                statement: String::new(),
-                param_formats: vec![],
-                params: vec![],
-                result_formats: vec![],
-            }),
-            FrontendMessage::Execute { portal: String::new(), max_rows: 0 },
-            FrontendMessage::Sync,
-        ]);
-        c.until_ready()
-    };
     for _ in 0..8 {
-        same("extended, learning", &extended(&mut c), &extended(&mut d));
+        same("extended, learning", &c.extended("select 2"), &d.extended("select 2"));
     }
     let before = agent::through_agent(h.admin, "primary");
     assert!(before >= 8, "unknown kinds went through the agent ({before})");
     for _ in 0..20 {
         same("small, known", &c.query(small), &d.query(small));
-        same("extended, known", &extended(&mut c), &extended(&mut d));
+        same("extended, known", &c.extended("select 2"), &d.extended("select 2"));
     }
     assert_eq!(agent::through_agent(h.admin, "primary"), before, "known small statements skip the agent");
 

@@ -9,9 +9,7 @@
 mod pg_common;
 
 use pg_common::{until, Client, Fixture};
-use refract_pg::frontend::Bind;
 use refract_pg::testkit::{PgCluster, PASSWORD, USER};
-use refract_pg::FrontendMessage;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -125,24 +123,10 @@ fn reads_go_only_to_servers_that_hold_every_table_they_name() {
     assert!(only(&none, &["primary"]), "a read naming no table may read any through a function: {none:?}");
 
     // Extended protocol: the tables of the statements the batch parses.
-    let extended = |c: &mut Client, sql: &str| {
-        c.send(&[
-            FrontendMessage::Parse { name: String::new(), query: sql.into(), param_types: vec![] },
-            FrontendMessage::Bind(Bind {
-                portal: String::new(),
-                statement: String::new(),
-                param_formats: vec![],
-                params: vec![],
-                result_formats: vec![],
-            }),
-            FrontendMessage::Execute { portal: String::new(), max_rows: 0 },
-            FrontendMessage::Sync,
-        ]);
-        c.until_ready().value().to_owned()
-    };
     let r2 = f.cluster.standalone[1].port.to_string();
     let primary = f.cluster.primary.port.to_string();
-    let ports: Vec<String> = (0..20).map(|_| extended(&mut c, &format!("select {port} from c limit 1"))).collect();
+    let ports: Vec<String> =
+        (0..20).map(|_| c.extended(&format!("select {port} from c limit 1")).value().to_owned()).collect();
     assert!(ports.iter().all(|p| *p == r2 || *p == primary) && ports.contains(&r2), "extended reads of c: {ports:?}");
 
     // A session reads its own writes, whichever server serves the read.

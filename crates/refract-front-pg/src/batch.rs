@@ -172,29 +172,36 @@ impl Session {
         Ok(())
     }
 
-    /// The batch's kind for its server's adaptive limit and its connection's kind (`sizes.rs`):
-    /// the fingerprints of the statements it
-    /// parses and binds, in order (`refract_pg::classify::fingerprint` of each query text).
-    pub(super) fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
+    /// The query text of each statement the batch parses or binds, in order (`None`: a Bind of
+    /// a statement refract does not know).
+    fn statement_texts<'a>(&'a self, msgs: &'a [FrontendMessage]) -> Vec<Option<&'a str>> {
         let mut parsed: HashMap<&str, &str> = HashMap::new();
-        let mut h = DefaultHasher::new();
+        let mut texts = vec![];
         for m in msgs {
-            let text = match m {
+            match m {
                 FrontendMessage::Parse { name, query, .. } => {
                     parsed.insert(name, query);
-                    Some(query.as_str())
+                    texts.push(Some(query.as_str()));
                 }
-                FrontendMessage::Bind(b) => parsed.get(b.statement.as_str()).copied().or_else(|| {
+                FrontendMessage::Bind(b) => texts.push(parsed.get(b.statement.as_str()).copied().or_else(|| {
                     self.state.prepared.get(&b.statement).map(|p| match &p.origin {
                         Origin::Protocol { query, .. } => query.as_str(),
                         Origin::Sql { text } => text.as_str(),
                     })
-                }),
-                _ => None,
-            };
-            if let Some(t) = text {
-                h.write_u64(fingerprint(t));
+                })),
+                _ => {}
             }
+        }
+        texts
+    }
+
+    /// The batch's kind for its server's adaptive limit and its connection's kind (`sizes.rs`):
+    /// the fingerprints of the statements it parses and binds, in order
+    /// (`refract_pg::classify::fingerprint` of each query text).
+    pub(super) fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
+        let mut h = DefaultHasher::new();
+        for t in self.statement_texts(msgs).into_iter().flatten() {
+            h.write_u64(fingerprint(t));
         }
         h.finish()
     }
@@ -202,22 +209,8 @@ impl Session {
     /// The relations the statements a batch parses or binds name, sorted, once each; empty
     /// when one of them is not known (a server that holds every table serves it).
     fn batch_tables(&self, msgs: &[FrontendMessage]) -> Vec<String> {
-        let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut tables = vec![];
-        for m in msgs {
-            let text = match m {
-                FrontendMessage::Parse { name, query, .. } => {
-                    parsed.insert(name, query);
-                    Some(query.as_str())
-                }
-                FrontendMessage::Bind(b) => parsed.get(b.statement.as_str()).copied().or_else(|| {
-                    self.state.prepared.get(&b.statement).map(|p| match &p.origin {
-                        Origin::Protocol { query, .. } => query.as_str(),
-                        Origin::Sql { text } => text.as_str(),
-                    })
-                }),
-                _ => continue,
-            };
+        for text in self.statement_texts(msgs) {
             let Some(text) = text else { return vec![] };
             let c = self.classify_text(text).0;
             if c.tables.is_empty() {

@@ -434,6 +434,24 @@ impl Client {
     }
 
     /// A simple query.
+    /// Runs `sql` through the extended protocol (unnamed statement and portal, text results,
+    /// Sync) and reads the answer.
+    pub fn extended(&mut self, sql: &str) -> Answer {
+        self.send(&[
+            FrontendMessage::Parse { name: String::new(), query: sql.into(), param_types: vec![] },
+            FrontendMessage::Bind(refract_pg::frontend::Bind {
+                portal: String::new(),
+                statement: String::new(),
+                param_formats: vec![],
+                params: vec![],
+                result_formats: vec![],
+            }),
+            FrontendMessage::Execute { portal: String::new(), max_rows: 0 },
+            FrontendMessage::Sync,
+        ]);
+        self.until_ready()
+    }
+
     pub fn query(&mut self, sql: &str) -> Answer {
         self.send(&[FrontendMessage::Query(sql.into())]);
         self.until_ready()

@@ -59,10 +59,9 @@ fn default_threshold() -> u64 {
 }
 
 /// The measured crossover for PostgreSQL (docs/benchmarks.md, `bench pg-large` at 1 Gbit/s,
-/// 2026-11-25): a hand-over costs a PostgreSQL result 10–25 ms more than HTTP's (the control
-/// connection and login per hand-over, the hand-back, the session's replay), so a 64 KiB
-/// result handed over ran at 0.04× relay and a 1 MiB one at 0.67×; from 16 MiB on it won
-/// (1.92×).
+/// 2026-11-25): handed over, a one-row 64 KiB result ran at 0.04× relay and a 1 MiB one at
+/// 0.67× (10–25 ms more per result; where that time goes is not analysed yet); from 16 MiB
+/// on it won (1.92×).
 fn default_postgres_threshold() -> u64 {
     2 << 20
 }

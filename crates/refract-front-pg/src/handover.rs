@@ -58,8 +58,8 @@ impl Seam for Cut<'_> {
 
 /// How an attempt ended.
 enum Attempt {
-    /// The agent wrote the rest and gave the socket back; it had accepted after `accepted`.
-    Back { sent: u64, accepted: Duration },
+    /// The agent wrote the rest (`sent` bytes) and gave the socket back.
+    Back { sent: u64 },
     /// Not handed over (the agent holds the rest for `RELAY` unless it refused itself).
     Declined { why: Why, detail: String, tell_agent: bool },
 }
@@ -83,6 +83,15 @@ fn bound_conn(bound: &mut Option<super::session::Bound>) -> Result<&mut super::p
 struct Count<'a> {
     metrics: &'a refract_core::metrics::Metrics,
     name: &'a str,
+}
+
+impl Count<'_> {
+    /// The agent accepted the offer (as for HTTP: `result="ok"` and the latency until then,
+    /// whether the connection comes back or ends at the agent).
+    fn accepted(&self, since: Duration) {
+        self.metrics.handover(self.name, "ok");
+        self.metrics.handover_latency(since.as_secs_f64());
+    }
 }
 
 /// The agent may have written part of the result: the client and the server connection end.
@@ -115,13 +124,10 @@ impl Session {
         self.flush().await?;
         let name = self.bound_name();
         match self.attempt(verbatim).await? {
-            Attempt::Back { sent, accepted } => {
+            Attempt::Back { sent } => {
                 // The client received them: the answer counts as large (no limit sample).
                 self.wire.count_sent_elsewhere(sent);
                 let m = &self.shared.metrics;
-                m.handover(&name, "ok");
-                // As for HTTP: the offer until the agent accepted, not the whole delivery.
-                m.handover_latency(accepted.as_secs_f64());
                 m.handback(&name);
                 m.bytes_direct(&name, sent);
                 let (tag, frame) = self.conn()?.wire.recv().await?;
@@ -198,9 +204,9 @@ impl Session {
             Err(Refusal::Refused(reason)) => return Ok(refused(&reason)),
             Err(r) => return Err(lost(&count, conn, &r.to_string())),
         }
-        let accepted = started.elapsed();
+        count.accepted(started.elapsed());
         match seam::take_back(&mut link, &mut cut, &mut conn.epochs, id).await {
-            Back::Here(t, _theirs) => Ok(Attempt::Back { sent: t.sent, accepted }),
+            Back::Here(t, _theirs) => Ok(Attempt::Back { sent: t.sent }),
             other => Err(ended(&count, conn, other)),
         }
     }
@@ -233,7 +239,7 @@ impl Session {
             let tell_agent = d.why != Why::Refused && d.why != Why::StaleEpoch;
             return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent });
         }
-        let accepted = frozen.started.elapsed();
+        count.accepted(frozen.started.elapsed());
         let back = {
             let mut cut = Cut { socket: stream.as_fd() };
             seam::take_back(&mut ch, &mut cut, &mut conn.epochs, id).await
@@ -243,7 +249,7 @@ impl Session {
                 let landed = across::land(&mut ch, stream, &t).await;
                 frozen.release();
                 landed.map_err(|e| lost(&count, conn, &e))?;
-                Ok(Attempt::Back { sent: t.sent, accepted })
+                Ok(Attempt::Back { sent: t.sent })
             }
             other => {
                 if matches!(other, Back::Closed { .. }) {

@@ -12,15 +12,16 @@ use common::{dispatcher_with, free_port, metric, wait_metric, Proc};
 use refract_pg::testkit::{self, PgCluster, PASSWORD, USER};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 const VIP: &str = "198.18.5.101";
 const KEY: &str = "pg hand-over test key, 16+ bytes";
 
-/// psql's unaligned output of `sql` at `host:port`.
-fn psql(host: &str, port: u16, sql: &str) -> String {
+/// psql's unaligned output of `sqls` at `host:port`, one `-c` (one Query message) each.
+fn psql(host: &str, port: u16, sqls: &[&str]) -> String {
     let out = Command::new(testkit::tool("psql").unwrap())
         .args(["-XAt", "-v", "ON_ERROR_STOP=1", "-h", host, "-p", &port.to_string(), "-U", USER, "-d", "postgres"])
-        .args(["-c", sql])
+        .args(sqls.iter().flat_map(|sql| ["-c", sql]))
         .env("PGPASSWORD", PASSWORD)
         .env("PGCONNECT_TIMEOUT", "10")
         .stdin(Stdio::null())
@@ -95,15 +96,26 @@ agents = {{ primary = "{control}" }}
     common::wait_listening(format!("{VIP}:6432").parse().unwrap());
 
     let large = "select n, md5(n::text) from generate_series(1, 20000) n";
-    let direct = psql(&server.ip().to_string(), server.port(), large);
-    assert_eq!(psql(VIP, 6432, large), direct, "the handed-over result reads as PostgreSQL's");
-    wait_metric(d.admin, r#"refract_handback_total{backend="pg:primary"}"#, 1);
+    let direct = psql(&server.ip().to_string(), server.port(), &[large]);
+    assert_eq!(psql(VIP, 6432, &[large]), direct, "the handed-over result reads as PostgreSQL's");
     assert_eq!(metric(d.admin, r#"refract_handover_total{backend="pg:primary",result="ok"}"#), 1);
-    // One session: a small query, the large one, a small one again (the socket came back).
-    let session = format!("select 1; {large}; select 2");
+    // psql quits right after its result: its Terminate and FIN may reach the agent before the
+    // hand-back (a socket in CLOSE_WAIT cannot be moved), so that connection ends either way.
+    let handback = r#"refract_handback_total{backend="pg:primary"}"#;
+    let closed = r#"refract_handover_ended_total{backend="pg:primary",end="closed"}"#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(d.admin, handback) + metric(d.admin, closed) < 1 {
+        assert!(Instant::now() < deadline, "the handed-over connection neither came back nor ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = metric(d.admin, handback);
+    // One session, one statement per Query: a small one, the large one, a small one again. The
+    // last is sent only after the large result ended, so it is served after the hand-back.
+    let session = ["select 1", large, "select 2"];
     let want = psql(&server.ip().to_string(), server.port(), &session);
     assert_eq!(psql(VIP, 6432, &session), want);
-    wait_metric(d.admin, r#"refract_handback_total{backend="pg:primary"}"#, 2);
+    wait_metric(d.admin, handback, before + 1);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="pg:primary",result="ok"}"#), 2);
 }
 
 #[test]

@@ -12,7 +12,9 @@ use bytes::Bytes;
 use refract_core::backend::{Backend, BackendConn};
 use refract_core::ctx::Ctx;
 use refract_core::overload::{Outcome, Permit, Refusal};
-use refract_http::{BodyKind, RouteClass};
+use crate::config::HttpConfig;
+use refract_core::membership::Scope;
+use refract_http::{BodyKind, PlanTables, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -31,7 +33,7 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
     let mut saturated: Vec<Arc<Backend>> = Vec::new();
     let mut last = None;
     loop {
-        let Some(first) = ctx.members.pick(req.class, &tried, &saturated) else {
+        let Some(first) = ctx.members.pick_in(req.class, scope(ctx, req.tables), &tried, &saturated) else {
             return Err(last.unwrap_or(Failure::untouched(Error::NoBackend(req.class.as_str()))));
         };
         let (b, permit) = match admit_now(ctx, req, first, &tried, &saturated) {
@@ -99,7 +101,8 @@ fn admit_now(
     }
     let mut busy: Vec<Arc<Backend>> = saturated.iter().cloned().chain([first.clone()]).collect();
     let mut best = (first.admission.expected_wait(), first);
-    while let Some(b) = ctx.members.pick(req.class, failed, &busy) {
+    let scope = scope(ctx, req.tables);
+    while let Some(b) = ctx.members.pick_in(req.class, scope, failed, &busy) {
         if let Some(p) = b.admission.try_acquire(req.arrival) {
             return Ok((b, p));
         }
@@ -109,6 +112,12 @@ fn admit_now(
         busy.push(b);
     }
     Err(best.1)
+}
+
+/// What a read plan names, for the balancer: its tables and the configured shares.
+pub(crate) fn scope<'a>(ctx: &'a Ctx, tables: Option<&'a PlanTables>) -> Option<Scope<'a>> {
+    let shares = &HttpConfig::of(&ctx.cfg).shares;
+    tables.map(|t| Scope { tables: t.as_slice(), shares })
 }
 
 fn refused(b: &Backend, r: Refusal) -> Failure {

@@ -5,7 +5,7 @@
 use crate::error::Error;
 use bytes::Bytes;
 use refract_core::overload::{Arrival, Priority};
-use refract_http::{BodyKind, RequestHead, RouteClass};
+use refract_http::{BodyKind, PlanTables, RequestHead, RouteClass};
 use tokio::time::Instant;
 
 /// A request body: already read (possibly empty), or still to stream from the client.
@@ -38,4 +38,7 @@ pub(crate) struct Request<'a> {
     pub priority: Priority,
     /// Whether it is new demand (or a pipelined request, paced by refract).
     pub arrival: Arrival,
+    /// The tables a Hyrise-R read plan reads (only backends holding them all may serve it);
+    /// `None`: no plan, any reader.
+    pub tables: Option<&'a PlanTables>,
 }

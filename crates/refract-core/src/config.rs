@@ -489,7 +489,9 @@ pub fn validate_backend(b: &BackendConfig) -> Result<(), String> {
         return Err(format!("backend {} needs a port", b.name));
     }
     match &b.tables {
-        Some(_) if b.role == Role::Primary => Err(format!("backend {}: the primary holds every table (no `tables`)", b.name)),
+        Some(_) if b.role == Role::Primary => {
+            Err(format!("backend {}: the primary holds every table (no `tables`)", b.name))
+        }
         Some(t) if t.iter().any(String::is_empty) => Err(format!("backend {}: a table name is empty", b.name)),
         _ => Ok(()),
     }
@@ -566,7 +568,8 @@ mod tests {
 
     #[test]
     fn a_replica_may_hold_some_tables_the_primary_all() {
-        let text = format!("{MIN}[[backend]]\nname = \"r1\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\ntables = [\"a\"]\n");
+        let text =
+            format!("{MIN}[[backend]]\nname = \"r1\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\ntables = [\"a\"]\n");
         let c = Config::parse(&text).unwrap();
         assert_eq!(c.backend_list()[1].tables, Some(vec!["a".to_string()]));
         assert_eq!(c.backend_list()[0].tables, None, "absent: every table");

@@ -307,7 +307,13 @@ mod tests {
     use std::collections::HashMap;
 
     fn cfg(name: &str, port: u16, role: Role) -> BackendConfig {
-        BackendConfig { name: name.into(), addr: ([127, 0, 0, 1], port).into(), role, max_concurrency: None, tables: None }
+        BackendConfig {
+            name: name.into(),
+            addr: ([127, 0, 0, 1], port).into(),
+            role,
+            max_concurrency: None,
+            tables: None,
+        }
     }
 
     fn three(policy: Policy) -> Membership {

@@ -4,12 +4,12 @@
 //! ride in the engine's [`Config`] as [`Sections`](refract_core::config::Sections).
 
 use refract_core::config::{
-    describe_toml_error, find_key_line, line_of, AdminConfig, BackendConfig, Balance, Config, ConfigError, Health, Limits,
-    Listen, Overload, Sections, Timeouts,
+    describe_toml_error, find_key_line, line_of, AdminConfig, BackendConfig, Balance, Config, ConfigError, Health,
+    Limits, Listen, Overload, Sections, Timeouts,
 };
+use refract_core::partial::check_share;
 use refract_front_http::config::{HandoverConfig, HttpConfig, HttpShare};
 use refract_front_pg::PgConfig;
-use refract_core::partial::check_share;
 use refract_http::RouteRule;
 use serde::Deserialize;
 use std::path::Path;
@@ -101,7 +101,8 @@ fn check_shares(cfg: &Config, shares: &[Spanned<HttpShare>], text: &str) -> Resu
     let known = |n: &str| cfg.backends.iter().any(|b| b.get_ref().name == n);
     shares.iter().try_for_each(|s| {
         let (at, share) = (line_of(text, s.span().start), s.get_ref());
-        check_share(HttpShare::SECTION, &share.tables, &share.backends, known, &all).map_err(|e| format!("line {at}: {e}"))
+        check_share(HttpShare::SECTION, &share.tables, &share.backends, known, &all)
+            .map_err(|e| format!("line {at}: {e}"))
     })
 }
 

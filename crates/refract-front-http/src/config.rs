@@ -3,8 +3,8 @@
 //! puts an [`HttpConfig`] among the engine's [`Sections`](refract_core::config::Sections).
 
 use refract_core::config::Config;
+use refract_core::partial::{ShareSection, Shares};
 pub use refract_handover::config::{AgentAddr, HandoverConfig, HandoverMode, MAX_IDLE_MS};
-use refract_core::partial::{Shares, ShareSection};
 use refract_http::{Classifier, RouteRule};
 use serde::Deserialize;
 use std::collections::HashMap;

@@ -4,6 +4,7 @@
 //! retried once, on another backend, within the retry budget, if nothing reached the client;
 //! writes never are.
 
+use crate::config::HttpConfig;
 use crate::conn::ClientConn;
 use crate::error::Error;
 use crate::relay::{self, Sink};
@@ -11,9 +12,8 @@ use crate::request::{Failure, ReqBody, Request};
 use bytes::Bytes;
 use refract_core::backend::{Backend, BackendConn};
 use refract_core::ctx::Ctx;
-use refract_core::overload::{Outcome, Permit, Refusal};
-use crate::config::HttpConfig;
 use refract_core::membership::Scope;
+use refract_core::overload::{Outcome, Permit, Refusal};
 use refract_http::{BodyKind, PlanTables, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;

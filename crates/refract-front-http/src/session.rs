@@ -99,8 +99,16 @@ async fn serve(
     let result = match &body {
         ReqBody::Buffered(b) if class == RouteClass::All => fanout::run(ctx, conn, &head_bytes, &head, b).await,
         _ => {
-            let req =
-                Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority, arrival, tables };
+            let req = Request {
+                class,
+                head_bytes: &head_bytes,
+                head: &head,
+                body: &body,
+                deadline,
+                priority,
+                arrival,
+                tables,
+            };
             forward::forward(ctx, conn, &req).await
         }
     };

@@ -123,3 +123,19 @@ fn the_admin_view_shows_the_tables_each_backend_holds() {
     let c = served_by(&d, &read_of(&["c"]), 20);
     assert_eq!((c.get("r2"), c.get("r3"), c.len()), (Some(&10), Some(&10), 2), "{c:?}");
 }
+
+#[test]
+fn a_reload_applies_changed_tables_and_shares() {
+    let (_blobs, d) = cluster("[balance]\npolicy = \"round-robin\"\n");
+    assert_eq!(served_by(&d, &read_of(&["a"]), 4), only("r1", 4));
+    let text = std::fs::read_to_string(d.config_path()).unwrap();
+    let share = "[[share]]\ntables = [\"c\"]\nbackends = { p = 1, r2 = 1 }\n";
+    let next = text.replace("tables = [\"a\", \"b\"]", "tables = [\"b\"]") + share;
+    std::fs::write(d.config_path(), next).unwrap();
+    let r = admin(d.admin, "POST", "/reload", b"{}");
+    assert_eq!(r.json()["reloaded"], "changed r1, shares", "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(served_by(&d, &read_of(&["a"]), 4), only("p", 4), "r1 no longer holds a");
+    let c = served_by(&d, &read_of(&["c"]), 100);
+    let p = *c.get("p").unwrap_or(&0);
+    assert!((45..=55).contains(&p) && p + c.get("r2").unwrap_or(&0) == 100, "the share names the primary: {c:?}");
+}

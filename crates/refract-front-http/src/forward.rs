@@ -4,17 +4,15 @@
 //! retried once, on another backend, within the retry budget, if nothing reached the client;
 //! writes never are.
 
-use crate::config::HttpConfig;
 use crate::conn::ClientConn;
 use crate::error::Error;
 use crate::relay::{self, Sink};
-use crate::request::{Failure, ReqBody, Request};
+use crate::request::{scope, Failure, ReqBody, Request};
 use bytes::Bytes;
 use refract_core::backend::{Backend, BackendConn};
 use refract_core::ctx::Ctx;
-use refract_core::membership::Scope;
 use refract_core::overload::{Outcome, Permit, Refusal};
-use refract_http::{BodyKind, PlanTables, RouteClass};
+use refract_http::{BodyKind, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -112,12 +110,6 @@ fn admit_now(
         busy.push(b);
     }
     Err(best.1)
-}
-
-/// What a read plan names, for the balancer: its tables and the configured shares.
-pub(crate) fn scope<'a>(ctx: &'a Ctx, tables: Option<&'a PlanTables>) -> Option<Scope<'a>> {
-    let shares = &HttpConfig::of(&ctx.cfg).shares;
-    tables.map(|t| Scope { tables: t.as_slice(), shares })
 }
 
 fn refused(b: &Backend, r: Refusal) -> Failure {

@@ -215,7 +215,7 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
     if learned.and_then(sizes::get).is_some_and(|n| n < cfg.threshold) {
         return None; // small last time: straight to the backend, no hop through the agent
     }
-    let b = ctx.members.pick_in(req.class, crate::forward::scope(ctx, req.tables), &[], &[])?;
+    let b = ctx.members.pick_in(req.class, crate::request::scope(ctx, req.tables), &[], &[])?;
     let agent = cfg.agents.get(&b.name)?;
     let mut request = Vec::with_capacity(req.head_bytes.len() + body.len());
     request.extend_from_slice(req.head_bytes);

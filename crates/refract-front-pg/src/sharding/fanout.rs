@@ -28,9 +28,9 @@ use refract_pg::{reply, BackendMessage, ErrorFields, FrontendMessage, TxStatus};
 use std::sync::Arc;
 
 /// One shard's connection for the statement.
-struct Leg {
-    shard: usize,
-    guard: Guard,
+pub(crate) struct Leg {
+    pub(crate) shard: usize,
+    pub(crate) guard: Guard,
     server: Arc<Server>,
     admitted: crate::permit::Admitted,
 }
@@ -47,6 +47,7 @@ impl Session {
     ) -> Result<(), PgError> {
         let (shards, placement): (Vec<usize>, Placement) = match &target {
             Target::Shards(s) | Target::Scatter(s, _) => (s.clone(), Placement::Sharded),
+            Target::CopyIn(Some(_)) | Target::CopyOut => ((0..sh.count()).collect(), Placement::Sharded),
             Target::Split(parts) => (parts.iter().map(|(i, _)| *i).collect(), Placement::Sharded),
             _ => ((0..sh.count()).collect(), Placement::Replicated),
         };
@@ -60,6 +61,15 @@ impl Session {
         }
         let result = match &target {
             Target::Scatter(_, plan) => self.scatter_read(sh, &mut legs, plan).await,
+            Target::CopyOut => match self.copy_out_shards(&mut legs, sql).await {
+                Ok(Some(e)) => {
+                    self.advance(Event::QueryError);
+                    self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+                    Ok(())
+                }
+                other => other.map(|_| ()),
+            },
+            Target::CopyIn(key) => self.copy_write(sh, &mut legs, sql, key.as_ref()).await,
             Target::Split(parts) => {
                 let sqls: Vec<&str> = parts.iter().map(|(_, s)| s.as_str()).collect();
                 self.write_on(sh, &mut legs, &sqls, placement).await
@@ -156,7 +166,26 @@ impl Session {
                 }
             }
         }
-        if in_block && error.is_none() && atomic_commit_possible(sh, legs).await? {
+        if !in_block {
+            return self.written(error, tags, description, rows, placement, legs.len());
+        }
+        self.finish_write(sh, legs, tags, description, rows, error, placement).await
+    }
+
+    /// Ends the transaction a write opened on every leg: two-phase commit where possible,
+    /// else COMMIT on each; ROLLBACK on each after an error. Then the client's answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_write(
+        &mut self,
+        sh: &Sharding,
+        legs: &mut [Leg],
+        tags: Vec<String>,
+        description: Option<Bytes>,
+        rows: Vec<Bytes>,
+        mut error: Option<ErrorFields>,
+        placement: Placement,
+    ) -> Result<(), PgError> {
+        if error.is_none() && atomic_commit_possible(sh, legs).await? {
             if let Ok(log) = &sh.log {
                 let mut conns: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();
                 error = super::twophase::commit(log, &mut conns).await?.err();
@@ -164,14 +193,12 @@ impl Session {
             }
         }
         let end = if error.is_none() { "COMMIT" } else { "ROLLBACK" };
-        if in_block {
-            for l in legs.iter_mut() {
-                if let Err(e) = l.guard.query(end).await {
-                    error.get_or_insert(match e {
-                        PgError::Server(f) => f,
-                        other => return Err(other),
-                    });
-                }
+        for l in legs.iter_mut() {
+            if let Err(e) = l.guard.query(end).await {
+                error.get_or_insert(match e {
+                    PgError::Server(f) => f,
+                    other => return Err(other),
+                });
             }
         }
         self.written(error, tags, description, rows, placement, legs.len())
@@ -210,6 +237,22 @@ impl Session {
         self.advance(Event::Completed(&tag));
         self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
         Ok(())
+    }
+
+    /// `COPY ... FROM STDIN` on every leg in a transaction each, committed together.
+    async fn copy_write(
+        &mut self,
+        sh: &Sharding,
+        legs: &mut [Leg],
+        sql: &str,
+        key: Option<&(String, usize)>,
+    ) -> Result<(), PgError> {
+        for l in legs.iter_mut() {
+            l.guard.query("BEGIN").await?;
+        }
+        let placement = if key.is_some() { Placement::Sharded } else { Placement::Replicated };
+        let (tags, error) = self.copy_in_shards(sh, legs, sql, key).await?;
+        self.finish_write(sh, legs, tags, None, vec![], error, placement).await
     }
 
     /// A read over every leg, combined by `plan` as the rows stream.

@@ -4,6 +4,7 @@
 //! several shards runs there (`fanout`: scatter-gather reads, writes over several shards);
 //! `session` wires it into the client session; `view`: `GET /pg/shards`.
 
+mod copy;
 mod fanout;
 mod route;
 mod session;
@@ -286,9 +287,15 @@ pub(crate) fn view(shared: &Shared) -> Value {
             })
         })
         .collect();
+    let tables: Vec<Value> = sh
+        .rules
+        .iter()
+        .map(|r| json!({"name": r.name, "key": r.key, "method": format!("{:?}", r.method).to_lowercase()}))
+        .collect();
     json!({
         "sharded": true,
         "shards": shards,
+        "tables": tables,
         "scatters": sh.scatters.load(Relaxed),
         "refused": sh.refused.load(Relaxed),
     })

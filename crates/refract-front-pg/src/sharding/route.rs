@@ -29,6 +29,11 @@ pub(crate) enum Target {
     Refuse(String),
     /// Refused as PostgreSQL would refuse it (SQLSTATE, message).
     Fail(&'static str, String),
+    /// `COPY ... FROM STDIN` on every shard: each text row to the shard its key names (the
+    /// key is field `key` of a row), or every row to every shard (a replicated table: `None`).
+    CopyIn(Option<(String, usize)>),
+    /// `COPY table TO STDOUT` of a sharded table: every shard's rows, one after the other.
+    CopyOut,
 }
 
 /// SQLSTATE `check_violation`: PostgreSQL's "no partition of relation found for row".
@@ -69,11 +74,19 @@ fn one(sh: &Sharding, sql: &str, node: &NodeEnum, read: bool, params: Option<Par
     if let Some(t) = write_target(node) {
         return write(sh, node, &t, &refs, params, version);
     }
+    if let NodeEnum::CopyStmt(copy) = node {
+        if copy.is_from && refs.is_empty() && !copy.is_program && copy.filename.is_empty() {
+            return Target::CopyIn(None);
+        }
+        if !copy.is_from && refs.is_empty() {
+            return Target::Any; // a replicated table: one copy answers
+        }
+    }
     if refs.is_empty() {
         return if read { Target::Any } else { Target::Copies };
     }
-    if matches!(node, NodeEnum::CopyStmt(_)) {
-        return Target::Refuse("COPY of a sharded table is not supported yet: use SELECT / INSERT".into());
+    if let NodeEnum::CopyStmt(copy) = node {
+        return copy_target(sh, copy, &refs);
     }
     if !matches!(node, NodeEnum::SelectStmt(_)) || !read {
         if matches!(node, NodeEnum::SelectStmt(_)) {
@@ -103,6 +116,76 @@ fn one(sh: &Sharding, sql: &str, node: &NodeEnum, read: bool, params: Option<Par
         Decision::Exact(plan) => Target::Scatter(shards, plan),
         Decision::One => Target::Any,
         Decision::Refuse(reason) => Target::Refuse(reason),
+    }
+}
+
+/// COPY naming a sharded table: `FROM STDIN` in text format is split by each row's key; `TO
+/// STDOUT` of the table (text or csv without a header) concatenates the shards' rows.
+fn copy_target(sh: &Sharding, copy: &protobuf::CopyStmt, refs: &[TableKeys]) -> Target {
+    let options: Vec<(String, String)> = copy
+        .options
+        .iter()
+        .filter_map(|o| match o.node.as_ref() {
+            Some(NodeEnum::DefElem(d)) => Some((d.defname.to_lowercase(), def_value(d.arg.as_deref()))),
+            _ => None,
+        })
+        .collect();
+    let format = options.iter().find(|(k, _)| k == "format").map_or("text", |(_, v)| v.as_str());
+    let table = copy.relation.as_ref().map(|r| r.relname.clone());
+    let sharded_table = table.as_deref().and_then(|t| sh.key_of(t).map(|k| (t.to_owned(), k.to_owned())));
+    if copy.is_program || !copy.filename.is_empty() {
+        return Target::Refuse(
+            "COPY of a sharded table with a file or program on the server is not supported: use STDIN / STDOUT".into(),
+        );
+    }
+    if copy.is_from {
+        let Some((table, key)) = sharded_table else {
+            return Target::Refuse(
+                "COPY FROM into a replicated table that reads a sharded table is not supported".into(),
+            );
+        };
+        if format != "text" || options.iter().any(|(k, _)| k != "format" && k != "freeze") {
+            return Target::Refuse(format!(
+                "COPY FROM into sharded table {table} is split by key in the text format with the default delimiter and NULL only"
+            ));
+        }
+        let cols: Vec<String> = copy
+            .attlist
+            .iter()
+            .filter_map(|c| match c.node.as_ref() {
+                Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+                _ => None,
+            })
+            .collect();
+        let at = if cols.is_empty() { sh.key_position(&table) } else { cols.iter().position(|c| *c == key) };
+        return match at {
+            Some(at) => Target::CopyIn(Some((table, at))),
+            None => {
+                Target::Refuse(format!("COPY FROM into sharded table {table} needs its key {key} among the columns"))
+            }
+        };
+    }
+    if copy.query.is_some() || refs.len() != 1 || sharded_table.is_none() {
+        return Target::Refuse(
+            "COPY (SELECT ...) TO over sharded tables is not supported: COPY the table, or SELECT".into(),
+        );
+    }
+    if format == "binary" || options.iter().any(|(k, v)| k == "header" && v != "false") {
+        return Target::Refuse(
+            "COPY TO of a sharded table in binary format or with a header would repeat them per shard".into(),
+        );
+    }
+    Target::CopyOut
+}
+
+/// A COPY option's value as text (`csv`, `true`, ...).
+fn def_value(arg: Option<&Node>) -> String {
+    match arg.and_then(|a| a.node.as_ref()) {
+        Some(NodeEnum::String(s)) => s.sval.to_lowercase(),
+        Some(NodeEnum::Boolean(b)) => b.boolval.to_string(),
+        Some(NodeEnum::Integer(i)) => i.ival.to_string(),
+        None => "true".into(),
+        Some(_) => "?".into(),
     }
 }
 

@@ -186,7 +186,7 @@ impl Session {
                 // The client's own text keeps its options (ISOLATION LEVEL, READ ONLY).
                 self.held_begin = Some(sql.to_owned());
                 self.tx_begin = Some(sql.to_owned());
-                ("BEGIN", TxStatus::InTransaction)
+                (begin_tag(sql), TxStatus::InTransaction)
             }
             [st] if ends(st) && self.bound.is_none() && self.phase().in_transaction() => {
                 self.held_begin = None;
@@ -432,6 +432,20 @@ impl Session {
     }
 }
 
+/// The CommandComplete PostgreSQL gives `sql` (BEGIN or START TRANSACTION).
+fn begin_tag(sql: &str) -> &'static str {
+    let start = pg_query::parse(sql, 0).ok().is_some_and(|p| {
+        p.protobuf.stmts.iter().filter_map(|r| r.stmt.as_ref()?.node.as_ref()).any(|n| {
+            matches!(n, pg_query::NodeEnum::TransactionStmt(t) if t.kind == pg_query::protobuf::TransactionStmtKind::TransStmtStart as i32)
+        })
+    });
+    if start {
+        "START TRANSACTION"
+    } else {
+        "BEGIN"
+    }
+}
+
 /// ROLLBACK on every connection (`Err`: one was lost).
 async fn rollback_all(all: &mut [(usize, Bound)]) -> Result<Result<(), refract_pg::ErrorFields>, PgError> {
     for (_, b) in all.iter_mut() {
@@ -486,6 +500,11 @@ fn explain_lines(sh: &Sharding, t: &Target, read: bool) -> Vec<String> {
             parts.iter().map(|(i, sql)| format!("insert on shard {}: {sql}", sh.names[*i])).collect()
         }
         Target::Copies => vec![format!("{kind} on every shard (replicated tables or DDL: the answer of one copy)")],
+        Target::CopyIn(Some((table, _))) => {
+            vec![format!("COPY FROM on every shard, each row to the shard its {table} key names")]
+        }
+        Target::CopyIn(None) => vec!["COPY FROM on every shard, every row to each (a replicated table)".into()],
+        Target::CopyOut => vec!["COPY TO from every shard, one after the other".into()],
         Target::Refuse(why) => vec![format!("refused (0A000): {why}")],
         Target::Fail(code, why) => vec![format!("refused ({code}): {why}")],
     }

@@ -124,10 +124,31 @@ fn extended(c: &mut Client, sql: &str, params: &[String]) -> Outcome {
     outcome(c)
 }
 
+/// `COPY ... FROM STDIN` with `data` in one CopyData.
+fn copy_in(c: &mut Client, sql: &str, data: &str) -> Outcome {
+    c.send(&[FrontendMessage::Query(sql.into())]);
+    loop {
+        match c.recv() {
+            Some(BackendMessage::CopyInResponse(_)) => {
+                c.send(&[FrontendMessage::CopyData(Bytes::from(data.to_owned())), FrontendMessage::CopyDone]);
+                return outcome(c);
+            }
+            Some(BackendMessage::ErrorResponse(e)) => {
+                let mut o = outcome(c);
+                o.error = Some((e.code().unwrap_or_default().into(), e.message().unwrap_or_default().into()));
+                return o;
+            }
+            Some(_) => {}
+            None => return Outcome::default(),
+        }
+    }
+}
+
 fn run(c: &mut Client, case: &Case) -> Outcome {
-    match &case.params {
-        Some(p) => extended(c, &case.sql, p),
-        None => simple(c, &case.sql),
+    match (&case.params, &case.copy) {
+        (_, Some(data)) => copy_in(c, &case.sql, data),
+        (Some(p), None) => extended(c, &case.sql, p),
+        (None, None) => simple(c, &case.sql),
     }
 }
 
@@ -221,7 +242,7 @@ impl Differential {
 
     /// `sql` (a plain statement) on both, compared.
     fn same(&mut self, sql: &str, cmp: Cmp) {
-        self.check(&Case { sql: sql.into(), cmp, params: None, may_refuse: false });
+        self.check(&Case { sql: sql.into(), cmp, params: None, may_refuse: false, copy: None });
     }
 
     /// A refusal: `before` succeeds, `sql` fails with 0A000 and a reason (failing the

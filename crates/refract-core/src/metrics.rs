@@ -40,6 +40,11 @@ struct BackendLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabel {
+    shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HandoverLabels {
     backend: String,
     result: String,
@@ -49,11 +54,6 @@ struct HandoverLabels {
 struct EndLabels {
     backend: String,
     end: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ShardLabel {
-    shard: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -88,6 +88,10 @@ pub struct Metrics {
     pg_pool_waiting: Family<BackendLabel, Gauge>,
     pg_clients: Family<StateLabel, Gauge>,
     pg_pinned_clients: Gauge,
+    pg_shard_statements: Family<ShardLabel, Counter>,
+    pg_shard_rows: Family<ShardLabel, Counter>,
+    pg_scatter: Counter,
+    pg_shard_refused: Counter,
     handover: Family<HandoverLabels, Counter>,
     handback: Family<BackendLabel, Counter>,
     handover_kept: Family<BackendLabel, Counter>,
@@ -199,6 +203,22 @@ impl Metrics {
             "PostgreSQL clients in transaction mode pinned to their server connection by session state",
             pg_pinned_clients.clone(),
         );
+        let pg_shard_statements = Family::<ShardLabel, Counter>::default();
+        reg.register(
+            "pg_shard_statements",
+            "Statements sent to each shard of a sharded PostgreSQL cluster (alone or as part of a fan-out)",
+            pg_shard_statements.clone(),
+        );
+        let pg_shard_rows = Family::<ShardLabel, Counter>::default();
+        reg.register("pg_shard_rows", "INSERT rows refract placed on each shard by their key", pg_shard_rows.clone());
+        let pg_scatter = Counter::default();
+        reg.register("pg_scatter", "Statements run on several shards (scatter-gather reads, writes on several shards)", pg_scatter.clone());
+        let pg_shard_refused = Counter::default();
+        reg.register(
+            "pg_shard_refused",
+            "Statements refused because refract cannot run them exactly across shards (0A000)",
+            pg_shard_refused.clone(),
+        );
         let handover = Family::<HandoverLabels, Counter>::default();
         reg.register(
             "handover",
@@ -279,6 +299,10 @@ impl Metrics {
             pg_pool_waiting,
             pg_clients,
             pg_pinned_clients,
+            pg_shard_statements,
+            pg_shard_rows,
+            pg_scatter,
+            pg_shard_refused,
             handover,
             handback,
             handover_kept,
@@ -355,6 +379,26 @@ impl Metrics {
     }
 
     /// Sets how many PostgreSQL clients are pinned to their server connection.
+    /// Counts a statement sent to `shard`.
+    pub fn pg_shard_statement(&self, shard: &str) {
+        self.pg_shard_statements.get_or_create(&ShardLabel { shard: shard.into() }).inc();
+    }
+
+    /// Counts `n` INSERT rows placed on `shard`.
+    pub fn pg_shard_rows(&self, shard: &str, n: u64) {
+        self.pg_shard_rows.get_or_create(&ShardLabel { shard: shard.into() }).inc_by(n);
+    }
+
+    /// Counts a statement run on several shards.
+    pub fn pg_scatter(&self) {
+        self.pg_scatter.inc();
+    }
+
+    /// Counts a statement refused as not answerable exactly across shards.
+    pub fn pg_shard_refused(&self) {
+        self.pg_shard_refused.inc();
+    }
+
     pub fn set_pg_pinned_clients(&self, n: usize) {
         self.pg_pinned_clients.set(n as i64);
     }

@@ -226,7 +226,7 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
             reply::response(200, "text/plain; version=0.0.4", ctx.metrics.render().as_bytes(), close)
         }
         ("GET", "/health") => reply::response(200, "text/plain", b"ok\n", close),
-        ("GET", path @ ("/pg/pools" | "/pg/clients" | "/pg/servers")) => match pg.view(path) {
+        ("GET", path @ ("/pg/pools" | "/pg/clients" | "/pg/servers" | "/pg/shards")) => match pg.view(path) {
             None => reply::error(404, "the PostgreSQL front end is not configured", &[("path", path)], close),
             Some(view) => json(200, view),
         },

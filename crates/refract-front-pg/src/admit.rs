@@ -130,7 +130,7 @@ impl Session {
     /// takes the primary's capacity only when it is a reader (`[balance] read_from_primary`)
     /// or no replica is a candidate (the primary follows as a fallback).
     pub(super) async fn admit(&mut self, candidates: &[Arc<Server>]) -> Result<(Arc<Server>, Admitted), PgError> {
-        let choice = readers(candidates, self.shared.servers.read_from_primary());
+        let choice = readers(candidates, self.servers().read_from_primary());
         for s in &choice {
             if let Some(p) = s.member.admission.try_acquire(Arrival::Fresh) {
                 return Ok(((*s).clone(), Admitted::new(p, &s.member)));

@@ -9,6 +9,7 @@ use super::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route};
 use refract_pg::frontend::Target;
+use super::sharding::BatchShard;
 use refract_pg::session::{Origin, PreparedStatement};
 use refract_pg::{reply, BackendMessage, FrontendMessage};
 use std::collections::hash_map::DefaultHasher;
@@ -136,7 +137,25 @@ impl Session {
         let route = self.batch_route(&msgs);
         let key = self.batch_key(&msgs);
         let tables = if route == Route::Read { self.batch_tables(&msgs) } else { vec![] };
-        if let Err(e) = self.bind(route, Some(key), &tables).await {
+        let bound = match self.shared.sharding.clone() {
+            None => self.bind(route, Some(key), &tables).await,
+            Some(sh) => match self.shard_of_batch(&sh, &msgs, route == Route::Read) {
+                BatchShard::At(shard) => {
+                    sh.count_statement(&[shard]);
+                    self.bind_shard(shard, route, Some(key), &tables).await
+                }
+                BatchShard::Refused(code, why) => {
+                    sh.count_refused();
+                    self.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
+                    self.advance(Event::Refused { synced });
+                    if synced {
+                        self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+                    }
+                    return self.flush().await;
+                }
+            },
+        };
+        if let Err(e) = bound {
             return self.refuse(e, synced).await;
         }
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));

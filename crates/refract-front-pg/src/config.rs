@@ -103,6 +103,73 @@ pub struct PgSettings {
     /// its tables (partial replication, `docs/postgres.md`).
     #[serde(default, rename = "share")]
     pub shares: Vec<PgShare>,
+    /// `[[postgres.shard]]`: a sharded cluster, instead of `[[postgres.server]]` (docs/sharding.md).
+    #[serde(default, rename = "shard")]
+    pub shards: Vec<PgShard>,
+    /// `[[postgres.sharded_table]]`: the tables split over the shards; every other table is
+    /// replicated (a full copy on every shard).
+    #[serde(default, rename = "sharded_table")]
+    pub sharded_tables: Vec<ShardedTable>,
+}
+
+/// `[[postgres.shard]]`: one shard, a primary with optional replicas.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgShard {
+    /// Name in metrics, logs and `/pg/shards`.
+    pub name: String,
+    /// `[[postgres.shard.server]]`: as `[[postgres.server]]` (names unique over all shards).
+    #[serde(rename = "server")]
+    pub servers: Vec<PgServerConfig>,
+}
+
+/// `[[postgres.sharded_table]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardedTable {
+    /// The relation (`name`, or `schema.name` outside `public`).
+    pub name: String,
+    /// Its shard key column.
+    pub key: String,
+    /// How key values map to shards.
+    #[serde(default)]
+    pub method: ShardMethod,
+    /// The key column's type as far as placement goes.
+    #[serde(default, rename = "type")]
+    pub key_type: ShardKeyType,
+    /// `range`: the n-1 boundaries between n shards (shard i holds `bounds[i-1] <= key <
+    /// bounds[i]`), as PostgreSQL's `FOR VALUES FROM ... TO ...`.
+    #[serde(default)]
+    pub bounds: Vec<toml::Value>,
+    /// `list`: the key values each shard holds, one list per shard.
+    #[serde(default)]
+    pub lists: Vec<Vec<toml::Value>>,
+}
+
+/// `method` of a sharded table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardMethod {
+    /// PostgreSQL's hash partitioning: shard i holds `MODULUS n, REMAINDER i`.
+    #[default]
+    Hash,
+    /// Ranges of key values (`bounds`).
+    Range,
+    /// Lists of key values (`lists`).
+    List,
+}
+
+/// `type` of a shard key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardKeyType {
+    /// int2, int4 or int8 (PostgreSQL hashes them alike).
+    #[default]
+    Integer,
+    /// text or varchar.
+    Text,
+    /// uuid.
+    Uuid,
 }
 
 /// `[[postgres.share]]`: the reads that name exactly `tables` go to the servers named in
@@ -327,18 +394,7 @@ fn user_entry(u: &PgUser, default_mode: PoolMode) -> Result<UserEntry, String> {
 
 impl PgSettings {
     fn check(&self) -> Result<(), String> {
-        let primaries = self.servers.iter().filter(|s| s.role == PgRole::Primary).count();
-        if primaries != 1 {
-            return Err(format!("[postgres] needs exactly one server with role = \"primary\" (found {primaries})"));
-        }
-        for (i, s) in self.servers.iter().enumerate() {
-            if s.name.is_empty() || self.servers[..i].iter().any(|o| o.name == s.name) {
-                return Err(format!("[[postgres.server]] name {:?} is empty or used twice", s.name));
-            }
-            if s.addr.port() == 0 {
-                return Err(format!("[[postgres.server]] {} needs a port", s.name));
-            }
-        }
+        self.check_servers()?;
         for (i, u) in self.users.iter().enumerate() {
             if u.name.is_empty() || self.users[..i].iter().any(|o| o.name == u.name) {
                 return Err(format!("[[postgres.user]] name {:?} is empty or used twice", u.name));
@@ -359,10 +415,74 @@ impl PgSettings {
         if self.database.is_empty() || self.server_user.is_empty() {
             return Err("[postgres] database and server_user must not be empty".into());
         }
-        if let Some(s) = self.servers.iter().find(|s| s.role == PgRole::Primary && s.tables.is_some()) {
-            return Err(format!("[[postgres.server]] {}: the primary holds every table (no `tables`)", s.name));
+        self.shares.iter().try_for_each(|sh| self.check_share(sh))?;
+        self.sharded_tables.iter().try_for_each(|t| self.check_sharded_table(t))
+    }
+
+    /// Every server of the cluster (of every shard).
+    pub fn all_servers(&self) -> impl Iterator<Item = &PgServerConfig> {
+        self.servers.iter().chain(self.shards.iter().flat_map(|s| &s.servers))
+    }
+
+    /// One primary (per shard), unique names, ports.
+    fn check_servers(&self) -> Result<(), String> {
+        let groups: Vec<(&str, &[PgServerConfig])> = if self.shards.is_empty() {
+            vec![("[postgres]", &self.servers)]
+        } else if !self.servers.is_empty() {
+            return Err("[postgres]: give either [[postgres.server]] or [[postgres.shard]], not both".into());
+        } else {
+            self.shards.iter().map(|s| (s.name.as_str(), s.servers.as_slice())).collect()
+        };
+        for (i, sh) in self.shards.iter().enumerate() {
+            if sh.name.is_empty() || self.shards[..i].iter().any(|o| o.name == sh.name) {
+                return Err(format!("[[postgres.shard]] name {:?} is empty or used twice", sh.name));
+            }
         }
-        self.shares.iter().try_for_each(|sh| self.check_share(sh))
+        for (group, servers) in groups {
+            let primaries = servers.iter().filter(|s| s.role == PgRole::Primary).count();
+            if primaries != 1 {
+                return Err(format!("{group} needs exactly one server with role = \"primary\" (found {primaries})"));
+            }
+        }
+        let all: Vec<&PgServerConfig> = self.all_servers().collect();
+        for (i, s) in all.iter().enumerate() {
+            if s.name.is_empty() || all[..i].iter().any(|o| o.name == s.name) {
+                return Err(format!("[[postgres.server]] name {:?} is empty or used twice", s.name));
+            }
+            if s.addr.port() == 0 {
+                return Err(format!("[[postgres.server]] {} needs a port", s.name));
+            }
+            if s.role == PgRole::Primary && s.tables.is_some() {
+                return Err(format!("[[postgres.server]] {}: the primary holds every table (no `tables`)", s.name));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_sharded_table(&self, t: &ShardedTable) -> Result<(), String> {
+        let n = self.shards.len();
+        let what = format!("[[postgres.sharded_table]] {}", t.name);
+        if n == 0 {
+            return Err(format!("{what}: sharded tables need [[postgres.shard]]"));
+        }
+        if t.name.is_empty() || t.key.is_empty() {
+            return Err(format!("{what}: `name` and `key` must not be empty"));
+        }
+        if self.sharded_tables.iter().filter(|o| o.name == t.name).count() > 1 {
+            return Err(format!("{what} is given twice"));
+        }
+        match t.method {
+            ShardMethod::Hash if !t.bounds.is_empty() || !t.lists.is_empty() => {
+                Err(format!("{what}: `bounds` and `lists` are for method = \"range\" / \"list\""))
+            }
+            ShardMethod::Range if t.bounds.len() + 1 != n || !t.lists.is_empty() => {
+                Err(format!("{what}: method = \"range\" needs {} `bounds` for {n} shards", n - 1))
+            }
+            ShardMethod::List if t.lists.len() != n || !t.bounds.is_empty() => {
+                Err(format!("{what}: method = \"list\" needs one list per shard ({n} `lists`)"))
+            }
+            _ => crate::sharding::rule_keys(t).map(|_| ()),
+        }
     }
 
     fn check_share(&self, sh: &PgShare) -> Result<(), String> {
@@ -371,7 +491,7 @@ impl PgSettings {
             return Err("[[postgres.share]] needs `tables` and `servers`".into());
         }
         for (name, w) in &sh.servers {
-            if !self.servers.iter().any(|s| &s.name == name) {
+            if !self.all_servers().any(|s| &s.name == name) {
                 return Err(format!("[[postgres.share]] for {class}: no [[postgres.server]] {name:?}"));
             }
             if !(w.is_finite() && *w > 0.0) {
@@ -399,6 +519,17 @@ impl PgConfig {
     /// The TLS configuration, if `tls_cert` and `tls_key` are set.
     pub fn tls(&self) -> Option<&Arc<rustls::ServerConfig>> {
         self.tls.as_ref()
+    }
+
+    /// The configuration of shard `i` alone: its servers as `[[postgres.server]]` (what a
+    /// shard's pools, probes and balancing are built from).
+    pub fn for_shard(&self, i: usize) -> PgConfig {
+        let mut c = self.clone();
+        let settings = &mut c.settings;
+        settings.servers = settings.shards.get(i).map(|s| s.servers.clone()).unwrap_or_default();
+        settings.shards = vec![];
+        settings.sharded_tables = vec![];
+        c
     }
 }
 

@@ -29,6 +29,8 @@
 //! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary);
 //!   `listen`: a client's LISTEN/UNLISTEN answered by refract, its notifications delivered.
 //! - `extended`: SETs run through the extended protocol, tracked at Sync.
+//! - `sharding`: a sharded cluster: the rules (which shard holds a key), each statement's
+//!   shards, scatter-gather reads and writes over several shards, `/pg/shards`.
 //! - `shared`: what every session shares (kept by the [`PgFront`]).
 //! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
@@ -58,6 +60,7 @@ mod pool;
 mod probes;
 mod reset;
 mod server;
+mod sharding;
 mod servers;
 mod session;
 mod shared;
@@ -119,6 +122,7 @@ impl PgFront {
             "/pg/pools" => Some(status::pools_view(shared)),
             "/pg/clients" => Some(status::clients_view(shared)),
             "/pg/servers" => Some(status::servers_view(shared)),
+            "/pg/shards" => Some(sharding::view(shared)),
             _ => None,
         }
     }
@@ -184,12 +188,14 @@ impl Front for PgFront {
     /// Starts the health checks and lag polls.
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
         let Some(shared) = self.shared(ctx) else { return Ok(()) };
-        let servers = shared.servers.clone();
         let interval = Duration::from_millis(shared.cfg.health_interval_ms);
-        if shared.cfg.read_your_writes && servers.list().iter().any(|s| s.role == PgRole::Replica) {
-            tokio::spawn(probes::run_lsn_poll(servers.clone(), ctx.stop.clone()));
+        for servers in &shared.shards {
+            if shared.cfg.read_your_writes && servers.list().iter().any(|s| s.role == PgRole::Replica) {
+                tokio::spawn(probes::run_lsn_poll(servers.clone(), ctx.stop.clone()));
+            }
+            let (min_idle, metrics, stop) = (shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone());
+            tokio::spawn(probes::run_health(servers.clone(), interval, min_idle, metrics, stop));
         }
-        tokio::spawn(probes::run_health(servers, interval, shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone()));
         Ok(())
     }
 

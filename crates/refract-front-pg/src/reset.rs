@@ -19,7 +19,7 @@ impl Session {
         self.client.info.set_bound(None);
         self.key.set(None);
         if b.wrote && self.shared.cfg.read_your_writes {
-            self.pending_write = Some(self.shared.servers.write_committed());
+            self.floors[self.shard].pending_write = Some(self.servers().write_committed());
         }
         if b.untracked {
             b.guard.applied = None;

@@ -56,6 +56,9 @@ pub struct Server {
     pub(super) holds_fixed: bool,
 }
 
+/// The next server's [`Server::index`], over every shard's servers.
+static NEXT_INDEX: AtomicUsize = AtomicUsize::new(0);
+
 /// How the session reaches a server's agent for a hand-over (`[handover]`).
 #[derive(Debug, Clone)]
 pub(super) struct AgentRoute {
@@ -197,8 +200,6 @@ pub struct Servers {
     list: RwLock<Arc<Vec<Arc<Server>>>>,
     /// The round-robin turn (`[balance] policy = "round-robin"`).
     next: AtomicUsize,
-    /// The next server's [`Server::index`].
-    next_index: AtomicUsize,
     max_lag: u64,
     max_lag_ms: u64,
     /// The engine's `[balance]`: its policy chooses among the readers.
@@ -252,7 +253,6 @@ impl Servers {
         let servers = Servers {
             list: RwLock::new(Arc::new(Vec::new())),
             next: AtomicUsize::new(0),
-            next_index: AtomicUsize::new(0),
             max_lag: cfg.max_lag_bytes,
             max_lag_ms: cfg.max_lag_ms,
             balance: balance.clone(),
@@ -290,7 +290,7 @@ impl Servers {
             name: s.name.clone(),
             role: s.role,
             pool: Pool::new(s.addr, login, self.pool_size, self.checkout),
-            index: self.next_index.fetch_add(1, Ordering::Relaxed),
+            index: NEXT_INDEX.fetch_add(1, Ordering::Relaxed),
             member,
             lsn: AtomicU64::new(0),
             lag: AtomicU64::new(0),

@@ -67,6 +67,16 @@ pub(super) struct Bound {
     pub(super) admitted: Option<Admitted>,
 }
 
+/// Read-your-writes on one shard (or the one cluster).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Floor {
+    /// Reads need a replica past this WAL position.
+    pub min_lsn: Option<u64>,
+    /// A write committed and the primary's WAL position has not been polled since; its
+    /// position is that of the first poll with this sequence number or later.
+    pub pending_write: Option<u64>,
+}
+
 /// A client session.
 pub(super) struct Session {
     pub shared: Arc<Shared>,
@@ -76,11 +86,12 @@ pub(super) struct Session {
     pub state: SessionState,
     pub(super) key: CancelKey,
     pub bound: Option<Bound>,
-    /// Read-your-writes: reads need a replica past this WAL position.
-    pub(super) min_lsn: Option<u64>,
-    /// Read-your-writes: a write committed and the primary's WAL position has not been polled
-    /// since; its position is that of the first poll with this sequence number or later.
-    pub(super) pending_write: Option<u64>,
+    /// Read-your-writes, per shard (one entry when the cluster is not sharded).
+    pub(super) floors: Vec<Floor>,
+    /// The shard the bound connection (or the next binding) is on; 0 when not sharded.
+    pub(super) shard: usize,
+    /// Sharded: the client's BEGIN, held until its first statement names the shard.
+    pub(super) held_begin: Option<String>,
     /// Extended-protocol messages waiting for Sync or Flush.
     pub batch: Vec<FrontendMessage>,
     /// Where the session stands in the protocol: changed only by [`Session::advance`].
@@ -114,6 +125,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let database = logged.startup.database().unwrap_or_default();
     let info = ClientInfo::new(id, user, database, Some(peer), pool_mode, wire.is_tls());
     let client = shared.clients.register(info);
+    let floors = vec![Floor::default(); shared.shards.len()];
     let mut s = Session {
         shared,
         wire,
@@ -121,8 +133,9 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         state,
         key: logged.key,
         bound: None,
-        min_lsn: None,
-        pending_write: None,
+        floors,
+        shard: 0,
+        held_begin: None,
         batch: vec![],
         phase: Phase::default(),
         pool_mode,
@@ -195,6 +208,11 @@ impl Session {
         }
     }
 
+    /// The servers of the shard this session binds on (of the cluster when not sharded).
+    pub(super) fn servers(&self) -> &Arc<super::servers::Servers> {
+        self.shared.shard_servers(self.shard)
+    }
+
     /// Where the session stands in the protocol.
     pub(super) fn phase(&self) -> &Phase {
         &self.phase
@@ -226,6 +244,9 @@ impl Session {
             return Ok(());
         }
         self.note_state(&c);
+        if let Some(sh) = self.shared.sharding.clone() {
+            return self.simple_sharded(&sh, sql, frame, &c).await;
+        }
         let route = self.route(&c);
         let key = fingerprint(sql);
         if let Err(e) = self.bind(route, Some(key), &c.tables).await {
@@ -329,7 +350,7 @@ impl Session {
             if matches!(e, PgError::Io { .. } | PgError::Closed(_)) {
                 b.server.mark_down();
             }
-            self.shared.servers.failed(&b.server);
+            self.servers().failed(&b.server);
             drop(b.guard); // not released: its state is unknown
         }
         self.client.info.set_bound(None);
@@ -369,7 +390,7 @@ impl Session {
     }
 
     /// Where a classified query goes: `EXECUTE` of a prepared write makes it a write.
-    fn route(&self, c: &Classification) -> Route {
+    pub(super) fn route(&self, c: &Classification) -> Route {
         let mut route = c.target(self.state.route);
         for name in c.executes() {
             if !self.state.prepared.get(name).is_some_and(|p| p.read) && c.hint.is_none() {
@@ -391,7 +412,7 @@ impl Session {
             self.leave_replica().await?;
         }
         let path = self.path_for(key);
-        let servers = self.shared.servers.clone();
+        let servers = self.servers().clone();
         let session_mode = self.pool_mode == PoolMode::Session;
         let candidates: Vec<Arc<Server>> = if session_mode || route == Route::Write {
             servers.primary().into_iter().collect()
@@ -452,7 +473,7 @@ impl Session {
     /// In session mode the connection serves the whole session: through the agent.
     fn path_for(&self, key: Option<u64>) -> Path {
         match key {
-            Some(key) if self.pool_mode == PoolMode::Transaction => self.shared.servers.path_for(key),
+            Some(key) if self.pool_mode == PoolMode::Transaction => self.servers().path_for(key),
             _ => Path::Agent,
         }
     }
@@ -464,17 +485,18 @@ impl Session {
         if !self.shared.cfg.read_your_writes {
             return Some(None);
         }
-        if let Some(seq) = self.pending_write {
-            let servers = &self.shared.servers;
+        let servers = self.servers().clone();
+        let floor = &mut self.floors[self.shard];
+        if let Some(seq) = floor.pending_write {
             let lsn = servers.primary_lsn_since(seq);
             if lsn.is_none() {
                 servers.want_fresh_lsn();
                 return None;
             }
-            self.min_lsn = self.min_lsn.max(lsn);
-            self.pending_write = None;
+            floor.min_lsn = floor.min_lsn.max(lsn);
+            floor.pending_write = None;
         }
-        Some(self.min_lsn)
+        Some(floor.min_lsn)
     }
 
     /// Tells the client refract could not run its statement (ErrorResponse, then
@@ -727,7 +749,7 @@ impl Session {
                 b.server.learn(sent.key, took);
             }
             let left_open = self.phase.tx() != TxStatus::Idle;
-            self.shared.servers.observe_size(sent.key, answered, left_open, failed);
+            self.servers().observe_size(sent.key, answered, left_open, failed);
             if b.guard.path() == Path::Agent && b.server.agent.is_some() {
                 self.shared.metrics.handover_forwarded(&metrics_name(&b.server.name));
             }

@@ -6,6 +6,7 @@ use super::cancel::Cancels;
 use super::clients::Clients;
 use super::notify::Notifier;
 use super::servers::Servers;
+use super::sharding::Sharding;
 use crate::config::PgConfig;
 use refract_core::config::{Balance, Overload};
 use refract_core::metrics::Metrics;
@@ -19,7 +20,12 @@ use tokio_util::sync::CancellationToken;
 /// What every PostgreSQL session shares.
 pub(crate) struct Shared {
     pub(super) cfg: PgConfig,
+    /// The servers of an unsharded cluster, or of shard 0 (`shards[0]`).
     pub(super) servers: Arc<Servers>,
+    /// Each shard's servers (one entry, `servers`, when the cluster is not sharded).
+    pub(super) shards: Vec<Arc<Servers>>,
+    /// The sharding rules when `[[postgres.shard]]` is configured.
+    pub(super) sharding: Option<Arc<Sharding>>,
     pub(super) classifier: Classifier,
     pub(super) cancels: Arc<Cancels>,
     /// ParameterStatus values to greet clients with (from the first server login).
@@ -53,8 +59,18 @@ impl Shared {
         if let Some(f) = &cfg.write_functions {
             ccfg.write_functions = f.clone();
         }
+        let shards: Vec<Arc<Servers>> = if cfg.shards.is_empty() {
+            vec![Arc::new(Servers::new(cfg, metrics, overload, balance, handover))]
+        } else {
+            (0..cfg.shards.len())
+                .map(|i| Arc::new(Servers::new(&cfg.for_shard(i), metrics, overload, balance, handover.clone())))
+                .collect()
+        };
+        let sharding = (!cfg.shards.is_empty()).then(|| Arc::new(Sharding::new(cfg, metrics)));
         Shared {
-            servers: Arc::new(Servers::new(cfg, metrics, overload, balance, handover)),
+            servers: shards[0].clone(),
+            shards,
+            sharding,
             classifier: Classifier::new(ccfg),
             cancels: Arc::default(),
             server_params: RwLock::new(vec![]),
@@ -67,5 +83,10 @@ impl Shared {
             default_timeout_ms: overload.default_timeout_ms,
             cfg: cfg.clone(),
         }
+    }
+
+    /// The servers of shard `i` (of the cluster when it is not sharded).
+    pub(super) fn shard_servers(&self, i: usize) -> &Arc<Servers> {
+        self.shards.get(i).unwrap_or(&self.servers)
     }
 }

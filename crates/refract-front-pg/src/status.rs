@@ -45,7 +45,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
         .iter()
         .map(|c| {
             let bound =
-                c.bound().and_then(|i| shared.servers.list().iter().find(|s| s.index == i).map(|s| s.name.clone()));
+                c.bound().and_then(|i| all(shared).into_iter().find(|s| s.index == i).map(|s| s.name.clone()));
             json!({
                 "id": c.id,
                 "user": c.user,
@@ -66,9 +66,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
 /// `GET /pg/servers`: health and replication lag from the last probe, and admission control
 /// (the limit, units of work in flight and waiting, whether the queue is in overload mode).
 pub(crate) fn servers_view(shared: &Shared) -> Value {
-    let servers: Vec<Value> = shared
-        .servers
-        .list()
+    let servers: Vec<Value> = all(shared)
         .iter()
         .map(|s| {
             let adm = s.member.admission.view();
@@ -96,7 +94,7 @@ pub(crate) fn servers_view(shared: &Shared) -> Value {
 /// engine's view of each (`pg:NAME`, state, admission, latency, counts) with `"front":
 /// "postgres"` and its replication lag.
 pub(crate) fn members_view(shared: &Shared) -> Vec<Value> {
-    let list = shared.servers.list();
+    let list = all(shared);
     let view = |s: &Arc<Server>| {
         let mut v = json!(s.member.view());
         if let Some(obj) = v.as_object_mut() {
@@ -110,7 +108,7 @@ pub(crate) fn members_view(shared: &Shared) -> Vec<Value> {
 
 /// Refreshes every PostgreSQL gauge (called when `/metrics` is scraped).
 pub(crate) fn publish_metrics(shared: &Shared) {
-    for s in shared.servers.list().iter() {
+    for s in all(shared) {
         s.publish(&shared.metrics);
     }
     let mut counts = [0usize; ClientState::ALL.len()];
@@ -122,4 +120,9 @@ pub(crate) fn publish_metrics(shared: &Shared) {
     }
     let pinned = shared.clients.snapshot().iter().filter(|c| c.pinned() != 0).count();
     shared.metrics.set_pg_pinned_clients(pinned);
+}
+
+/// Every server of the cluster (of every shard).
+fn all(shared: &Shared) -> Vec<Arc<Server>> {
+    shared.shards.iter().flat_map(|s| s.list().iter().cloned().collect::<Vec<_>>()).collect()
 }

@@ -50,6 +50,12 @@ pub struct TableKeys {
 /// The sharding schema as the walk needs it: a table's key column, if the table is sharded.
 pub trait Schema {
     fn key_of(&self, table: &str) -> Option<&str>;
+
+    /// The key column's position among the table's columns (0-based), if known: an INSERT
+    /// without a column list gives its values in that order.
+    fn key_position(&self, _table: &str) -> Option<usize> {
+        None
+    }
 }
 
 impl<F: Fn(&str) -> Option<&'static str>> Schema for F {
@@ -94,6 +100,48 @@ pub fn of(node: &NodeEnum, schema: &dyn Schema) -> Vec<TableKeys> {
     let counted: Vec<&str> = scope.iter().map(|r| r.table.as_str()).collect();
     out.extend(others(node, &counted, schema));
     out
+}
+
+/// The sharded tables a SELECT's FROM names (through joins), when there are two or more and
+/// every one is joined to the others by an equality of their key columns (`a.key = b.key`, in
+/// WHERE or in JOIN ... ON, through chains): a co-located join, which each shard answers for
+/// its own rows when the tables are placed alike. `None` otherwise (the tables' names in scope
+/// order when `Some`).
+pub fn colocated(node: &NodeEnum, schema: &dyn Schema) -> Option<Vec<String>> {
+    let NodeEnum::SelectStmt(s) = node else { return None };
+    let (mut refs, mut quals) = (vec![], vec![]);
+    for f in &s.from_clause {
+        from_item(f, schema, &mut refs, &mut quals);
+    }
+    if refs.len() < 2 {
+        return None;
+    }
+    quals.extend(s.where_clause.as_deref());
+    let conj: Vec<&Node> = quals.into_iter().flat_map(conjuncts).collect();
+    // Joined so far: start from the first table, add any table equated to a joined one.
+    let mut joined = vec![false; refs.len()];
+    joined[0] = true;
+    for _ in 0..refs.len() {
+        for c in &conj {
+            let Some((a, b)) = key_equality(c, &refs) else { continue };
+            if joined[a] || joined[b] {
+                (joined[a], joined[b]) = (true, true);
+            }
+        }
+    }
+    joined.iter().all(|j| *j).then(|| refs.into_iter().map(|r| r.table).collect())
+}
+
+/// `a.key = b.key` between two tables in scope: their positions.
+fn key_equality(c: &Node, scope: &[Ref]) -> Option<(usize, usize)> {
+    let Some(NodeEnum::AExpr(e)) = c.node.as_ref() else { return None };
+    if e.kind != AExprKind::AexprOp as i32 || op_name(e) != Some("=") {
+        return None;
+    }
+    let (l, r) = (e.lexpr.as_deref()?, e.rexpr.as_deref()?);
+    let side = |n: &Node| scope.iter().position(|s| is_key(n, s, scope));
+    let (a, b) = (side(l)?, side(r)?);
+    (a != b).then_some((a, b))
 }
 
 /// A sharded table in scope: its name, the name it goes by in the statement, its key column.
@@ -294,7 +342,8 @@ fn insert(i: &protobuf::InsertStmt, schema: &dyn Schema) -> Option<TableKeys> {
             _ => None,
         })
         .collect();
-    let Some(at) = cols.iter().position(|c| *c == r.key) else { return Some(every) };
+    let at = if cols.is_empty() { schema.key_position(&r.table) } else { cols.iter().position(|c| *c == r.key) };
+    let Some(at) = at else { return Some(every) };
     let Some(NodeEnum::SelectStmt(s)) = i.select_stmt.as_deref().and_then(|n| n.node.as_ref()) else {
         return Some(every);
     };
@@ -457,5 +506,32 @@ mod tests {
         );
         assert_eq!(keys("SELECT * FROM other WHERE id = 1"), vec![]);
         assert_eq!(keys("WITH x AS (SELECT * FROM customers) SELECT * FROM x"), c(KeySet::Every));
+    }
+
+    #[test]
+    fn colocated_joins_are_found_through_chains() {
+        let schema = |t: &str| match t {
+            "customers" => Some("id"),
+            "orders" => Some("customer_id"),
+            "items" => Some("customer_id"),
+            _ => None,
+        };
+        let co = |sql: &str| {
+            let parsed = pg_query::parse(sql, 0).unwrap();
+            let node = parsed.protobuf.stmts[0].stmt.as_ref().unwrap().node.clone().unwrap();
+            colocated(&node, &schema)
+        };
+        let both = Some(vec!["customers".to_owned(), "orders".to_owned()]);
+        assert_eq!(co("select * from customers c join orders o on c.id = o.customer_id"), both);
+        assert_eq!(co("select * from customers c, orders o where o.customer_id = c.id and c.name = 'x'"), both);
+        assert_eq!(co("select * from customers c left join orders o on c.id = o.customer_id"), both);
+        assert!(co("select * from customers c join orders o on c.id = o.id").is_none(), "not the key");
+        assert!(co("select * from customers c join orders o on c.name = o.status").is_none());
+        assert!(co("select * from customers c, orders o where c.id = o.customer_id or c.id = 1").is_none());
+        assert!(co("select * from customers").is_none(), "one table is no join");
+        let three = "select * from customers c join orders o on c.id = o.customer_id join items i on i.customer_id = o.customer_id";
+        assert_eq!(co(three).map(|t| t.len()), Some(3));
+        let loose = "select * from customers c join orders o on c.id = o.customer_id join items i on true";
+        assert!(co(loose).is_none());
     }
 }

@@ -427,7 +427,7 @@ fn selects_over_two_and_three_shards_answer_as_one_server() {
     // `few` leaves shards empty: count(*) there is 0, sum and avg NULL.
     let few: Vec<usize> = layouts[1].iter_mut().map(|s| plain(s, "SELECT id FROM few", false).rows.len()).collect();
     assert_eq!(few, [3, 0, 0]);
-    let opts = Options { schema: &schema, aggregates: &[] };
+    let opts = Options { schema: &schema, aggregates: &[], colocated: false };
     let mut compared = 0;
     for &(sql, cmp, binary) in QUERIES {
         let Decision::Exact(plan) = scatter::plan(sql, &opts) else { panic!("{sql}: not planned") };

@@ -19,6 +19,22 @@ pub(super) fn find(sql: &str) -> Option<RouteHint> {
     None
 }
 
+/// Whether a block comment of `sql` says `refract: explain` (a text scan, as [`find`]).
+pub(super) fn explain(sql: &str) -> bool {
+    let mut rest = sql;
+    while let Some(start) = rest.find("/*") {
+        let after = &rest[start + 2..];
+        let end = after.find("*/").unwrap_or(after.len());
+        let body = after[..end].trim();
+        let said = body.strip_prefix("refract").map(|b| b.trim_start()).and_then(|b| b.strip_prefix(':'));
+        if said.is_some_and(|b| b.trim().eq_ignore_ascii_case("explain")) {
+            return true;
+        }
+        rest = &after[end..];
+    }
+    false
+}
+
 /// `refract: route=X` with any spacing.
 fn parse_comment(body: &str) -> Option<RouteHint> {
     let body = body.trim().strip_prefix("refract")?.trim_start().strip_prefix(':')?.trim_start();
@@ -42,6 +58,14 @@ pub(super) fn unquoted_route_setting(sql: &str) -> Option<RouteHint> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_explain_hint() {
+        assert!(explain("/* refract: explain */ select 1"));
+        assert!(explain("select /*refract:EXPLAIN*/ 1"));
+        assert!(!explain("/* refract: route=primary */ select 1"));
+        assert!(!explain("select 'refract: explain'"));
+    }
 
     #[test]
     fn finds_hints() {

@@ -165,6 +165,12 @@ pub fn relation_name(schema: &str, name: &str) -> String {
     }
 }
 
+/// Whether `sql` carries `/* refract: explain */`: the client asks where refract would send
+/// it and why, instead of running it.
+pub fn wants_explain(sql: &str) -> bool {
+    hint::explain(sql)
+}
+
 impl Classification {
     /// Where to send the query: a hint in the text wins over the session's `refract.route`,
     /// which wins over the classification.

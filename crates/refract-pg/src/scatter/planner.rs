@@ -19,6 +19,10 @@ pub struct Options<'a> {
     /// User-defined aggregate names (lowercase), e.g. read from `pg_proc` at connect: without
     /// them such a call looks like a plain function.
     pub aggregates: &'a [String],
+    /// The caller checked that the sharded tables in FROM are joined on their keys and placed
+    /// alike ([`crate::shardkey::colocated`]): each shard answers the join for its own rows,
+    /// so the join is combined as one table would be.
+    pub colocated: bool,
 }
 
 /// Plans `sql` (one SELECT) for every shard, or refuses it.
@@ -75,7 +79,7 @@ fn check(s: &SelectStmt, opts: &Options<'_>) -> Result<(), String> {
     if tree::sharded_anywhere(&node, opts.schema) > direct {
         return refuse("a sharded table in a subquery is not answered across shards");
     }
-    if direct > 1 {
+    if direct > 1 && !opts.colocated {
         return refuse("a join of two sharded tables is not answered across shards by the merge");
     }
     Ok(())

@@ -11,7 +11,7 @@ fn schema(t: &str) -> Option<&'static str> {
 }
 
 fn decide(sql: &str) -> Decision {
-    plan(sql, &Options { schema: &schema, aggregates: &[] })
+    plan(sql, &Options { schema: &schema, aggregates: &[], colocated: false })
 }
 
 fn exact(sql: &str) -> Plan {

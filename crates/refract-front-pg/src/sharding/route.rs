@@ -1,0 +1,354 @@
+//! Where one statement goes in a sharded cluster ([`route`]): the shards holding the keys it
+//! names (`refract_pg::shardkey`), every shard for a write of a replicated table, a
+//! scatter-gather plan (`refract_pg::scatter`) for a read over several shards, an INSERT split
+//! by its rows' keys, or a refusal that says why. No I/O: the session runs the answer (the
+//! rows of an INSERT are counted per shard here, when they are placed).
+
+use super::Sharding;
+use pg_query::protobuf::{self, Node};
+use pg_query::NodeEnum;
+use refract_pg::keyparam::Params;
+use refract_pg::partition::Key;
+use refract_pg::scatter::{self, Decision, Plan};
+use refract_pg::shardkey::{self, KeySet, KeyValue, Schema, TableKeys};
+
+/// Where a statement runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// It names no sharded table and reads: any one shard answers (replicated tables).
+    Any,
+    /// These shards (sorted, at least one): one alone, or a write on each (counts summed).
+    Shards(Vec<usize>),
+    /// A read over several shards, combined by the plan.
+    Scatter(Vec<usize>, Plan),
+    /// An INSERT whose rows belong to several shards: each shard's own INSERT.
+    Split(Vec<(usize, String)>),
+    /// A write of replicated tables (or DDL): every shard, the answer of one copy.
+    Copies,
+    /// Not answered exactly across shards: SQLSTATE 0A000 and the reason.
+    Refuse(String),
+    /// Refused as PostgreSQL would refuse it (SQLSTATE, message).
+    Fail(&'static str, String),
+}
+
+/// SQLSTATE `check_violation`: PostgreSQL's "no partition of relation found for row".
+const NO_PARTITION: &str = "23514";
+
+/// Routes `sql` (`read`: the classifier calls it a plain read; `params`: a Bind's values for
+/// its `$n`).
+pub(crate) fn route(sh: &Sharding, sql: &str, read: bool, params: Option<Params<'_>>) -> Target {
+    // A text PostgreSQL's parser rejects gets its syntax error from one shard.
+    let Ok(parsed) = pg_query::parse(sql, 0) else { return Target::Any };
+    let nodes: Vec<&NodeEnum> =
+        parsed.protobuf.stmts.iter().filter_map(|r| r.stmt.as_ref()?.node.as_ref()).collect();
+    match nodes.as_slice() {
+        [] => Target::Any,
+        [node] => one(sh, sql, node, read, params, parsed.protobuf.version),
+        many => {
+            // Each alone; together only if they all stay on one shard.
+            let mut at = None;
+            for node in many {
+                match one(sh, sql, node, read, params, parsed.protobuf.version) {
+                    Target::Any => {}
+                    Target::Shards(s) if s.len() == 1 && at.is_none_or(|a| a == s[0]) => at = Some(s[0]),
+                    refused @ (Target::Refuse(_) | Target::Fail(..)) => return refused,
+                    _ => {
+                        return Target::Refuse(
+                            "a query of several statements is run across shards only when one shard holds all they touch: send them one at a time".into(),
+                        )
+                    }
+                }
+            }
+            at.map_or(Target::Any, |a| Target::Shards(vec![a]))
+        }
+    }
+}
+
+/// Routes one parsed statement.
+fn one(sh: &Sharding, sql: &str, node: &NodeEnum, read: bool, params: Option<Params<'_>>, version: i32) -> Target {
+    let refs = shardkey::of(node, sh);
+    if let Some(t) = write_target(node) {
+        return write(sh, node, &t, &refs, params, version);
+    }
+    if refs.is_empty() {
+        return if read { Target::Any } else { Target::Copies };
+    }
+    if matches!(node, NodeEnum::CopyStmt(_)) {
+        return Target::Refuse("COPY of a sharded table is not supported yet: use SELECT / INSERT".into());
+    }
+    if !matches!(node, NodeEnum::SelectStmt(_)) || !read {
+        if matches!(node, NodeEnum::SelectStmt(_)) {
+            // A SELECT the classifier calls a write (FOR UPDATE, a write function).
+            return single_or(sh, &refs, params, "a locking or writing SELECT over several shards is not supported: name the key so one shard answers");
+        }
+        // DDL and the like on a sharded table: every shard.
+        return Target::Copies;
+    }
+    let sets: Vec<Option<Vec<usize>>> = refs.iter().map(|r| shards_of(sh, r, params)).collect();
+    if let Some(x) = one_shard(&sets) {
+        return Target::Shards(vec![x]);
+    }
+    let colocated = refs.len() > 1
+        && shardkey::colocated(node, sh).is_some_and(|t| t.len() == refs.len() && sh.placed_alike(&t));
+    let shards = if colocated { intersect(sh.count(), &sets) } else { union(sh.count(), &sets) };
+    if shards.len() == 1 {
+        return Target::Shards(shards);
+    }
+    let opts = scatter::Options { schema: sh, aggregates: &[], colocated };
+    match scatter::plan(sql, &opts) {
+        Decision::Exact(plan) => Target::Scatter(shards, plan),
+        Decision::One => Target::Any,
+        Decision::Refuse(reason) => Target::Refuse(reason),
+    }
+}
+
+/// The table an INSERT, UPDATE, DELETE or MERGE writes, if the statement is one.
+fn write_target(node: &NodeEnum) -> Option<String> {
+    let rv = match node {
+        NodeEnum::InsertStmt(s) => s.relation.as_ref(),
+        NodeEnum::UpdateStmt(s) => s.relation.as_ref(),
+        NodeEnum::DeleteStmt(s) => s.relation.as_ref(),
+        NodeEnum::MergeStmt(s) => s.relation.as_ref(),
+        _ => None,
+    }?;
+    Some(rv.relname.clone())
+}
+
+/// An INSERT, UPDATE, DELETE or MERGE of `table`.
+fn write(sh: &Sharding, node: &NodeEnum, table: &str, refs: &[TableKeys], params: Option<Params<'_>>, version: i32) -> Target {
+    let Some(key) = sh.key_of(table) else {
+        return if refs.is_empty() {
+            Target::Copies
+        } else {
+            Target::Refuse(format!(
+                "a write of replicated table {table} that reads a sharded table would see only one shard's rows on each copy"
+            ))
+        };
+    };
+    if matches!(node, NodeEnum::MergeStmt(_)) {
+        return Target::Refuse("MERGE into a sharded table is not supported".into());
+    }
+    if let NodeEnum::UpdateStmt(u) = node {
+        if u.target_list.iter().any(|t| matches!(&t.node, Some(NodeEnum::ResTarget(r)) if r.name == key)) {
+            return Target::Refuse(format!("UPDATE of the shard key {table}.{key} would have to move rows between shards"));
+        }
+    }
+    let why = "a write that reads other sharded tables is run only when one shard holds every row it touches (name the keys)";
+    let (target, rest) = refs.split_first().map_or((None, &[][..]), |(t, r)| (Some(t), r));
+    let Some(target) = target.filter(|t| t.table == table) else { return Target::Refuse(why.into()) };
+    if let (KeySet::Rows(rows), NodeEnum::InsertStmt(ins)) = (&target.keys, node) {
+        if !rest.is_empty() {
+            return Target::Refuse(why.into());
+        }
+        return split_insert(sh, table, rows, ins.as_ref(), params, version);
+    }
+    if matches!(node, NodeEnum::InsertStmt(_)) {
+        return Target::Refuse(format!(
+            "an INSERT into sharded table {table} needs its key {key} in the column list, as a constant or $n in VALUES"
+        ));
+    }
+    if rest.is_empty() {
+        let shards = shards_of(sh, target, params).unwrap_or_else(|| (0..sh.count()).collect());
+        return Target::Shards(if shards.is_empty() { vec![0] } else { shards });
+    }
+    single_or(sh, refs, params, why)
+}
+
+/// One shard when every reference is restricted to the same one, else refused with `why`.
+fn single_or(sh: &Sharding, refs: &[TableKeys], params: Option<Params<'_>>, why: &str) -> Target {
+    let sets: Vec<Option<Vec<usize>>> = refs.iter().map(|r| shards_of(sh, r, params)).collect();
+    one_shard(&sets).map_or_else(|| Target::Refuse(why.into()), |x| Target::Shards(vec![x]))
+}
+
+/// INSERT ... VALUES: the rows by shard; one shard runs it as written, several their own rows.
+fn split_insert(
+    sh: &Sharding,
+    table: &str,
+    rows: &[KeyValue],
+    ins: &protobuf::InsertStmt,
+    params: Option<Params<'_>>,
+    version: i32,
+) -> Target {
+    let mut at = Vec::with_capacity(rows.len());
+    for v in rows {
+        let key = match key(sh, table, v, params) {
+            Ok(k) => k,
+            Err(e) => return Target::Fail("22P02", e),
+        };
+        match sh.place(table, &key) {
+            Ok(i) => at.push(i),
+            Err(e) => return Target::Fail(NO_PARTITION, format!("no partition of relation \"{table}\" found for row: {e}")),
+        }
+    }
+    let mut shards = at.clone();
+    shards.sort_unstable();
+    shards.dedup();
+    for &s in &shards {
+        sh.count_rows(s, at.iter().filter(|&&a| a == s).count() as u64);
+    }
+    if shards.len() == 1 {
+        return Target::Shards(shards);
+    }
+    if params.is_some() {
+        return Target::Refuse("an INSERT with $n parameters whose rows belong to several shards is not split: insert them one shard at a time".into());
+    }
+    let mut out = vec![];
+    for s in shards {
+        match insert_rows(ins, &at, s, version) {
+            Ok(sql) => out.push((s, sql)),
+            Err(e) => return Target::Refuse(e),
+        }
+    }
+    Target::Split(out)
+}
+
+/// The INSERT with only the VALUES rows `at` places on shard `s`.
+fn insert_rows(ins: &protobuf::InsertStmt, at: &[usize], s: usize, version: i32) -> Result<String, String> {
+    let mut ins = ins.clone();
+    let Some(NodeEnum::SelectStmt(sel)) = ins.select_stmt.as_deref_mut().and_then(|n| n.node.as_mut()) else {
+        return Err("not an INSERT ... VALUES".into());
+    };
+    let rows = std::mem::take(&mut sel.values_lists);
+    sel.values_lists = rows.into_iter().zip(at).filter(|(_, a)| **a == s).map(|(r, _)| r).collect();
+    let raw = protobuf::RawStmt {
+        stmt: Some(Box::new(Node { node: Some(NodeEnum::InsertStmt(Box::new(ins))) })),
+        stmt_location: 0,
+        stmt_len: 0,
+    };
+    let tree = protobuf::ParseResult { version, stmts: vec![raw] };
+    pg_query::deparse(&tree, Default::default()).map_err(|e| format!("cannot write the shards' INSERT: {e}"))
+}
+
+/// The key value `v` of `table`'s key.
+fn key(sh: &Sharding, table: &str, v: &KeyValue, params: Option<Params<'_>>) -> Result<Key, String> {
+    let ty = sh.key_type(table).ok_or_else(|| format!("{table} is not sharded"))?;
+    let none = Params { formats: &[], values: &[] };
+    params.unwrap_or(none).key(v, ty).map_err(|e| e.to_string())
+}
+
+/// The shards a reference touches (`None`: every shard). A key value no shard holds (a list
+/// or range without it) touches none: no row has it.
+fn shards_of(sh: &Sharding, r: &TableKeys, params: Option<Params<'_>>) -> Option<Vec<usize>> {
+    let ty = sh.key_type(&r.table)?;
+    let keys: Vec<Key> = match &r.keys {
+        KeySet::Every => return None,
+        KeySet::OneOf(vs) | KeySet::Rows(vs) => {
+            let keys: Result<Vec<Key>, String> = vs.iter().map(|v| key(sh, &r.table, v, params)).collect();
+            keys.ok()?
+        }
+        KeySet::AnyOf(n) => params?.array(*n, ty).ok()?,
+    };
+    let mut shards: Vec<usize> = keys.iter().filter_map(|k| sh.place(&r.table, k).ok()).collect();
+    shards.sort_unstable();
+    shards.dedup();
+    Some(shards)
+}
+
+/// The one shard every reference is restricted to, if there is one.
+fn one_shard(sets: &[Option<Vec<usize>>]) -> Option<usize> {
+    let first = sets.first()?.as_ref()?;
+    let x = match first.as_slice() {
+        [x] => *x,
+        _ => return None,
+    };
+    sets.iter().all(|s| s.as_deref() == Some(&[x][..])).then_some(x)
+}
+
+/// Every shard any reference touches (a reference to every shard makes it all of them).
+fn union(n: usize, sets: &[Option<Vec<usize>>]) -> Vec<usize> {
+    if sets.iter().any(Option::is_none) {
+        return (0..n).collect();
+    }
+    let mut all: Vec<usize> = sets.iter().flatten().flatten().copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    if all.is_empty() {
+        all.push(0);
+    }
+    all
+}
+
+/// The shards every restricted reference touches (a co-located join: a row pair lives on one).
+fn intersect(n: usize, sets: &[Option<Vec<usize>>]) -> Vec<usize> {
+    let mut out: Vec<usize> = (0..n).collect();
+    for s in sets.iter().flatten() {
+        out.retain(|x| s.contains(x));
+    }
+    if out.is_empty() {
+        out.push(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PgConfig;
+
+    fn sharding(n: usize) -> Sharding {
+        let mut text = "listen = \"127.0.0.1:6432\"\nserver_user = \"u\"\n\
+            [[sharded_table]]\nname = \"customers\"\nkey = \"id\"\n\
+            [[sharded_table]]\nname = \"orders\"\nkey = \"customer_id\"\n"
+            .to_owned();
+        for i in 0..n {
+            text.push_str(&format!(
+                "[[shard]]\nname = \"s{i}\"\n[[shard.server]]\nname = \"p{i}\"\naddr = \"127.0.0.1:{}\"\nrole = \"primary\"\n",
+                5441 + i
+            ));
+        }
+        Sharding::new(&toml::from_str::<PgConfig>(&text).expect("config"), &std::sync::Arc::default())
+    }
+
+    fn at(sh: &Sharding, id: i64) -> usize {
+        sh.place("customers", &Key::Int8(id)).expect("placed")
+    }
+
+    #[test]
+    fn keyed_statements_go_to_their_shard() {
+        let sh = sharding(3);
+        let r = |sql: &str, read: bool| route(&sh, sql, read, None);
+        assert_eq!(r("select * from customers where id = 7", true), Target::Shards(vec![at(&sh, 7)]));
+        assert_eq!(r("update customers set name = 'x' where id = 7", false), Target::Shards(vec![at(&sh, 7)]));
+        let join = "select * from customers c join orders o on c.id = o.customer_id where c.id = 7";
+        assert_eq!(r(join, true), Target::Shards(vec![at(&sh, 7)]));
+        assert_eq!(r("select * from products", true), Target::Any);
+        assert_eq!(r("insert into products values (1)", false), Target::Copies);
+        assert_eq!(r("create table t (a int)", false), Target::Copies);
+        assert_eq!(r("delete from customers", false), Target::Shards(vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn reads_over_several_shards_are_planned_or_refused() {
+        let sh = sharding(2);
+        let r = |sql: &str| route(&sh, sql, true, None);
+        assert!(matches!(r("select count(*) from customers"), Target::Scatter(s, _) if s == vec![0, 1]));
+        let colocated = "select c.id, o.id from customers c join orders o on c.id = o.customer_id order by 1, 2";
+        assert!(matches!(r(colocated), Target::Scatter(..)), "{:?}", r(colocated));
+        let loose = "select * from customers c join orders o on c.name = o.status";
+        assert!(matches!(r(loose), Target::Refuse(w) if w.contains("join")));
+        assert!(matches!(r("select id, rank() over (order by id) from customers"), Target::Refuse(w) if w.contains("window")));
+    }
+
+    #[test]
+    fn inserts_split_by_key_and_writes_refuse_what_would_be_wrong() {
+        let sh = sharding(2);
+        let (a, b) = ((1..100).find(|i| at(&sh, *i) == 0).unwrap(), (1..100).find(|i| at(&sh, *i) == 1).unwrap());
+        let sql = format!("insert into customers (id, name) values ({a}, 'a'), ({b}, 'b'), ({a}, 'c')");
+        match route(&sh, &sql, false, None) {
+            Target::Split(parts) => {
+                assert_eq!(parts.len(), 2);
+                assert!(parts[0].1.contains(&format!("({a}, 'a'), ({a}, 'c')")), "{}", parts[0].1);
+                assert!(parts[1].1.contains(&format!("({b}, 'b')")) && !parts[1].1.contains("'a'"), "{}", parts[1].1);
+            }
+            other => panic!("{other:?}"),
+        }
+        let key_update = route(&sh, "update customers set id = 5 where id = 1", false, None);
+        assert!(matches!(key_update, Target::Refuse(w) if w.contains("shard key")));
+        let no_key = route(&sh, "insert into customers (name) values ('x')", false, None);
+        assert!(matches!(no_key, Target::Refuse(w) if w.contains("key id")));
+        let cross = route(&sh, "insert into products select id from customers", false, None);
+        assert!(matches!(cross, Target::Refuse(w) if w.contains("replicated table products")));
+        let bad = route(&sh, "insert into customers (id) values ('x')", false, None);
+        assert!(matches!(bad, Target::Fail("22P02", _)));
+    }
+}

@@ -1,0 +1,322 @@
+//! The client session in a sharded cluster: each simple Query or extended batch is routed
+//! (`route`) and runs on one shard through the session's usual path (binding, SET replay,
+//! prepared statements, hand-over), or on several (`fanout`), or is refused with the reason.
+//! A transaction's BEGIN is held until its first statement names the shard; the transaction
+//! then stays there (a statement needing another shard is refused and the transaction fails,
+//! as two-phase commit is not implemented yet).
+
+use super::route::{route, Target};
+use super::Sharding;
+use crate::error::PgError;
+use crate::phase::Event;
+use crate::session::Session;
+use bytes::{Bytes, BytesMut};
+use refract_pg::classify::{fingerprint, Classification, Route, Statement};
+use refract_pg::keyparam::Params;
+use refract_pg::notice::sqlstate;
+use refract_pg::session::Origin;
+use refract_pg::{reply, BackendMessage, FrontendMessage, TxStatus};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// SQLSTATE `in_failed_sql_transaction`.
+const IN_FAILED_TX: &str = "25P02";
+
+/// What [`Session::shard_of_batch`] found.
+pub(crate) enum BatchShard {
+    /// Run the batch on this shard.
+    At(usize),
+    /// Refused: SQLSTATE and message.
+    Refused(&'static str, String),
+}
+
+impl Session {
+    /// A simple Query in a sharded cluster.
+    pub(crate) async fn simple_sharded(
+        &mut self,
+        sh: &Arc<Sharding>,
+        sql: &str,
+        frame: Bytes,
+        c: &Classification,
+    ) -> Result<(), PgError> {
+        if refract_pg::classify::wants_explain(sql) {
+            return self.explain(sh, sql, c).await;
+        }
+        if self.tx_control_locally(sql, c).await? {
+            return Ok(());
+        }
+        let route_class = self.route(c);
+        if route_class == Route::Write {
+            self.learn_key_positions(sh, &c.tables).await;
+        }
+        let target = self.target(sh, sql, c, route_class == Route::Read);
+        let in_tx = self.phase().in_transaction();
+        let shard = match target {
+            Target::Any => self.bound.as_ref().map_or_else(|| sh.any_shard(), |_| self.shard),
+            Target::Shards(s) if s.len() == 1 => s[0],
+            Target::Refuse(why) => return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await,
+            Target::Fail(code, why) => return self.refuse_sharded(sh, code, &why).await,
+            multi if in_tx => {
+                let why = format!(
+                    "this statement needs several shards ({}), and a transaction stays on one shard (two-phase commit is not implemented yet)",
+                    describe(sh, &multi)
+                );
+                return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
+            }
+            multi => return self.fan_out(sh, multi, sql, route_class == Route::Read, c).await,
+        };
+        if self.bound.is_some() && shard != self.shard {
+            let why = format!(
+                "this statement's rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}",
+                sh.names[shard], sh.names[self.shard]
+            );
+            return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
+        }
+        sh.count_statement(&[shard]);
+        let key = fingerprint(sql);
+        if let Err(e) = self.bind_shard(shard, route_class, Some(key), &c.tables).await {
+            return self.refuse(e, true).await;
+        }
+        let result = self.run_simple(c, frame, route_class, key).await;
+        self.settle(result).await
+    }
+
+    /// The statement's target; session statements (SET, SAVEPOINT, ...) go where the session
+    /// is, an SQL PREPARE of a statement over sharded tables is refused (its EXECUTEs could
+    /// not be routed by key).
+    fn target(&self, sh: &Sharding, sql: &str, c: &Classification, read: bool) -> Target {
+        let sharded = |t: &String| refract_pg::shardkey::Schema::key_of(sh, t).is_some();
+        for st in &c.statements {
+            if let Statement::Prepare { .. } | Statement::Execute { .. } = st {
+                if c.tables.iter().any(sharded) || matches!(st, Statement::Execute { .. }) {
+                    return Target::Refuse(
+                        "SQL PREPARE/EXECUTE is not routed by key in a sharded cluster: use the extended protocol (Parse/Bind)".into(),
+                    );
+                }
+            }
+        }
+        if c.statements.iter().all(|s| !matches!(s, Statement::Read | Statement::Write)) {
+            return Target::Any;
+        }
+        route(sh, sql, read, None)
+    }
+
+    /// Reads the key column position of sharded `tables` not known yet from shard 0's catalog
+    /// (an INSERT without a column list gives its values in column order). A table that does
+    /// not exist yet stays unknown: such an INSERT is refused with the reason.
+    async fn learn_key_positions(&mut self, sh: &Sharding, tables: &[String]) {
+        let unknown = sh.unknown_positions(tables);
+        if unknown.is_empty() {
+            return;
+        }
+        let Some(server) = self.shared.shard_servers(0).primary() else { return };
+        let Ok(mut guard) = server.pool.get(crate::sizes::Path::Direct).await else { return };
+        for t in unknown {
+            let Some(key) = refract_pg::shardkey::Schema::key_of(sh, t) else { continue };
+            let q = format!(
+                "select count(*) from pg_attribute a where a.attrelid = to_regclass({}) and a.attnum > 0 \
+                 and not a.attisdropped and a.attnum <= (select attnum from pg_attribute where attrelid = to_regclass({}) and attname = {})",
+                literal(t),
+                literal(t),
+                literal(key)
+            );
+            match guard.query_one(&q).await {
+                Ok(Some(n)) => {
+                    if let Some(n) = n.parse::<usize>().ok().filter(|n| *n > 0) {
+                        sh.set_position(t, n - 1);
+                    }
+                }
+                _ => return, // dropped, not released: its state is not known
+            }
+        }
+        guard.release();
+    }
+
+    /// Binds a connection on `shard` (the session stays there while bound); a held BEGIN is
+    /// sent first, after the session's SETs.
+    pub(crate) async fn bind_shard(
+        &mut self,
+        shard: usize,
+        route_class: Route,
+        key: Option<u64>,
+        tables: &[String],
+    ) -> Result<(), PgError> {
+        if self.bound.is_none() {
+            self.shard = shard;
+        }
+        self.bind(route_class, key, tables).await?;
+        let Some(begin) = self.held_begin.take() else { return Ok(()) };
+        let mut head = BytesMut::new();
+        if self.params_prefix(&mut head)? {
+            self.conn()?.wire.send(&head).await?;
+            self.drain_prefix().await?;
+        }
+        self.conn()?.query(&begin).await?;
+        Ok(())
+    }
+
+    /// BEGIN is held (answered here); COMMIT or ROLLBACK of a transaction that never reached a
+    /// shard, and any statement of a transaction failed here, are answered here too.
+    async fn tx_control_locally(&mut self, sql: &str, c: &Classification) -> Result<bool, PgError> {
+        let ends = |s: &Statement| matches!(s, Statement::Commit | Statement::Rollback);
+        let (tag, status) = match c.statements.as_slice() {
+            [Statement::Begin { .. }] if self.bound.is_none() && !self.phase().in_transaction() => {
+                // The client's own text keeps its options (ISOLATION LEVEL, READ ONLY).
+                self.held_begin = Some(sql.to_owned());
+                ("BEGIN", TxStatus::InTransaction)
+            }
+            [st] if ends(st) && self.bound.is_none() && self.phase().in_transaction() => {
+                self.held_begin = None;
+                let failed = self.phase().tx() == TxStatus::Failed;
+                (if failed || matches!(st, Statement::Rollback) { "ROLLBACK" } else { "COMMIT" }, TxStatus::Idle)
+            }
+            _ if self.bound.is_none() && self.phase().tx() == TxStatus::Failed => {
+                let msg = "current transaction is aborted, commands ignored until end of transaction block";
+                self.out.extend_from_slice(&reply::error(IN_FAILED_TX, msg));
+                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Failed));
+                self.flush().await?;
+                return Ok(true);
+            }
+            _ => return Ok(false),
+        };
+        self.advance(Event::Completed(tag));
+        self.advance(Event::Ready(status));
+        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+        self.out.extend_from_slice(&reply::ready_for_query(status));
+        self.flush().await?;
+        Ok(true)
+    }
+
+    /// Refuses a statement with `code` and `why`. Inside a transaction the transaction fails,
+    /// as it would on one PostgreSQL: its shard's part is rolled back now and the client's
+    /// ROLLBACK (or COMMIT) is answered here.
+    pub(crate) async fn refuse_sharded(&mut self, sh: &Sharding, code: &str, why: &str) -> Result<(), PgError> {
+        sh.count_refused();
+        let in_tx = self.phase().in_transaction();
+        if in_tx {
+            self.abort_on_shard().await;
+        }
+        self.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
+        let status = if in_tx { TxStatus::Failed } else { TxStatus::Idle };
+        self.advance(Event::QueryError);
+        self.advance(Event::Ready(status));
+        self.out.extend_from_slice(&reply::ready_for_query(status));
+        self.flush().await
+    }
+
+    /// Rolls back the transaction on its shard and gives the connection back (dropped if the
+    /// rollback fails).
+    async fn abort_on_shard(&mut self) {
+        self.held_begin = None;
+        self.unit_done();
+        let Some(mut b) = self.bound.take() else { return };
+        self.client.info.set_bound(None);
+        self.key.set(None);
+        let timeout = std::time::Duration::from_millis(self.shared.cfg.connect_timeout_ms);
+        if let Ok(Ok(_)) = tokio::time::timeout(timeout, b.guard.query("ROLLBACK")).await {
+            b.guard.release();
+        }
+    }
+
+    /// Extended protocol: the one shard every statement the batch binds runs on (a batch
+    /// that only parses or describes runs where the session is, or on any shard).
+    pub(crate) fn shard_of_batch(&self, sh: &Sharding, msgs: &[FrontendMessage], read: bool) -> BatchShard {
+        let mut parsed: HashMap<&str, &str> = HashMap::new();
+        let mut at: Option<usize> = self.bound.as_ref().map(|_| self.shard);
+        for m in msgs {
+            let FrontendMessage::Parse { name, query, .. } = m else {
+                let FrontendMessage::Bind(b) = m else { continue };
+                let prepared = || match &self.state.prepared.get(&b.statement)?.origin {
+                    Origin::Protocol { query, .. } => Some(query.as_str()),
+                    Origin::Sql { .. } => None,
+                };
+                let text = parsed.get(b.statement.as_str()).copied().or_else(prepared);
+                let Some(text) = text else { continue };
+                let values: Vec<Option<&[u8]>> = b.params.iter().map(|p| p.as_deref()).collect();
+                let params = Params { formats: &b.param_formats, values: &values };
+                let shards = match route(sh, text, read, Some(params)) {
+                    Target::Any => continue,
+                    Target::Shards(s) if s.len() == 1 => s[0],
+                    Target::Refuse(why) => return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why),
+                    Target::Fail(code, why) => return BatchShard::Refused(code, why),
+                    multi => {
+                        let why = format!(
+                            "this statement needs several shards ({}): through the extended protocol only one-shard statements run yet (send it as a simple query)",
+                            describe(sh, &multi)
+                        );
+                        return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why);
+                    }
+                };
+                if at.is_some_and(|a| a != shards) {
+                    let why = "the statements of this batch (or this transaction) are on different shards".to_owned();
+                    return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why);
+                }
+                at = Some(shards);
+                continue;
+            };
+            parsed.insert(name, query);
+        }
+        BatchShard::At(at.unwrap_or_else(|| sh.any_shard()))
+    }
+
+    /// `/* refract: explain */`: where the statement would run and why, as rows of one text
+    /// column `route`; the statement does not run.
+    async fn explain(&mut self, sh: &Sharding, sql: &str, c: &Classification) -> Result<(), PgError> {
+        let read = self.route(c) == Route::Read;
+        let target = self.target(sh, sql, c, read);
+        let lines = explain_lines(sh, &target, read);
+        let field = refract_pg::backend::FieldDescription {
+            name: "route".into(),
+            table_oid: 0,
+            column: 0,
+            type_oid: 25, // text
+            type_size: -1,
+            type_modifier: -1,
+            format: 0,
+        };
+        self.out.extend_from_slice(&BackendMessage::RowDescription(vec![field]).to_bytes());
+        for l in &lines {
+            self.out.extend_from_slice(&BackendMessage::DataRow(vec![Some(Bytes::from(l.clone()))]).to_bytes());
+        }
+        let tag = format!("SELECT {}", lines.len());
+        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
+        self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+        self.flush().await
+    }
+}
+
+/// `s` as an SQL string literal.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The shards a multi-shard target names, for messages.
+fn describe(sh: &Sharding, t: &Target) -> String {
+    let names = |s: &[usize]| s.iter().map(|&i| sh.names[i].as_str()).collect::<Vec<_>>().join(", ");
+    match t {
+        Target::Shards(s) | Target::Scatter(s, _) => names(s),
+        Target::Split(parts) => names(&parts.iter().map(|(i, _)| *i).collect::<Vec<_>>()),
+        _ => "every shard".into(),
+    }
+}
+
+/// The explain rows for `t`.
+fn explain_lines(sh: &Sharding, t: &Target, read: bool) -> Vec<String> {
+    let kind = if read { "read" } else { "write" };
+    match t {
+        Target::Any => vec![format!("{kind} on one shard (any): it names no sharded table")],
+        Target::Shards(s) if s.len() == 1 => vec![format!("{kind} on shard {}: the key values it names are there", sh.names[s[0]])],
+        Target::Shards(s) => vec![format!("{kind} on shards {} (row counts summed)", describe(sh, &Target::Shards(s.clone())))],
+        Target::Scatter(_, plan) => vec![
+            format!("scatter-gather read on shards {}", describe(sh, t)),
+            format!("each shard runs: {}", plan.sql),
+            format!("merge: {:?}, order {:?}, offset {}, limit {:?}", plan.shape, plan.order, plan.offset, plan.limit),
+        ],
+        Target::Split(parts) => {
+            parts.iter().map(|(i, sql)| format!("insert on shard {}: {sql}", sh.names[*i])).collect()
+        }
+        Target::Copies => vec![format!("{kind} on every shard (replicated tables or DDL: the answer of one copy)")],
+        Target::Refuse(why) => vec![format!("refused (0A000): {why}")],
+        Target::Fail(code, why) => vec![format!("refused ({code}): {why}")],
+    }
+}

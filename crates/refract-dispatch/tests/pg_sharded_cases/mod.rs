@@ -468,6 +468,9 @@ fn writes(s: &mut Suite, k: &Keys) {
         "COPY customers (name, id, city) FROM STDIN (FORMAT csv)",
         "\"Smith, J\",6001,Bern\n,6002,\"\"\n\"q\"\"x\",-7777,\n".into(),
     );
+    s.either("COPY orders TO STDOUT", Cmp::Unordered);
+    s.either("COPY products TO STDOUT (FORMAT csv)", Cmp::Unordered);
+    s.either("COPY (SELECT id, name FROM customers ORDER BY id) TO STDOUT", Cmp::Ordered);
     // Not in the spec either way; refusing is not wrong, a wrong answer or misplaced rows are.
     s.either("INSERT INTO customers (id, name) SELECT id + 5000, name FROM customers WHERE id < -280", Cmp::Ordered);
     s.either("DELETE FROM orders WHERE qty = 0 RETURNING id, customer_id", Cmp::Unordered);

@@ -109,13 +109,16 @@ pub fn of(node: &NodeEnum, schema: &dyn Schema) -> Vec<TableKeys> {
 /// order when `Some`).
 pub fn colocated(node: &NodeEnum, schema: &dyn Schema) -> Option<Vec<String>> {
     let NodeEnum::SelectStmt(s) = node else { return None };
-    let (mut refs, mut quals) = (vec![], vec![]);
+    let (mut refs, mut inner) = (vec![], vec![]);
     for f in &s.from_clause {
-        from_item(f, schema, &mut refs, &mut quals);
+        from_item(f, schema, &mut refs, &mut inner);
     }
     if refs.len() < 2 {
         return None;
     }
+    // An outer join on the keys is co-located too: a row's partners are all on its shard.
+    let mut quals = vec![];
+    s.from_clause.iter().for_each(|f| join_quals(f, &mut quals));
     quals.extend(s.where_clause.as_deref());
     let conj: Vec<&Node> = quals.into_iter().flat_map(conjuncts).collect();
     // Joined so far: start from the first table, add any table equated to a joined one.
@@ -130,6 +133,16 @@ pub fn colocated(node: &NodeEnum, schema: &dyn Schema) -> Option<Vec<String>> {
         }
     }
     joined.iter().all(|j| *j).then(|| refs.into_iter().map(|r| r.table).collect())
+}
+
+/// The ON conditions of every join in a FROM item, inner or outer.
+fn join_quals<'a>(n: &'a Node, out: &mut Vec<&'a Node>) {
+    if let Some(NodeEnum::JoinExpr(j)) = n.node.as_ref() {
+        for side in [&j.larg, &j.rarg].into_iter().flatten() {
+            join_quals(side, out);
+        }
+        out.extend(j.quals.as_deref());
+    }
 }
 
 /// `a.key = b.key` between two tables in scope: their positions.

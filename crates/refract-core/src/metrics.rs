@@ -212,7 +212,11 @@ impl Metrics {
         let pg_shard_rows = Family::<ShardLabel, Counter>::default();
         reg.register("pg_shard_rows", "INSERT rows refract placed on each shard by their key", pg_shard_rows.clone());
         let pg_scatter = Counter::default();
-        reg.register("pg_scatter", "Statements run on several shards (scatter-gather reads, writes on several shards)", pg_scatter.clone());
+        reg.register(
+            "pg_scatter",
+            "Statements run on several shards (scatter-gather reads, writes on several shards)",
+            pg_scatter.clone(),
+        );
         let pg_shard_refused = Counter::default();
         reg.register(
             "pg_shard_refused",

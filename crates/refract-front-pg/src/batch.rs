@@ -6,10 +6,10 @@
 use super::error::PgError;
 use super::phase::Event;
 use super::session::{Session, FLUSH_AT};
+use super::sharding::BatchShard;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route};
 use refract_pg::frontend::Target;
-use super::sharding::BatchShard;
 use refract_pg::session::{Origin, PreparedStatement};
 use refract_pg::{reply, BackendMessage, FrontendMessage};
 use std::collections::hash_map::DefaultHasher;

@@ -106,6 +106,11 @@ pub struct PgSettings {
     /// `[[postgres.shard]]`: a sharded cluster, instead of `[[postgres.server]]` (docs/sharding.md).
     #[serde(default, rename = "shard")]
     pub shards: Vec<PgShard>,
+    /// Sharded: the file where refract records, durably, each two-phase commit's decision
+    /// before its second phase (and resolves prepared transactions from at start). Without
+    /// it a transaction stays on one shard.
+    #[serde(default)]
+    pub twophase_log: Option<PathBuf>,
     /// `[[postgres.sharded_table]]`: the tables split over the shards; every other table is
     /// replicated (a full copy on every shard).
     #[serde(default, rename = "sharded_table")]

@@ -60,9 +60,9 @@ mod pool;
 mod probes;
 mod reset;
 mod server;
-mod sharding;
 mod servers;
 mod session;
+mod sharding;
 mod shared;
 mod sizes;
 mod status;
@@ -195,6 +195,9 @@ impl Front for PgFront {
             }
             let (min_idle, metrics, stop) = (shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone());
             tokio::spawn(probes::run_health(servers.clone(), interval, min_idle, metrics, stop));
+        }
+        if let Some(Ok(log)) = shared.sharding.as_ref().map(|s| s.log.clone()) {
+            tokio::spawn(sharding::recover(log, shared.shards.clone(), interval, ctx.stop.clone()));
         }
         Ok(())
     }

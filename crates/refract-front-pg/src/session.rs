@@ -92,6 +92,10 @@ pub(super) struct Session {
     pub(super) shard: usize,
     /// Sharded: the client's BEGIN, held until its first statement names the shard.
     pub(super) held_begin: Option<String>,
+    /// Sharded: the BEGIN of the open transaction, for each further shard it reaches.
+    pub(super) tx_begin: Option<String>,
+    /// Sharded: the transaction's connections on its other shards (two-phase commit).
+    pub(super) parked: Vec<(usize, Bound)>,
     /// Extended-protocol messages waiting for Sync or Flush.
     pub batch: Vec<FrontendMessage>,
     /// Where the session stands in the protocol: changed only by [`Session::advance`].
@@ -136,6 +140,8 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         floors,
         shard: 0,
         held_begin: None,
+        tx_begin: None,
+        parked: vec![],
         batch: vec![],
         phase: Phase::default(),
         pool_mode,
@@ -353,6 +359,9 @@ impl Session {
             self.servers().failed(&b.server);
             drop(b.guard); // not released: its state is unknown
         }
+        // A transaction's other shards: dropped, so their servers roll back.
+        self.parked.clear();
+        self.tx_begin = None;
         self.client.info.set_bound(None);
         self.key.set(None);
         if self.pool_mode == PoolMode::Session || self.held.pinned() {

@@ -44,8 +44,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
         .snapshot()
         .iter()
         .map(|c| {
-            let bound =
-                c.bound().and_then(|i| all(shared).into_iter().find(|s| s.index == i).map(|s| s.name.clone()));
+            let bound = c.bound().and_then(|i| all(shared).into_iter().find(|s| s.index == i).map(|s| s.name.clone()));
             json!({
                 "id": c.id,
                 "user": c.user,

@@ -32,6 +32,7 @@ wal_receiver_status_interval = 1s
 wal_level = logical
 hot_standby_feedback = on
 log_min_messages = warning
+max_prepared_transactions = 20
 ";
 
 /// The path of a PostgreSQL client or server program (`psql`, `pgbench`, ...) of the kit's
@@ -116,9 +117,16 @@ impl PgCluster {
     /// started; `self.standalone[i]` where `i` is returned. With `wal_level = logical` on
     /// every server, it can subscribe to the primary's publications.
     pub fn add_standalone(&mut self) -> io::Result<usize> {
+        self.add_standalone_with("")
+    }
+
+    /// [`PgCluster::add_standalone`] with `conf` appended to its `postgresql.conf` (e.g.
+    /// `max_prepared_transactions = 0`).
+    pub fn add_standalone_with(&mut self, conf: &str) -> io::Result<usize> {
         let i = self.standalone.len();
         let data = self.dir.path().join(format!("standalone{i}"));
         self.init(&data)?;
+        append(&data.join("postgresql.conf"), &format!("{conf}\n"))?;
         let log = self.dir.path().join(format!("standalone{i}.log"));
         let mut server = PgServer { port: 0, log, data, running: false };
         start_server(&self.tools, &mut server)?;

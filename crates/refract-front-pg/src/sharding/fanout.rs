@@ -237,7 +237,9 @@ impl Session {
                             return self.scatter_failed(legs, gather_error(&e)).await;
                         }
                     }
-                    Err(e) => return self.scatter_failed(legs, BackendMessage::ErrorResponse(e).to_bytes().to_vec()).await,
+                    Err(e) => {
+                        return self.scatter_failed(legs, BackendMessage::ErrorResponse(e).to_bytes().to_vec()).await
+                    }
                 },
                 Step::Done(tag) => {
                     self.advance(Event::Completed(&tag));
@@ -270,7 +272,11 @@ async fn first_answer(g: &mut Guard) -> Result<Result<Vec<FieldDescription>, Err
             BackendMessage::RowDescription(d) => return Ok(Ok(d)),
             BackendMessage::ErrorResponse(e) => return Ok(Err(e)),
             BackendMessage::CommandComplete(t) => {
-                let e = ErrorFields::new("ERROR", sqlstate::INTERNAL_ERROR, format!("refract: a shard answered {t:?} without rows"));
+                let e = ErrorFields::new(
+                    "ERROR",
+                    sqlstate::INTERNAL_ERROR,
+                    format!("refract: a shard answered {t:?} without rows"),
+                );
                 return Ok(Err(e));
             }
             _ => {}
@@ -347,7 +353,10 @@ mod tests {
         let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(combined_tag(&t(&["UPDATE 2", "UPDATE 3"]), Placement::Sharded), Ok("UPDATE 5".into()));
         assert_eq!(combined_tag(&t(&["INSERT 0 1", "INSERT 0 1"]), Placement::Replicated), Ok("INSERT 0 1".into()));
-        assert_eq!(combined_tag(&t(&["CREATE TABLE", "CREATE TABLE"]), Placement::Replicated), Ok("CREATE TABLE".into()));
+        assert_eq!(
+            combined_tag(&t(&["CREATE TABLE", "CREATE TABLE"]), Placement::Replicated),
+            Ok("CREATE TABLE".into())
+        );
         assert!(combined_tag(&t(&["CREATE TABLE", "DROP TABLE"]), Placement::Replicated).is_err());
         assert!(runs_in_a_block("create table t (a int)"));
         assert!(!runs_in_a_block("vacuum t"));

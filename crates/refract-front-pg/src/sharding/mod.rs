@@ -7,18 +7,20 @@
 mod fanout;
 mod route;
 mod session;
+mod twophase;
 
 pub(crate) use session::BatchShard;
+pub(crate) use twophase::recover;
 
 use super::shared::Shared;
 use crate::config::{PgConfig, ShardKeyType, ShardMethod, ShardedTable};
+use refract_core::metrics::Metrics;
 use refract_pg::partition::{self, Key, KeyType};
 use refract_pg::shardkey::Schema;
 use serde_json::{json, Value};
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
-use refract_core::metrics::Metrics;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// One sharded table's placement rule.
@@ -60,6 +62,11 @@ pub(crate) struct Sharding {
     /// without a column list needs it.
     positions: Mutex<HashMap<String, usize>>,
     metrics: Arc<Metrics>,
+    /// The two-phase decision log (`[postgres] twophase_log`), or why there is none.
+    pub(crate) log: Result<Arc<twophase::DecisionLog>, String>,
+    /// Per shard: whether its primary accepts PREPARE TRANSACTION (`max_prepared_transactions
+    /// > 0`): 0 not known yet, 1 yes, 2 no.
+    prepared_ok: Vec<AtomicU8>,
 }
 
 impl Schema for Sharding {
@@ -98,6 +105,8 @@ impl Sharding {
             c_collation: AtomicU8::new(0),
             positions: Mutex::default(),
             metrics: metrics.clone(),
+            log: open_log(cfg),
+            prepared_ok: cfg.shards.iter().map(|_| AtomicU8::new(0)).collect(),
         }
     }
 
@@ -110,6 +119,21 @@ impl Sharding {
     /// Learns that `table`'s key is its column number `position` (0-based).
     pub(crate) fn set_position(&self, table: &str, position: usize) {
         lock(&self.positions).insert(table.to_owned(), position);
+    }
+
+    /// Whether shard `i` accepts PREPARE TRANSACTION (`None`: not asked yet).
+    pub(crate) fn prepared_ok(&self, i: usize) -> Option<bool> {
+        match self.prepared_ok.get(i).map(|a| a.load(Relaxed)) {
+            Some(1) => Some(true),
+            Some(2) => Some(false),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set_prepared_ok(&self, i: usize, ok: bool) {
+        if let Some(a) = self.prepared_ok.get(i) {
+            a.store(if ok { 1 } else { 2 }, Relaxed);
+        }
     }
 
     /// Forgets the key positions (a DDL statement ran: a table may have changed).
@@ -228,6 +252,16 @@ impl Sharding {
     }
 }
 
+/// The decision log of `cfg`, or why there is none.
+fn open_log(cfg: &PgConfig) -> Result<Arc<twophase::DecisionLog>, String> {
+    let path = cfg.twophase_log.as_ref().ok_or("no [postgres] twophase_log is configured")?;
+    twophase::DecisionLog::open(path).map(Arc::new).map_err(|e| {
+        let why = format!("the two-phase log {} cannot be opened: {e}", path.display());
+        tracing::error!("{why}");
+        why
+    })
+}
+
 /// `GET /pg/shards`: each shard's servers, the key values it holds, what it was sent.
 pub(crate) fn view(shared: &Shared) -> Value {
     let Some(sh) = &shared.sharding else { return json!({"shards": [], "sharded": false}) };
@@ -344,7 +378,10 @@ mod tests {
         // (checked against a server in tests/pg_sharded.rs); here: the same function as partition.rs.
         let k = |v: i64| Key::Int8(v);
         assert_eq!(s.place("h", &k(7)), Ok(partition::remainder(&[Key::Int4(7)], 3) as usize));
-        assert_eq!((s.place("r", &k(-5)), s.place("r", &k(100)), s.place("r", &k(199)), s.place("r", &k(200))), (Ok(0), Ok(1), Ok(1), Ok(2)));
+        assert_eq!(
+            (s.place("r", &k(-5)), s.place("r", &k(100)), s.place("r", &k(199)), s.place("r", &k(200))),
+            (Ok(0), Ok(1), Ok(1), Ok(2))
+        );
         assert!(s.place("r", &Key::Null).is_err());
         assert_eq!(s.place("l", &Key::Text(b"c".to_vec())), Ok(1));
         assert!(s.place("l", &Key::Text(b"z".to_vec())).unwrap_err().contains("no shard holds l.c = z"));
@@ -357,15 +394,19 @@ mod tests {
     #[test]
     fn bad_sharding_configs_are_refused_with_a_reason() {
         let base = "listen = \"127.0.0.1:6432\"\nserver_user = \"u\"\n";
-        let shard = |i: usize| format!("[[shard]]\nname = \"s{i}\"\n[[shard.server]]\nname = \"p{i}\"\naddr = \"127.0.0.1:{}\"\nrole = \"primary\"\n", 5441 + i);
+        let shard = |i: usize| {
+            format!("[[shard]]\nname = \"s{i}\"\n[[shard.server]]\nname = \"p{i}\"\naddr = \"127.0.0.1:{}\"\nrole = \"primary\"\n", 5441 + i)
+        };
         let parse = |extra: &str| toml::from_str::<PgConfig>(&format!("{base}{extra}")).map_err(|e| e.to_string());
         let two = format!("{}{}", shard(0), shard(1));
         assert!(parse(&two).is_ok());
         let both = format!("{two}[[server]]\nname = \"x\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n");
         assert!(parse(&both).unwrap_err().contains("not both"));
-        let range = format!("[[sharded_table]]\nname = \"t\"\nkey = \"id\"\nmethod = \"range\"\nbounds = [1, 2]\n{two}");
+        let range =
+            format!("[[sharded_table]]\nname = \"t\"\nkey = \"id\"\nmethod = \"range\"\nbounds = [1, 2]\n{two}");
         assert!(parse(&range).unwrap_err().contains("needs 1 `bounds`"));
-        let down = format!("[[sharded_table]]\nname = \"t\"\nkey = \"id\"\nmethod = \"range\"\nbounds = [\"x\"]\n{two}");
+        let down =
+            format!("[[sharded_table]]\nname = \"t\"\nkey = \"id\"\nmethod = \"range\"\nbounds = [\"x\"]\n{two}");
         assert!(parse(&down).unwrap_err().contains("invalid input"));
         let lone = "[[sharded_table]]\nname = \"t\"\nkey = \"id\"\n[[server]]\nname = \"x\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n";
         assert!(parse(lone).unwrap_err().contains("need [[postgres.shard]]"));

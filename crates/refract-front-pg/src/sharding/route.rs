@@ -39,8 +39,7 @@ const NO_PARTITION: &str = "23514";
 pub(crate) fn route(sh: &Sharding, sql: &str, read: bool, params: Option<Params<'_>>) -> Target {
     // A text PostgreSQL's parser rejects gets its syntax error from one shard.
     let Ok(parsed) = pg_query::parse(sql, 0) else { return Target::Any };
-    let nodes: Vec<&NodeEnum> =
-        parsed.protobuf.stmts.iter().filter_map(|r| r.stmt.as_ref()?.node.as_ref()).collect();
+    let nodes: Vec<&NodeEnum> = parsed.protobuf.stmts.iter().filter_map(|r| r.stmt.as_ref()?.node.as_ref()).collect();
     match nodes.as_slice() {
         [] => Target::Any,
         [node] => one(sh, sql, node, read, params, parsed.protobuf.version),
@@ -79,7 +78,12 @@ fn one(sh: &Sharding, sql: &str, node: &NodeEnum, read: bool, params: Option<Par
     if !matches!(node, NodeEnum::SelectStmt(_)) || !read {
         if matches!(node, NodeEnum::SelectStmt(_)) {
             // A SELECT the classifier calls a write (FOR UPDATE, a write function).
-            return single_or(sh, &refs, params, "a locking or writing SELECT over several shards is not supported: name the key so one shard answers");
+            return single_or(
+                sh,
+                &refs,
+                params,
+                "a locking or writing SELECT over several shards is not supported: name the key so one shard answers",
+            );
         }
         // DDL and the like on a sharded table: every shard.
         return Target::Copies;
@@ -88,8 +92,8 @@ fn one(sh: &Sharding, sql: &str, node: &NodeEnum, read: bool, params: Option<Par
     if let Some(x) = one_shard(&sets) {
         return Target::Shards(vec![x]);
     }
-    let colocated = refs.len() > 1
-        && shardkey::colocated(node, sh).is_some_and(|t| t.len() == refs.len() && sh.placed_alike(&t));
+    let colocated =
+        refs.len() > 1 && shardkey::colocated(node, sh).is_some_and(|t| t.len() == refs.len() && sh.placed_alike(&t));
     let shards = if colocated { intersect(sh.count(), &sets) } else { union(sh.count(), &sets) };
     if shards.len() == 1 {
         return Target::Shards(shards);
@@ -115,7 +119,14 @@ fn write_target(node: &NodeEnum) -> Option<String> {
 }
 
 /// An INSERT, UPDATE, DELETE or MERGE of `table`.
-fn write(sh: &Sharding, node: &NodeEnum, table: &str, refs: &[TableKeys], params: Option<Params<'_>>, version: i32) -> Target {
+fn write(
+    sh: &Sharding,
+    node: &NodeEnum,
+    table: &str,
+    refs: &[TableKeys],
+    params: Option<Params<'_>>,
+    version: i32,
+) -> Target {
     let Some(key) = sh.key_of(table) else {
         return if refs.is_empty() {
             Target::Copies
@@ -130,10 +141,13 @@ fn write(sh: &Sharding, node: &NodeEnum, table: &str, refs: &[TableKeys], params
     }
     if let NodeEnum::UpdateStmt(u) = node {
         if u.target_list.iter().any(|t| matches!(&t.node, Some(NodeEnum::ResTarget(r)) if r.name == key)) {
-            return Target::Refuse(format!("UPDATE of the shard key {table}.{key} would have to move rows between shards"));
+            return Target::Refuse(format!(
+                "UPDATE of the shard key {table}.{key} would have to move rows between shards"
+            ));
         }
     }
-    let why = "a write that reads other sharded tables is run only when one shard holds every row it touches (name the keys)";
+    let why =
+        "a write that reads other sharded tables is run only when one shard holds every row it touches (name the keys)";
     let (target, rest) = refs.split_first().map_or((None, &[][..]), |(t, r)| (Some(t), r));
     let Some(target) = target.filter(|t| t.table == table) else { return Target::Refuse(why.into()) };
     if let (KeySet::Rows(rows), NodeEnum::InsertStmt(ins)) = (&target.keys, node) {
@@ -177,7 +191,9 @@ fn split_insert(
         };
         match sh.place(table, &key) {
             Ok(i) => at.push(i),
-            Err(e) => return Target::Fail(NO_PARTITION, format!("no partition of relation \"{table}\" found for row: {e}")),
+            Err(e) => {
+                return Target::Fail(NO_PARTITION, format!("no partition of relation \"{table}\" found for row: {e}"))
+            }
         }
     }
     let mut shards = at.clone();
@@ -326,7 +342,9 @@ mod tests {
         assert!(matches!(r(colocated), Target::Scatter(..)), "{:?}", r(colocated));
         let loose = "select * from customers c join orders o on c.name = o.status";
         assert!(matches!(r(loose), Target::Refuse(w) if w.contains("join")));
-        assert!(matches!(r("select id, rank() over (order by id) from customers"), Target::Refuse(w) if w.contains("window")));
+        assert!(
+            matches!(r("select id, rank() over (order by id) from customers"), Target::Refuse(w) if w.contains("window"))
+        );
     }
 
     #[test]

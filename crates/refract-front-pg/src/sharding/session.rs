@@ -6,9 +6,10 @@
 //! as two-phase commit is not implemented yet).
 
 use super::route::{route, Target};
-use super::Sharding;
+use super::{twophase, Sharding};
 use crate::error::PgError;
 use crate::phase::Event;
+use crate::session::Bound;
 use crate::session::Session;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route, Statement};
@@ -42,6 +43,16 @@ impl Session {
         if refract_pg::classify::wants_explain(sql) {
             return self.explain(sh, sql, c).await;
         }
+        if !self.phase().in_transaction() {
+            self.tx_begin = None;
+        }
+        if !self.parked.is_empty() {
+            match c.statements.as_slice() {
+                [Statement::Commit] => return self.end_on_shards(sh, true).await,
+                [Statement::Rollback] => return self.end_on_shards(sh, false).await,
+                _ => {}
+            }
+        }
         if self.tx_control_locally(sql, c).await? {
             return Ok(());
         }
@@ -66,11 +77,19 @@ impl Session {
             multi => return self.fan_out(sh, multi, sql, route_class == Route::Read, c).await,
         };
         if self.bound.is_some() && shard != self.shard {
-            let why = format!(
-                "this statement's rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}",
-                sh.names[shard], sh.names[self.shard]
-            );
-            return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
+            let second = if in_tx {
+                self.second_shard(sh, shard).await
+            } else {
+                Err("a pinned connection stays on its shard".into())
+            };
+            if let Err(why) = second {
+                let why = format!(
+                    "this statement's rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}: {why}",
+                    sh.names[shard], sh.names[self.shard]
+                );
+                return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
+            }
+            self.move_to_shard(shard);
         }
         sh.count_statement(&[shard]);
         let key = fingerprint(sql);
@@ -144,6 +163,9 @@ impl Session {
         if self.bound.is_none() {
             self.shard = shard;
         }
+        // A transaction runs on the primary unless it began READ ONLY.
+        let starts_tx = self.held_begin.as_deref().is_some_and(|b| !self.read_only_begin(b));
+        let route_class = if starts_tx { Route::Write } else { route_class };
         self.bind(route_class, key, tables).await?;
         let Some(begin) = self.held_begin.take() else { return Ok(()) };
         let mut head = BytesMut::new();
@@ -163,6 +185,7 @@ impl Session {
             [Statement::Begin { .. }] if self.bound.is_none() && !self.phase().in_transaction() => {
                 // The client's own text keeps its options (ISOLATION LEVEL, READ ONLY).
                 self.held_begin = Some(sql.to_owned());
+                self.tx_begin = Some(sql.to_owned());
                 ("BEGIN", TxStatus::InTransaction)
             }
             [st] if ends(st) && self.bound.is_none() && self.phase().in_transaction() => {
@@ -204,18 +227,142 @@ impl Session {
         self.flush().await
     }
 
-    /// Rolls back the transaction on its shard and gives the connection back (dropped if the
-    /// rollback fails).
+    /// Rolls back the transaction on each of its shards and gives the connections back
+    /// (dropped where the rollback fails).
     async fn abort_on_shard(&mut self) {
         self.held_begin = None;
-        self.unit_done();
-        let Some(mut b) = self.bound.take() else { return };
+        self.tx_begin = None;
+        let timeout = std::time::Duration::from_millis(self.shared.cfg.connect_timeout_ms);
+        for (shard, mut b) in self.take_tx_bindings() {
+            if let Some(a) = b.admitted.take() {
+                a.finish();
+            }
+            if let Ok(Ok(Ok(_))) = tokio::time::timeout(timeout, twophase::exec(&mut b.guard, "ROLLBACK")).await {
+                self.release_on(shard, b).await;
+            }
+        }
+    }
+
+    /// Every connection of the open transaction (the bound one last), taken from the session.
+    fn take_tx_bindings(&mut self) -> Vec<(usize, Bound)> {
+        let mut all: Vec<(usize, Bound)> = self.parked.drain(..).collect();
+        if let Some(b) = self.bound.take() {
+            all.push((self.shard, b));
+        }
         self.client.info.set_bound(None);
         self.key.set(None);
-        let timeout = std::time::Duration::from_millis(self.shared.cfg.connect_timeout_ms);
-        if let Ok(Ok(_)) = tokio::time::timeout(timeout, b.guard.query("ROLLBACK")).await {
-            b.guard.release();
+        all
+    }
+
+    /// Gives back `b`, a connection on `shard` whose transaction ended.
+    async fn release_on(&mut self, shard: usize, b: Bound) {
+        let here = std::mem::replace(&mut self.shard, shard);
+        self.bound = Some(b);
+        self.release().await;
+        self.shard = here;
+    }
+
+    /// Whether the open transaction may reach shard `to` too: it then commits with two-phase
+    /// commit, which needs the decision log and every shard's `max_prepared_transactions > 0`.
+    async fn second_shard(&mut self, sh: &Sharding, to: usize) -> Result<(), String> {
+        if let Err(why) = &sh.log {
+            return Err(format!("a transaction reaches a second shard only with two-phase commit, and {why}"));
         }
+        for i in [self.shard, to] {
+            if sh.prepared_ok(i).is_none() {
+                let mpt = match self.parked.iter_mut().find(|(s, _)| *s == i) {
+                    Some((_, b)) => b.guard.query_one("show max_prepared_transactions").await,
+                    None if i == self.shard => {
+                        self.conn().map_err(|e| e.to_string())?.query_one("show max_prepared_transactions").await
+                    }
+                    None => ask_prepared(self.shared.shard_servers(i)).await,
+                };
+                let mpt =
+                    mpt.map_err(|e| format!("cannot ask shard {} about prepared transactions: {e}", sh.names[i]))?;
+                sh.set_prepared_ok(i, mpt.is_some_and(|v| v != "0"));
+            }
+            if sh.prepared_ok(i) == Some(false) {
+                return Err(format!(
+                    "shard {} has max_prepared_transactions = 0, so a transaction cannot commit on several shards (two-phase commit)",
+                    sh.names[i]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Parks the bound connection and takes the transaction's connection on `to` (if it has
+    /// one; else the next binding there sends its BEGIN).
+    fn move_to_shard(&mut self, to: usize) {
+        if let Some(b) = self.bound.take() {
+            self.parked.push((self.shard, b));
+        }
+        self.shard = to;
+        if let Some(at) = self.parked.iter().position(|(s, _)| *s == to) {
+            let (_, b) = self.parked.remove(at);
+            self.key.set(Some(b.guard.key.clone()));
+            self.client.info.set_bound(Some(b.server.index));
+            self.bound = Some(b);
+        } else {
+            self.held_begin = self.tx_begin.clone();
+        }
+    }
+
+    /// COMMIT (two-phase, over every shard of the transaction) or ROLLBACK of a transaction
+    /// on several shards.
+    async fn end_on_shards(&mut self, sh: &Sharding, commit: bool) -> Result<(), PgError> {
+        let failed = self.phase().tx() == TxStatus::Failed;
+        let commit = commit && !failed;
+        let mut all = self.take_tx_bindings();
+        for (_, b) in all.iter_mut() {
+            if let Some(a) = b.admitted.take() {
+                a.finish();
+            }
+        }
+        let outcome = match (&sh.log, commit) {
+            (Ok(log), true) => {
+                let mut conns: Vec<&mut crate::pool::Guard> = all.iter_mut().map(|(_, b)| &mut b.guard).collect();
+                twophase::commit(log, &mut conns).await
+            }
+            _ => rollback_all(&mut all).await,
+        };
+        self.held_begin = None;
+        self.tx_begin = None;
+        let tag = if commit { "COMMIT" } else { "ROLLBACK" };
+        match outcome {
+            Ok(result) => {
+                for (shard, b) in all {
+                    self.release_on(shard, b).await;
+                }
+                match result {
+                    Ok(()) => {
+                        self.advance(Event::Completed(tag));
+                        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+                    }
+                    Err(e) => {
+                        self.advance(Event::QueryError);
+                        self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+                    }
+                }
+            }
+            Err(e) => {
+                for (shard, b) in &all {
+                    self.shared.shard_servers(*shard).failed(&b.server);
+                }
+                drop(all);
+                self.advance(Event::QueryError);
+                let msg = format!("refract: a shard was lost while ending the transaction: {e}");
+                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &msg));
+            }
+        }
+        self.advance(Event::Ready(TxStatus::Idle));
+        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.flush().await
+    }
+
+    /// Whether `begin` (a BEGIN / START TRANSACTION text) asks for a read-only transaction.
+    fn read_only_begin(&self, begin: &str) -> bool {
+        matches!(self.shared.classifier.classify(begin).statements.as_slice(), [Statement::Begin { read_only: true }])
     }
 
     /// Extended protocol: the one shard every statement the batch binds runs on (a batch
@@ -285,6 +432,25 @@ impl Session {
     }
 }
 
+/// ROLLBACK on every connection (`Err`: one was lost).
+async fn rollback_all(all: &mut [(usize, Bound)]) -> Result<Result<(), refract_pg::ErrorFields>, PgError> {
+    for (_, b) in all.iter_mut() {
+        if let Err(e) = twophase::exec(&mut b.guard, "ROLLBACK").await? {
+            tracing::debug!(error = ?e.message(), "ROLLBACK on a shard failed");
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// `SHOW max_prepared_transactions` on a primary of `servers`.
+async fn ask_prepared(servers: &crate::servers::Servers) -> Result<Option<String>, PgError> {
+    let primary = servers.primary().ok_or_else(|| PgError::Unavailable("no primary".into()))?;
+    let mut g = primary.pool.get(crate::sizes::Path::Direct).await?;
+    let v = g.query_one("show max_prepared_transactions").await?;
+    g.release();
+    Ok(v)
+}
+
 /// `s` as an SQL string literal.
 fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
@@ -305,8 +471,12 @@ fn explain_lines(sh: &Sharding, t: &Target, read: bool) -> Vec<String> {
     let kind = if read { "read" } else { "write" };
     match t {
         Target::Any => vec![format!("{kind} on one shard (any): it names no sharded table")],
-        Target::Shards(s) if s.len() == 1 => vec![format!("{kind} on shard {}: the key values it names are there", sh.names[s[0]])],
-        Target::Shards(s) => vec![format!("{kind} on shards {} (row counts summed)", describe(sh, &Target::Shards(s.clone())))],
+        Target::Shards(s) if s.len() == 1 => {
+            vec![format!("{kind} on shard {}: the key values it names are there", sh.names[s[0]])]
+        }
+        Target::Shards(s) => {
+            vec![format!("{kind} on shards {} (row counts summed)", describe(sh, &Target::Shards(s.clone())))]
+        }
         Target::Scatter(_, plan) => vec![
             format!("scatter-gather read on shards {}", describe(sh, t)),
             format!("each shard runs: {}", plan.sql),

@@ -581,6 +581,8 @@ pub fn refusals(k: &Keys) -> Vec<Refusal> {
     r.push(plain(&format!("SELECT c.id, o.id FROM customers c JOIN orders o ON o.id = c.id WHERE c.id = {a}")));
     r.push(plain(&format!("UPDATE customers SET id = id + 100000 WHERE id = {a}")));
     r.push(Refusal { before: vec![], sql: "SELECT count(*) FROM customers".into(), extended: true, in_tx: false });
+    // A transaction on a second shard: refused, as the servers have max_prepared_transactions
+    // = 0 and no [postgres] twophase_log is configured (two-phase commit is pg_twophase's).
     let tx =
         |first: String, sql: String| Refusal { before: vec!["BEGIN".into(), first], sql, extended: false, in_tx: true };
     r.push(tx(

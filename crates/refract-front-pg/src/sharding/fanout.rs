@@ -2,12 +2,13 @@
 //! and checked out as any statement's, straight to the server), the session's SETs, then
 //! - a read: the plan's SQL on each, the rows combined by `refract_pg::scatter::Gather` as they
 //!   stream (one pending row per shard; memory does not grow with the result);
-//! - a write: `BEGIN`, the statement (or each shard's own INSERT), then `COMMIT` on every shard
-//!   when all succeeded, `ROLLBACK` on every shard when one failed (the client gets that
-//!   error); row counts summed (a sharded table) or one copy's (replicated tables, DDL).
-//!   Commands PostgreSQL refuses inside a transaction block (VACUUM, CREATE INDEX
-//!   CONCURRENTLY, ...) run without one. Without two-phase commit a COMMIT that fails on one
-//!   shard after another committed is reported, not undone (docs/sharding.md).
+//! - a write: `BEGIN`, the statement (or each shard's own INSERT), then, when all succeeded,
+//!   two-phase commit (`twophase`) where the shards and the configuration allow it, else
+//!   `COMMIT` on each; `ROLLBACK` on every shard when one failed (the client gets that error);
+//!   row counts summed (a sharded table) or one copy's (replicated tables, DDL). Commands
+//!   PostgreSQL refuses inside a transaction block (VACUUM, CREATE INDEX CONCURRENTLY, ...)
+//!   run without one. Without two-phase commit a COMMIT that fails on one shard after another
+//!   committed is reported, not undone (docs/sharding.md).
 
 use super::route::Target;
 use super::Sharding;
@@ -61,11 +62,11 @@ impl Session {
             Target::Scatter(_, plan) => self.scatter_read(sh, &mut legs, plan).await,
             Target::Split(parts) => {
                 let sqls: Vec<&str> = parts.iter().map(|(_, s)| s.as_str()).collect();
-                self.write_on(&mut legs, &sqls, placement).await
+                self.write_on(sh, &mut legs, &sqls, placement).await
             }
             _ => {
                 let sqls = vec![sql; legs.len()];
-                self.write_on(&mut legs, &sqls, placement).await
+                self.write_on(sh, &mut legs, &sqls, placement).await
             }
         };
         match result {
@@ -122,7 +123,13 @@ impl Session {
 
     /// A write on every leg (`sqls[i]` on leg i) in a transaction per shard, committed on all
     /// or rolled back on all; the client gets one answer.
-    async fn write_on(&mut self, legs: &mut [Leg], sqls: &[&str], placement: Placement) -> Result<(), PgError> {
+    async fn write_on(
+        &mut self,
+        sh: &Sharding,
+        legs: &mut [Leg],
+        sqls: &[&str],
+        placement: Placement,
+    ) -> Result<(), PgError> {
         let in_block = sqls.first().is_none_or(|s| runs_in_a_block(s));
         if in_block {
             for l in legs.iter_mut() {
@@ -149,6 +156,13 @@ impl Session {
                 }
             }
         }
+        if in_block && error.is_none() && atomic_commit_possible(sh, legs).await? {
+            if let Ok(log) = &sh.log {
+                let mut conns: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();
+                error = super::twophase::commit(log, &mut conns).await?.err();
+                return self.written(error, tags, description, rows, placement, legs.len());
+            }
+        }
         let end = if error.is_none() { "COMMIT" } else { "ROLLBACK" };
         if in_block {
             for l in legs.iter_mut() {
@@ -160,6 +174,20 @@ impl Session {
                 }
             }
         }
+        self.written(error, tags, description, rows, placement, legs.len())
+    }
+
+    /// The client's answer to a write on `legs` shards: the error, or the rows (RETURNING) and
+    /// the combined CommandComplete.
+    fn written(
+        &mut self,
+        error: Option<ErrorFields>,
+        tags: Vec<String>,
+        description: Option<Bytes>,
+        rows: Vec<Bytes>,
+        placement: Placement,
+        legs: usize,
+    ) -> Result<(), PgError> {
         if let Some(e) = error {
             self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
             self.advance(Event::QueryError);
@@ -176,7 +204,7 @@ impl Session {
         if let Some(d) = description {
             self.out.extend_from_slice(&d);
             // RETURNING of a replicated table: one copy's rows.
-            let keep = if placement == Placement::Replicated { rows.len() / legs.len().max(1) } else { rows.len() };
+            let keep = if placement == Placement::Replicated { rows.len() / legs.max(1) } else { rows.len() };
             rows.iter().take(keep).for_each(|r| self.out.extend_from_slice(r));
         }
         self.advance(Event::Completed(&tag));
@@ -262,6 +290,24 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Whether the write's shards can commit with two-phase commit (a decision log, and every
+/// shard's `max_prepared_transactions > 0`, asked on the leg's connection the first time).
+async fn atomic_commit_possible(sh: &Sharding, legs: &mut [Leg]) -> Result<bool, PgError> {
+    if sh.log.is_err() {
+        return Ok(false);
+    }
+    for l in legs.iter_mut() {
+        if sh.prepared_ok(l.shard).is_none() {
+            let v = l.guard.query_one("show max_prepared_transactions").await?;
+            sh.set_prepared_ok(l.shard, v.is_some_and(|v| v != "0"));
+        }
+        if sh.prepared_ok(l.shard) != Some(true) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// A shard's first answer to a read: its RowDescription, or its error (read to the end).

@@ -47,6 +47,8 @@ pub struct Backend {
     drained: AtomicBool,
     /// Its own cap on requests in flight, as configured (reload compares it).
     pub max_concurrency: Option<usize>,
+    /// The tables it holds (a partial replica), as configured (reload compares it).
+    pub holds: crate::partial::Holds,
     inflight: AtomicUsize,
     served: AtomicU64,
     errors: AtomicU64,
@@ -139,6 +141,7 @@ impl Backend {
             removed: AtomicBool::new(false),
             drained: AtomicBool::new(false),
             max_concurrency: cfg.max_concurrency,
+            holds: crate::partial::Holds::from_config(cfg.tables.as_deref()),
             inflight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             errors: AtomicU64::new(0),

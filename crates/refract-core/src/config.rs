@@ -347,6 +347,10 @@ pub struct BackendConfig {
     /// This backend's hard cap on requests in flight (overrides `[overload] max_concurrency`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<usize>,
+    /// A partial replica: the tables it holds (Hyrise-R plans naming others go elsewhere);
+    /// absent = every table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<Vec<String>>,
 }
 
 /// A configuration error, with the line when known.
@@ -484,7 +488,13 @@ pub fn validate_backend(b: &BackendConfig) -> Result<(), String> {
     if b.addr.port() == 0 {
         return Err(format!("backend {} needs a port", b.name));
     }
-    Ok(())
+    match &b.tables {
+        Some(_) if b.role == Role::Primary => {
+            Err(format!("backend {}: the primary holds every table (no `tables`)", b.name))
+        }
+        Some(t) if t.iter().any(String::is_empty) => Err(format!("backend {}: a table name is empty", b.name)),
+        _ => Ok(()),
+    }
 }
 
 /// A TOML error with the line it is about.
@@ -554,6 +564,19 @@ mod tests {
         let e = Config::parse(&text).unwrap_err();
         assert!(e.contains("used twice"), "{e}");
         assert!(e.starts_with("line 12:") || e.starts_with("line 13:"), "{e}");
+    }
+
+    #[test]
+    fn a_replica_may_hold_some_tables_the_primary_all() {
+        let text =
+            format!("{MIN}[[backend]]\nname = \"r1\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\ntables = [\"a\"]\n");
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.backend_list()[1].tables, Some(vec!["a".to_string()]));
+        assert_eq!(c.backend_list()[0].tables, None, "absent: every table");
+        let e = Config::parse(&text.replace("\"replica\"\ntables", "\"primary\"\ntables")).unwrap_err();
+        assert!(e.starts_with("line 8:") && e.contains("the primary holds every table"), "{e}");
+        let e = Config::parse(&text.replace("[\"a\"]", "[\"\"]")).unwrap_err();
+        assert!(e.contains("a table name is empty"), "{e}");
     }
 
     #[test]

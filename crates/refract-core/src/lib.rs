@@ -15,6 +15,7 @@
 //! - [`membership`]: backends at runtime and the choice of one per request.
 //! - [`backend`]: one backend, its health, ejection, admission and connection pool.
 //! - [`overload`]: admission limits, queues, deadlines, retry budget.
+//! - [`partial`]: partial replicas: what a member holds, shares per class of reads.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`shard`]: which per-core event loop the current thread is; [`spin`]: busy polling.
 //!
@@ -29,6 +30,7 @@ pub mod live;
 pub mod membership;
 pub mod metrics;
 pub mod overload;
+pub mod partial;
 pub mod shard;
 pub mod spin;
 

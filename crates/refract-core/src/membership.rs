@@ -6,11 +6,23 @@ use crate::backend::Backend;
 use crate::config::{validate_backend, BackendConfig, Balance, Overload, Policy, Role};
 use crate::metrics::Metrics;
 use crate::overload::AdmissionConfig;
+use crate::partial::Shares;
 use rand::Rng;
 use refract_vocab::RouteClass;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+/// What a read names, for partial replicas (a Hyrise-R plan's tables): only backends holding
+/// every one of `tables` may serve it, in the class's share when `shares` configures one.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// The tables, sorted; empty when refract cannot name them all (then only a backend that
+    /// holds everything may serve it).
+    pub tables: &'a [String],
+    /// The configured shares.
+    pub shares: &'a Shares,
+}
 
 /// Why a backend could not be added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,7 +139,7 @@ impl Membership {
         let next: Vec<Arc<Backend>> = cfgs
             .iter()
             .map(|c| match guard.iter().find(|b| b.name == c.name) {
-                Some(b) if b.addr == c.addr && b.role == c.role && b.max_concurrency == c.max_concurrency => b.clone(),
+                Some(b) if same_definition(b, c) => b.clone(),
                 old => {
                     changes.push(format!("{} {}", if old.is_some() { "changed" } else { "added" }, c.name));
                     let counters = self.metrics.backend(&c.name);
@@ -154,6 +166,19 @@ impl Membership {
     /// The backend for one request of `class` (not `All`), avoiding those that `failed` it and
     /// those that refused it as `saturated`.
     pub fn pick(&self, class: RouteClass, failed: &[Arc<Backend>], saturated: &[Arc<Backend>]) -> Option<Arc<Backend>> {
+        self.pick_in(class, None, failed, saturated)
+    }
+
+    /// [`Self::pick`] for a read that names tables (`scope`): only a backend holding every one
+    /// of them takes it (`partial`), in its class's share when one is configured (a share may
+    /// name the primary), else balanced; the primary when no replica holds them all.
+    pub fn pick_in(
+        &self,
+        class: RouteClass,
+        scope: Option<Scope<'_>>,
+        failed: &[Arc<Backend>],
+        saturated: &[Arc<Backend>],
+    ) -> Option<Arc<Backend>> {
         let list = self.snapshot();
         let is_in = |set: &[Arc<Backend>], b: &Arc<Backend>| set.iter().any(|e| Arc::ptr_eq(e, b));
         let usable = |b: &&Arc<Backend>| b.is_available() && !is_in(failed, b) && !is_in(saturated, b);
@@ -161,14 +186,25 @@ impl Membership {
         if class != RouteClass::Read {
             return primary();
         }
-        let reads = |b: &&Arc<Backend>| b.role == Role::Replica || self.balance.read_from_primary;
+        let holds = |b: &&Arc<Backend>| scope.is_none_or(|s| b.holds.covers(s.tables));
+        let reads = |b: &&Arc<Backend>| (b.role == Role::Replica || self.balance.read_from_primary) && holds(b);
+        if let Some(s) = scope.filter(|s| !s.shares.is_empty()) {
+            let named = |b: &&Arc<Backend>| reads(b) || (s.shares.names(&b.name) && holds(b));
+            let eligible: Vec<&Arc<Backend>> = list.iter().filter(usable).filter(named).collect();
+            if let Some(i) = s.shares.pick(s.tables, &eligible, |b| &b.name) {
+                return Some(eligible[i].clone());
+            }
+        }
         let readers: Vec<&Arc<Backend>> = list.iter().filter(usable).filter(reads).collect();
         if readers.is_empty() {
             // The primary takes reads only when no replica can: none is up, or each one up
             // failed this request. A replica that is merely saturated (its admission refused)
-            // keeps reads off the primary, whose capacity the writes need.
+            // keeps reads off the primary, whose capacity the writes need. A read no replica
+            // holds the tables of is the primary's whatever the fallback says.
             let replica_left = list.iter().filter(reads).any(|b| b.is_available() && !is_in(failed, b));
-            return if self.balance.read_fallback_to_primary && !replica_left { primary() } else { None };
+            let none_holds = scope.is_some() && !list.iter().any(|b| b.role == Role::Replica && holds(&b));
+            let fallback = self.balance.read_fallback_to_primary || none_holds;
+            return if fallback && !replica_left { primary() } else { None };
         }
         Some(self.choose(&readers).clone())
     }
@@ -176,6 +212,12 @@ impl Membership {
     fn choose<'a>(&self, readers: &[&'a Arc<Backend>]) -> &'a Arc<Backend> {
         readers[choose(self.balance.policy, &self.rr, readers, |b| b)]
     }
+}
+
+/// Whether backend `b` is what `c` defines (a reload keeps it as it is).
+fn same_definition(b: &Backend, c: &BackendConfig) -> bool {
+    let holds = crate::partial::Holds::from_config(c.tables.as_deref());
+    b.addr == c.addr && b.role == c.role && b.max_concurrency == c.max_concurrency && b.holds == holds
 }
 
 /// The index in `readers` (not empty) of the one a request goes to under `policy`: in turn
@@ -262,15 +304,87 @@ fn median(mut v: Vec<Duration>) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn cfg(name: &str, port: u16, role: Role) -> BackendConfig {
-        BackendConfig { name: name.into(), addr: ([127, 0, 0, 1], port).into(), role, max_concurrency: None }
+        BackendConfig {
+            name: name.into(),
+            addr: ([127, 0, 0, 1], port).into(),
+            role,
+            max_concurrency: None,
+            tables: None,
+        }
     }
 
     fn three(policy: Policy) -> Membership {
         let cfgs = [cfg("p", 1, Role::Primary), cfg("r1", 2, Role::Replica), cfg("r2", 3, Role::Replica)];
         let balance = Balance { policy, ..Balance::default() };
         Membership::new(&cfgs, balance, 4, Arc::new(Metrics::new()), &Overload::default())
+    }
+
+    /// A primary and two partial replicas holding {a, b} and {b, c}.
+    fn partial(balance: Balance) -> Membership {
+        let holding = |name, port, t: &[&str]| BackendConfig {
+            tables: Some(t.iter().map(|s| s.to_string()).collect()),
+            ..cfg(name, port, Role::Replica)
+        };
+        let cfgs = [cfg("p", 1, Role::Primary), holding("r1", 2, &["a", "b"]), holding("r2", 3, &["b", "c"])];
+        Membership::new(&cfgs, balance, 4, Arc::new(Metrics::new()), &Overload::default())
+    }
+
+    fn tables(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Who serves `n` reads naming `t`, counted by name.
+    fn served(m: &Membership, t: &[&str], shares: &Shares, n: usize) -> std::collections::BTreeMap<String, usize> {
+        let t = tables(t);
+        let scope = Scope { tables: &t, shares };
+        let mut out = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            let b = m.pick_in(RouteClass::Read, Some(scope), &[], &[]).map_or("none".into(), |b| b.name.clone());
+            *out.entry(b).or_insert(0) += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn a_read_naming_tables_goes_to_a_replica_holding_them_all_else_the_primary() {
+        let m = partial(Balance { policy: Policy::RoundRobin, ..Balance::default() });
+        let none = Shares::default();
+        let only = |name: &str, n| std::collections::BTreeMap::from([(name.to_string(), n)]);
+        assert_eq!(served(&m, &["a"], &none, 4), only("r1", 4));
+        assert_eq!(served(&m, &["c"], &none, 4), only("r2", 4));
+        assert_eq!(served(&m, &["a", "c"], &none, 4), only("p", 4), "no replica holds both");
+        assert_eq!(served(&m, &[], &none, 4), only("p", 4), "tables unknown: only a full copy");
+        assert_eq!(served(&m, &["b"], &none, 4).len(), 2, "both hold b: {:?}", served(&m, &["b"], &none, 4));
+        assert_eq!(m.pick(RouteClass::Read, &[], &[]).map(|b| b.role), Some(Role::Replica), "no scope: any replica");
+        // The one replica holding a is down: the fallback rule applies as for any read.
+        m.snapshot()[1].set_up(false);
+        assert_eq!(served(&m, &["a"], &none, 2), only("p", 2));
+        let strict = partial(Balance { read_fallback_to_primary: false, ..Balance::default() });
+        strict.snapshot()[1].set_up(false);
+        assert_eq!(served(&strict, &["a"], &none, 2), only("none", 2));
+        assert_eq!(served(&strict, &["a", "c"], &none, 2), only("p", 2), "none holds them: the primary regardless");
+    }
+
+    #[test]
+    fn a_share_spreads_its_class_and_may_name_the_primary() {
+        let m = partial(Balance::default());
+        let w = HashMap::from([("p".to_string(), 1.0), ("r1".to_string(), 1.0), ("r2".to_string(), 2.0)]);
+        let class = tables(&["b"]);
+        let shares = Shares::new([(class.as_slice(), &w)]);
+        let got = served(&m, &["b"], &shares, 1000);
+        for (name, want) in [("p", 250.0), ("r1", 250.0), ("r2", 500.0)] {
+            assert!((got[name] as f64 - want).abs() <= 5.0, "{got:?}");
+        }
+        // Another class is balanced over the replicas; the primary a share named takes none.
+        assert!(!served(&m, &["a"], &shares, 50).contains_key("p"));
+        // A weighted backend that does not hold the tables serves none of them.
+        let class = tables(&["a"]);
+        let shares = Shares::new([(class.as_slice(), &w)]);
+        let got = served(&m, &["a"], &shares, 1000);
+        assert!(!got.contains_key("r2") && (got["p"] as f64 - 500.0).abs() <= 5.0, "{got:?}");
     }
 
     #[test]
@@ -360,6 +474,10 @@ mod tests {
         assert!(before[1].view().state == "up" && !before[1].is_available(), "the old r1 is retired");
         assert!(!before[2].is_available(), "r2 is retired");
         assert_eq!(after[1].addr.port(), 5);
+        let partial = BackendConfig { tables: Some(vec!["a".into()]), ..cfg("r1", 5, Role::Replica) };
+        let changes = m.apply(&[cfg("p", 1, Role::Primary), partial, cfg("r3", 4, Role::Replica)]);
+        assert_eq!(changes, ["changed r1"], "a change of tables replaces the backend");
+        assert_eq!(m.snapshot()[1].holds.list(), Some(vec!["a".to_string()]));
     }
 
     #[test]

@@ -154,11 +154,15 @@ async fn connection<S: ClientStream>(ctx: &Ctx, pg: &PgFront, mut conn: ClientCo
     conn.close_gracefully().await;
 }
 
-/// A backend's admin view; with `[handover]` and an agent for it, plus its hand-over totals.
+/// A backend's admin view, with the tables it holds (`null`: all); with `[handover]` and an
+/// agent for it, plus its hand-over totals.
 fn backend_view(ctx: &Ctx, b: &refract_core::backend::Backend) -> serde_json::Value {
     let mut v = serde_json::json!(b.view());
-    if let (true, Some(obj)) = (refract_front_http::has_agent(ctx, &b.name), v.as_object_mut()) {
-        obj.insert("handover".into(), ctx.metrics.handover_view(&b.name));
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("tables".into(), serde_json::json!(b.holds.list()));
+        if refract_front_http::has_agent(ctx, &b.name) {
+            obj.insert("handover".into(), ctx.metrics.handover_view(&b.name));
+        }
     }
     v
 }

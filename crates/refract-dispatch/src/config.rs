@@ -1,13 +1,14 @@
 //! The whole configuration file: the engine's sections (`refract_core::config`) and the front
-//! ends' (`[[route]]` and `[handover]` for HTTP, `[postgres]`), parsed in one pass with unknown
+//! ends' (`[[route]]`, `[[share]]` and `[handover]` for HTTP, `[postgres]`), parsed in one pass with unknown
 //! keys refused and every error naming its line (`docs/config.md`). The front ends' sections
 //! ride in the engine's [`Config`] as [`Sections`](refract_core::config::Sections).
 
 use refract_core::config::{
-    describe_toml_error, find_key_line, AdminConfig, BackendConfig, Balance, Config, ConfigError, Health, Limits,
-    Listen, Overload, Sections, Timeouts,
+    describe_toml_error, find_key_line, line_of, AdminConfig, BackendConfig, Balance, Config, ConfigError, Health,
+    Limits, Listen, Overload, Sections, Timeouts,
 };
-use refract_front_http::config::{HandoverConfig, HttpConfig};
+use refract_core::partial::check_share;
+use refract_front_http::config::{HandoverConfig, HttpConfig, HttpShare};
 use refract_front_pg::PgConfig;
 use refract_http::RouteRule;
 use serde::Deserialize;
@@ -31,6 +32,8 @@ struct File {
     backends: Vec<Spanned<BackendConfig>>,
     #[serde(default, rename = "route")]
     routes: Vec<RouteRule>,
+    #[serde(default, rename = "share")]
+    shares: Vec<Spanned<HttpShare>>,
     #[serde(default)]
     overload: Overload,
     #[serde(default)]
@@ -83,11 +86,24 @@ pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
         // The PostgreSQL front end reads the section on its own.
         cfg.sections.insert(h.clone());
     }
-    cfg.sections.insert(HttpConfig::new(f.routes, f.handover));
+    check_shares(&cfg, &f.shares, text)?;
+    let shares = f.shares.into_iter().map(Spanned::into_inner).collect();
+    cfg.sections.insert(HttpConfig::new(f.routes, f.handover, shares));
     if let Some(pg) = f.postgres {
         cfg.sections.insert(pg);
     }
     Ok(cfg)
+}
+
+/// Checks each `[[share]]` (of `text`) against the `[[backend]]`s; the error names its line.
+fn check_shares(cfg: &Config, shares: &[Spanned<HttpShare>], text: &str) -> Result<(), String> {
+    let all: Vec<&[String]> = shares.iter().map(|s| s.get_ref().tables.as_slice()).collect();
+    let known = |n: &str| cfg.backends.iter().any(|b| b.get_ref().name == n);
+    shares.iter().try_for_each(|s| {
+        let (at, share) = (line_of(text, s.span().start), s.get_ref());
+        check_share(HttpShare::SECTION, &share.tables, &share.backends, known, &all)
+            .map_err(|e| format!("line {at}: {e}"))
+    })
 }
 
 #[cfg(test)]
@@ -135,6 +151,24 @@ mod tests {
         let e = parse(&format!("{MIN}{b}[handover]\nidle_ms = 1001\n{agents}")).unwrap_err();
         assert!(e.contains("idle_ms must be at most 1000"), "{e}");
         assert!(parse(&format!("{MIN}{b}[handover]\nidle_ms = -1\n{agents}")).is_err());
+    }
+
+    #[test]
+    fn shares_name_backends_with_weights() {
+        let r1 = "[[backend]]\nname = \"r1\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\ntables = [\"a\"]\n";
+        let share = "[[share]]\ntables = [\"a\"]\nbackends = { r0 = 1, r1 = 3 }\n";
+        let c = parse(&format!("{MIN}{r1}{share}")).unwrap();
+        let http = HttpConfig::of(&c);
+        assert_eq!(http.share_config[0].backends["r1"], 3.0);
+        assert!(http.shares.names("r0") && !http.shares.names("r9"));
+        let e = err(&format!("{MIN}{r1}{}", share.replace("r0", "r9")));
+        assert_eq!(e, "line 13: [[share]] for a: no [[backend]] \"r9\"");
+        let e = err(&format!("{MIN}{r1}{}", share.replace("r0 = 1", "r0 = 0")));
+        assert!(e.ends_with("the weight of r0 must be > 0"), "{e}");
+        let e = err(&format!("{MIN}{r1}{share}{share}"));
+        assert_eq!(e, "line 13: [[share]] for a is given twice");
+        let e = err(&format!("{MIN}{r1}{}", share.replace("backends", "servers")));
+        assert!(e.contains("unknown field `servers`"), "{e}");
     }
 
     #[test]

@@ -37,11 +37,15 @@ fn reload(ctx: &Ctx) -> Result<String, String> {
     for b in ctx.members.snapshot().iter() {
         ctx.metrics.set_drained(&b.name, b.is_drained());
     }
-    if format!("{:?}", HttpConfig::of(&ctx.cfg).routes) != format!("{:?}", HttpConfig::of(&next).routes) {
+    let (old_http, next_http) = (HttpConfig::of(&ctx.cfg), HttpConfig::of(&next));
+    if format!("{:?}", old_http.routes) != format!("{:?}", next_http.routes) {
         changes.push("routes".into());
     }
+    if old_http.share_config != next_http.share_config {
+        changes.push("shares".into());
+    }
     ctx.replace_config(next);
-    Ok(if changes.is_empty() { "no membership or route change".into() } else { changes.join(", ") })
+    Ok(if changes.is_empty() { "no membership, route or share change".into() } else { changes.join(", ") })
 }
 
 /// Copies into `next` the parts of `old` that cannot change while serving; returns those that
@@ -67,8 +71,8 @@ fn keep_restart_only(old: &Config, next: &mut Config) -> Vec<&'static str> {
     next.balance = old.balance.clone();
     next.health = old.health.clone();
     next.overload = old.overload.clone();
-    // The new routes, the old hand-over.
-    let http = HttpConfig::new(next_http.routes, old_http.handover.clone());
+    // The new routes and shares, the old hand-over.
+    let http = HttpConfig::new(next_http.routes, old_http.handover.clone(), next_http.share_config);
     next.sections.insert(http);
     match old_pg {
         Some(pg) => next.sections.insert(pg),

@@ -7,7 +7,7 @@
 use crate::conn::ClientConn;
 use crate::error::Error;
 use crate::relay::{self, Sink};
-use crate::request::{Failure, ReqBody, Request};
+use crate::request::{scope, Failure, ReqBody, Request};
 use bytes::Bytes;
 use refract_core::backend::{Backend, BackendConn};
 use refract_core::ctx::Ctx;
@@ -31,7 +31,7 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
     let mut saturated: Vec<Arc<Backend>> = Vec::new();
     let mut last = None;
     loop {
-        let Some(first) = ctx.members.pick(req.class, &tried, &saturated) else {
+        let Some(first) = ctx.members.pick_in(req.class, scope(ctx, req.tables), &tried, &saturated) else {
             return Err(last.unwrap_or(Failure::untouched(Error::NoBackend(req.class.as_str()))));
         };
         let (b, permit) = match admit_now(ctx, req, first, &tried, &saturated) {
@@ -99,7 +99,8 @@ fn admit_now(
     }
     let mut busy: Vec<Arc<Backend>> = saturated.iter().cloned().chain([first.clone()]).collect();
     let mut best = (first.admission.expected_wait(), first);
-    while let Some(b) = ctx.members.pick(req.class, failed, &busy) {
+    let scope = scope(ctx, req.tables);
+    while let Some(b) = ctx.members.pick_in(req.class, scope, failed, &busy) {
         if let Some(p) = b.admission.try_acquire(req.arrival) {
             return Ok((b, p));
         }

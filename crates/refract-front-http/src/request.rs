@@ -1,11 +1,15 @@
 //! The types of one HTTP request on its way through refract: its body ([`ReqBody`]), the
 //! request ready to forward ([`Request`]) and a failed exchange ([`Failure`]). Built by the
-//! session loop, taken by forwarding, fan-out and hand-over; below all of them.
+//! session loop, taken by forwarding, fan-out and hand-over, with what the balancer is told of a
+//! read plan ([`scope`]); below all of them.
 
+use crate::config::HttpConfig;
 use crate::error::Error;
 use bytes::Bytes;
+use refract_core::ctx::Ctx;
+use refract_core::membership::Scope;
 use refract_core::overload::{Arrival, Priority};
-use refract_http::{BodyKind, RequestHead, RouteClass};
+use refract_http::{BodyKind, PlanTables, RequestHead, RouteClass};
 use tokio::time::Instant;
 
 /// A request body: already read (possibly empty), or still to stream from the client.
@@ -38,4 +42,13 @@ pub(crate) struct Request<'a> {
     pub priority: Priority,
     /// Whether it is new demand (or a pipelined request, paced by refract).
     pub arrival: Arrival,
+    /// The tables a Hyrise-R read plan reads (only backends holding them all may serve it);
+    /// `None`: no plan, any reader.
+    pub tables: Option<&'a PlanTables>,
+}
+
+/// What a read plan names, for the balancer: its tables and the configured shares.
+pub(crate) fn scope<'a>(ctx: &'a Ctx, tables: Option<&'a PlanTables>) -> Option<Scope<'a>> {
+    let shares = &HttpConfig::of(&ctx.cfg).shares;
+    tables.map(|t| Scope { tables: t.as_slice(), shares })
 }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use refract_core::ctx::Ctx;
 use refract_core::overload::{Arrival, Priority};
 use refract_http::chunked::decode_all;
-use refract_http::{reply, BodyKind, RequestHead, RouteClass};
+use refract_http::{reply, BodyKind, PlanTables, RequestHead, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -74,7 +74,7 @@ async fn serve(
         head_bytes = clean.into();
     }
     let started = Instant::now();
-    let (class, body) = match prepare(ctx, conn, &head).await {
+    let (class, tables, body) = match prepare(ctx, conn, &head).await {
         Ok(x) => x,
         Err(e) => return reply_error(ctx, conn, &e, false).await,
     };
@@ -86,7 +86,8 @@ async fn serve(
         let keep = head.keep_alive && matches!(body, ReqBody::Buffered(_));
         return reply_error(ctx, conn, &Error::RateLimited(user.to_string()), keep).await;
     }
-    let offered = crate::handover::Offered { class, head_bytes: &head_bytes, body: &body };
+    let tables = tables.as_ref();
+    let offered = crate::handover::Offered { class, head_bytes: &head_bytes, body: &body, tables };
     if HttpConfig::of(&ctx.cfg).handover.is_some() {
         let ho = ho.get_or_insert_with(|| Box::new(crate::handover::Session::new()));
         if let Some(go_on) = crate::handover::offer(ctx, conn, ho, &offered).await {
@@ -98,7 +99,16 @@ async fn serve(
     let result = match &body {
         ReqBody::Buffered(b) if class == RouteClass::All => fanout::run(ctx, conn, &head_bytes, &head, b).await,
         _ => {
-            let req = Request { class, head_bytes: &head_bytes, head: &head, body: &body, deadline, priority, arrival };
+            let req = Request {
+                class,
+                head_bytes: &head_bytes,
+                head: &head,
+                body: &body,
+                deadline,
+                priority,
+                arrival,
+                tables,
+            };
             forward::forward(ctx, conn, &req).await
         }
     };
@@ -132,8 +142,13 @@ fn priority(head: &RequestHead) -> Result<Priority, Error> {
     }
 }
 
-/// Reads what classification needs, classifies, and buffers the body of a fan-out.
-async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result<(RouteClass, ReqBody), Error> {
+/// Reads what classification needs, classifies (with a read plan's tables), and buffers the
+/// body of a fan-out.
+async fn prepare(
+    ctx: &Ctx,
+    conn: &mut ClientConn,
+    head: &RequestHead,
+) -> Result<(RouteClass, Option<PlanTables>, ReqBody), Error> {
     let limit = ctx.cfg.limits.max_buffered_body;
     go_ahead(conn, head).await?;
     let mut body = match head.body {
@@ -143,12 +158,13 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
         }
         kind => ReqBody::Stream(kind),
     };
-    let class = match &body {
+    let classifier = &HttpConfig::of(&ctx.cfg).classifier;
+    let (class, tables) = match &body {
         ReqBody::Buffered(raw) if head.body == BodyKind::Chunked => {
-            HttpConfig::of(&ctx.cfg).classifier.classify(head, &decode_all(raw))?
+            classifier.classify_with_tables(head, &decode_all(raw))?
         }
-        ReqBody::Buffered(raw) => HttpConfig::of(&ctx.cfg).classifier.classify(head, raw)?,
-        ReqBody::Stream(_) => HttpConfig::of(&ctx.cfg).classifier.classify(head, &[])?,
+        ReqBody::Buffered(raw) => classifier.classify_with_tables(head, raw)?,
+        ReqBody::Stream(_) => classifier.classify_with_tables(head, &[])?,
     };
     match (class, &body) {
         (RouteClass::All, ReqBody::Stream(kind)) => body = ReqBody::Buffered(conn.read_body(*kind, limit).await?),
@@ -157,7 +173,7 @@ async fn prepare(ctx: &Ctx, conn: &mut ClientConn, head: &RequestHead) -> Result
         (_, ReqBody::Stream(kind)) => conn.read_ahead(*kind, limit).await?,
         _ => {}
     }
-    Ok((class, body))
+    Ok((class, tables, body))
 }
 
 /// `Expect: 100-continue`: the client holds its body back until it gets `100 Continue` (curl

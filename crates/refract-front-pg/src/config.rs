@@ -1,6 +1,7 @@
 //! `[postgres]`: the listener, TLS, client users, servers, pooling, lag and health settings.
 
 use refract_core::overload::Priority;
+use refract_core::partial::{check_share, ShareSection};
 use refract_pg::auth::{AuthMethod, Credential};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -491,28 +492,10 @@ impl PgSettings {
     }
 
     fn check_share(&self, sh: &PgShare) -> Result<(), String> {
-        let class = sh.tables.join(", ");
-        if sh.tables.is_empty() || sh.servers.is_empty() {
-            return Err("[[postgres.share]] needs `tables` and `servers`".into());
-        }
-        for (name, w) in &sh.servers {
-            if !self.all_servers().any(|s| &s.name == name) {
-                return Err(format!("[[postgres.share]] for {class}: no [[postgres.server]] {name:?}"));
-            }
-            if !(w.is_finite() && *w > 0.0) {
-                return Err(format!("[[postgres.share]] for {class}: the weight of {name} must be > 0"));
-            }
-        }
-        if self.shares.iter().filter(|o| same_tables(&o.tables, &sh.tables)).count() > 1 {
-            return Err(format!("[[postgres.share]] for {class} is given twice"));
-        }
-        Ok(())
+        let section = ShareSection { name: "[[postgres.share]]", weights: "servers", member: "[[postgres.server]]" };
+        let all: Vec<&[String]> = self.shares.iter().map(|o| o.tables.as_slice()).collect();
+        check_share(section, &sh.tables, &sh.servers, |n| self.all_servers().any(|s| s.name == n), &all)
     }
-}
-
-/// Whether two lists name the same relations (as sets).
-fn same_tables(a: &[String], b: &[String]) -> bool {
-    a.iter().all(|t| b.contains(t)) && b.iter().all(|t| a.contains(t))
 }
 
 impl PgConfig {

@@ -261,7 +261,7 @@ impl Servers {
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
             admission: admission_config(overload, cfg),
-            shares: Shares::new(&cfg.shares),
+            shares: Shares::new(cfg.shares.iter().map(|s| (s.tables.as_slice(), &s.servers))),
             sizes: handover
                 .as_ref()
                 .filter(|h| h.mode == HandoverMode::Hybrid)
@@ -283,7 +283,7 @@ impl Servers {
             PgRole::Replica => Role::Replica,
         };
         let name = metrics_name(&s.name);
-        let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None };
+        let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None, tables: None };
         let member = Arc::new(Backend::new(&def, 0, metrics.backend(&name), self.admission.clone()));
         let (agent, login) = self.through_agent(s);
         Arc::new(Server {

@@ -1,6 +1,7 @@
 //! Route classes and request classification. Order: the `x-refract-route` header; Hyrise-R
 //! `POST /query` plans (write operators → write, TableLoad → all, else read); `/procedure` →
 //! procedure; configured rules (method + path prefix); GET/HEAD → read, anything else → write.
+//! A read plan also names the tables it reads ([`PlanTables`]), for partial replicas.
 
 use crate::error::Error;
 use crate::head::RequestHead;
@@ -43,22 +44,33 @@ impl Classifier {
 
     /// The class of a request; `body` is the whole body when [`Self::needs_body`] said so.
     pub fn classify(&self, head: &RequestHead, body: &[u8]) -> Result<RouteClass, Error> {
+        self.classify_with_tables(head, body).map(|(class, _)| class)
+    }
+
+    /// [`Self::classify`], and for a Hyrise-R read plan the tables it reads (`None`: the
+    /// request is no plan, or its route header decided).
+    pub fn classify_with_tables(
+        &self,
+        head: &RequestHead,
+        body: &[u8],
+    ) -> Result<(RouteClass, Option<PlanTables>), Error> {
         if let Some(hint) = &head.route_hint {
-            return parse_hint(hint);
+            return parse_hint(hint).map(|c| (c, None));
         }
         if is_query_plan(head) {
-            return Ok(classify_plan(body));
+            return Ok(read_plan(body));
         }
         if head.path() == "/procedure" || head.path().starts_with("/procedure/") {
-            return Ok(RouteClass::Procedure);
+            return Ok((RouteClass::Procedure, None));
         }
         if let Some(rule) = self.rules.iter().find(|r| rule_matches(r, head)) {
-            return Ok(rule.class);
+            return Ok((rule.class, None));
         }
-        Ok(match head.method.as_str() {
+        let class = match head.method.as_str() {
             "GET" | "HEAD" => RouteClass::Read,
             _ => RouteClass::Write,
-        })
+        };
+        Ok((class, None))
     }
 }
 
@@ -83,31 +95,157 @@ fn rule_matches(rule: &RouteRule, head: &RequestHead) -> bool {
     method_ok && head.path().starts_with(&rule.path_prefix)
 }
 
-/// The plan's operator types: from a form body (`query=<JSON>`) or a bare JSON body.
-pub fn plan_operator_types(body: &[u8]) -> Option<Vec<String>> {
+/// The plan's `operators` object: from a form body (`query=<JSON>`) or a bare JSON body.
+fn plan_operators(body: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
     let json: serde_json::Value = if body.trim_ascii_start().starts_with(b"{") {
         serde_json::from_slice(body).ok()?
     } else {
         let (_, q) = form_urlencoded::parse(body).find(|(k, _)| k == "query")?;
         serde_json::from_str(&q).ok()?
     };
-    let ops = json.get("operators")?.as_object()?;
+    match json {
+        serde_json::Value::Object(mut plan) => match plan.remove("operators")? {
+            serde_json::Value::Object(ops) => Some(ops),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The plan's operator types: from a form body (`query=<JSON>`) or a bare JSON body.
+pub fn plan_operator_types(body: &[u8]) -> Option<Vec<String>> {
+    let ops = plan_operators(body)?;
     Some(ops.values().filter_map(|op| op.get("type")?.as_str().map(str::to_owned)).collect())
 }
 
 /// Classifies a Hyrise-R plan. An unreadable plan goes to the primary (class write): it is the
 /// safe place, and the primary answers with its own error.
 pub fn classify_plan(body: &[u8]) -> RouteClass {
-    let Some(types) = plan_operator_types(body) else {
-        return RouteClass::Write;
+    read_plan(body).0
+}
+
+/// A Hyrise-R plan's class and, for a read, the tables it reads (one parse for both).
+pub fn read_plan(body: &[u8]) -> (RouteClass, Option<PlanTables>) {
+    let Some(ops) = plan_operators(body) else {
+        return (RouteClass::Write, None);
     };
-    if types.iter().any(|t| t == "TableLoad") {
-        RouteClass::All
-    } else if types.iter().any(|t| WRITE_OPERATORS.contains(&t.as_str())) {
-        RouteClass::Write
+    let types: Vec<&str> = ops.values().filter_map(|op| op.get("type")?.as_str()).collect();
+    if types.contains(&"TableLoad") {
+        (RouteClass::All, None)
+    } else if types.iter().any(|t| WRITE_OPERATORS.contains(t)) {
+        (RouteClass::Write, None)
     } else {
-        RouteClass::Read
+        (RouteClass::Read, Some(plan_tables(&ops)))
     }
+}
+
+/// The tables a read plan touches, as far as refract can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanTables {
+    /// Every table it reads, sorted, without duplicates.
+    Named(Vec<String>),
+    /// It may reach stored data some way refract does not read (an index, a file, a script,
+    /// an operator it does not know): only a backend that holds every table may run it.
+    Unknown,
+}
+
+impl PlanTables {
+    /// The tables, for a partial-replica check: empty when unknown, which only a backend
+    /// holding everything covers.
+    pub fn as_slice(&self) -> &[String] {
+        match self {
+            PlanTables::Named(t) => t,
+            PlanTables::Unknown => &[],
+        }
+    }
+}
+
+/// Hyrise-R operators that reach stored data only through their inputs: the tables a plan of
+/// them reads are those its `GetTable` operators name (`name`) and those any operator takes
+/// as `input` (the query parser looks each up by name). From Hyrise-R's operator registry
+/// (`QueryParser::registerPlanOperation`); an operator not listed here (an index scan, which
+/// names an index; `MetaData`, `ScriptOperation`, the loaders and storage operators) makes the
+/// plan's tables [`PlanTables::Unknown`].
+const INPUT_ONLY_OPERATORS: [&str; 44] = [
+    "AdhocSelection",
+    "Barrier",
+    "CreateRadixTable",
+    "Distinct",
+    "Division",
+    "GetLastRecords",
+    "GetTable",
+    "GroupByScan",
+    "HashBuild",
+    "HashJoinProbe",
+    "Histogram",
+    "IntersectPositions",
+    "JoinScan",
+    "JsonTable",
+    "MaterializingScan",
+    "MergeHashTables",
+    "MergePrefixSum",
+    "MergeTable",
+    "Mod",
+    "Mult",
+    "MultiplyRefField",
+    "NestedLoopEquiJoin",
+    "PipelineMergeHashTables",
+    "PipelineStream",
+    "PipeliningHashBuild",
+    "PipeliningHashProbe",
+    "PipeliningTableScan",
+    "PrefixSum",
+    "Print",
+    "ProjectionScan",
+    "RadixCluster",
+    "RadixJoin",
+    "SimplePipeliningTableScan",
+    "SimpleTableScan",
+    "SmallestTableScan",
+    "SortScan",
+    "SubString",
+    "TableScan",
+    "ValidatePositions",
+    "Wait",
+    "LayoutSingleTable",
+    "LayoutTable",
+    "Commit",
+    "SettingsOperation",
+];
+
+/// The tables the operators of a read plan name (see [`INPUT_ONLY_OPERATORS`]).
+fn plan_tables(ops: &serde_json::Map<String, serde_json::Value>) -> PlanTables {
+    let mut tables = Vec::new();
+    for op in ops.values() {
+        match operator_tables(op) {
+            Some(names) => tables.extend(names),
+            None => return PlanTables::Unknown,
+        }
+    }
+    tables.sort();
+    tables.dedup();
+    PlanTables::Named(tables)
+}
+
+/// The tables one operator names; `None` when refract cannot tell.
+fn operator_tables(op: &serde_json::Value) -> Option<Vec<String>> {
+    let kind = op.get("type")?.as_str()?;
+    if !INPUT_ONLY_OPERATORS.contains(&kind) {
+        return None;
+    }
+    let mut names = Vec::new();
+    if kind == "GetTable" {
+        names.push(op.get("name")?.as_str()?);
+    }
+    if let Some(input) = op.get("input") {
+        for t in input.as_array()? {
+            names.push(t.as_str()?);
+        }
+    }
+    if names.iter().any(|n| n.is_empty()) {
+        return None;
+    }
+    Some(names.into_iter().map(str::to_owned).collect())
 }
 
 #[cfg(test)]
@@ -154,6 +292,69 @@ mod tests {
         assert_eq!(c.classify(&h, &form(sel)), Ok(RouteClass::Read));
         assert_eq!(c.classify(&h, sel.as_bytes()), Ok(RouteClass::Read));
         assert_eq!(c.classify(&h, b"query=%7Bnot json"), Ok(RouteClass::Write));
+        let named = Some(PlanTables::Named(vec!["t".into()]));
+        let sel_t = r#"{"operators":{"0":{"type":"GetTable","name":"t"},"1":{"type":"SimpleTableScan"}}}"#;
+        assert_eq!(c.classify_with_tables(&h, sel_t.as_bytes()), Ok((RouteClass::Read, named)));
+        let forced = head("POST /query HTTP/1.1\r\nx-refract-route: read\r\nContent-Length: 1\r\n\r\n");
+        assert_eq!(c.classify_with_tables(&forced, sel.as_bytes()), Ok((RouteClass::Read, None)), "the header decides");
+        let get = head("GET /x HTTP/1.1\r\n\r\n");
+        assert_eq!(c.classify_with_tables(&get, b""), Ok((RouteClass::Read, None)), "no plan: any reader");
+    }
+
+    fn tables(plan: &str) -> Option<PlanTables> {
+        read_plan(&form(plan)).1
+    }
+
+    fn named(v: &[&str]) -> Option<PlanTables> {
+        Some(PlanTables::Named(v.iter().map(|s| s.to_string()).collect()))
+    }
+
+    #[test]
+    fn a_read_plan_names_its_tables() {
+        let scan = r#"{"operators":{"0":{"type":"GetTable","name":"a"},"1":{"type":"SimpleTableScan"}}}"#;
+        assert_eq!(tables(scan), named(&["a"]));
+        let join = r#"{"operators":{"0":{"type":"GetTable","name":"c"},"1":{"type":"GetTable","name":"a"},
+            "2":{"type":"GetTable","name":"c"},"3":{"type":"JoinScan"}},"edges":[["0","3"],["1","3"]]}"#;
+        assert_eq!(tables(join), named(&["a", "c"]), "sorted, once each");
+        // Hyrise-R's query parser also looks up any operator's `input` by name.
+        let input = r#"{"operators":{"0":{"type":"ProjectionScan","input":["b"],"fields":[0]}}}"#;
+        assert_eq!(tables(input), named(&["b"]));
+        assert_eq!(read_plan(scan.as_bytes()).1, named(&["a"]), "a bare JSON body too");
+        let inline = r#"{"operators":{"0":{"type":"JsonTable","names":["x"],"data":[[1]]}}}"#;
+        assert_eq!(tables(inline), named(&[]), "names no table: only a full copy may run it");
+        assert_eq!(named(&[]).unwrap().as_slice(), &[] as &[String]);
+    }
+
+    #[test]
+    fn a_plan_whose_tables_cannot_all_be_named_is_unknown() {
+        let unknown = Some(PlanTables::Unknown);
+        for plan in [
+            // An index scan names an index, not a table; MetaData and scripts reach any table.
+            r#"{"operators":{"0":{"type":"GetTable","name":"a"},"1":{"type":"IndexScan","index":"i"}}}"#,
+            r#"{"operators":{"0":{"type":"MetaData","input":["a"]}}}"#,
+            r#"{"operators":{"0":{"type":"ScriptOperation","script":"s"}}}"#,
+            r#"{"operators":{"0":{"type":"SomethingNew"}}}"#,
+            r#"{"operators":{"0":{"name":"a"}}}"#,
+            r#"{"operators":{"0":{"type":"GetTable"}}}"#,
+            r#"{"operators":{"0":{"type":"GetTable","name":7}}}"#,
+            r#"{"operators":{"0":{"type":"GetTable","name":""}}}"#,
+            r#"{"operators":{"0":{"type":"SortScan","input":"a"}}}"#,
+            r#"{"operators":{"0":{"type":"SortScan","input":["a",1]}}}"#,
+        ] {
+            assert_eq!(tables(plan), unknown, "{plan}");
+            assert_eq!(unknown.as_ref().map(PlanTables::as_slice), Some(&[] as &[String]));
+        }
+    }
+
+    #[test]
+    fn only_reads_name_tables_and_bad_plans_stay_writes() {
+        let load = r#"{"operators":{"0":{"type":"TableLoad","table":"t","filename":"t.tbl"}}}"#;
+        assert_eq!(read_plan(&form(load)), (RouteClass::All, None));
+        let ins = r#"{"operators":{"0":{"type":"GetTable","name":"t"},"1":{"type":"InsertScan"}}}"#;
+        assert_eq!(read_plan(&form(ins)), (RouteClass::Write, None));
+        for bad in [&b"query=%7Bnot json"[..], b"{\"operators\":[]}", b"[1]", b"query=1"] {
+            assert_eq!(read_plan(bad), (RouteClass::Write, None));
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Keeping a connection at the agent while the client keeps reading (connection affinity), with
 //! routing authority left here: the agent asks with `Next` about every request after the one it
 //! was handed the connection for, and serves it only if told `Serve`. This module is that
-//! decision: a read whose backend — the agent's — may take reads now and whose admission
-//! control would admit it without queueing is served there; anything else (a write, a fan-out,
+//! decision: a read whose backend — the agent's — may take reads now, holds the tables a
+//! Hyrise-R plan reads, and whose admission control would admit it without queueing is served
+//! there; anything else (a write, a fan-out,
 //! a procedure, a read the balancer could not send there, a request that does not parse) is
 //! `Return`ed: the agent hands the connection back with the request pending and the session
 //! routes it as usual.
@@ -12,7 +13,7 @@ use crate::config::HttpConfig;
 use refract_core::backend::Backend;
 use refract_core::config::Role;
 use refract_core::ctx::Ctx;
-use refract_http::{BodyKind, RequestHead, RouteClass};
+use refract_http::{BodyKind, PlanTables, RequestHead, RouteClass};
 use std::sync::Arc;
 
 /// What the dispatcher knows about a further request on a connection an agent owns.
@@ -26,6 +27,9 @@ pub(crate) struct Facts {
     pub up: bool,
     /// Whether its admission control would admit a request now, without queueing.
     pub admits: bool,
+    /// Whether the agent's backend holds every table the request reads (a Hyrise-R plan; any
+    /// other request: yes).
+    pub holds: bool,
 }
 
 /// The answer to `Next`.
@@ -44,6 +48,7 @@ pub(crate) fn decide(f: Facts) -> Verdict {
         Some(RouteClass::Read) if !f.reader => Verdict::Return("its backend is not in the read set"),
         Some(RouteClass::Read) if !f.up => Verdict::Return("its backend is not available"),
         Some(RouteClass::Read) if !f.admits => Verdict::Return("its backend's admission is saturated"),
+        Some(RouteClass::Read) if !f.holds => Verdict::Return("its backend does not hold the tables the plan reads"),
         Some(RouteClass::Read) => Verdict::Serve,
         Some(_) => Verdict::Return("not a read"),
     }
@@ -56,17 +61,18 @@ pub(super) fn judge(rec: Rec<'_>, bytes: &[u8]) -> Verdict {
     let (ctx, b) = (rec.ctx, rec.b);
     let req = request(ctx, bytes);
     let facts = Facts {
-        class: req.as_ref().map(|(c, _)| *c),
+        class: req.as_ref().map(|r| r.class),
         reader: in_read_set(ctx, b),
         up: b.is_available(),
         admits: admits_now(ctx, b),
+        holds: req.as_ref().and_then(|r| r.tables.as_ref()).is_none_or(|t| b.holds.covers(t.as_slice())),
     };
     let verdict = decide(facts);
     if verdict != Verdict::Serve {
         return verdict;
     }
     // Last, so that a returned request does not spend the user's token twice.
-    if let Some(user) = req.and_then(|(_, u)| u).filter(|u| !ctx.users.admit(u)) {
+    if let Some(user) = req.and_then(|r| r.user).filter(|u| !ctx.users.admit(u)) {
         tracing::debug!(user, "rate limited: the session answers it");
         return Verdict::Return("rate limited");
     }
@@ -74,8 +80,15 @@ pub(super) fn judge(rec: Rec<'_>, bytes: &[u8]) -> Verdict {
     verdict
 }
 
-/// The request's class and user, if it is one the session would route as it stands.
-fn request(ctx: &Ctx, bytes: &[u8]) -> Option<(RouteClass, Option<String>)> {
+/// What the session would route a request by.
+struct Routed {
+    class: RouteClass,
+    user: Option<String>,
+    tables: Option<PlanTables>,
+}
+
+/// The request's class, user and plan tables, if it is one the session would route as it stands.
+fn request(ctx: &Ctx, bytes: &[u8]) -> Option<Routed> {
     let head = RequestHead::parse(bytes, ctx.cfg.limits.max_head_bytes).ok()??;
     let body = bytes.get(head.len..)?;
     let valid_priority = matches!(head.priority.as_deref(), None | Some("high" | "normal" | "low"));
@@ -85,8 +98,8 @@ fn request(ctx: &Ctx, bytes: &[u8]) -> Option<(RouteClass, Option<String>)> {
     if head.body == BodyKind::Chunked || body.len() > ctx.cfg.limits.max_buffered_body || !valid_priority || rewritten {
         return None;
     }
-    let class = HttpConfig::of(&ctx.cfg).classifier.classify(&head, body).ok()?;
-    Some((class, head.user))
+    let (class, tables) = HttpConfig::of(&ctx.cfg).classifier.classify_with_tables(&head, body).ok()?;
+    Some(Routed { class, user: head.user, tables })
 }
 
 /// Whether the balancer may pick `b` for a read now (`Membership::pick`'s read set): a replica,
@@ -117,7 +130,7 @@ fn admits_now(ctx: &Ctx, b: &Backend) -> bool {
 mod tests {
     use super::*;
 
-    const READ: Facts = Facts { class: Some(RouteClass::Read), reader: true, up: true, admits: true };
+    const READ: Facts = Facts { class: Some(RouteClass::Read), reader: true, up: true, admits: true, holds: true };
 
     #[test]
     fn only_reads_the_agents_backend_may_take_now_are_served() {
@@ -129,8 +142,10 @@ mod tests {
         assert!(matches!(decide(Facts { reader: false, ..READ }), Verdict::Return(_)));
         assert!(matches!(decide(Facts { up: false, ..READ }), Verdict::Return(_)));
         assert_eq!(decide(Facts { admits: false, ..READ }), Verdict::Return("its backend's admission is saturated"));
+        let lacks = Verdict::Return("its backend does not hold the tables the plan reads");
+        assert_eq!(decide(Facts { holds: false, ..READ }), lacks);
         // A write is returned whatever the backend's state.
-        let w = Facts { class: Some(RouteClass::Write), reader: false, up: false, admits: false };
+        let w = Facts { class: Some(RouteClass::Write), reader: false, up: false, admits: false, holds: false };
         assert_eq!(decide(w), Verdict::Return("not a read"));
     }
 }

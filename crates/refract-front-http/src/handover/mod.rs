@@ -36,7 +36,7 @@ use refract_core::metrics::Metrics;
 use refract_handover::control::ControlChannel;
 use refract_handover::local::LocalLink;
 use refract_handover::EpochTracker;
-use refract_http::RouteClass;
+use refract_http::{PlanTables, RouteClass};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -197,6 +197,8 @@ pub(crate) struct Offered<'a> {
     pub class: RouteClass,
     pub head_bytes: &'a Bytes,
     pub body: &'a ReqBody,
+    /// A read plan's tables (see `Request::tables`).
+    pub tables: Option<&'a PlanTables>,
 }
 
 /// Hands the connection over for this request if the configuration says so and the agent
@@ -213,7 +215,7 @@ pub(crate) async fn offer(ctx: &Ctx, conn: &mut ClientConn, s: &mut Session, req
     if learned.and_then(sizes::get).is_some_and(|n| n < cfg.threshold) {
         return None; // small last time: straight to the backend, no hop through the agent
     }
-    let b = ctx.members.pick(req.class, &[], &[])?;
+    let b = ctx.members.pick_in(req.class, crate::request::scope(ctx, req.tables), &[], &[])?;
     let agent = cfg.agents.get(&b.name)?;
     let mut request = Vec::with_capacity(req.head_bytes.len() + body.len());
     request.extend_from_slice(req.head_bytes);

@@ -1,5 +1,10 @@
-//! Two-phase commit over shards, with the real binary and real PostgreSQL servers (the test
-//! kit's; `max_prepared_transactions = 20`): a transaction that writes on two shards commits
+//! A sharded cluster with the real binary and real PostgreSQL servers (the test kit's;
+//! `max_prepared_transactions = 20`).
+//!
+//! A scatter ORDER BY over 2 × 1 M rows streams: every row in order, refract's peak RSS under
+//! 64 MiB.
+//!
+//! Two-phase commit: a transaction that writes on two shards commits
 //! on both; refract killed between PREPARE and COMMIT PREPARED (the `REFRACT_FAILPOINT` hook)
 //! leaves the transaction prepared, and the next refract resolves it from its decision log —
 //! committed on every shard when the decision was recorded, on none when it was not, no
@@ -45,7 +50,8 @@ fn refract(dir: &Path, shards: &[&PgServer], extra: &str, failpoint: Option<&str
         "[listen]\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:{}\"\n[admin]\ninsecure_loopback = true\n\
          [postgres]\nlisten = \"127.0.0.1:{port}\"\nserver_user = \"{USER}\"\nserver_password = \"{PASSWORD}\"\n\
          health_interval_ms = 200\n{extra}\n[[postgres.user]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\
-         [[postgres.sharded_table]]\nname = \"accounts\"\nkey = \"id\"\n",
+         [[postgres.sharded_table]]\nname = \"accounts\"\nkey = \"id\"\n\
+         [[postgres.sharded_table]]\nname = \"big\"\nkey = \"id\"\n",
         free_port()
     );
     for (i, s) in shards.iter().enumerate() {
@@ -162,4 +168,47 @@ fn a_second_shard_needs_prepared_transactions_and_the_log() {
     assert!(!ok && text.contains("twophase_log"), "{text}");
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `VmHWM` (peak resident set) of process `pid`, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_scatter_order_by_over_two_million_rows_streams_in_bounded_memory() {
+    let mut cluster = PgCluster::start_with_replicas(0).expect("PostgreSQL test cluster");
+    let i = cluster.add_standalone().unwrap();
+    let (s0, s1) = (&cluster.primary, &cluster.standalone[i]);
+    // Shard 0 holds the even ids, shard 1 the odd ones: the merge interleaves them row by row.
+    for (s, parity) in [(s0, 0), (s1, 1)] {
+        on(s, "create table big (id int8 primary key, pad text)");
+        on(s, &format!("insert into big select 2 * g + {parity}, repeat('x', 40) from generate_series(0, 999999) g"));
+        on(s, "analyze big");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = refract(dir.path(), &[s0, s1], "", None);
+    let before = peak_rss_kib(child.id());
+    let out = Command::new(testkit::tool("psql").unwrap())
+        .args(["-XAt", "-v", "ON_ERROR_STOP=1", "-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .args(["-U", USER, "-d", "postgres", "-c", "select id, pad from big order by id"])
+        .env("PGPASSWORD", PASSWORD)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let peak = peak_rss_kib(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut n = 0i64;
+    for line in out.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let id: i64 = std::str::from_utf8(line.split(|b| *b == b'|').next().unwrap()).unwrap().parse().unwrap();
+        assert_eq!(id, n, "row {n} out of order");
+        n += 1;
+    }
+    assert_eq!(n, 2_000_000, "every row, once");
+    eprintln!("refract peak RSS: {before} KiB at start, {peak} KiB after 2 x 1 M rows merged");
+    assert!(peak < 64 * 1024, "refract's peak RSS {peak} KiB is not under 64 MiB");
 }

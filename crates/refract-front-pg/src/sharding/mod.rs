@@ -17,12 +17,15 @@ use super::shared::Shared;
 use crate::config::{PgConfig, ShardKeyType, ShardMethod, ShardedTable};
 use refract_core::metrics::Metrics;
 use refract_pg::partition::{self, Key, KeyType};
-use refract_pg::shardkey::Schema;
+use refract_pg::shardkey::{Schema, TableKeys};
 use serde_json::{json, Value};
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// Most statement shapes whose routing is cached.
+const TEMPLATES: usize = 4096;
 
 /// One sharded table's placement rule.
 #[derive(Debug)]
@@ -63,6 +66,9 @@ pub(crate) struct Sharding {
     /// without a column list needs it.
     positions: Mutex<HashMap<String, usize>>,
     metrics: Arc<Metrics>,
+    /// Each statement shape's key restrictions (`route::by_shape`), or `None`: not routed by
+    /// shape. Bounded: emptied when full.
+    templates: Mutex<HashMap<(String, bool), Option<Arc<Vec<TableKeys>>>>>,
     /// The two-phase decision log (`[postgres] twophase_log`), or why there is none.
     pub(crate) log: Result<Arc<twophase::DecisionLog>, String>,
     /// Per shard: whether its primary accepts PREPARE TRANSACTION (`max_prepared_transactions
@@ -107,6 +113,7 @@ impl Sharding {
             positions: Mutex::default(),
             metrics: metrics.clone(),
             log: open_log(cfg),
+            templates: Mutex::default(),
             prepared_ok: cfg.shards.iter().map(|_| AtomicU8::new(0)).collect(),
         }
     }
@@ -135,6 +142,31 @@ impl Sharding {
         if let Some(a) = self.prepared_ok.get(i) {
             a.store(if ok { 1 } else { 2 }, Relaxed);
         }
+    }
+
+    /// The cached template of shape `text` (computed by `make` the first time).
+    pub(crate) fn template(
+        &self,
+        text: &str,
+        read: bool,
+        make: impl FnOnce() -> Option<Vec<TableKeys>>,
+    ) -> Option<Arc<Vec<TableKeys>>> {
+        let key = (text.to_owned(), read);
+        if let Some(t) = lock(&self.templates).get(&key) {
+            return t.clone();
+        }
+        let t = make().map(Arc::new);
+        let mut cache = lock(&self.templates);
+        if cache.len() >= TEMPLATES {
+            cache.clear();
+        }
+        cache.insert(key, t.clone());
+        t
+    }
+
+    /// The sharded tables' names.
+    pub(crate) fn table_names(&self) -> Vec<String> {
+        self.rules.iter().map(|r| r.name.clone()).collect()
     }
 
     /// Forgets the key positions (a DDL statement ran: a table may have changed).

@@ -42,6 +42,54 @@ const NO_PARTITION: &str = "23514";
 /// Routes `sql` (`read`: the classifier calls it a plain read; `params`: a Bind's values for
 /// its `$n`).
 pub(crate) fn route(sh: &Sharding, sql: &str, read: bool, params: Option<Params<'_>>) -> Target {
+    if params.is_none() {
+        if let Some(t) = by_shape(sh, sql, read) {
+            return t;
+        }
+    }
+    parse_and_route(sh, sql, read, params)
+}
+
+/// The fast path of a keyed statement sent with its key as a literal (`... WHERE id = 42`):
+/// its shape (literals as parameters) is analysed once and cached; each text then only
+/// places its literals. `None` when the shape is not a single SELECT, UPDATE or DELETE whose
+/// every sharded table is restricted to listed keys, or its keys span shards.
+fn by_shape(sh: &Sharding, sql: &str, read: bool) -> Option<Target> {
+    let (text, values) = refract_pg::classify::parameterized(sql)?;
+    let refs = sh.template(&text, read, || template(sh, &text, read))?;
+    let values: Vec<Option<&[u8]>> = values.iter().map(|v| Some(v.as_bytes())).collect();
+    let params = Params { formats: &[], values: &values };
+    let sets: Vec<Option<Vec<usize>>> = refs.iter().map(|r| shards_of(sh, r, Some(params))).collect();
+    one_shard(&sets).map(|x| Target::Shards(vec![x]))
+}
+
+/// A shape's key restrictions, when routing needs nothing else of it (see [`by_shape`]).
+fn template(sh: &Sharding, text: &str, read: bool) -> Option<Vec<TableKeys>> {
+    let parsed = pg_query::parse(text, 0).ok()?;
+    let [raw] = parsed.protobuf.stmts.as_slice() else { return None };
+    let node = raw.stmt.as_ref()?.node.as_ref()?;
+    let refs = shardkey::of(node, sh);
+    let keyed = !refs.is_empty() && refs.iter().all(|r| matches!(r.keys, KeySet::OneOf(_)));
+    let plain = match node {
+        NodeEnum::SelectStmt(_) => read,
+        NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
+            // The write's own table must be the one sharded table, its key not set.
+            !read && refs.len() == 1 && write_target(node).is_some_and(|t| t == refs[0].table) && !sets_key(sh, node)
+        }
+        _ => false,
+    };
+    (keyed && plain).then_some(refs)
+}
+
+/// Whether an UPDATE sets its table's shard key.
+fn sets_key(sh: &Sharding, node: &NodeEnum) -> bool {
+    let NodeEnum::UpdateStmt(u) = node else { return false };
+    let Some(key) = u.relation.as_ref().and_then(|r| sh.key_of(&r.relname)) else { return false };
+    u.target_list.iter().any(|t| matches!(&t.node, Some(NodeEnum::ResTarget(r)) if r.name == key))
+}
+
+/// Routes `sql` from its parse tree.
+fn parse_and_route(sh: &Sharding, sql: &str, read: bool, params: Option<Params<'_>>) -> Target {
     // A text PostgreSQL's parser rejects gets its syntax error from one shard.
     let Ok(parsed) = pg_query::parse(sql, 0) else { return Target::Any };
     let nodes: Vec<&NodeEnum> = parsed.protobuf.stmts.iter().filter_map(|r| r.stmt.as_ref()?.node.as_ref()).collect();
@@ -75,18 +123,10 @@ fn one(sh: &Sharding, sql: &str, node: &NodeEnum, read: bool, params: Option<Par
         return write(sh, node, &t, &refs, params, version);
     }
     if let NodeEnum::CopyStmt(copy) = node {
-        if copy.is_from && refs.is_empty() && !copy.is_program && copy.filename.is_empty() {
-            return Target::CopyIn(None);
-        }
-        if !copy.is_from && refs.is_empty() {
-            return Target::Any; // a replicated table: one copy answers
-        }
+        return copy_target(sh, copy, &refs);
     }
     if refs.is_empty() {
         return if read { Target::Any } else { Target::Copies };
-    }
-    if let NodeEnum::CopyStmt(copy) = node {
-        return copy_target(sh, copy, &refs);
     }
     if !matches!(node, NodeEnum::SelectStmt(_)) || !read {
         if matches!(node, NodeEnum::SelectStmt(_)) {
@@ -133,6 +173,14 @@ fn copy_target(sh: &Sharding, copy: &protobuf::CopyStmt, refs: &[TableKeys]) -> 
     let format = options.iter().find(|(k, _)| k == "format").map_or("text", |(_, v)| v.as_str());
     let table = copy.relation.as_ref().map(|r| r.relname.clone());
     let sharded_table = table.as_deref().and_then(|t| sh.key_of(t).map(|k| (t.to_owned(), k.to_owned())));
+    // `refs` sees the tables of a COPY (SELECT ...) only; the COPY's own table is `relation`.
+    if sharded_table.is_none() && refs.is_empty() {
+        return match (copy.is_from, copy.is_program || !copy.filename.is_empty()) {
+            (true, false) => Target::CopyIn(None), // a replicated table: every row to every copy
+            (true, true) => Target::Copies,        // each server reads its own file
+            (false, _) => Target::Any,             // one copy answers
+        };
+    }
     if copy.is_program || !copy.filename.is_empty() {
         return Target::Refuse(
             "COPY of a sharded table with a file or program on the server is not supported: use STDIN / STDOUT".into(),
@@ -165,7 +213,7 @@ fn copy_target(sh: &Sharding, copy: &protobuf::CopyStmt, refs: &[TableKeys]) -> 
             }
         };
     }
-    if copy.query.is_some() || refs.len() != 1 || sharded_table.is_none() {
+    if copy.query.is_some() || !refs.is_empty() || sharded_table.is_none() {
         return Target::Refuse(
             "COPY (SELECT ...) TO over sharded tables is not supported: COPY the table, or SELECT".into(),
         );
@@ -222,12 +270,8 @@ fn write(
     if matches!(node, NodeEnum::MergeStmt(_)) {
         return Target::Refuse("MERGE into a sharded table is not supported".into());
     }
-    if let NodeEnum::UpdateStmt(u) = node {
-        if u.target_list.iter().any(|t| matches!(&t.node, Some(NodeEnum::ResTarget(r)) if r.name == key)) {
-            return Target::Refuse(format!(
-                "UPDATE of the shard key {table}.{key} would have to move rows between shards"
-            ));
-        }
+    if sets_key(sh, node) {
+        return Target::Refuse(format!("UPDATE of the shard key {table}.{key} would have to move rows between shards"));
     }
     let why =
         "a write that reads other sharded tables is run only when one shard holds every row it touches (name the keys)";
@@ -451,5 +495,44 @@ mod tests {
         assert!(matches!(cross, Target::Refuse(w) if w.contains("replicated table products")));
         let bad = route(&sh, "insert into customers (id) values ('x')", false, None);
         assert!(matches!(bad, Target::Fail("22P02", _)));
+    }
+
+    #[test]
+    fn copy_is_split_by_key_or_sent_to_every_copy() {
+        let sh = sharding(2);
+        let r = |sql: &str| route(&sh, sql, false, None);
+        assert_eq!(r("copy customers (name, id) from stdin"), Target::CopyIn(Some(("customers".into(), 1))));
+        assert!(
+            matches!(r("copy customers (id) from stdin (format csv)"), Target::Refuse(w) if w.contains("text format"))
+        );
+        assert!(
+            matches!(r("copy customers from stdin"), Target::Refuse(w) if w.contains("key id")),
+            "position not known"
+        );
+        sh.set_position("customers", 0);
+        assert_eq!(r("copy customers from stdin"), Target::CopyIn(Some(("customers".into(), 0))));
+        assert_eq!(r("copy products from stdin"), Target::CopyIn(None));
+        assert_eq!(r("copy customers to stdout"), Target::CopyOut);
+        assert_eq!(r("copy products to stdout"), Target::Any);
+        assert!(matches!(r("copy customers to stdout (format binary)"), Target::Refuse(_)));
+        assert!(matches!(r("copy (select * from customers order by id) to stdout"), Target::Refuse(_)));
+        assert_eq!(r("copy (select * from products) to stdout"), Target::Any);
+    }
+
+    #[test]
+    fn literal_keys_route_by_their_shape_as_by_their_parse() {
+        let sh = sharding(3);
+        for id in [-3i64, 0, 7, 11, 42, 1000] {
+            let sql = format!("select abalance from customers where id = {id}");
+            assert_eq!(route(&sh, &sql, true, None), Target::Shards(vec![at(&sh, id)]), "{sql}");
+            assert_eq!(parse_and_route(&sh, &sql, true, None), Target::Shards(vec![at(&sh, id)]), "{sql}");
+            let upd = format!("update customers set name = 'x' where id = {id}");
+            assert_eq!(route(&sh, &upd, false, None), parse_and_route(&sh, &upd, false, None), "{upd}");
+        }
+        // Not the fast path, answered by the parse: the key set, several shards, an IN list.
+        assert!(matches!(route(&sh, "update customers set id = 2 where id = 1", false, None), Target::Refuse(_)));
+        let (a, b) = ((1..100).find(|i| at(&sh, *i) == 0).unwrap(), (1..100).find(|i| at(&sh, *i) == 1).unwrap());
+        let spread = format!("select count(*) from customers where id in ({a}, {b})");
+        assert!(matches!(route(&sh, &spread, true, None), Target::Scatter(s, _) if s == vec![0, 1]));
     }
 }

@@ -58,7 +58,10 @@ impl Session {
         }
         let route_class = self.route(c);
         if route_class == Route::Write {
-            self.learn_key_positions(sh, &c.tables).await;
+            // A COPY's own table is not among the classifier's relations.
+            let copy = sql.trim_start().get(..4).is_some_and(|w| w.eq_ignore_ascii_case("copy"));
+            let tables = if copy { sh.table_names() } else { c.tables.clone() };
+            self.learn_key_positions(sh, &tables).await;
         }
         let target = self.target(sh, sql, c, route_class == Route::Read);
         let in_tx = self.phase().in_transaction();

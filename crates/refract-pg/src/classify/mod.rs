@@ -10,6 +10,8 @@ mod analyze;
 mod cache;
 mod hint;
 mod shape;
+
+pub use shape::parameterized;
 mod state;
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -25,6 +25,35 @@
 
 /// The shape of `sql`, or `None` when it has no literal to replace or is not certainly lexed.
 pub(super) fn of(sql: &str) -> Option<String> {
+    replace_literals(sql, |out, kind, _| {
+        out.push('\0');
+        out.push(kind);
+    })
+}
+
+/// `sql` with its literals replaced by parameters `$1`, `$2`, … in order, and each literal's
+/// value as PostgreSQL's text form (a string's quotes removed, `''` made one quote): the same
+/// statement as a prepared one and its parameters. `None` as for [`of`], and when `sql` has
+/// parameters of its own.
+pub fn parameterized(sql: &str) -> Option<(String, Vec<String>)> {
+    if sql.as_bytes().windows(2).any(|w| w[0] == b'$' && w[1].is_ascii_digit()) {
+        return None;
+    }
+    let mut values = vec![];
+    let text = replace_literals(sql, |out, kind, lit| {
+        values.push(match kind {
+            's' => lit[1..lit.len() - 1].replace("''", "'"),
+            _ => lit.to_owned(),
+        });
+        out.push('$');
+        out.push_str(&values.len().to_string());
+    })?;
+    Some((text, values))
+}
+
+/// `sql` with each literal replaced by what `emit(out, kind, literal)` appends (`kind`: `s` a
+/// string, `n` a number); `None` when there is none or the text is not certainly lexed.
+fn replace_literals(sql: &str, mut emit: impl FnMut(&mut String, char, &str)) -> Option<String> {
     if sql.contains("refract") || sql.contains('\0') {
         return None;
     }
@@ -43,7 +72,7 @@ pub(super) fn of(sql: &str) -> Option<String> {
                 }
                 let end = string_end(b, i)?;
                 out.push_str(&sql[copied..i]);
-                out.push_str("\0s");
+                emit(&mut out, 's', &sql[i..end]);
                 replaced = true;
                 i = end;
                 copied = i;
@@ -69,7 +98,7 @@ pub(super) fn of(sql: &str) -> Option<String> {
             b'0'..=b'9' if !is_ident(prev) && prev != b'.' && prev != b'$' => {
                 let end = number_end(b, i)?;
                 out.push_str(&sql[copied..i]);
-                out.push_str("\0n");
+                emit(&mut out, 'n', &sql[i..end]);
                 replaced = true;
                 i = end;
                 copied = i;
@@ -223,5 +252,15 @@ mod tests {
         ] {
             assert_eq!(of(sql), None, "{sql}");
         }
+    }
+
+    #[test]
+    fn literals_become_parameters_with_their_values() {
+        use super::parameterized;
+        let (text, values) = parameterized("SELECT a FROM t WHERE id = 42 AND name = 'O''Brien'").unwrap();
+        assert_eq!(text, "SELECT a FROM t WHERE id = $1 AND name = $2");
+        assert_eq!(values, vec!["42".to_owned(), "O'Brien".to_owned()]);
+        assert_eq!(parameterized("SELECT 1 WHERE x = $1"), None, "parameters of its own");
+        assert_eq!(parameterized("SELECT a FROM t"), None, "no literal");
     }
 }

@@ -7,11 +7,12 @@
 //! the same. pgbench runs the keyed read of `-S` as a script through each, in paired
 //! alternating runs ([`run`](mod@run)); [`report`] writes the section.
 //!
-//! Here: the options and the two refract configs.
+//! Here: the options, the pgbench load and the two refract configs.
 
 pub mod report;
 pub mod run;
 
+use crate::bench::pgbench::client::Load;
 use crate::bench::pgbench::options::pick;
 use crate::bench::pgbench::targets::Placement;
 use anyhow::{Context, Result};
@@ -35,6 +36,9 @@ pub const TARGETS: [&str; 2] = ["unsharded", "sharded"];
 /// run the very same statement.
 pub const SCRIPT: &str = "\\set aid random(1, 100000 * :scale)\n\
                           SELECT abalance FROM pgbench_accounts WHERE aid = :aid;\n";
+
+/// The script's file name in the run's temp directory (and in the report).
+pub const SCRIPT_FILE: &str = "keyed-read.sql";
 
 /// Options of `bench pg-shard`.
 #[derive(Debug, Clone, Args)]
@@ -138,6 +142,18 @@ impl PgShardArgs {
             command,
         })
     }
+}
+
+/// The keyed-read script as a pgbench load in `mode`, `seconds` long; `-s` sets `:scale`
+/// (a script is not told the scale otherwise).
+pub fn load(opts: &PgShardOptions, script: &Path, mode: &str, seconds: u64) -> Load {
+    let script = vec!["-f".into(), script.to_string_lossy().into_owned(), "-s".into(), opts.scale.to_string()];
+    Load { clients: opts.clients, jobs: opts.jobs, seconds, mode: mode.into(), script }
+}
+
+/// The load as the report shows it (the script by its name).
+pub fn shown(opts: &PgShardOptions, mode: &str) -> String {
+    load(opts, Path::new(SCRIPT_FILE), mode, opts.seconds).shown()
 }
 
 /// Where a refract listens: PostgreSQL, HTTP, admin (loopback ports).

@@ -135,7 +135,7 @@ pub fn render(r: &Results) -> String {
 fn header(out: &mut String, r: &Results) {
     let (e, o) = (&r.env, &r.opts);
     let settings = SERVER_SETTINGS.trim().replace('\n', "`, `");
-    let loads: Vec<String> = o.modes.iter().map(|m| format!("`{}`", super::run::shown(o, m))).collect();
+    let loads: Vec<String> = o.modes.iter().map(|m| format!("`{}`", super::shown(o, m))).collect();
     let _ = write!(
         out,
         "Does routing by shard key cost much? `unsharded` is refract over one PostgreSQL server; \
@@ -173,7 +173,7 @@ fn header(out: &mut String, r: &Results) {
         o.scale,
         o.scale as u64 * 100_000,
         loads.join(" and "),
-        "keyed-read.sql",
+        super::SCRIPT_FILE,
         o.pairs,
         if o.warmup { ", after a 2 s warm-up through each" } else { "" },
         o.clients,

@@ -10,9 +10,9 @@
 //!    alike), with the CPU the machine and each refract process used during its runs.
 
 use super::report::{self, Cell, Results};
-use super::{config, PgShardArgs, PgShardOptions, Ports, SCRIPT, TARGETS};
+use super::{config, load, PgShardArgs, PgShardOptions, Ports, SCRIPT, SCRIPT_FILE, TARGETS};
 use crate::bench::pairs::cpu;
-use crate::bench::pgbench::client::{self, Load};
+use crate::bench::pgbench::client;
 use crate::bench::pgbench::options::SERVER_SETTINGS;
 use crate::bench::pgbench::run::{loadavg, restart, run_as, step, tempdir, versions};
 use crate::bench::pgbench::targets::{self, Setup, Target};
@@ -23,9 +23,6 @@ use refract_pg::testkit::{self, PgCluster, PgServer};
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
-
-/// The script's file name in the run's temp directory (and in the report).
-const SCRIPT_FILE: &str = "keyed-read.sql";
 
 /// `bench pg-shard`: measures, writes the section, prints the table.
 pub fn run(args: PgShardArgs) -> Result<()> {
@@ -93,18 +90,6 @@ pub fn measure(opts: &PgShardOptions) -> Result<Results> {
     results.loadavg.1 = loadavg();
     step(started, "done");
     Ok(results)
-}
-
-/// The keyed-read script as a pgbench load in `mode`, `seconds` long; `-s` sets `:scale`
-/// (a script is not told the scale otherwise).
-pub fn load(opts: &PgShardOptions, script: &Path, mode: &str, seconds: u64) -> Load {
-    let script = vec!["-f".into(), script.to_string_lossy().into_owned(), "-s".into(), opts.scale.to_string()];
-    Load { clients: opts.clients, jobs: opts.jobs, seconds, mode: mode.into(), script }
-}
-
-/// The load as the report shows it (the script by its name).
-pub fn shown(opts: &PgShardOptions, mode: &str) -> String {
-    load(opts, Path::new(SCRIPT_FILE), mode, opts.seconds).shown()
 }
 
 /// Appends [`SERVER_SETTINGS`] to the server's config and restarts it.

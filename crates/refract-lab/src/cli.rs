@@ -96,6 +96,10 @@ pub enum BenchCmd {
     /// and PgBouncer interleaved, plus `pgbench -S` pairs hybrid/relay; writes section
     /// `pglarge:RATE` of docs/benchmarks.md and its figure.
     PgLarge(crate::bench::pglarge::PgLargeArgs),
+    /// PostgreSQL sharding's routing cost: keyed `pgbench -S` reads through refract sharded (2
+    /// shards, both on one server) vs unsharded, in paired runs (simple and extended protocol);
+    /// writes section `pgshard:loopback` of docs/benchmarks.md.
+    PgShard(crate::bench::pgshard::PgShardArgs),
     /// The open-loop load generator `bench overload` runs in a client namespace (JSON on stdout).
     #[command(hide = true)]
     Loadgen(crate::bench::loadgen::Spec),
@@ -141,6 +145,7 @@ impl BenchCmd {
             BenchCmd::Pgbench(a) => crate::bench::pgbench::run(&a.into_options()?).map(drop),
             BenchCmd::PgOverload(a) => crate::bench::pgoverload::run(a),
             BenchCmd::PgLarge(a) => crate::bench::pglarge::run(&a),
+            BenchCmd::PgShard(a) => crate::bench::pgshard::run(a),
             BenchCmd::Loadgen(spec) => crate::bench::loadgen::main(&spec),
         }
     }

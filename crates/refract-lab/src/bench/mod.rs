@@ -3,7 +3,8 @@
 //! paper's reproduction), [`overload`] (past saturation), [`loadgen`] (its open-loop load
 //! generator), [`pgbench`] (pgbench through refract and the poolers), [`pgoverload`]
 //! (PostgreSQL past saturation, refract beside PgBouncer), [`pglarge`] (large PostgreSQL
-//! results in the lab: direct, relay, hybrid, PgBouncer).
+//! results in the lab: direct, relay, hybrid, PgBouncer), [`pgshard`] (what sharding's routing
+//! costs on keyed reads: refract sharded vs unsharded over one server).
 
 pub mod loadgen;
 pub mod overload;
@@ -12,4 +13,5 @@ pub mod paper;
 pub mod pgbench;
 pub mod pglarge;
 pub mod pgoverload;
+pub mod pgshard;
 pub mod sweep;

@@ -177,7 +177,7 @@ impl PgbenchArgs {
 
 /// The entries of `all` named in `asked` (all of them when none is), in `all`'s order; an
 /// unknown name is an error that lists the known ones.
-fn pick(what: &str, asked: &[String], all: &[&'static str]) -> Result<Vec<&'static str>> {
+pub(crate) fn pick(what: &str, asked: &[String], all: &[&'static str]) -> Result<Vec<&'static str>> {
     if let Some(bad) = asked.iter().find(|a| !all.contains(&a.as_str())) {
         bail!("unknown {what} `{bad}` (known: {})", all.join(", "));
     }

@@ -126,12 +126,12 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
 }
 
 /// The first three fields of `/proc/loadavg`.
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
-fn step(started: Instant, what: &str) {
+pub(crate) fn step(started: Instant, what: &str) {
     eprintln!("[{:>4.0} s] {what}", started.elapsed().as_secs_f64());
 }
 
@@ -173,7 +173,7 @@ fn tune(cluster: &PgCluster, run_as: &Option<(String, u32, u32)>) -> Result<()> 
 }
 
 /// `pg_ctl restart` (it reuses the options the server was started with, port included).
-fn restart(server: &PgServer, run_as: &Option<(String, u32, u32)>) -> Result<()> {
+pub(crate) fn restart(server: &PgServer, run_as: &Option<(String, u32, u32)>) -> Result<()> {
     let pg_ctl = testkit::tool("pg_ctl")?;
     let data = server.data_dir().to_string_lossy().into_owned();
     // The server's output must go to a file: left on pg_ctl's stdout it would hold our pipe
@@ -338,7 +338,7 @@ fn wait_quiet(ctx: &TargetContext, servers: &[u16; 2]) -> Result<()> {
 }
 
 /// The versions of the servers, pgbench and the poolers.
-fn versions(pgbench: &Path) -> Versions {
+pub(crate) fn versions(pgbench: &Path) -> Versions {
     let first = |program: &Path, args: &[&str]| -> String {
         match sh::output(Command::new(program).args(args)) {
             Ok(o) => {

@@ -78,6 +78,12 @@ pub struct Target {
 }
 
 impl Target {
+    /// The target's process id (`None` for `direct`): the pooler itself, since [`spawn`] execs
+    /// it (through `setsid`) without forking, unless it runs through `runuser`.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(|p| p.child.id())
+    }
+
     /// Stops the target's process (no-op for `direct`).
     pub fn stop(&mut self) {
         if let Some(mut p) = self.proc.take() {
@@ -144,8 +150,14 @@ pub fn start(ctx: &Setup, name: &str) -> Result<Target> {
 }
 
 fn start_refract(ctx: &Setup, name: &str, read_your_writes: bool) -> Result<Target> {
+    start_refract_with(ctx, name, |port, http, admin| refract_config(ctx, port, http, admin, read_your_writes))
+}
+
+/// Starts refract as `name` with the config `config(pg_port, http_port, admin_port)` makes
+/// (free loopback ports each), and waits until it answers `SELECT 1`.
+pub fn start_refract_with(ctx: &Setup, name: &str, config: impl FnOnce(u16, u16, u16) -> String) -> Result<Target> {
     let (port, http, admin) = (free_port()?, free_port()?, free_port()?);
-    let config = refract_config(ctx, port, http, admin, read_your_writes);
+    let config = config(port, http, admin);
     let path = ctx.dir.join(format!("{name}.toml"));
     std::fs::write(&path, &config).with_context(|| format!("writing {}", path.display()))?;
     let mut c = Command::new(&ctx.refract_bin);

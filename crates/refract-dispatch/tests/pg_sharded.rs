@@ -528,12 +528,14 @@ fn explain_names_the_shard_and_runs_nothing_and_admin_lists_the_shards() {
         expect(at(s, "SELECT count(*) FROM customers WHERE id = 1000") == one("0"), "explain inserted 1000".into());
     }
 
-    // /pg/shards: the shards in configuration order, with hash remainders and servers.
+    // /pg/shards: the shards in configuration order, with each table's hash remainder and servers.
     let shards = before["shards"].as_array().cloned().unwrap_or_default();
     expect(shards.len() == 2, format!("two shards: {before}"));
     for (i, s) in shards.iter().enumerate() {
         expect(s["name"] == NAMES[i], format!("shard {i} named {}: {s}", NAMES[i]));
-        expect(s["hash_remainder"] == i, format!("shard {i}: hash_remainder {i}: {s}"));
+        let holds = s["holds"].as_array().cloned().unwrap_or_default();
+        let remainders = holds.iter().all(|h| h["hash"]["remainder"] == i && h["hash"]["modulus"] == 2);
+        expect(holds.len() == 2 && remainders, format!("shard {i} holds hash remainder {i} of each table: {s}"));
         let server = format!("{}-primary", NAMES[i]);
         expect(s["servers"].to_string().contains(&server), format!("shard {i} lists {server}: {s}"));
         expect(s["statements"].is_u64() && s["rows_routed"].is_u64(), format!("shard {i} counts: {s}"));

@@ -42,12 +42,18 @@ const NO_PARTITION: &str = "23514";
 /// Routes `sql` (`read`: the classifier calls it a plain read; `params`: a Bind's values for
 /// its `$n`).
 pub(crate) fn route(sh: &Sharding, sql: &str, read: bool, params: Option<Params<'_>>) -> Target {
-    if params.is_none() {
-        if let Some(t) = by_shape(sh, sql, read) {
-            return t;
-        }
-    }
-    parse_and_route(sh, sql, read, params)
+    let fast = match params {
+        None => by_shape(sh, sql, read),
+        // A Parse text with `$n`: its template is the text's own.
+        Some(p) => sh.template(sql, read, || template(sh, sql, read)).and_then(|refs| one_shard_of(sh, &refs, p)),
+    };
+    fast.unwrap_or_else(|| parse_and_route(sh, sql, read, params))
+}
+
+/// The one shard `refs` restrict every table to under `params`, as a target.
+fn one_shard_of(sh: &Sharding, refs: &[TableKeys], params: Params<'_>) -> Option<Target> {
+    let sets: Vec<Option<Vec<usize>>> = refs.iter().map(|r| shards_of(sh, r, Some(params))).collect();
+    one_shard(&sets).map(|x| Target::Shards(vec![x]))
 }
 
 /// The fast path of a keyed statement sent with its key as a literal (`... WHERE id = 42`):
@@ -58,9 +64,7 @@ fn by_shape(sh: &Sharding, sql: &str, read: bool) -> Option<Target> {
     let (text, values) = refract_pg::classify::parameterized(sql)?;
     let refs = sh.template(&text, read, || template(sh, &text, read))?;
     let values: Vec<Option<&[u8]>> = values.iter().map(|v| Some(v.as_bytes())).collect();
-    let params = Params { formats: &[], values: &values };
-    let sets: Vec<Option<Vec<usize>>> = refs.iter().map(|r| shards_of(sh, r, Some(params))).collect();
-    one_shard(&sets).map(|x| Target::Shards(vec![x]))
+    one_shard_of(sh, &refs, Params { formats: &[], values: &values })
 }
 
 /// A shape's key restrictions, when routing needs nothing else of it (see [`by_shape`]).

@@ -3,9 +3,11 @@
 use refract_core::overload::Priority;
 use refract_core::partial::{check_share, ShareSection};
 use refract_pg::auth::{AuthMethod, Credential};
+use refract_pg::partition::{Key, KeyType};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
+use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -487,7 +489,7 @@ impl PgSettings {
             ShardMethod::List if t.lists.len() != n || !t.bounds.is_empty() => {
                 Err(format!("{what}: method = \"list\" needs one list per shard ({n} `lists`)"))
             }
-            _ => crate::sharding::rule_keys(t).map(|_| ()),
+            _ => rule_keys(t).map(|_| ()),
         }
     }
 
@@ -526,6 +528,49 @@ impl std::ops::Deref for PgConfig {
 
     fn deref(&self) -> &PgSettings {
         &self.settings
+    }
+}
+
+/// The placement type of a configured key type (int2, int4 and int8 hash alike).
+pub(crate) fn key_type(t: ShardKeyType) -> KeyType {
+    match t {
+        ShardKeyType::Integer => KeyType::Int8,
+        ShardKeyType::Text => KeyType::Text,
+        ShardKeyType::Uuid => KeyType::Uuid,
+    }
+}
+
+/// A sharded table's `bounds` and `lists` read as keys of its type.
+pub(crate) fn rule_keys(t: &ShardedTable) -> Result<(Vec<Key>, Vec<Vec<Key>>), String> {
+    let ty = key_type(t.key_type);
+    let read = |v: &toml::Value| {
+        let text = match v {
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::String(s) => s.clone(),
+            other => return Err(format!("[[postgres.sharded_table]] {}: {other} is not a key value", t.name)),
+        };
+        ty.parse_text(text.as_bytes()).map_err(|e| format!("[[postgres.sharded_table]] {}: {e}", t.name))
+    };
+    let bounds = t.bounds.iter().map(read).collect::<Result<Vec<_>, _>>()?;
+    if bounds.windows(2).any(|w| compare(&w[0], &w[1]) != Ordering::Less) {
+        return Err(format!("[[postgres.sharded_table]] {}: `bounds` must increase", t.name));
+    }
+    let lists = t.lists.iter().map(|l| l.iter().map(read).collect()).collect::<Result<Vec<_>, _>>()?;
+    Ok((bounds, lists))
+}
+
+/// Orders two keys of one type (integers by value, text and uuid by bytes).
+pub(crate) fn compare(a: &Key, b: &Key) -> Ordering {
+    let int = |k: &Key| match k {
+        Key::Int2(v) => Some(i64::from(*v)),
+        Key::Int4(v) => Some(i64::from(*v)),
+        Key::Int8(v) => Some(*v),
+        _ => None,
+    };
+    match (a, b) {
+        (Key::Text(x), Key::Text(y)) => x.cmp(y),
+        (Key::Uuid(x), Key::Uuid(y)) => x.cmp(y),
+        _ => int(a).cmp(&int(b)),
     }
 }
 

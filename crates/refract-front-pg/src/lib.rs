@@ -122,7 +122,10 @@ impl PgFront {
             "/pg/pools" => Some(status::pools_view(shared)),
             "/pg/clients" => Some(status::clients_view(shared)),
             "/pg/servers" => Some(status::servers_view(shared)),
-            "/pg/shards" => Some(sharding::view(shared)),
+            "/pg/shards" => Some(match &shared.sharding {
+                Some(sh) => sharding::view(sh, &shared.shards),
+                None => serde_json::json!({"sharded": false, "shards": []}),
+            }),
             _ => None,
         }
     }

@@ -13,8 +13,8 @@ mod twophase;
 pub(crate) use session::BatchShard;
 pub(crate) use twophase::recover;
 
-use super::shared::Shared;
-use crate::config::{PgConfig, ShardKeyType, ShardMethod, ShardedTable};
+use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};
+use crate::servers::Servers;
 use refract_core::metrics::Metrics;
 use refract_pg::partition::{self, Key, KeyType};
 use refract_pg::shardkey::{Schema, TableKeys};
@@ -23,6 +23,9 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// A statement shape's key restrictions (`route::by_shape`).
+type Template = Arc<Vec<TableKeys>>;
 
 /// Most statement shapes whose routing is cached.
 const TEMPLATES: usize = 4096;
@@ -68,7 +71,7 @@ pub(crate) struct Sharding {
     metrics: Arc<Metrics>,
     /// Each statement shape's key restrictions (`route::by_shape`), or `None`: not routed by
     /// shape. Bounded: emptied when full.
-    templates: Mutex<HashMap<(String, bool), Option<Arc<Vec<TableKeys>>>>>,
+    templates: Mutex<HashMap<(String, bool), Option<Template>>>,
     /// The two-phase decision log (`[postgres] twophase_log`), or why there is none.
     pub(crate) log: Result<Arc<twophase::DecisionLog>, String>,
     /// Per shard: whether its primary accepts PREPARE TRANSACTION (`max_prepared_transactions
@@ -150,7 +153,7 @@ impl Sharding {
         text: &str,
         read: bool,
         make: impl FnOnce() -> Option<Vec<TableKeys>>,
-    ) -> Option<Arc<Vec<TableKeys>>> {
+    ) -> Option<Template> {
         let key = (text.to_owned(), read);
         if let Some(t) = lock(&self.templates).get(&key) {
             return t.clone();
@@ -296,14 +299,13 @@ fn open_log(cfg: &PgConfig) -> Result<Arc<twophase::DecisionLog>, String> {
 }
 
 /// `GET /pg/shards`: each shard's servers, the key values it holds, what it was sent.
-pub(crate) fn view(shared: &Shared) -> Value {
-    let Some(sh) = &shared.sharding else { return json!({"shards": [], "sharded": false}) };
+pub(crate) fn view(sh: &Sharding, servers: &[Arc<Servers>]) -> Value {
     let shards: Vec<Value> = sh
         .names
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let servers = shared.shard_servers(i).list();
+            let servers = servers.get(i).map(|s| s.list()).unwrap_or_default();
             let servers: Vec<Value> = servers
                 .iter()
                 .map(|s| json!({"name": s.name, "address": s.addr().to_string(), "role": format!("{:?}", s.role).to_lowercase(), "healthy": s.is_up()}))
@@ -331,49 +333,6 @@ pub(crate) fn view(shared: &Shared) -> Value {
         "scatters": sh.scatters.load(Relaxed),
         "refused": sh.refused.load(Relaxed),
     })
-}
-
-/// The placement type of a configured key type (int2, int4 and int8 hash alike).
-fn key_type(t: ShardKeyType) -> KeyType {
-    match t {
-        ShardKeyType::Integer => KeyType::Int8,
-        ShardKeyType::Text => KeyType::Text,
-        ShardKeyType::Uuid => KeyType::Uuid,
-    }
-}
-
-/// A sharded table's `bounds` and `lists` read as keys of its type.
-pub(crate) fn rule_keys(t: &ShardedTable) -> Result<(Vec<Key>, Vec<Vec<Key>>), String> {
-    let ty = key_type(t.key_type);
-    let read = |v: &toml::Value| {
-        let text = match v {
-            toml::Value::Integer(i) => i.to_string(),
-            toml::Value::String(s) => s.clone(),
-            other => return Err(format!("[[postgres.sharded_table]] {}: {other} is not a key value", t.name)),
-        };
-        ty.parse_text(text.as_bytes()).map_err(|e| format!("[[postgres.sharded_table]] {}: {e}", t.name))
-    };
-    let bounds = t.bounds.iter().map(read).collect::<Result<Vec<_>, _>>()?;
-    if bounds.windows(2).any(|w| compare(&w[0], &w[1]) != Ordering::Less) {
-        return Err(format!("[[postgres.sharded_table]] {}: `bounds` must increase", t.name));
-    }
-    let lists = t.lists.iter().map(|l| l.iter().map(read).collect()).collect::<Result<Vec<_>, _>>()?;
-    Ok((bounds, lists))
-}
-
-/// Orders two keys of one type (integers by value, text and uuid by bytes).
-fn compare(a: &Key, b: &Key) -> Ordering {
-    let int = |k: &Key| match k {
-        Key::Int2(v) => Some(i64::from(*v)),
-        Key::Int4(v) => Some(i64::from(*v)),
-        Key::Int8(v) => Some(*v),
-        _ => None,
-    };
-    match (a, b) {
-        (Key::Text(x), Key::Text(y)) => x.cmp(y),
-        (Key::Uuid(x), Key::Uuid(y)) => x.cmp(y),
-        _ => int(a).cmp(&int(b)),
-    }
 }
 
 /// A key as text (for messages and `/pg/shards`).

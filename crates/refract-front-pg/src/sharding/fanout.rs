@@ -257,12 +257,12 @@ impl Session {
 
     /// A read over every leg, combined by `plan` as the rows stream.
     async fn scatter_read(&mut self, sh: &Sharding, legs: &mut [Leg], plan: &Plan) -> Result<(), PgError> {
-        let c_collation = match sh.c_collation() {
+        let c_collation = match sh.c_collation.get() {
             Some(c) => c,
             None => {
                 let q = "select datcollate in ('C', 'POSIX') from pg_database where datname = current_database()";
                 let c = legs[0].guard.query_one(q).await?.as_deref() == Some("t");
-                sh.set_c_collation(c);
+                sh.c_collation.set(c);
                 c
             }
         };
@@ -342,11 +342,12 @@ async fn atomic_commit_possible(sh: &Sharding, legs: &mut [Leg]) -> Result<bool,
         return Ok(false);
     }
     for l in legs.iter_mut() {
-        if sh.prepared_ok(l.shard).is_none() {
+        let ok = &sh.prepared_ok[l.shard];
+        if ok.get().is_none() {
             let v = l.guard.query_one("show max_prepared_transactions").await?;
-            sh.set_prepared_ok(l.shard, v.is_some_and(|v| v != "0"));
+            ok.set(v.is_some_and(|v| v != "0"));
         }
-        if sh.prepared_ok(l.shard) != Some(true) {
+        if ok.get() != Some(true) {
             return Ok(false);
         }
     }

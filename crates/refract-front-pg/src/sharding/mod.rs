@@ -30,6 +30,24 @@ type Template = Arc<Vec<TableKeys>>;
 /// Most statement shapes whose routing is cached.
 const TEMPLATES: usize = 4096;
 
+/// A yes/no fact about the servers, learned once (`None` until then).
+#[derive(Debug, Default)]
+pub(crate) struct Learned(AtomicU8);
+
+impl Learned {
+    pub(crate) fn get(&self) -> Option<bool> {
+        match self.0.load(Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set(&self, yes: bool) {
+        self.0.store(if yes { 1 } else { 2 }, Relaxed);
+    }
+}
+
 /// One sharded table's placement rule.
 #[derive(Debug)]
 struct Rule {
@@ -63,8 +81,8 @@ pub(crate) struct Sharding {
     pub refused: AtomicU64,
     /// The turn of reads that any shard answers (replicated tables only).
     turn: AtomicUsize,
-    /// Whether the shards compare text under the C collation: 0 not known yet, 1 yes, 2 no.
-    c_collation: AtomicU8,
+    /// Whether the shards compare text under the C collation (asked at the first scatter).
+    pub(crate) c_collation: Learned,
     /// Each sharded table's key column position, read from a shard's catalog when an INSERT
     /// without a column list needs it.
     positions: Mutex<HashMap<String, usize>>,
@@ -75,8 +93,8 @@ pub(crate) struct Sharding {
     /// The two-phase decision log (`[postgres] twophase_log`), or why there is none.
     pub(crate) log: Result<Arc<twophase::DecisionLog>, String>,
     /// Per shard: whether its primary accepts PREPARE TRANSACTION (`max_prepared_transactions
-    /// > 0`): 0 not known yet, 1 yes, 2 no.
-    prepared_ok: Vec<AtomicU8>,
+    /// > 0`), asked the first time a transaction or write needs it.
+    pub(crate) prepared_ok: Vec<Learned>,
 }
 
 impl Schema for Sharding {
@@ -112,12 +130,12 @@ impl Sharding {
             scatters: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             turn: AtomicUsize::new(0),
-            c_collation: AtomicU8::new(0),
+            c_collation: Learned::default(),
             positions: Mutex::default(),
             metrics: metrics.clone(),
             log: open_log(cfg),
             templates: Mutex::default(),
-            prepared_ok: cfg.shards.iter().map(|_| AtomicU8::new(0)).collect(),
+            prepared_ok: cfg.shards.iter().map(|_| Learned::default()).collect(),
         }
     }
 
@@ -130,21 +148,6 @@ impl Sharding {
     /// Learns that `table`'s key is its column number `position` (0-based).
     pub(crate) fn set_position(&self, table: &str, position: usize) {
         lock(&self.positions).insert(table.to_owned(), position);
-    }
-
-    /// Whether shard `i` accepts PREPARE TRANSACTION (`None`: not asked yet).
-    pub(crate) fn prepared_ok(&self, i: usize) -> Option<bool> {
-        match self.prepared_ok.get(i).map(|a| a.load(Relaxed)) {
-            Some(1) => Some(true),
-            Some(2) => Some(false),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn set_prepared_ok(&self, i: usize, ok: bool) {
-        if let Some(a) = self.prepared_ok.get(i) {
-            a.store(if ok { 1 } else { 2 }, Relaxed);
-        }
     }
 
     /// The cached template of shape `text` (computed by `make` the first time).
@@ -253,19 +256,6 @@ impl Sharding {
     pub(crate) fn count_refused(&self) {
         self.refused.fetch_add(1, Relaxed);
         self.metrics.pg_shard_refused();
-    }
-
-    /// Whether the shards sort text under the C collation (`None`: not asked yet).
-    pub(crate) fn c_collation(&self) -> Option<bool> {
-        match self.c_collation.load(Relaxed) {
-            1 => Some(true),
-            2 => Some(false),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn set_c_collation(&self, c: bool) {
-        self.c_collation.store(if c { 1 } else { 2 }, Relaxed);
     }
 
     /// What `/pg/shards` says about table rules and shard `i`'s key range.

@@ -272,7 +272,7 @@ impl Session {
             return Err(format!("a transaction reaches a second shard only with two-phase commit, and {why}"));
         }
         for i in [self.shard, to] {
-            if sh.prepared_ok(i).is_none() {
+            if sh.prepared_ok[i].get().is_none() {
                 let mpt = match self.parked.iter_mut().find(|(s, _)| *s == i) {
                     Some((_, b)) => b.guard.query_one("show max_prepared_transactions").await,
                     None if i == self.shard => {
@@ -282,9 +282,9 @@ impl Session {
                 };
                 let mpt =
                     mpt.map_err(|e| format!("cannot ask shard {} about prepared transactions: {e}", sh.names[i]))?;
-                sh.set_prepared_ok(i, mpt.is_some_and(|v| v != "0"));
+                sh.prepared_ok[i].set(mpt.is_some_and(|v| v != "0"));
             }
-            if sh.prepared_ok(i) == Some(false) {
+            if sh.prepared_ok[i].get() == Some(false) {
                 return Err(format!(
                     "shard {} has max_prepared_transactions = 0, so a transaction cannot commit on several shards (two-phase commit)",
                     sh.names[i]

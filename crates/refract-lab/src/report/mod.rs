@@ -27,6 +27,18 @@ pub fn replace_marked(doc: &str, kind: &str, name: &str, body: &str, header: &st
     format!("{}\n\n{block}\n", base.trim_end())
 }
 
+/// Replaces the `KIND:NAME` block of the page at `out` with `body` (creating the page, with
+/// [`PAGE_HEADER`], and its directory when missing).
+pub fn write_marked(out: &std::path::Path, kind: &str, name: &str, body: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let existing = std::fs::read_to_string(out).unwrap_or_default();
+    let page = replace_marked(&existing, kind, name, body, PAGE_HEADER);
+    std::fs::write(out, page).with_context(|| format!("writing {}", out.display()))
+}
+
 /// `0.98×`, or `–` when the denominator is zero.
 pub fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 {

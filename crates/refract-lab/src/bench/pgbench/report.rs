@@ -23,12 +23,7 @@ reads_sent,writes_sent,primary_commits,replica_commits,primary_account_scans,rep
 /// Writes the section into the page and the CSV next to it; prints the tables.
 pub fn write(r: &Results) -> Result<()> {
     let out = &r.opts.out;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let existing = std::fs::read_to_string(out).unwrap_or_default();
-    let page = report::replace_marked(&existing, MARKER, SECTION, &render(r), report::PAGE_HEADER);
-    std::fs::write(out, page).with_context(|| format!("writing {}", out.display()))?;
+    report::write_marked(out, MARKER, SECTION, &render(r))?;
     let csv = r.opts.csv_path();
     std::fs::write(&csv, csv_text(r)).with_context(|| format!("writing {}", csv.display()))?;
     println!("{}", tables(r));

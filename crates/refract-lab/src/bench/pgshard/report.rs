@@ -10,7 +10,7 @@ use crate::bench::pgbench::results::Versions;
 use crate::report::environment::Environment;
 use crate::report::{self, ratio};
 use crate::support::units::{format_rate, sig3};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::fmt::Write;
 
 /// The marker kind of the section (`<!-- pgshard:NAME -->`).
@@ -100,12 +100,7 @@ pub struct Results {
 /// Writes the section into the page; prints the table.
 pub fn write(r: &Results) -> Result<()> {
     let out = &r.opts.out;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let existing = std::fs::read_to_string(out).unwrap_or_default();
-    let page = report::replace_marked(&existing, MARKER, SECTION, &render(r), report::PAGE_HEADER);
-    std::fs::write(out, page).with_context(|| format!("writing {}", out.display()))?;
+    report::write_marked(out, MARKER, SECTION, &render(r))?;
     println!("{}", table(&r.cells));
     eprintln!("wrote {} (section {MARKER}:{SECTION})", out.display());
     Ok(())

@@ -6,7 +6,7 @@
 use super::error::PgError;
 use super::phase::Event;
 use super::session::{Session, FLUSH_AT};
-use super::sharding::BatchShard;
+use super::sharding::Placed;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route};
 use refract_pg::frontend::Target;
@@ -139,20 +139,10 @@ impl Session {
         let tables = if route == Route::Read { self.batch_tables(&msgs) } else { vec![] };
         let bound = match self.shared.sharding.clone() {
             None => self.bind(route, Some(key), &tables).await,
-            Some(sh) => match self.shard_of_batch(&sh, &msgs, route == Route::Read) {
-                BatchShard::At(shard) => {
-                    sh.count_statement(&[shard]);
-                    self.bind_shard(shard, route, Some(key), &tables).await
-                }
-                BatchShard::Refused(code, why) => {
-                    sh.count_refused();
-                    self.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
-                    self.advance(Event::Refused { synced });
-                    if synced {
-                        self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
-                    }
-                    return self.flush().await;
-                }
+            Some(sh) => match self.place_batch(&sh, &msgs, route, key, &tables, synced).await {
+                Placed::Bound(result) => result,
+                Placed::Across => return self.run_across(&sh, msgs).await,
+                Placed::Answered(result) => return result,
             },
         };
         if let Err(e) = bound {
@@ -193,7 +183,7 @@ impl Session {
 
     /// The query text of each statement the batch parses or binds, in order (`None`: a Bind of
     /// a statement refract does not know).
-    fn statement_texts<'a>(&'a self, msgs: &'a [FrontendMessage]) -> Vec<Option<&'a str>> {
+    pub(super) fn statement_texts<'a>(&'a self, msgs: &'a [FrontendMessage]) -> Vec<Option<&'a str>> {
         let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut texts = vec![];
         for m in msgs {
@@ -267,7 +257,7 @@ impl Session {
         }
     }
 
-    fn is_read(&self, query: &str) -> bool {
+    pub(super) fn is_read(&self, query: &str) -> bool {
         self.classify_text(query).0.target(self.state.route) == Route::Read
     }
 

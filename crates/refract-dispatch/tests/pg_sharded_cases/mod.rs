@@ -230,8 +230,10 @@ pub fn suite(k: &Keys) -> Vec<Case> {
     unkeyed_customers(&mut s);
     unkeyed_orders(&mut s);
     joins_and_replicated(&mut s, k);
+    extended_reads(&mut s, k);
     errors(&mut s, k);
     writes(&mut s, k);
+    extended_writes(&mut s, k);
     transactions(&mut s, k);
     after_writes(&mut s, k);
     s.0
@@ -481,6 +483,40 @@ fn writes(s: &mut Suite, k: &Keys) {
     );
 }
 
+/// Reads over several shards through the extended protocol (Parse/Bind/Describe/Execute with
+/// the values bound): refract runs the batch across the shards (`sharding/across.rs`).
+fn extended_reads(s: &mut Suite, k: &Keys) {
+    let (a, b) = (k.a, k.b);
+    s.ext("SELECT count(*) FROM customers", &[]);
+    s.ext("SELECT id, name FROM customers WHERE score > $1 ORDER BY id", &["60".into()]);
+    s.ext(
+        "SELECT id, score FROM customers WHERE city = $1 ORDER BY score DESC NULLS LAST, id LIMIT 7",
+        &["Bern".into()],
+    );
+    s.ext("SELECT city, count(*), sum(score), min(name), max(balance) FROM customers GROUP BY city ORDER BY city", &[]);
+    s.ext("SELECT avg(score), count(balance) FROM customers WHERE score > $1", &["-50".into()]);
+    s.ext("SELECT DISTINCT tier FROM customers ORDER BY tier", &[]);
+    s.ext("SELECT id FROM customers ORDER BY id DESC LIMIT 5 OFFSET 2", &[]);
+    s.ext("SELECT id, name FROM customers WHERE id = ANY($1::int8[]) ORDER BY id", &[format!("{{{a},{b},-1}}")]);
+    s.ext(format!("SELECT id, city FROM customers WHERE id IN ({a}, $1) ORDER BY id"), &[b.to_string()]);
+    s.ext(
+        "SELECT c.id, o.id FROM customers c JOIN orders o ON c.id = o.customer_id WHERE o.qty > $1 ORDER BY 1, 2",
+        &["15".into()],
+    );
+    s.push("SELECT id, status FROM orders WHERE qty = $1".into(), Cmp::Unordered, Some(vec!["4".into()]), false);
+}
+
+/// Writes on several shards (or every copy) through the extended protocol: one transaction
+/// per shard, committed together.
+fn extended_writes(s: &mut Suite, k: &Keys) {
+    s.ext("UPDATE customers SET score = score + $1 WHERE score > 90", &["1".into()]);
+    s.ext("UPDATE orders SET qty = qty WHERE customer_id = ANY($1::int8[])", &[format!("{{{},{}}}", k.a, k.b)]);
+    s.ext("INSERT INTO products VALUES ($1, $2, NULL, $3)", &["24".into(), "p24".into(), "3.25".into()]);
+    s.ext("UPDATE products SET price = price * 2 WHERE id > $1", &["20".into()]);
+    s.push("DELETE FROM orders WHERE qty = $1 RETURNING id".into(), Cmp::Unordered, Some(vec!["2".into()]), false);
+    s.ext("SELECT * FROM products ORDER BY id", &[]);
+}
+
 fn transactions(s: &mut Suite, k: &Keys) {
     let (a, a2, b) = (k.a, k.a2, k.b);
     s.ord("BEGIN");
@@ -580,7 +616,12 @@ pub fn refusals(k: &Keys) -> Vec<Refusal> {
     let (a, b) = (k.a, k.b);
     r.push(plain(&format!("SELECT c.id, o.id FROM customers c JOIN orders o ON o.id = c.id WHERE c.id = {a}")));
     r.push(plain(&format!("UPDATE customers SET id = id + 100000 WHERE id = {a}")));
-    r.push(Refusal { before: vec![], sql: "SELECT count(*) FROM customers".into(), extended: true, in_tx: false });
+    r.push(Refusal {
+        before: vec![],
+        sql: "SELECT id, row_number() OVER (ORDER BY id) FROM customers".into(),
+        extended: true,
+        in_tx: false,
+    });
     // A transaction on a second shard: refused, as the servers have max_prepared_transactions
     // = 0 and no [postgres] twophase_log is configured (two-phase commit is pg_twophase's).
     let tx =

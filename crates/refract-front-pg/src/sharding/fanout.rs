@@ -35,6 +35,19 @@ pub(crate) struct Leg {
     admitted: crate::permit::Admitted,
 }
 
+impl Leg {
+    /// Gives the connection back after a unit of work that ended well.
+    pub(super) fn finish(self) {
+        self.admitted.finish();
+        self.guard.release();
+    }
+
+    /// Marks the connection's server failed (its state is not known; it is dropped).
+    pub(super) fn failed(&self, shared: &crate::shared::Shared) {
+        shared.shard_servers(self.shard).failed(&self.server);
+    }
+}
+
 impl Session {
     /// Runs `target` (several shards) for the simple Query `sql`.
     pub(crate) async fn fan_out(
@@ -60,7 +73,10 @@ impl Session {
             sh.forget_positions();
         }
         let result = match &target {
-            Target::Scatter(_, plan) => self.scatter_read(sh, &mut legs, plan).await,
+            Target::Scatter(_, plan) => {
+                let request = query_message(&plan.sql);
+                self.scatter_read(sh, &mut legs, plan, &request, true).await.map(|_| ())
+            }
             Target::CopyOut => match self.copy_out_shards(&mut legs, sql).await {
                 Ok(Some(e)) => {
                     self.advance(Event::QueryError);
@@ -82,8 +98,7 @@ impl Session {
         match result {
             Ok(()) => {
                 for l in legs {
-                    l.admitted.finish();
-                    l.guard.release();
+                    l.finish();
                 }
                 self.advance(Event::Ready(TxStatus::Idle));
                 self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
@@ -92,7 +107,7 @@ impl Session {
             Err(e) => {
                 // Their state is not known: the connections are dropped, not released.
                 for l in &legs {
-                    self.shared.shard_servers(l.shard).failed(&l.server);
+                    l.failed(&self.shared);
                 }
                 drop(legs);
                 if e.side() == refract_pg::Side::Client {
@@ -107,7 +122,7 @@ impl Session {
     }
 
     /// A connection on each of `shards` (a replica when `read` allows), with the session's SETs.
-    async fn legs(&mut self, shards: &[usize], read: bool, tables: &[String]) -> Result<Vec<Leg>, PgError> {
+    pub(super) async fn legs(&mut self, shards: &[usize], read: bool, tables: &[String]) -> Result<Vec<Leg>, PgError> {
         let mut legs = Vec::with_capacity(shards.len());
         for &i in shards {
             let servers = self.shared.shard_servers(i).clone();
@@ -146,86 +161,32 @@ impl Session {
                 l.guard.query("BEGIN").await?;
             }
         }
-        let mut tags = vec![];
-        let mut rows = vec![];
-        let mut description = None;
-        let mut error = None;
-        for (l, sql) in legs.iter_mut().zip(sqls) {
-            let mut out = bytes::BytesMut::new();
-            FrontendMessage::Query((*sql).to_owned()).encode(&mut out);
-            l.guard.wire.send(&out).await?;
-            loop {
-                let (tag, frame) = l.guard.wire.recv().await?;
-                match BackendMessage::decode(tag, &frame[5..])? {
-                    BackendMessage::RowDescription(_) if description.is_none() => description = Some(frame),
-                    BackendMessage::DataRow(_) => rows.push(frame),
-                    BackendMessage::CommandComplete(t) => tags.push(t),
-                    BackendMessage::ErrorResponse(e) if error.is_none() => error = Some(e),
-                    BackendMessage::ReadyForQuery(_) => break,
-                    _ => {}
-                }
+        let requests: Vec<Bytes> = sqls.iter().map(|s| query_message(s)).collect();
+        let mut got = written_on(legs, &requests).await?;
+        if in_block {
+            if let Some(e) = end_block(sh, legs, got.error.is_none()).await? {
+                got.error.get_or_insert(e);
             }
         }
-        if !in_block {
-            return self.written(error, tags, description, rows, placement, legs.len());
-        }
-        self.finish_write(sh, legs, tags, description, rows, error, placement).await
-    }
-
-    /// Ends the transaction a write opened on every leg: two-phase commit where possible,
-    /// else COMMIT on each; ROLLBACK on each after an error. Then the client's answer.
-    #[allow(clippy::too_many_arguments)]
-    async fn finish_write(
-        &mut self,
-        sh: &Sharding,
-        legs: &mut [Leg],
-        tags: Vec<String>,
-        description: Option<Bytes>,
-        rows: Vec<Bytes>,
-        mut error: Option<ErrorFields>,
-        placement: Placement,
-    ) -> Result<(), PgError> {
-        if error.is_none() && atomic_commit_possible(sh, legs).await? {
-            if let Ok(log) = &sh.log {
-                let mut conns: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();
-                error = super::twophase::commit(log, &mut conns).await?.err();
-                return self.written(error, tags, description, rows, placement, legs.len());
-            }
-        }
-        let end = if error.is_none() { "COMMIT" } else { "ROLLBACK" };
-        for l in legs.iter_mut() {
-            if let Err(e) = l.guard.query(end).await {
-                error.get_or_insert(match e {
-                    PgError::Server(f) => f,
-                    other => return Err(other),
-                });
-            }
-        }
-        self.written(error, tags, description, rows, placement, legs.len())
+        self.written(got, placement, legs.len());
+        Ok(())
     }
 
     /// The client's answer to a write on `legs` shards: the error, or the rows (RETURNING) and
-    /// the combined CommandComplete.
-    fn written(
-        &mut self,
-        error: Option<ErrorFields>,
-        tags: Vec<String>,
-        description: Option<Bytes>,
-        rows: Vec<Bytes>,
-        placement: Placement,
-        legs: usize,
-    ) -> Result<(), PgError> {
+    /// the combined CommandComplete. Returns whether the client got an error.
+    pub(super) fn written(&mut self, got: Written, placement: Placement, legs: usize) -> bool {
+        let Written { error, tags, description, rows } = got;
         if let Some(e) = error {
             self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
             self.advance(Event::QueryError);
-            return Ok(());
+            return true;
         }
         let tag = combined_tag(&tags, placement);
         let tag = match tag {
             Ok(t) => t,
             Err(why) => {
                 self.out.extend_from_slice(&reply::error(sqlstate::INTERNAL_ERROR, &format!("refract: {why}")));
-                return Ok(());
+                return true;
             }
         };
         if let Some(d) = description {
@@ -236,7 +197,7 @@ impl Session {
         }
         self.advance(Event::Completed(&tag));
         self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
-        Ok(())
+        false
     }
 
     /// `COPY ... FROM STDIN` on every leg in a transaction each, committed together.
@@ -251,12 +212,25 @@ impl Session {
             l.guard.query("BEGIN").await?;
         }
         let placement = if key.is_some() { Placement::Sharded } else { Placement::Replicated };
-        let (tags, error) = self.copy_in_shards(sh, legs, sql, key).await?;
-        self.finish_write(sh, legs, tags, None, vec![], error, placement).await
+        let (tags, mut error) = self.copy_in_shards(sh, legs, sql, key).await?;
+        if let Some(e) = end_block(sh, legs, error.is_none()).await? {
+            error.get_or_insert(e);
+        }
+        self.written(Written { error, tags, description: None, rows: vec![] }, placement, legs.len());
+        Ok(())
     }
 
-    /// A read over every leg, combined by `plan` as the rows stream.
-    async fn scatter_read(&mut self, sh: &Sharding, legs: &mut [Leg], plan: &Plan) -> Result<(), PgError> {
+    /// A read over every leg, combined by `plan` as the rows stream: `request` (a Query of the
+    /// plan's SQL, or its Parse/Bind/Describe/Execute/Sync) is sent to each; the client gets the
+    /// combined RowDescription when `describe`. Returns whether the client got an error.
+    pub(super) async fn scatter_read(
+        &mut self,
+        sh: &Sharding,
+        legs: &mut [Leg],
+        plan: &Plan,
+        request: &[u8],
+        describe: bool,
+    ) -> Result<bool, PgError> {
         let c_collation = match sh.c_collation.get() {
             Some(c) => c,
             None => {
@@ -266,10 +240,8 @@ impl Session {
                 c
             }
         };
-        let mut out = bytes::BytesMut::new();
-        FrontendMessage::Query(plan.sql.clone()).encode(&mut out);
         for l in legs.iter_mut() {
-            l.guard.wire.send(&out).await?;
+            l.guard.wire.send(request).await?;
         }
         // Each shard's RowDescription (or its error).
         let mut descs: Vec<Vec<FieldDescription>> = vec![];
@@ -289,7 +261,9 @@ impl Session {
             Ok(g) => g,
             Err(e) => return self.scatter_failed(legs, gather_error(&e)).await,
         };
-        self.out.extend_from_slice(&BackendMessage::RowDescription(gather.description().to_vec()).to_bytes());
+        if describe {
+            self.out.extend_from_slice(&BackendMessage::RowDescription(gather.description().to_vec()).to_bytes());
+        }
         loop {
             let step = match gather.step() {
                 Ok(s) => s,
@@ -318,21 +292,84 @@ impl Session {
                     for l in legs.iter_mut() {
                         drain(&mut l.guard).await?;
                     }
-                    return Ok(());
+                    return Ok(false);
                 }
             }
         }
     }
 
     /// Ends a failed scatter: the error to the client, every leg read to its ReadyForQuery.
-    async fn scatter_failed(&mut self, legs: &mut [Leg], error: Vec<u8>) -> Result<(), PgError> {
+    async fn scatter_failed(&mut self, legs: &mut [Leg], error: Vec<u8>) -> Result<bool, PgError> {
         self.out.extend_from_slice(&error);
         self.advance(Event::QueryError);
         for l in legs.iter_mut() {
             drain(&mut l.guard).await?;
         }
-        Ok(())
+        Ok(true)
     }
+}
+
+/// What a write on several shards answered, before it is combined for the client.
+#[derive(Default)]
+pub(super) struct Written {
+    /// The first shard's error.
+    pub(super) error: Option<ErrorFields>,
+    /// Each shard's CommandComplete tag.
+    pub(super) tags: Vec<String>,
+    /// The first RowDescription (RETURNING) frame.
+    pub(super) description: Option<Bytes>,
+    /// Every shard's DataRow frames.
+    pub(super) rows: Vec<Bytes>,
+}
+
+/// Sends `requests[i]` to leg i and reads each answer to its ReadyForQuery.
+pub(super) async fn written_on(legs: &mut [Leg], requests: &[Bytes]) -> Result<Written, PgError> {
+    let mut got = Written::default();
+    for (l, request) in legs.iter_mut().zip(requests) {
+        l.guard.wire.send(request).await?;
+        loop {
+            let (tag, frame) = l.guard.wire.recv().await?;
+            match BackendMessage::decode(tag, &frame[5..])? {
+                BackendMessage::RowDescription(_) if got.description.is_none() => got.description = Some(frame),
+                BackendMessage::DataRow(_) => got.rows.push(frame),
+                BackendMessage::CommandComplete(t) => got.tags.push(t),
+                BackendMessage::ErrorResponse(e) if got.error.is_none() => got.error = Some(e),
+                BackendMessage::ReadyForQuery(_) => break,
+                _ => {}
+            }
+        }
+    }
+    Ok(got)
+}
+
+/// Ends the transaction block open on every leg: when `commit`, two-phase commit where the
+/// shards and the configuration allow it, else COMMIT on each; ROLLBACK on each otherwise.
+/// `Some`: the error the client gets (a commit that failed).
+pub(super) async fn end_block(sh: &Sharding, legs: &mut [Leg], commit: bool) -> Result<Option<ErrorFields>, PgError> {
+    if commit && legs.len() > 1 && atomic_commit_possible(sh, legs).await? {
+        if let Ok(log) = &sh.log {
+            let mut conns: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();
+            return Ok(super::twophase::commit(log, &mut conns).await?.err());
+        }
+    }
+    let end = if commit { "COMMIT" } else { "ROLLBACK" };
+    let mut error = None;
+    for l in legs.iter_mut() {
+        if let Err(e) = l.guard.query(end).await {
+            error.get_or_insert(match e {
+                PgError::Server(f) => f,
+                other => return Err(other),
+            });
+        }
+    }
+    Ok(error)
+}
+
+/// A simple Query message of `sql`.
+fn query_message(sql: &str) -> Bytes {
+    let mut out = bytes::BytesMut::new();
+    FrontendMessage::Query(sql.to_owned()).encode(&mut out);
+    out.freeze()
 }
 
 /// Whether the write's shards can commit with two-phase commit (a decision log, and every

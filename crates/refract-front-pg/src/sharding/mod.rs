@@ -4,13 +4,14 @@
 //! several shards runs there (`fanout`: scatter-gather reads, writes over several shards);
 //! `session` wires it into the client session; `view`: `GET /pg/shards`.
 
+mod across;
 mod copy;
 mod fanout;
 mod route;
 mod session;
 mod twophase;
 
-pub(crate) use session::BatchShard;
+pub(crate) use session::Placed;
 pub(crate) use twophase::recover;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};

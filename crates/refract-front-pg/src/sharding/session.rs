@@ -24,11 +24,23 @@ use std::sync::Arc;
 const IN_FAILED_TX: &str = "25P02";
 
 /// What [`Session::shard_of_batch`] found.
-pub(crate) enum BatchShard {
+enum BatchShard {
     /// Run the batch on this shard.
     At(usize),
+    /// No one shard runs it: refract does (`across.rs`).
+    Across,
     /// Refused: SQLSTATE and message.
     Refused(&'static str, String),
+}
+
+/// Where [`Session::place_batch`] put an extended batch.
+pub(crate) enum Placed {
+    /// Bound on its shard (or the binding's error): the caller runs it there.
+    Bound(Result<(), PgError>),
+    /// refract runs it across shards (`Session::run_across`).
+    Across,
+    /// Answered here (refused).
+    Answered(Result<(), PgError>),
 }
 
 impl Session {
@@ -307,13 +319,22 @@ impl Session {
             self.client.info.set_bound(Some(b.server.index));
             self.bound = Some(b);
         } else {
-            self.held_begin = self.tx_begin.clone();
+            self.held_begin = Some(self.tx_begin.clone().unwrap_or_else(|| "BEGIN".into()));
         }
     }
 
     /// COMMIT (two-phase, over every shard of the transaction) or ROLLBACK of a transaction
-    /// on several shards.
+    /// on several shards, for a simple Query.
     async fn end_on_shards(&mut self, sh: &Sharding, commit: bool) -> Result<(), PgError> {
+        self.end_tx(sh, commit).await?;
+        self.advance(Event::Ready(TxStatus::Idle));
+        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.flush().await
+    }
+
+    /// Ends the open transaction on each of its shards (see [`Session::end_on_shards`]): the
+    /// client gets its CommandComplete or error; ReadyForQuery is the caller's.
+    pub(crate) async fn end_tx(&mut self, sh: &Sharding, commit: bool) -> Result<(), PgError> {
         let failed = self.phase().tx() == TxStatus::Failed;
         let commit = commit && !failed;
         let mut all = self.take_tx_bindings();
@@ -358,9 +379,7 @@ impl Session {
                 self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &msg));
             }
         }
-        self.advance(Event::Ready(TxStatus::Idle));
-        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
-        self.flush().await
+        Ok(())
     }
 
     /// Whether `begin` (a BEGIN / START TRANSACTION text) asks for a read-only transaction.
@@ -368,11 +387,108 @@ impl Session {
         matches!(self.shared.classifier.classify(begin).statements.as_slice(), [Statement::Begin { read_only: true }])
     }
 
-    /// Extended protocol: the one shard every statement the batch binds runs on (a batch
-    /// that only parses or describes runs where the session is, or on any shard).
-    pub(crate) fn shard_of_batch(&self, sh: &Sharding, msgs: &[FrontendMessage], read: bool) -> BatchShard {
+    /// Where an extended batch runs in a sharded cluster: bound on the one shard its
+    /// statements name (moving an open transaction there when two-phase commit allows it, as
+    /// a simple query's would), run by refract across shards outside a transaction (or to end
+    /// a transaction open on several), or refused with the reason.
+    pub(crate) async fn place_batch(
+        &mut self,
+        sh: &Sharding,
+        msgs: &[FrontendMessage],
+        route_class: Route,
+        key: u64,
+        tables: &[String],
+        synced: bool,
+    ) -> Placed {
+        let in_tx = self.phase().in_transaction();
+        if !in_tx {
+            self.tx_begin = None;
+        }
+        let refused = match self.shard_of_batch(sh, msgs, route_class == Route::Read) {
+            BatchShard::At(shard) => {
+                if self.bound.is_some() && shard != self.shard {
+                    let second = if in_tx {
+                        self.second_shard(sh, shard).await
+                    } else {
+                        Err("a pinned connection stays on its shard".into())
+                    };
+                    if let Err(why) = second {
+                        let why = format!(
+                            "this batch's rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}: {why}",
+                            sh.names[shard], sh.names[self.shard]
+                        );
+                        return Placed::Answered(self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why, synced).await);
+                    }
+                    self.move_to_shard(shard);
+                }
+                if !in_tx {
+                    self.note_begin(msgs);
+                }
+                sh.count_statement(&[shard]);
+                return Placed::Bound(self.bind_shard(shard, route_class, Some(key), tables).await);
+            }
+            BatchShard::Across if !synced => (
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "this batch needs several shards, and refract runs such a batch when it ends with Sync (not Flush)".to_owned(),
+            ),
+            BatchShard::Across if !in_tx || self.ends_tx_on_shards(msgs) => return Placed::Across,
+            BatchShard::Across => (
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "this batch needs several shards, and inside a transaction a statement runs on one shard (name the keys; the transaction may reach several shards one statement at a time)".to_owned(),
+            ),
+            BatchShard::Refused(code, why) => (code, why),
+        };
+        Placed::Answered(self.refuse_batch(sh, refused.0, &refused.1, synced).await)
+    }
+
+    /// Refuses a batch with `code` and `why` (a transaction fails, as with
+    /// [`Session::refuse_sharded`]); the rest of an unsynced batch is dropped up to its Sync.
+    async fn refuse_batch(&mut self, sh: &Sharding, code: &str, why: &str, synced: bool) -> Result<(), PgError> {
+        sh.count_refused();
+        if self.phase().in_transaction() {
+            self.abort_on_shard().await;
+            self.advance(Event::QueryError);
+            self.advance(Event::Ready(TxStatus::Failed));
+        }
+        self.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
+        self.advance(Event::Refused { synced });
+        if synced {
+            self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+        }
+        self.flush().await
+    }
+
+    /// Remembers the BEGIN a batch starting a transaction binds (each further shard the
+    /// transaction reaches begins it the same way).
+    fn note_begin(&mut self, msgs: &[FrontendMessage]) {
+        let texts = self.statement_texts(msgs);
+        let begin = texts
+            .into_iter()
+            .flatten()
+            .find(|t| matches!(self.classify_text(t).0.statements.as_slice(), [Statement::Begin { .. }]));
+        if let Some(b) = begin.map(str::to_owned) {
+            self.tx_begin = Some(b);
+        }
+    }
+
+    /// Whether the batch's only statement is the COMMIT or ROLLBACK of a transaction open on
+    /// several shards.
+    fn ends_tx_on_shards(&self, msgs: &[FrontendMessage]) -> bool {
+        let texts = self.statement_texts(msgs);
+        let ends = |t: &&str| {
+            matches!(self.classify_text(t).0.statements.as_slice(), [Statement::Commit | Statement::Rollback])
+        };
+        !self.parked.is_empty() && !texts.is_empty() && texts.iter().all(|t| t.as_ref().is_some_and(ends))
+    }
+
+    /// Extended protocol: the one shard every statement the batch binds runs on (a batch that
+    /// only parses or describes, or binds session statements, runs where the session is, or on
+    /// any shard); `Across` when they need several shards, or different ones, or end a
+    /// transaction open on several.
+    fn shard_of_batch(&self, sh: &Sharding, msgs: &[FrontendMessage], read: bool) -> BatchShard {
         let mut parsed: HashMap<&str, &str> = HashMap::new();
-        let mut at: Option<usize> = self.bound.as_ref().map(|_| self.shard);
+        let mut at: Option<usize> = None;
+        let mut across = false;
         for m in msgs {
             let FrontendMessage::Parse { name, query, .. } = m else {
                 let FrontendMessage::Bind(b) = m else { continue };
@@ -382,31 +498,37 @@ impl Session {
                 };
                 let text = parsed.get(b.statement.as_str()).copied().or_else(prepared);
                 let Some(text) = text else { continue };
+                let c = self.classify_text(text).0;
+                if c.statements.iter().all(|s| !matches!(s, Statement::Read | Statement::Write)) {
+                    // A session statement runs where the session is; the end of a transaction
+                    // on several shards is refract's.
+                    across |= !self.parked.is_empty()
+                        && matches!(c.statements.as_slice(), [Statement::Commit | Statement::Rollback]);
+                    continue;
+                }
                 let values: Vec<Option<&[u8]>> = b.params.iter().map(|p| p.as_deref()).collect();
                 let params = Params { formats: &b.param_formats, values: &values };
-                let shards = match route(sh, text, read, Some(params)) {
+                let shard = match route(sh, text, read, Some(params)) {
                     Target::Any => continue,
                     Target::Shards(s) if s.len() == 1 => s[0],
                     Target::Refuse(why) => return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why),
                     Target::Fail(code, why) => return BatchShard::Refused(code, why),
-                    multi => {
-                        let why = format!(
-                            "this statement needs several shards ({}): through the extended protocol only one-shard statements run yet (send it as a simple query)",
-                            describe(sh, &multi)
-                        );
-                        return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why);
+                    _ => {
+                        across = true;
+                        continue;
                     }
                 };
-                if at.is_some_and(|a| a != shards) {
-                    let why = "the statements of this batch (or this transaction) are on different shards".to_owned();
-                    return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why);
-                }
-                at = Some(shards);
+                across |= at.is_some_and(|a| a != shard);
+                at = Some(shard);
                 continue;
             };
             parsed.insert(name, query);
         }
-        BatchShard::At(at.unwrap_or_else(|| sh.any_shard()))
+        if across {
+            return BatchShard::Across;
+        }
+        let here = self.bound.as_ref().map(|_| self.shard);
+        BatchShard::At(at.or(here).unwrap_or_else(|| sh.any_shard()))
     }
 
     /// `/* refract: explain */`: where the statement would run and why, as rows of one text

@@ -1,0 +1,504 @@
+//! An extended-protocol batch that no one shard can run: a statement whose Bind values name
+//! several shards (a scatter read, a write on several shards, a write of replicated tables),
+//! statements of one batch on different shards (a driver's `executemany`), or the COMMIT of a
+//! transaction open on several shards. refract answers such a batch itself, message by
+//! message, as PostgreSQL would:
+//! - Parse, Bind and Close are answered from the session's registry of statements and the
+//!   batch's portals (a Bind is routed by its values there and then: a refusal is its error);
+//! - Describe of a statement asks one shard; Describe of a portal is answered with the rows of
+//!   its Execute when that follows (as drivers send them), else asks one shard;
+//! - each Execute runs its statement on its shards as the unnamed statement and portal
+//!   (Parse, Bind, Describe, Execute, Sync), combined as a simple query's are (`fanout.rs`):
+//!   one shard's answer relayed, rows of a read merged by its plan, row counts of a write
+//!   summed (one copy's for replicated tables);
+//! - a batch that writes runs in a transaction on each shard it reaches, ended at Sync on all
+//!   together (two-phase commit where possible) or rolled back on all after an error:
+//!   PostgreSQL's implicit transaction of a batch, across shards.
+//!
+//! After an error the rest of the batch is skipped up to its Sync, as PostgreSQL does.
+
+use super::fanout::{end_block, written_on, Leg};
+use super::route::{route, Target};
+use super::Sharding;
+use crate::error::PgError;
+use crate::phase::Event;
+use crate::session::{Session, FLUSH_AT};
+use bytes::{Bytes, BytesMut};
+use refract_pg::classify::{Route, Statement};
+use refract_pg::frontend::{Bind, Target as Of};
+use refract_pg::keyparam::Params;
+use refract_pg::notice::sqlstate;
+use refract_pg::scatter::Placement;
+use refract_pg::session::Origin;
+use refract_pg::{reply, BackendMessage, ErrorFields, FrontendMessage, TxStatus};
+use std::collections::HashMap;
+
+/// SQLSTATE `invalid_cursor_name`: no such portal.
+const NO_PORTAL: &str = "34000";
+/// SQLSTATE `invalid_sql_statement_name`: no such prepared statement.
+const NO_STATEMENT: &str = "26000";
+/// SQLSTATE `duplicate_prepared_statement`.
+const DUPLICATE_STATEMENT: &str = "42P05";
+/// SQLSTATE `syntax_error`.
+const SYNTAX_ERROR: &str = "42601";
+
+/// What a bound portal runs.
+enum Runs {
+    /// A read or write on the shards of `Target`.
+    Data(Target),
+    /// COMMIT (`true`) or ROLLBACK of the open transaction.
+    End(bool),
+}
+
+/// A portal of the batch.
+struct Portal {
+    query: String,
+    param_types: Vec<u32>,
+    bind: Bind,
+    runs: Runs,
+    /// Its Execute comes right after a Describe of it: the description goes with the rows.
+    describe: bool,
+}
+
+/// The batch's state.
+struct Across {
+    /// The connections on the shards the batch reached, kept to its Sync.
+    legs: Vec<Leg>,
+    /// The batch writes: each leg runs in a transaction block, ended at Sync.
+    block: bool,
+    portals: HashMap<String, Portal>,
+    /// An error was sent: skip to Sync.
+    failed: bool,
+    /// The ReadyForQuery status at Sync.
+    status: TxStatus,
+}
+
+impl Session {
+    /// Runs `msgs` (ending with Sync) as described in the module header.
+    pub(crate) async fn run_across(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>) -> Result<(), PgError> {
+        let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
+        self.advance(Event::Batch { synced: true, executes });
+        let block = !self.phase().in_transaction() && self.batch_route(&msgs) == Route::Write;
+        let mut run = Across { legs: vec![], block, portals: HashMap::new(), failed: false, status: self.phase().tx() };
+        let mut lost = None;
+        for (i, msg) in msgs.iter().enumerate() {
+            if run.failed && !matches!(msg, FrontendMessage::Sync) {
+                continue;
+            }
+            let next = msgs.get(i + 1);
+            let step = match msg {
+                FrontendMessage::Parse { name, query, param_types } => {
+                    self.parse_here(&mut run, name, query, param_types);
+                    Ok(())
+                }
+                FrontendMessage::Bind(b) => {
+                    self.bind_here(sh, &mut run, b);
+                    Ok(())
+                }
+                FrontendMessage::Describe(Of::Statement, name) => self.describe_statement(sh, &mut run, name).await,
+                FrontendMessage::Describe(Of::Portal, name) => self.describe_portal(sh, &mut run, name, next).await,
+                FrontendMessage::Execute { portal, max_rows } => {
+                    self.execute_here(sh, &mut run, portal, *max_rows).await
+                }
+                FrontendMessage::Close(of, name) => {
+                    match of {
+                        Of::Statement => drop(self.state.prepared.close(name)),
+                        Of::Portal => drop(run.portals.remove(name)),
+                    }
+                    self.out.extend_from_slice(&BackendMessage::CloseComplete.to_bytes());
+                    Ok(())
+                }
+                FrontendMessage::Flush => self.flush().await,
+                FrontendMessage::Sync => break,
+                _ => Ok(()),
+            };
+            if let Err(e) = step {
+                lost = Some(e);
+                break;
+            }
+            if self.out.len() >= FLUSH_AT {
+                if let Err(e) = self.flush().await {
+                    lost = Some(e);
+                    break;
+                }
+            }
+        }
+        if lost.is_none() && run.block {
+            match end_block(sh, &mut run.legs, !run.failed).await {
+                Ok(Some(e)) => self.fail_here(&mut run, e),
+                Ok(None) => {}
+                Err(e) => lost = Some(e),
+            }
+        }
+        match lost {
+            None => {
+                for l in run.legs {
+                    l.finish();
+                }
+                self.advance(Event::Synced(run.status));
+                self.out.extend_from_slice(&reply::ready_for_query(run.status));
+                self.flush().await
+            }
+            Some(e) => {
+                // Their state is not known: the connections are dropped, not released.
+                for l in &run.legs {
+                    l.failed(&self.shared);
+                }
+                drop(run.legs);
+                if e.side() == refract_pg::Side::Client {
+                    return Err(e);
+                }
+                self.advance(Event::ServerLost);
+                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+                self.flush().await
+            }
+        }
+    }
+
+    /// Parse: registered for this session (its syntax checked by PostgreSQL's own parser).
+    fn parse_here(&mut self, run: &mut Across, name: &str, query: &str, param_types: &[u32]) {
+        if !name.is_empty() && self.state.prepared.get(name).is_some() {
+            let e = error(DUPLICATE_STATEMENT, format!("prepared statement \"{name}\" already exists"));
+            return self.fail_here(run, e);
+        }
+        if let Err(e) = pg_query::parse(query, 0) {
+            let message = match e {
+                pg_query::Error::Parse(m) => m,
+                other => other.to_string(),
+            };
+            return self.fail_here(run, error(SYNTAX_ERROR, message));
+        }
+        let read = self.is_read(query);
+        self.state.prepared.parse(name, query, param_types, read);
+        self.out.extend_from_slice(&BackendMessage::ParseComplete.to_bytes());
+    }
+
+    /// Bind: the portal routed by its values.
+    fn bind_here(&mut self, sh: &Sharding, run: &mut Across, b: &Bind) {
+        let (query, param_types, read) = match self.statement_here(&b.statement) {
+            Ok(s) => s,
+            Err(e) => return self.fail_here(run, e),
+        };
+        let c = self.classify_text(&query).0;
+        let runs = match c.statements.as_slice() {
+            [Statement::Commit] if self.phase().in_transaction() => Runs::End(true),
+            [Statement::Rollback] if self.phase().in_transaction() => Runs::End(false),
+            all if !all.is_empty() && all.iter().all(|s| matches!(s, Statement::Read | Statement::Write)) => {
+                let values: Vec<Option<&[u8]>> = b.params.iter().map(|p| p.as_deref()).collect();
+                let params = Params { formats: &b.param_formats, values: &values };
+                match route(sh, &query, read, Some(params)) {
+                    Target::Refuse(why) => {
+                        return self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, format!("refract: {why}")));
+                    }
+                    Target::Split(_) => {
+                        // `route` splits only an INSERT of constants, never one with values bound.
+                        let why = "refract: an INSERT whose rows belong to several shards is not split here: insert them one shard at a time";
+                        return self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, why.into()));
+                    }
+                    Target::Fail(code, why) => return self.fail_here(run, error(code, why)),
+                    Target::CopyIn(_) | Target::CopyOut => {
+                        let why = "refract: COPY through the extended protocol is not run across shards: send it as a simple query";
+                        return self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, why.into()));
+                    }
+                    target => Runs::Data(target),
+                }
+            }
+            _ => {
+                let why = "refract: this batch needs several shards, and refract runs such a batch only with reads, writes and the end of a transaction: send session statements (SET, BEGIN, ...) in a batch of their own";
+                return self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, why.into()));
+            }
+        };
+        let portal = Portal { query, param_types, bind: b.clone(), runs, describe: false };
+        run.portals.insert(b.portal.clone(), portal);
+        self.out.extend_from_slice(&BackendMessage::BindComplete.to_bytes());
+    }
+
+    /// A prepared statement's text, parameter types and read-ness, or the client's error.
+    fn statement_here(&self, name: &str) -> Result<(String, Vec<u32>, bool), ErrorFields> {
+        let Some(ps) = self.state.prepared.get(name) else {
+            return Err(error(NO_STATEMENT, format!("prepared statement \"{name}\" does not exist")));
+        };
+        match &ps.origin {
+            Origin::Protocol { query, param_types } => Ok((query.clone(), param_types.clone(), ps.read)),
+            Origin::Sql { .. } => Err(error(
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "refract: an SQL PREPAREd statement is not run across shards: use the extended protocol's Parse".into(),
+            )),
+        }
+    }
+
+    /// Describe of a statement: one shard describes it (a connection the batch holds, if any).
+    async fn describe_statement(&mut self, sh: &Sharding, run: &mut Across, name: &str) -> Result<(), PgError> {
+        let (query, param_types, read) = match self.statement_here(name) {
+            Ok(s) => s,
+            Err(e) => {
+                self.fail_here(run, e);
+                return Ok(());
+            }
+        };
+        let shard = run.legs.first().map_or_else(|| sh.any_shard(), |l| l.shard);
+        let mut request = BytesMut::new();
+        FrontendMessage::Parse { name: String::new(), query, param_types }.encode(&mut request);
+        FrontendMessage::Describe(Of::Statement, String::new()).encode(&mut request);
+        FrontendMessage::Sync.encode(&mut request);
+        self.relay_on(run, shard, read, &request.freeze(), true).await
+    }
+
+    /// Describe of a portal: answered with its Execute's rows when that comes next, else one
+    /// of its shards describes it.
+    async fn describe_portal(
+        &mut self,
+        sh: &Sharding,
+        run: &mut Across,
+        name: &str,
+        next: Option<&FrontendMessage>,
+    ) -> Result<(), PgError> {
+        let Some(portal) = run.portals.get_mut(name) else {
+            self.fail_here(run, error(NO_PORTAL, format!("portal \"{name}\" does not exist")));
+            return Ok(());
+        };
+        if matches!(next, Some(FrontendMessage::Execute { portal: p, .. }) if p == name) {
+            portal.describe = true;
+            return Ok(());
+        }
+        let shard = match &portal.runs {
+            Runs::Data(Target::Shards(s) | Target::Scatter(s, _)) => s[0],
+            Runs::Data(_) => sh.any_shard(),
+            Runs::End(_) => {
+                self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
+                return Ok(());
+            }
+        };
+        let request = unit(&portal.query, &portal.param_types, &portal.bind, &portal.bind.result_formats, false);
+        let read = !run.block;
+        self.relay_on(run, shard, read, &request, true).await
+    }
+
+    /// Execute: the portal's statement on its shards.
+    async fn execute_here(
+        &mut self,
+        sh: &Sharding,
+        run: &mut Across,
+        name: &str,
+        max_rows: i32,
+    ) -> Result<(), PgError> {
+        let Some(portal) = run.portals.get(name) else {
+            self.fail_here(run, error(NO_PORTAL, format!("portal \"{name}\" does not exist")));
+            return Ok(());
+        };
+        let target = match &portal.runs {
+            Runs::End(commit) => {
+                let commit = *commit;
+                if portal.describe {
+                    self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
+                }
+                self.end_tx(sh, commit).await?;
+                run.status = TxStatus::Idle;
+                return Ok(());
+            }
+            Runs::Data(t) => t.clone(),
+        };
+        if max_rows > 0 {
+            let why = "refract: fetching part of a portal (Execute with a row limit) is not supported for a batch over several shards";
+            self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, why.into()));
+            return Ok(());
+        }
+        let (describe, read) = (portal.describe, !run.block);
+        let (query, types, bind) = (portal.query.clone(), portal.param_types.clone(), portal.bind.clone());
+        match target {
+            Target::Scatter(shards, plan) => {
+                let Some(formats) = one_format(&bind.result_formats) else {
+                    let why = "refract: a read over several shards returns every column in one format (text or binary), not per-column formats";
+                    self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, why.into()));
+                    return Ok(());
+                };
+                sh.count_statement(&shards);
+                let request = unit(&plan.sql, &types, &bind, &formats, true);
+                let mut legs = self.legs_here(run, &shards, read).await?;
+                let failed = self.scatter_read(sh, &mut legs, &plan, &request, describe).await;
+                run.legs.append(&mut legs);
+                run.failed |= failed?;
+            }
+            Target::Shards(shards) if shards.len() > 1 => {
+                self.write_here(
+                    sh,
+                    run,
+                    &shards,
+                    Placement::Sharded,
+                    unit(&query, &types, &bind, &bind.result_formats, true),
+                    describe,
+                )
+                .await?;
+            }
+            Target::Copies => {
+                let shards: Vec<usize> = (0..sh.count()).collect();
+                self.write_here(
+                    sh,
+                    run,
+                    &shards,
+                    Placement::Replicated,
+                    unit(&query, &types, &bind, &bind.result_formats, true),
+                    describe,
+                )
+                .await?;
+            }
+            Target::Shards(shards) => {
+                sh.count_statement(&shards);
+                let request = unit(&query, &types, &bind, &bind.result_formats, describe);
+                self.relay_on(run, shards[0], read, &request, false).await?;
+            }
+            _ => {
+                // Any shard: one the batch holds, if any.
+                let shard = run.legs.first().map_or_else(|| sh.any_shard(), |l| l.shard);
+                sh.count_statement(&[shard]);
+                let request = unit(&query, &types, &bind, &bind.result_formats, describe);
+                self.relay_on(run, shard, read, &request, false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A write on `shards`, answered once (counts summed, or one copy's).
+    async fn write_here(
+        &mut self,
+        sh: &Sharding,
+        run: &mut Across,
+        shards: &[usize],
+        placement: Placement,
+        request: Bytes,
+        describe: bool,
+    ) -> Result<(), PgError> {
+        sh.count_statement(shards);
+        let mut legs = self.legs_here(run, shards, false).await?;
+        let requests = vec![request; legs.len()];
+        let got = written_on(&mut legs, &requests).await;
+        let n = legs.len();
+        run.legs.append(&mut legs);
+        let mut got = got?;
+        if describe && got.description.is_none() && got.error.is_none() {
+            self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
+        }
+        if !describe {
+            got.description = None;
+        }
+        run.failed |= self.written(got, placement, n);
+        Ok(())
+    }
+
+    /// The batch's connections on `shards` (opened where missing: admitted, the session's SETs,
+    /// BEGIN when the batch writes), taken out of `run` in shard order.
+    async fn legs_here(&mut self, run: &mut Across, shards: &[usize], read: bool) -> Result<Vec<Leg>, PgError> {
+        let mut out = Vec::with_capacity(shards.len());
+        for &s in shards {
+            match run.legs.iter().position(|l| l.shard == s) {
+                Some(at) => out.push(run.legs.remove(at)),
+                None => {
+                    let mut leg = self.legs(&[s], read, &[]).await?;
+                    if run.block {
+                        for l in leg.iter_mut() {
+                            l.guard.query("BEGIN").await?;
+                        }
+                    }
+                    out.append(&mut leg);
+                }
+            }
+        }
+        for l in out.iter_mut() {
+            l.guard.unnamed = None; // each request parses the unnamed statement
+        }
+        Ok(out)
+    }
+
+    /// Sends `request` (ending with Sync) to the batch's connection on `shard` and relays its
+    /// answer to the client up to ReadyForQuery, leaving out ParseComplete and BindComplete
+    /// (refract answered the client's own), and the description unless the request asked for
+    /// it (`described`: every description message is relayed).
+    async fn relay_on(
+        &mut self,
+        run: &mut Across,
+        shard: usize,
+        read: bool,
+        request: &Bytes,
+        described: bool,
+    ) -> Result<(), PgError> {
+        let mut legs = self.legs_here(run, &[shard], read).await?;
+        let relayed = self.relay_leg(&mut legs[0], request, described).await;
+        run.legs.append(&mut legs);
+        run.failed |= relayed?;
+        Ok(())
+    }
+
+    /// See [`Session::relay_on`]; returns whether the client got an error.
+    async fn relay_leg(&mut self, leg: &mut Leg, request: &Bytes, described: bool) -> Result<bool, PgError> {
+        leg.guard.wire.send(request).await?;
+        let mut failed = false;
+        loop {
+            let (tag, frame) = leg.guard.wire.recv().await?;
+            match tag {
+                b'1' | b'2' => {}
+                b'Z' => return Ok(failed),
+                b't' | b'T' | b'n' if !described => {}
+                b'C' => {
+                    if let BackendMessage::CommandComplete(t) = BackendMessage::decode(tag, &frame[5..])? {
+                        self.advance(Event::Completed(&t));
+                    }
+                    self.out.extend_from_slice(&frame);
+                }
+                b'E' => {
+                    failed = true;
+                    self.advance(Event::QueryError);
+                    self.out.extend_from_slice(&frame);
+                }
+                _ => self.out.extend_from_slice(&frame),
+            }
+            if self.out.len() >= FLUSH_AT {
+                self.flush().await?;
+            }
+        }
+    }
+
+    /// Sends the client `e` and skips the batch to its Sync.
+    fn fail_here(&mut self, run: &mut Across, e: ErrorFields) {
+        run.failed = true;
+        self.advance(Event::QueryError);
+        self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+    }
+}
+
+/// An ErrorResponse's fields.
+fn error(code: &str, message: String) -> ErrorFields {
+    ErrorFields::new("ERROR", code, message)
+}
+
+/// The one result format code for every column of `formats` (none: text), or `None` when
+/// the client asked for different formats per column.
+fn one_format(formats: &[i16]) -> Option<Vec<i16>> {
+    match formats {
+        [] => Some(vec![]),
+        [first, rest @ ..] if rest.iter().all(|f| f == first) => Some(vec![*first]),
+        _ => None,
+    }
+}
+
+/// The messages that run `query` as the unnamed statement and portal with `bind`'s values
+/// (and `result_formats`), describing the portal when `describe`, then Sync.
+fn unit(query: &str, param_types: &[u32], bind: &Bind, result_formats: &[i16], describe: bool) -> Bytes {
+    let mut out = BytesMut::new();
+    FrontendMessage::Parse { name: String::new(), query: query.to_owned(), param_types: param_types.to_vec() }
+        .encode(&mut out);
+    let b = Bind {
+        portal: String::new(),
+        statement: String::new(),
+        param_formats: bind.param_formats.clone(),
+        params: bind.params.clone(),
+        result_formats: result_formats.to_vec(),
+    };
+    FrontendMessage::Bind(b).encode(&mut out);
+    if describe {
+        FrontendMessage::Describe(Of::Portal, String::new()).encode(&mut out);
+    }
+    FrontendMessage::Execute { portal: String::new(), max_rows: 0 }.encode(&mut out);
+    FrontendMessage::Sync.encode(&mut out);
+    out.freeze()
+}

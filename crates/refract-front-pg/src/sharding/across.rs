@@ -375,14 +375,11 @@ impl Session {
         let got = written_on(&mut legs, &requests).await;
         let n = legs.len();
         run.legs.append(&mut legs);
-        let mut got = got?;
+        let got = got?;
         if describe && got.description.is_none() && got.error.is_none() {
             self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
         }
-        if !describe {
-            got.description = None;
-        }
-        run.failed |= self.written(got, placement, n);
+        run.failed |= self.written(got, placement, n, describe);
         Ok(())
     }
 

@@ -168,13 +168,14 @@ impl Session {
                 got.error.get_or_insert(e);
             }
         }
-        self.written(got, placement, legs.len());
+        self.written(got, placement, legs.len(), true);
         Ok(())
     }
 
-    /// The client's answer to a write on `legs` shards: the error, or the rows (RETURNING) and
-    /// the combined CommandComplete. Returns whether the client got an error.
-    pub(super) fn written(&mut self, got: Written, placement: Placement, legs: usize) -> bool {
+    /// The client's answer to a write on `legs` shards: the error, or the rows (RETURNING, with
+    /// their description when `describe`) and the combined CommandComplete. Returns whether the
+    /// client got an error.
+    pub(super) fn written(&mut self, got: Written, placement: Placement, legs: usize, describe: bool) -> bool {
         let Written { error, tags, description, rows } = got;
         if let Some(e) = error {
             self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
@@ -190,7 +191,9 @@ impl Session {
             }
         };
         if let Some(d) = description {
-            self.out.extend_from_slice(&d);
+            if describe {
+                self.out.extend_from_slice(&d);
+            }
             // RETURNING of a replicated table: one copy's rows.
             let keep = if placement == Placement::Replicated { rows.len() / legs.max(1) } else { rows.len() };
             rows.iter().take(keep).for_each(|r| self.out.extend_from_slice(r));
@@ -216,7 +219,7 @@ impl Session {
         if let Some(e) = end_block(sh, legs, error.is_none()).await? {
             error.get_or_insert(e);
         }
-        self.written(Written { error, tags, description: None, rows: vec![] }, placement, legs.len());
+        self.written(Written { error, tags, description: None, rows: vec![] }, placement, legs.len(), true);
         Ok(())
     }
 

@@ -404,6 +404,14 @@ impl Session {
         if !in_tx {
             self.tx_begin = None;
         }
+        if route_class == Route::Write {
+            // An INSERT without a column list names its key by position.
+            let mut written: Vec<String> = vec![];
+            for text in self.statement_texts(msgs).into_iter().flatten() {
+                written.extend(self.classify_text(text).0.tables.iter().cloned());
+            }
+            self.learn_key_positions(sh, &written).await;
+        }
         let refused = match self.shard_of_batch(sh, msgs, route_class == Route::Read) {
             BatchShard::At(shard) => {
                 if self.bound.is_some() && shard != self.shard {

@@ -146,7 +146,7 @@ const PENDING: &[&str] = &[
 ];
 
 /// Longest a suite may run before it is killed and its test fails.
-const SUITE_TIMEOUT: Duration = Duration::from_secs(420);
+const SUITE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Shard names.
 const NAMES: [&str; 2] = ["alpha", "bravo"];

@@ -13,7 +13,7 @@ import asyncpg
 
 import harness as h
 import sharded_harness as sh
-from harness import check
+from sharded_harness import check
 
 # Seconds a statement may take before the driver gives up (a hung statement fails its check).
 TIMEOUT = 10
@@ -295,7 +295,7 @@ def t_tx_two_shards_commit():
 
 
 sh.init(query)
-check("setup", t_setup, timeout=60)
+check("setup", t_setup, timeout=40)
 for name, body in [
     ("keyed_read", keyed_read),
     ("in_list", in_list),

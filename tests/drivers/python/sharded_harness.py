@@ -18,6 +18,10 @@ from decimal import Decimal
 
 import harness as h
 
+# Seconds a check may take (26 checks stay within the Rust test's limit for a suite even if
+# every one hangs).
+LIMIT = 15
+
 REFRACT = int(sys.argv[1])
 ORACLE = int(sys.argv[2]) if len(sys.argv) > 2 else REFRACT
 SHARDS = [int(p) for p in sys.argv[3:]]
@@ -127,6 +131,11 @@ def span(start, count):
     keys = list(range(start, start + count))
     assert {shard_of(k) for k in keys} == set(range(len(SHARDS))), f"{start}..: not on every shard"
     return keys
+
+
+def check(name, fn, timeout=LIMIT):
+    """harness.check with this suite's time limit."""
+    h.check(name, fn, timeout)
 
 
 class Rec:

@@ -14,7 +14,7 @@ import psycopg2.extras
 
 import harness as h
 import sharded_harness as sh
-from harness import check
+from sharded_harness import check
 
 
 def dsn(port):
@@ -313,7 +313,7 @@ def t_tx_two_shards_commit():
 
 
 sh.init(query)
-check("setup", t_setup, timeout=60)
+check("setup", t_setup, timeout=40)
 for name, body in [
     ("keyed_read", keyed_read),
     ("in_list", in_list),

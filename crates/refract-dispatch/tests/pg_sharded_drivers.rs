@@ -63,11 +63,12 @@ const CHECKS: &[&str] = &[
 /// check listed here that passes is reported as a hint (`hint: ... passes now`), a check not
 /// listed that fails fails its test. `tables_equal` follows from the failed writes before it.
 const PENDING: &[&str] = &[
-    // asyncpg: every statement is a named prepared statement (Parse + Describe + Sync first,
-    // Bind + Execute + Sync later): several shards through the extended protocol are refused,
-    // and a Parse that went to one shard then bound for another is refused as "the statements
-    // of this batch (or this transaction) are on different shards" (keyed_read fails or passes
-    // with the shard the Parse happened to go to); executemany pipelines under one Sync.
+    // asyncpg: every statement is a named prepared statement, prepared with Parse + Describe +
+    // Flush (no Sync) and run with Bind + Execute + Sync once the description came: to refract
+    // one batch, whose Describe is answered by a shard picked before the key is known, so a
+    // Bind for the other shard is refused ("the statements of this batch (or this transaction)
+    // are on different shards"; keyed_read passes when the pick was right). Several shards
+    // through the extended protocol are refused; executemany pipelines under one Sync.
     "asyncpg:any_array",
     "asyncpg:colocated_join",
     "asyncpg:distinct",
@@ -125,8 +126,10 @@ const PENDING: &[&str] = &[
     "psycopg2:tables_equal",
     "psycopg2:tx_scatter_read",
     // pgx v5: several shards through the extended protocol are refused; a Batch (one Sync)
-    // over both shards and a transaction's second shard are refused as "on different shards";
-    // tx_one_shard_commit fails when a cached statement was prepared on the other shard.
+    // over both shards and an extended statement taking a transaction to its second shard are
+    // refused ("on different shards"); in a transaction, the Parse + Describe + Sync of a
+    // statement not yet cached seems to pin the transaction to a shard picked before the key
+    // is known (tx_one_shard_commit passes when the pick was right).
     "pgx:any_array",
     "pgx:colocated_join",
     "pgx:distinct",

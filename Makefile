@@ -63,13 +63,15 @@ clean:
 	$(CARGO) clean
 
 # Every driver suite of crates/refract-dispatch/tests/pg_drivers.rs (psycopg 3, psycopg2, asyncpg,
-# SQLAlchemy, pgx v5, node-postgres, pgjdbc) through refract; installs the drivers first
+# SQLAlchemy, pgx v5, node-postgres, pgjdbc) through refract, and of pg_sharded_drivers.rs
+# (asyncpg, psycopg 3, psycopg2, pgx v5 through sharded refract); installs the drivers first
 # (PyPI, Go module proxy, npm, Maven Central; needs go, node/npm, mvn, JDK 17). See
 # docs/postgres.md, "Drivers tested".
 .PHONY: test-drivers
 test-drivers:
 	tests/drivers/setup-all.sh
 	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-dispatch --test pg_drivers -- --nocapture
+	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-dispatch --test pg_sharded_drivers -- --nocapture
 
 # Coverage-guided fuzzing of the decoders under AFL++ (cargo-afl, stable Rust; installed if
 # missing): every target in fuzz/ for FUZZ_SECONDS each, then executions and findings per

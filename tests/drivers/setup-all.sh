@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs and builds every driver suite pg_drivers.rs runs (`make test-drivers` calls it):
+# Installs and builds every driver suite pg_drivers.rs and pg_sharded_drivers.rs run (`make test-drivers` calls it):
 # the Python venv (setup-python.sh), pgx v5 from the Go module proxy (go build), node-postgres
 # from npm (npm ci, from package-lock.json), pgjdbc from Maven Central (mvn package, a shaded
 # jar). Needs go, node/npm, mvn and a JDK 17 on the PATH.
@@ -11,8 +11,8 @@ mkdir -p "$out"
 
 "$here/setup-python.sh"
 
-echo "building the pgx suite"
-(cd "$here/go" && go mod download && go build -o "$out/pgx-suite" .)
+echo "building the pgx suites"
+(cd "$here/go" && go mod download && go build -o "$out/pgx-suite" . && go build -o "$out/pgx-sharded-suite" ./sharded)
 
 echo "installing node-postgres"
 (cd "$here/node" && npm ci --no-audit --no-fund --loglevel=error)

@@ -76,14 +76,25 @@ impl KeyType {
         })
     }
 
-    /// Reads a value in PostgreSQL's binary format (a binary-format Bind parameter).
+    /// Reads a value in PostgreSQL's binary format (a binary-format Bind parameter). An
+    /// integer may come as int2, int4 or int8 whatever the key column's type (drivers such as
+    /// psycopg 3 pick the parameter type by the value's size; PostgreSQL compares and assigns
+    /// across integer types by value): it is the key of that value, if the column's type holds it.
     pub fn parse_binary(self, bytes: &[u8]) -> Result<Key, KeyError> {
         let err = |reason| KeyError { ty: self, reason };
         let fixed = |n: usize| (bytes.len() == n).then_some(bytes).ok_or(err("wrong length"));
+        let int = || -> Result<i64, KeyError> {
+            Ok(match bytes.len() {
+                2 => i64::from(i16::from_be_bytes([bytes[0], bytes[1]])),
+                4 => i64::from(i32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])),
+                8 => i64::from_be_bytes(bytes.try_into().map_err(|_| err("wrong length"))?),
+                _ => return Err(err("wrong length")),
+            })
+        };
         Ok(match self {
-            KeyType::Int2 => Key::Int2(i16::from_be_bytes(fixed(2)?.try_into().map_err(|_| err("wrong length"))?)),
-            KeyType::Int4 => Key::Int4(i32::from_be_bytes(fixed(4)?.try_into().map_err(|_| err("wrong length"))?)),
-            KeyType::Int8 => Key::Int8(i64::from_be_bytes(fixed(8)?.try_into().map_err(|_| err("wrong length"))?)),
+            KeyType::Int2 => Key::Int2(i16::try_from(int()?).map_err(|_| err("out of range"))?),
+            KeyType::Int4 => Key::Int4(i32::try_from(int()?).map_err(|_| err("out of range"))?),
+            KeyType::Int8 => Key::Int8(int()?),
             KeyType::Text => Key::Text(bytes.to_vec()),
             KeyType::Uuid => Key::Uuid(fixed(16)?.try_into().map_err(|_| err("wrong length"))?),
         })
@@ -234,6 +245,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn binary_integers_of_any_width_are_the_key_of_their_value() {
+        assert_eq!(KeyType::Int8.parse_binary(&5i16.to_be_bytes()), Ok(Key::Int8(5)));
+        assert_eq!(KeyType::Int8.parse_binary(&(-7i32).to_be_bytes()), Ok(Key::Int8(-7)));
+        assert_eq!(KeyType::Int4.parse_binary(&9i64.to_be_bytes()), Ok(Key::Int4(9)));
+        assert_eq!(KeyType::Int2.parse_binary(&(-300i32).to_be_bytes()), Ok(Key::Int2(-300)));
+        assert!(KeyType::Int4.parse_binary(&(1i64 << 40).to_be_bytes()).is_err(), "out of int4's range");
+        assert!(KeyType::Int8.parse_binary(&[0, 0, 1]).is_err(), "three bytes are no integer");
+        let same = |k: Key, n: u64| remainder(&[k], n);
+        assert_eq!(same(KeyType::Int8.parse_binary(&42i16.to_be_bytes()).unwrap(), 3), same(Key::Int8(42), 3));
+    }
+
+    #[test]
     fn uuid_text_forms_are_postgresqls() {
         let want = parse_uuid(b"a0eebc999c0b4ef8bb6d6bb9bd380a11").unwrap();
         for ok in [
@@ -265,7 +288,7 @@ mod tests {
         assert_eq!(KeyType::Int8.parse_text(b"-9223372036854775808"), Ok(Key::Int8(i64::MIN)));
         assert!(KeyType::Int4.parse_text(b"1.5").is_err());
         assert_eq!(KeyType::Int8.parse_binary(&(-5i64).to_be_bytes()), Ok(Key::Int8(-5)));
-        assert!(KeyType::Int4.parse_binary(&[0, 1]).is_err());
+        assert!(KeyType::Int4.parse_binary(&[0, 1, 2]).is_err());
     }
 
     #[test]

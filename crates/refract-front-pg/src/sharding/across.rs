@@ -22,6 +22,7 @@ use super::route::{route, Target};
 use super::Sharding;
 use crate::error::PgError;
 use crate::phase::Event;
+use crate::pool::Guard;
 use crate::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Route, Statement};
@@ -74,11 +75,16 @@ struct Across {
 }
 
 impl Session {
-    /// Runs `msgs` (ending with Sync) as described in the module header.
+    /// Runs `msgs` as described in the module header. They end with Sync, or with Flush when
+    /// they only parse, describe and close (no connection stays behind: each request to a
+    /// shard ends with its own Sync).
     pub(crate) async fn run_across(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>) -> Result<(), PgError> {
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
-        self.advance(Event::Batch { synced: true, executes });
-        let block = !self.phase().in_transaction() && self.batch_route(&msgs) == Route::Write;
+        let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
+        if synced {
+            self.advance(Event::Batch { synced: true, executes });
+        }
+        let block = executes && !self.phase().in_transaction() && self.batch_route(&msgs) == Route::Write;
         let mut run = Across { legs: vec![], block, portals: HashMap::new(), failed: false, status: self.phase().tx() };
         let mut lost = None;
         for (i, msg) in msgs.iter().enumerate() {
@@ -130,7 +136,23 @@ impl Session {
                 Err(e) => lost = Some(e),
             }
         }
+        if run.failed && self.phase().in_transaction() {
+            // The transaction failed: rolled back on its shards now (a later COMMIT is
+            // answered ROLLBACK here, as for any refusal).
+            self.abort_on_shard().await;
+            run.status = TxStatus::Failed;
+        }
         match lost {
+            None if !synced => {
+                for l in run.legs {
+                    l.finish();
+                }
+                if run.failed {
+                    // As PostgreSQL skips to the client's Sync after an error.
+                    self.advance(Event::Refused { synced: false });
+                }
+                self.flush().await
+            }
             None => {
                 for l in run.legs {
                     l.finish();
@@ -181,6 +203,11 @@ impl Session {
             Err(e) => return self.fail_here(run, e),
         };
         let c = self.classify_text(&query).0;
+        let ends = matches!(c.statements.as_slice(), [Statement::Commit | Statement::Rollback]);
+        if self.phase().tx() == TxStatus::Failed && self.bound.is_none() && !ends {
+            let why = "current transaction is aborted, commands ignored until end of transaction block";
+            return self.fail_here(run, error(super::session::IN_FAILED_TX, why.into()));
+        }
         let runs = match c.statements.as_slice() {
             [Statement::Commit] if self.phase().in_transaction() => Runs::End(true),
             [Statement::Rollback] if self.phase().in_transaction() => Runs::End(false),
@@ -306,17 +333,31 @@ impl Session {
         }
         let (describe, read) = (portal.describe, !run.block);
         let (query, types, bind) = (portal.query.clone(), portal.param_types.clone(), portal.bind.clone());
+        let in_tx = self.phase().in_transaction();
         match target {
+            Target::Scatter(shards, plan) if in_tx => {
+                let formats = shard_formats(&bind.result_formats, plan.hidden);
+                let request = unit(&plan.sql, &types, &bind, &formats, true);
+                match self.scatter_in_tx(sh, &shards, &plan, &request, describe).await? {
+                    Err(why) => self.fail_tx_here(sh, run, why).await,
+                    Ok(failed) => {
+                        sh.count_statement(&shards);
+                        run.failed |= failed;
+                    }
+                }
+            }
+            _ if in_tx => {
+                let why = "inside a transaction, a batch refract runs across shards holds reads over several shards only: send statements that name their keys in batches of their own".to_owned();
+                self.fail_tx_here(sh, run, why).await;
+            }
             Target::Scatter(shards, plan) => {
-                let Some(formats) = one_format(&bind.result_formats) else {
-                    let why = "refract: a read over several shards returns every column in one format (text or binary), not per-column formats";
-                    self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, why.into()));
-                    return Ok(());
-                };
+                let formats = shard_formats(&bind.result_formats, plan.hidden);
                 sh.count_statement(&shards);
                 let request = unit(&plan.sql, &types, &bind, &formats, true);
                 let mut legs = self.legs_here(run, &shards, read).await?;
-                let failed = self.scatter_read(sh, &mut legs, &plan, &request, describe).await;
+                let mut guards: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();
+                let failed = self.scatter_read(sh, &mut guards, &plan, &request, describe).await;
+                drop(guards);
                 run.legs.append(&mut legs);
                 run.failed |= failed?;
             }
@@ -455,6 +496,14 @@ impl Session {
         }
     }
 
+    /// Refuses a statement inside a transaction: the transaction fails (rolled back on its
+    /// shards now, as `Session::refuse_sharded` does) and the batch skips to its Sync.
+    async fn fail_tx_here(&mut self, sh: &Sharding, run: &mut Across, why: String) {
+        sh.count_refused();
+        self.abort_on_shard().await;
+        self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, format!("refract: {why}")));
+    }
+
     /// Sends the client `e` and skips the batch to its Sync.
     fn fail_here(&mut self, run: &mut Across, e: ErrorFields) {
         run.failed = true;
@@ -468,13 +517,12 @@ fn error(code: &str, message: String) -> ErrorFields {
     ErrorFields::new("ERROR", code, message)
 }
 
-/// The one result format code for every column of `formats` (none: text), or `None` when
-/// the client asked for different formats per column.
-fn one_format(formats: &[i16]) -> Option<Vec<i16>> {
-    match formats {
-        [] => Some(vec![]),
-        [first, rest @ ..] if rest.iter().all(|f| f == first) => Some(vec![*first]),
-        _ => None,
+/// The result formats to ask the shards for: the client's (none: all text; one: all in it),
+/// and when it gives one per column, the plan's hidden columns after them in text.
+fn shard_formats(client: &[i16], hidden: usize) -> Vec<i16> {
+    match client {
+        [] | [_] => client.to_vec(),
+        per_column => per_column.iter().copied().chain(std::iter::repeat_n(0, hidden)).collect(),
     }
 }
 

@@ -42,6 +42,19 @@ impl Leg {
         self.guard.release();
     }
 
+    /// The connection as a transaction's binding on its shard.
+    pub(super) fn into_bound(self) -> crate::session::Bound {
+        crate::session::Bound {
+            guard: self.guard,
+            server: self.server,
+            wrote: false,
+            synced: true,
+            touched: false,
+            untracked: false,
+            admitted: Some(self.admitted),
+        }
+    }
+
     /// Marks the connection's server failed (its state is not known; it is dropped).
     pub(super) fn failed(&self, shared: &crate::shared::Shared) {
         shared.shard_servers(self.shard).failed(&self.server);
@@ -75,7 +88,8 @@ impl Session {
         let result = match &target {
             Target::Scatter(_, plan) => {
                 let request = query_message(&plan.sql);
-                self.scatter_read(sh, &mut legs, plan, &request, true).await.map(|_| ())
+                let mut guards: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();
+                self.scatter_read(sh, &mut guards, plan, &request, true).await.map(|_| ())
             }
             Target::CopyOut => match self.copy_out_shards(&mut legs, sql).await {
                 Ok(Some(e)) => {
@@ -229,7 +243,7 @@ impl Session {
     pub(super) async fn scatter_read(
         &mut self,
         sh: &Sharding,
-        legs: &mut [Leg],
+        legs: &mut [&mut Guard],
         plan: &Plan,
         request: &[u8],
         describe: bool,
@@ -238,19 +252,19 @@ impl Session {
             Some(c) => c,
             None => {
                 let q = "select datcollate in ('C', 'POSIX') from pg_database where datname = current_database()";
-                let c = legs[0].guard.query_one(q).await?.as_deref() == Some("t");
+                let c = legs[0].query_one(q).await?.as_deref() == Some("t");
                 sh.c_collation.set(c);
                 c
             }
         };
         for l in legs.iter_mut() {
-            l.guard.wire.send(request).await?;
+            l.wire.send(request).await?;
         }
         // Each shard's RowDescription (or its error).
         let mut descs: Vec<Vec<FieldDescription>> = vec![];
         let mut first_error = None;
         for l in legs.iter_mut() {
-            match first_answer(&mut l.guard).await? {
+            match first_answer(l).await? {
                 Ok(d) => descs.push(d),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -279,7 +293,7 @@ impl Session {
                         self.flush().await?;
                     }
                 }
-                Step::Need(i) => match next_row(&mut legs[i].guard).await? {
+                Step::Need(i) => match next_row(legs[i]).await? {
                     Ok(row) => {
                         if let Err(e) = gather.push(i, row) {
                             return self.scatter_failed(legs, gather_error(&e)).await;
@@ -293,7 +307,7 @@ impl Session {
                     self.advance(Event::Completed(&tag));
                     self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
                     for l in legs.iter_mut() {
-                        drain(&mut l.guard).await?;
+                        drain(l).await?;
                     }
                     return Ok(false);
                 }
@@ -302,11 +316,11 @@ impl Session {
     }
 
     /// Ends a failed scatter: the error to the client, every leg read to its ReadyForQuery.
-    async fn scatter_failed(&mut self, legs: &mut [Leg], error: Vec<u8>) -> Result<bool, PgError> {
+    async fn scatter_failed(&mut self, legs: &mut [&mut Guard], error: Vec<u8>) -> Result<bool, PgError> {
         self.out.extend_from_slice(&error);
         self.advance(Event::QueryError);
         for l in legs.iter_mut() {
-            drain(&mut l.guard).await?;
+            drain(l).await?;
         }
         Ok(true)
     }

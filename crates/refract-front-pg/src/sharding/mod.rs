@@ -10,6 +10,7 @@ mod fanout;
 mod route;
 mod session;
 mod twophase;
+mod txread;
 
 pub(crate) use session::Placed;
 pub(crate) use twophase::recover;

@@ -15,13 +15,14 @@ use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route, Statement};
 use refract_pg::keyparam::Params;
 use refract_pg::notice::sqlstate;
+use refract_pg::scatter::Plan;
 use refract_pg::session::Origin;
 use refract_pg::{reply, BackendMessage, FrontendMessage, TxStatus};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// SQLSTATE `in_failed_sql_transaction`.
-const IN_FAILED_TX: &str = "25P02";
+pub(super) const IN_FAILED_TX: &str = "25P02";
 
 /// What [`Session::shard_of_batch`] found.
 enum BatchShard {
@@ -82,9 +83,10 @@ impl Session {
             Target::Shards(s) if s.len() == 1 => s[0],
             Target::Refuse(why) => return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await,
             Target::Fail(code, why) => return self.refuse_sharded(sh, code, &why).await,
+            Target::Scatter(shards, plan) if in_tx => return self.scatter_tx_simple(sh, &shards, &plan).await,
             multi if in_tx => {
                 let why = format!(
-                    "this statement needs several shards ({}), and a transaction stays on one shard (two-phase commit is not implemented yet)",
+                    "inside a transaction a write runs on one shard at a time, and this one needs several ({}): name the key",
                     describe(sh, &multi)
                 );
                 return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
@@ -113,6 +115,29 @@ impl Session {
         }
         let result = self.run_simple(c, frame, route_class, key).await;
         self.settle(result).await
+    }
+
+    /// A simple Query's read over several shards inside a transaction (`txread.rs`).
+    async fn scatter_tx_simple(&mut self, sh: &Sharding, shards: &[usize], plan: &Plan) -> Result<(), PgError> {
+        let mut request = BytesMut::new();
+        FrontendMessage::Query(plan.sql.clone()).encode(&mut request);
+        match self.scatter_in_tx(sh, shards, plan, &request, true).await {
+            Ok(Err(why)) => self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await,
+            Ok(Ok(failed)) => {
+                sh.count_statement(shards);
+                let status = if failed { TxStatus::Failed } else { TxStatus::InTransaction };
+                self.advance(Event::Ready(status));
+                self.out.extend_from_slice(&reply::ready_for_query(status));
+                self.flush().await
+            }
+            Err(e) if e.side() == refract_pg::Side::Client => Err(e),
+            Err(e) => {
+                self.advance(Event::ServerLost);
+                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+                self.flush().await
+            }
+        }
     }
 
     /// The statement's target; session statements (SET, SAVEPOINT, ...) go where the session
@@ -244,7 +269,7 @@ impl Session {
 
     /// Rolls back the transaction on each of its shards and gives the connections back
     /// (dropped where the rollback fails).
-    async fn abort_on_shard(&mut self) {
+    pub(super) async fn abort_on_shard(&mut self) {
         self.held_begin = None;
         self.tx_begin = None;
         let timeout = std::time::Duration::from_millis(self.shared.cfg.connect_timeout_ms);
@@ -259,7 +284,7 @@ impl Session {
     }
 
     /// Every connection of the open transaction (the bound one last), taken from the session.
-    fn take_tx_bindings(&mut self) -> Vec<(usize, Bound)> {
+    pub(super) fn take_tx_bindings(&mut self) -> Vec<(usize, Bound)> {
         let mut all: Vec<(usize, Bound)> = self.parked.drain(..).collect();
         if let Some(b) = self.bound.take() {
             all.push((self.shard, b));
@@ -308,7 +333,7 @@ impl Session {
 
     /// Parks the bound connection and takes the transaction's connection on `to` (if it has
     /// one; else the next binding there sends its BEGIN).
-    fn move_to_shard(&mut self, to: usize) {
+    pub(super) fn move_to_shard(&mut self, to: usize) {
         if let Some(b) = self.bound.take() {
             self.parked.push((self.shard, b));
         }
@@ -404,6 +429,17 @@ impl Session {
         if !in_tx {
             self.tx_begin = None;
         }
+        let binds = msgs.iter().any(|m| matches!(m, FrontendMessage::Bind(_) | FrontendMessage::Execute { .. }));
+        if self.bound.is_none() && self.phase().tx() == TxStatus::Failed && synced {
+            // A transaction refract failed (and rolled back): answered here up to its end.
+            return Placed::Across;
+        }
+        if !binds && self.bound.is_none() {
+            // Only Parse, Describe, Close: answered without binding a shard, so that a
+            // statement prepared ahead (asyncpg, pgx) or inside a transaction not yet on a
+            // shard does not tie the session to one.
+            return Placed::Across;
+        }
         if route_class == Route::Write {
             // An INSERT without a column list names its key by position.
             let mut written: Vec<String> = vec![];
@@ -425,7 +461,9 @@ impl Session {
                             "this batch's rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}: {why}",
                             sh.names[shard], sh.names[self.shard]
                         );
-                        return Placed::Answered(self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why, synced).await);
+                        return Placed::Answered(
+                            self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why, synced).await,
+                        );
                     }
                     self.move_to_shard(shard);
                 }
@@ -437,13 +475,10 @@ impl Session {
             }
             BatchShard::Across if !synced => (
                 sqlstate::FEATURE_NOT_SUPPORTED,
-                "this batch needs several shards, and refract runs such a batch when it ends with Sync (not Flush)".to_owned(),
+                "this batch needs several shards, and refract runs such a batch when it ends with Sync (not Flush)"
+                    .to_owned(),
             ),
-            BatchShard::Across if !in_tx || self.ends_tx_on_shards(msgs) => return Placed::Across,
-            BatchShard::Across => (
-                sqlstate::FEATURE_NOT_SUPPORTED,
-                "this batch needs several shards, and inside a transaction a statement runs on one shard (name the keys; the transaction may reach several shards one statement at a time)".to_owned(),
-            ),
+            BatchShard::Across => return Placed::Across,
             BatchShard::Refused(code, why) => (code, why),
         };
         Placed::Answered(self.refuse_batch(sh, refused.0, &refused.1, synced).await)
@@ -477,16 +512,6 @@ impl Session {
         if let Some(b) = begin.map(str::to_owned) {
             self.tx_begin = Some(b);
         }
-    }
-
-    /// Whether the batch's only statement is the COMMIT or ROLLBACK of a transaction open on
-    /// several shards.
-    fn ends_tx_on_shards(&self, msgs: &[FrontendMessage]) -> bool {
-        let texts = self.statement_texts(msgs);
-        let ends = |t: &&str| {
-            matches!(self.classify_text(t).0.statements.as_slice(), [Statement::Commit | Statement::Rollback])
-        };
-        !self.parked.is_empty() && !texts.is_empty() && texts.iter().all(|t| t.as_ref().is_some_and(ends))
     }
 
     /// Extended protocol: the one shard every statement the batch binds runs on (a batch that
@@ -590,7 +615,7 @@ async fn rollback_all(all: &mut [(usize, Bound)]) -> Result<Result<(), refract_p
 }
 
 /// `SHOW max_prepared_transactions` on a primary of `servers`.
-async fn ask_prepared(servers: &crate::servers::Servers) -> Result<Option<String>, PgError> {
+pub(super) async fn ask_prepared(servers: &crate::servers::Servers) -> Result<Option<String>, PgError> {
     let primary = servers.primary().ok_or_else(|| PgError::Unavailable("no primary".into()))?;
     let mut g = primary.pool.get(crate::sizes::Path::Direct).await?;
     let v = g.query_one("show max_prepared_transactions").await?;

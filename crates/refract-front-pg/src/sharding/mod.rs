@@ -6,6 +6,7 @@
 
 mod copy;
 mod fanout;
+mod overrides;
 mod route;
 mod session;
 mod twophase;

@@ -53,7 +53,7 @@ impl Session {
                 _ => {}
             }
         }
-        if self.tx_control_locally(sql, c).await? {
+        if self.tx_control_locally(sql, c).await? || self.shard_setting(sh, sql, c).await? {
             return Ok(());
         }
         let route_class = self.route(c);
@@ -107,6 +107,9 @@ impl Session {
     /// is, an SQL PREPARE of a statement over sharded tables is refused (its EXECUTEs could
     /// not be routed by key).
     fn target(&self, sh: &Sharding, sql: &str, c: &Classification, read: bool) -> Target {
+        if let Some(forced) = self.forced_target(sh, sql) {
+            return forced;
+        }
         let sharded = |t: &String| refract_pg::shardkey::Schema::key_of(sh, t).is_some();
         for st in &c.statements {
             if let Statement::Prepare { .. } | Statement::Execute { .. } = st {
@@ -371,6 +374,9 @@ impl Session {
     /// Extended protocol: the one shard every statement the batch binds runs on (a batch
     /// that only parses or describes runs where the session is, or on any shard).
     pub(crate) fn shard_of_batch(&self, sh: &Sharding, msgs: &[FrontendMessage], read: bool) -> BatchShard {
+        if let Some(refused) = self.batch_setting(msgs) {
+            return refused;
+        }
         let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut at: Option<usize> = self.bound.as_ref().map(|_| self.shard);
         for m in msgs {
@@ -384,7 +390,8 @@ impl Session {
                 let Some(text) = text else { continue };
                 let values: Vec<Option<&[u8]>> = b.params.iter().map(|p| p.as_deref()).collect();
                 let params = Params { formats: &b.param_formats, values: &values };
-                let shards = match route(sh, text, read, Some(params)) {
+                let target = self.forced_target(sh, text).unwrap_or_else(|| route(sh, text, read, Some(params)));
+                let shards = match target {
                     Target::Any => continue,
                     Target::Shards(s) if s.len() == 1 => s[0],
                     Target::Refuse(why) => return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why),
@@ -406,7 +413,7 @@ impl Session {
             };
             parsed.insert(name, query);
         }
-        BatchShard::At(at.unwrap_or_else(|| sh.any_shard()))
+        BatchShard::At(at.or(self.shard_override).unwrap_or_else(|| sh.any_shard()))
     }
 
     /// `/* refract: explain */`: where the statement would run and why, as rows of one text
@@ -414,7 +421,7 @@ impl Session {
     async fn explain(&mut self, sh: &Sharding, sql: &str, c: &Classification) -> Result<(), PgError> {
         let read = self.route(c) == Route::Read;
         let target = self.target(sh, sql, c, read);
-        let lines = explain_lines(sh, &target, read);
+        let lines = self.explain_override(sh, sql, read).unwrap_or_else(|| explain_lines(sh, &target, read));
         let field = refract_pg::backend::FieldDescription {
             name: "route".into(),
             table_oid: 0,

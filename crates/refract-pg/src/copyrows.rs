@@ -516,10 +516,7 @@ mod tests {
     #[test]
     fn csv_rows_end_at_newlines_outside_quotes() {
         let data = "1,\"a,b\"\n2,\"say \"\"hi\"\"\"\n3,\"two\nlines\"\n4,plain";
-        assert_eq!(
-            rows_of(&csv(), data),
-            ["1,\"a,b\"\n", "2,\"say \"\"hi\"\"\"\n", "3,\"two\nlines\"\n", "4,plain"]
-        );
+        assert_eq!(rows_of(&csv(), data), ["1,\"a,b\"\n", "2,\"say \"\"hi\"\"\"\n", "3,\"two\nlines\"\n", "4,plain"]);
         let crlf = "1,a\r\n2,\"x\r\ny\"\r\n3,\"\n\"\r\n";
         assert_eq!(rows_of(&csv(), crlf), ["1,a\r\n", "2,\"x\r\ny\"\r\n", "3,\"\n\"\r\n"]);
         assert_eq!(key(&csv(), "1,\"a,b\"\n", 1), v("a,b"));
@@ -563,7 +560,10 @@ mod tests {
         );
         assert_eq!(rows_of(&csv(), "1\r\n\\.\r\n2\r\n"), ["1\r\n", "\\.\r\n"]);
         assert_eq!(rows_of(&csv(), "1\n\\."), ["1\n", "\\."], "at the end of the data: a value");
-        assert!(pieces(&csv(), b"1\r\n\\.\n2\r\n", 100).is_err(), "as PostgreSQL: data, then a newline of another style");
+        assert!(
+            pieces(&csv(), b"1\r\n\\.\n2\r\n", 100).is_err(),
+            "as PostgreSQL: data, then a newline of another style"
+        );
         assert!(pieces(&csv(), b"1\n\\.\r\n", 100).is_err(), "as PostgreSQL: a marker of another style");
         assert_eq!(rows_of(&csv(), "\\.x,1\n\"\n\\.\n\"\n"), ["\\.x,1\n", "\"\n\\.\n\"\n"], "data, not markers");
         let pg18 = CopyFormat { end_marker: false, ..csv() };

@@ -232,13 +232,18 @@ fn copy_target(sh: &Sharding, copy: &protobuf::CopyStmt, refs: &[TableKeys]) -> 
 
 /// The data format of `COPY ... FROM STDIN` (its options), and how FORCE_NOT_NULL /
 /// FORCE_NULL read column `key`; `Err`: an option the split by key does not support.
-pub(crate) fn copy_format(copy: &protobuf::CopyStmt, key: &str, ty: Option<KeyType>) -> Result<(CopyFormat, Force), String> {
+pub(crate) fn copy_format(
+    copy: &protobuf::CopyStmt,
+    key: &str,
+    ty: Option<KeyType>,
+) -> Result<(CopyFormat, Force), String> {
     let defs = copy.options.iter().filter_map(|o| match o.node.as_ref() {
         Some(NodeEnum::DefElem(d)) => Some(d.as_ref()),
         _ => None,
     });
     let defs: Vec<&protobuf::DefElem> = defs.collect();
-    let value = |name: &str| defs.iter().find(|d| d.defname.eq_ignore_ascii_case(name)).map(|d| def_value(d.arg.as_deref()));
+    let value =
+        |name: &str| defs.iter().find(|d| d.defname.eq_ignore_ascii_case(name)).map(|d| def_value(d.arg.as_deref()));
     let csv = match value("format").as_deref() {
         None | Some("text") => false,
         Some("csv") => true,
@@ -272,7 +277,9 @@ pub(crate) fn copy_format(copy: &protobuf::CopyStmt, key: &str, ty: Option<KeyTy
                 if !utf8 && ty == Some(KeyType::Text) {
                     return Err("ENCODING other than UTF8 with a text key (the key's bytes would be hashed in the client's encoding)".into());
                 }
-                if ["sjis", "big5", "gbk", "uhc", "gb18030", "johab", "shiftjis2004"].contains(&raw.to_lowercase().replace(['-', '_'], "").as_str()) {
+                if ["sjis", "big5", "gbk", "uhc", "gb18030", "johab", "shiftjis2004"]
+                    .contains(&raw.to_lowercase().replace(['-', '_'], "").as_str())
+                {
                     return Err(format!("ENCODING {raw} can hide delimiters and quotes inside characters"));
                 }
             }
@@ -590,14 +597,27 @@ mod tests {
         let csv = "copy customers (name, id) from stdin (format csv, header, delimiter ';', quote '''', escape '\\', null 'NULL', force_not_null (id))";
         assert_eq!(r(csv), Target::CopyIn(Some(("customers".into(), 1))));
         let (fmt, force) = copy_in_format(csv, "id", Some(KeyType::Int8)).expect("format");
-        assert_eq!((fmt.delimiter, fmt.quote, fmt.escape, &fmt.null[..], fmt.header), (b';', b'\'', b'\\', &b"NULL"[..], true));
+        assert_eq!(
+            (fmt.delimiter, fmt.quote, fmt.escape, &fmt.null[..], fmt.header),
+            (b';', b'\'', b'\\', &b"NULL"[..], true)
+        );
         assert_eq!(force, Force { not_null: true, null: false });
-        let (fmt, _) = copy_in_format("copy customers from stdin with (format csv, quote '|')", "id", None).expect("format");
-        assert_eq!((fmt.delimiter, fmt.escape, fmt.null.len(), fmt.header), (b',', b'|', 0, false), "escape follows quote");
-        let (fmt, _) = copy_in_format("copy customers from stdin (delimiter '|', null '')", "id", None).expect("format");
+        let (fmt, _) =
+            copy_in_format("copy customers from stdin with (format csv, quote '|')", "id", None).expect("format");
+        assert_eq!(
+            (fmt.delimiter, fmt.escape, fmt.null.len(), fmt.header),
+            (b',', b'|', 0, false),
+            "escape follows quote"
+        );
+        let (fmt, _) =
+            copy_in_format("copy customers from stdin (delimiter '|', null '')", "id", None).expect("format");
         assert_eq!((fmt.csv, fmt.delimiter, fmt.null.len()), (false, b'|', 0));
-        assert!(matches!(r("copy customers (id) from stdin (format binary)"), Target::Refuse(w) if w.contains("binary")));
-        assert!(matches!(r("copy customers (id) from stdin (format csv, delimiter ';;')"), Target::Refuse(w) if w.contains("one-byte")));
+        assert!(
+            matches!(r("copy customers (id) from stdin (format binary)"), Target::Refuse(w) if w.contains("binary"))
+        );
+        assert!(
+            matches!(r("copy customers (id) from stdin (format csv, delimiter ';;')"), Target::Refuse(w) if w.contains("one-byte"))
+        );
         assert!(
             matches!(r("copy customers from stdin"), Target::Refuse(w) if w.contains("key id")),
             "position not known"

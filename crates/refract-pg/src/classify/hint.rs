@@ -56,10 +56,8 @@ fn shard_value(body: &str) -> Option<String> {
     let body = strip_word(body, "refract")?.trim_start().strip_prefix(':')?.trim_start();
     let value = strip_word(body, "shard")?.trim_start().strip_prefix('=')?.trim();
     let value = value.split_whitespace().next().unwrap_or("");
-    let unquoted = ['\'', '"']
-        .iter()
-        .find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q)))
-        .unwrap_or(value);
+    let unquoted =
+        ['\'', '"'].iter().find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q))).unwrap_or(value);
     Some(unquoted.to_owned())
 }
 
@@ -130,7 +128,10 @@ fn comments(sql: &str) -> impl Iterator<Item = &str> {
                         Some(e) => {
                             let tag = &b[i..=e];
                             let body = e + 1;
-                            i = b[body..].windows(tag.len()).position(|w| w == tag).map_or(b.len(), |n| body + n + tag.len());
+                            i = b[body..]
+                                .windows(tag.len())
+                                .position(|w| w == tag)
+                                .map_or(b.len(), |n| body + n + tag.len());
                         }
                         None => i += 1,
                     }

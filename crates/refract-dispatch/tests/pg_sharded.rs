@@ -621,6 +621,17 @@ fn shard_override_runs_statements_on_the_named_shard() {
     ok(&mut c, "INSERT INTO products VALUES (3, '/* refract: shard=1 */')");
     assert_eq!((products_on(0, 3), products_on(1, 3)), ("1".into(), "1".into()), "literal, not a hint");
 
+    // A COPY under a hint loads every row into that shard, even into a sharded table.
+    let o = copy_in(&mut c, "/* refract: shard=1 */ COPY products FROM STDIN (FORMAT csv)", "6,x\n6,y\n");
+    assert_eq!((o.error.clone(), o.tags.clone()), (None, vec!["COPY 2".to_owned()]), "{o:?}");
+    assert_eq!((products_on(0, 6), products_on(1, 6)), ("0".into(), "2".into()), "COPY with a hint");
+    let home = (1000..1100).find(|k| shard_of(*k, 2) == 0).unwrap();
+    let o = copy_in(&mut c, "COPY customers FROM STDIN /* refract: shard=bravo */", &format!("{home}\tmisplaced\n"));
+    assert_eq!(o.error, None, "{o:?}");
+    let on = |i: usize| value_on(&s[i], &format!("SELECT count(*) FROM customers WHERE id = {home}"));
+    assert_eq!((on(0), on(1)), ("0".into(), "1".into()), "the override places rows by hand, past the key");
+    ok(&mut c, &format!("DELETE FROM customers WHERE id = {home} /* refract: shard=1 */"));
+
     // SET / SHOW / RESET.
     let o = ok(&mut c, "SET refract.shard = alpha");
     assert_eq!(o.tags, ["SET"]);

@@ -645,6 +645,10 @@ fn shard_override_runs_statements_on_the_named_shard() {
     assert_eq!((products_on(0, 4), products_on(1, 4)), ("1".into(), "0".into()), "SET alpha");
     let o = ok(&mut c, "/* refract: shard=bravo */ SELECT count(*) FROM customers");
     assert_eq!(count_of(&o), counts[1], "the hint beats the SET");
+    // SQL PREPARE / EXECUTE, refused without an override, run on the override's shard.
+    ok(&mut c, "PREPARE q AS SELECT count(*) FROM customers");
+    assert_eq!(count_of(&ok(&mut c, "EXECUTE q")), counts[0], "EXECUTE under SET");
+    ok(&mut c, "DEALLOCATE q");
     let e = ok(&mut c, "/* refract: explain */ SELECT count(*) FROM customers");
     let text = format!("{:?}", e.rows);
     assert!(text.contains("alpha") && text.contains("SET refract.shard"), "explain: {text}");

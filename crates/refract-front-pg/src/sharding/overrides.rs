@@ -155,10 +155,8 @@ impl Session {
     pub(crate) fn batch_setting(&self, msgs: &[FrontendMessage]) -> Option<BatchShard> {
         msgs.iter().find_map(|m| match m {
             FrontendMessage::Parse { query, .. } if query.to_ascii_lowercase().contains(NAME) => {
-                let c = self.shared.classifier.classify(query);
-                let resets = c.statements.iter().any(|s| matches!(s, Statement::Reset { name: None }));
-                (setting(query, &c).is_some() || resets).then(|| {
-                    let why = "SET, RESET and SHOW refract.shard (and RESET ALL after one) are answered for simple queries only: send them as a simple Query";
+                setting(query, &self.shared.classifier.classify(query)).map(|_| {
+                    let why = "SET, RESET and SHOW refract.shard are answered for simple queries only: send them as a simple Query";
                     BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why.into())
                 })
             }

@@ -103,9 +103,9 @@ impl Session {
         self.settle(result).await
     }
 
-    /// The statement's target; session statements (SET, SAVEPOINT, ...) go where the session
-    /// is, an SQL PREPARE of a statement over sharded tables is refused (its EXECUTEs could
-    /// not be routed by key).
+    /// The statement's target: a shard override (`overrides.rs`) first; session statements
+    /// (SET, SAVEPOINT, ...) go where the session is, an SQL PREPARE of a statement over
+    /// sharded tables is refused (its EXECUTEs could not be routed by key).
     fn target(&self, sh: &Sharding, sql: &str, c: &Classification, read: bool) -> Target {
         if let Some(forced) = self.forced_target(sh, sql) {
             return forced;

@@ -659,6 +659,14 @@ fn shard_override_runs_statements_on_the_named_shard() {
     ok(&mut c, "INSERT INTO products VALUES (5, 'tx')");
     ok(&mut c, "COMMIT");
     assert_eq!((products_on(0, 5), products_on(1, 5)), ("1".into(), "0".into()), "transaction on alpha");
+    // An override to another shard inside a transaction follows the keyed rules: without
+    // two-phase commit (this cluster has no twophase_log) it is refused and the transaction fails.
+    ok(&mut c, "BEGIN");
+    ok(&mut c, "SELECT count(*) FROM customers");
+    let o = simple(&mut c, "/* refract: shard=bravo */ SELECT 1");
+    let code = o.error.as_ref().map(|e| e.0.as_str());
+    assert_eq!((code, o.status), (Some("0A000"), Some(TxStatus::Failed)), "second shard: {o:?}");
+    assert_eq!(simple(&mut c, "ROLLBACK").status, Some(TxStatus::Idle));
     // The extended protocol too.
     let o = extended(&mut c, "SELECT count(*) FROM customers", &[]);
     assert_eq!((o.error.clone(), count_of(&o)), (None, counts[0].clone()), "extended under SET");

@@ -555,3 +555,241 @@ fn explain_names_the_shard_and_runs_nothing_and_admin_lists_the_shards() {
     expect(scattered, format!("scatters counted: {before}\n{after}"));
     assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
 }
+
+/// `COPY ... FROM STDIN` with `data` cut into CopyData messages of `size` bytes (a row then
+/// spans messages, and messages hold several rows).
+fn copy_chunks(c: &mut Client, sql: &str, data: &[u8], size: usize) -> Outcome {
+    c.send(&[FrontendMessage::Query(sql.into())]);
+    loop {
+        match c.recv() {
+            Some(BackendMessage::CopyInResponse(_)) => {
+                let mut msgs: Vec<FrontendMessage> =
+                    data.chunks(size).map(|p| FrontendMessage::CopyData(Bytes::copy_from_slice(p))).collect();
+                msgs.push(FrontendMessage::CopyDone);
+                c.send(&msgs);
+                return outcome(c);
+            }
+            Some(BackendMessage::ErrorResponse(e)) => {
+                let mut o = outcome(c);
+                o.error = Some((e.code().unwrap_or_default().into(), e.message().unwrap_or_default().into()));
+                return o;
+            }
+            Some(_) => {}
+            None => return Outcome::default(),
+        }
+    }
+}
+
+/// The one value `sql` gives on `server` directly.
+fn value_on(server: &PgServer, sql: &str) -> String {
+    let rows = direct(server, sql).unwrap_or_else(|e| panic!("{e}"));
+    rows.first().and_then(|r| r.first().cloned().flatten()).unwrap_or_default()
+}
+
+/// The shard override: `/* refract: shard=N */` runs a statement on shard N alone (by name or
+/// index; not when the "hint" is inside a string literal), `SET refract.shard` sends every
+/// statement of the session there until RESET (or RESET ALL, DISCARD ALL), the hint beats the
+/// SET, SHOW answers it, a bad shard is 22023 (failing a transaction), explain reports it, and
+/// the extended protocol follows it. Every placement is checked on the shard servers directly.
+#[test]
+fn shard_override_runs_statements_on_the_named_shard() {
+    let f = sharded(2);
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    let s = &f.cluster.standalone;
+    let ok = |c: &mut Client, sql: &str| {
+        let o = simple(c, sql);
+        assert!(o.error.is_none(), "{sql}: {:?}", o.error);
+        o
+    };
+    ok(&mut c, "CREATE TABLE customers (id int8 PRIMARY KEY, name text)");
+    ok(&mut c, "CREATE TABLE products (id int8, name text)");
+    let values: Vec<String> = (1..=20).map(|i| format!("({i}, 'c{i}')")).collect();
+    ok(&mut c, &format!("INSERT INTO customers VALUES {}", values.join(", ")));
+    let counts: Vec<String> = s.iter().map(|x| value_on(x, "SELECT count(*) FROM customers")).collect();
+    assert!(counts.iter().all(|n| n != "0" && n != "20"), "both shards hold customers: {counts:?}");
+    let products_on = |i: usize, id: i64| value_on(&s[i], &format!("SELECT count(*) FROM products WHERE id = {id}"));
+    let count_of = |o: &Outcome| o.rows.first().and_then(|r| r[0].clone()).unwrap_or_default();
+
+    // The hint: by name, by index, anywhere in the text; a replicated write lands on that shard only.
+    ok(&mut c, "/* refract: shard=bravo */ INSERT INTO products VALUES (1, 'b')");
+    ok(&mut c, "INSERT INTO products VALUES (2, 'a') /*refract:SHARD = 0*/");
+    assert_eq!((products_on(0, 1), products_on(1, 1)), ("0".into(), "1".into()), "hint bravo");
+    assert_eq!((products_on(0, 2), products_on(1, 2)), ("1".into(), "0".into()), "hint 0");
+    let o = ok(&mut c, "SELECT count(*) FROM customers /* refract: shard=1 */");
+    assert_eq!(count_of(&o), counts[1], "a scatter read on shard 1 only");
+    // Not a hint: inside a string literal (an INSERT of a replicated table goes to every copy).
+    ok(&mut c, "INSERT INTO products VALUES (3, '/* refract: shard=1 */')");
+    assert_eq!((products_on(0, 3), products_on(1, 3)), ("1".into(), "1".into()), "literal, not a hint");
+
+    // A COPY under a hint loads every row into that shard, even into a sharded table.
+    let o = copy_in(&mut c, "/* refract: shard=1 */ COPY products FROM STDIN (FORMAT csv)", "6,x\n6,y\n");
+    assert_eq!((o.error.clone(), o.tags.clone()), (None, vec!["COPY 2".to_owned()]), "{o:?}");
+    assert_eq!((products_on(0, 6), products_on(1, 6)), ("0".into(), "2".into()), "COPY with a hint");
+    let home = (1000..1100).find(|k| shard_of(*k, 2) == 0).unwrap();
+    let o = copy_in(&mut c, "COPY customers FROM STDIN /* refract: shard=bravo */", &format!("{home}\tmisplaced\n"));
+    assert_eq!(o.error, None, "{o:?}");
+    let on = |i: usize| value_on(&s[i], &format!("SELECT count(*) FROM customers WHERE id = {home}"));
+    assert_eq!((on(0), on(1)), ("0".into(), "1".into()), "the override places rows by hand, past the key");
+    ok(&mut c, &format!("DELETE FROM customers WHERE id = {home} /* refract: shard=1 */"));
+
+    // SET / SHOW / RESET.
+    let o = ok(&mut c, "SET refract.shard = alpha");
+    assert_eq!(o.tags, ["SET"]);
+    let o = ok(&mut c, "SHOW refract.shard");
+    assert_eq!((o.columns[0].0.as_str(), o.rows.clone()), ("refract.shard", vec![vec![Some("alpha".to_owned())]]));
+    assert_eq!(count_of(&ok(&mut c, "SELECT count(*) FROM customers")), counts[0], "SET: shard alpha");
+    let away = (1..100).find(|k| shard_of(*k, 2) == 1).unwrap();
+    let keyed = ok(&mut c, &format!("SELECT count(*) FROM customers WHERE id = {away}"));
+    assert_eq!(count_of(&keyed), "0", "key routing skipped: {away} is on bravo");
+    ok(&mut c, "INSERT INTO products VALUES (4, 'a')");
+    assert_eq!((products_on(0, 4), products_on(1, 4)), ("1".into(), "0".into()), "SET alpha");
+    let o = ok(&mut c, "/* refract: shard=bravo */ SELECT count(*) FROM customers");
+    assert_eq!(count_of(&o), counts[1], "the hint beats the SET");
+    // SQL PREPARE / EXECUTE, refused without an override, run on the override's shard.
+    ok(&mut c, "PREPARE q AS SELECT count(*) FROM customers");
+    assert_eq!(count_of(&ok(&mut c, "EXECUTE q")), counts[0], "EXECUTE under SET");
+    ok(&mut c, "DEALLOCATE q");
+    let e = ok(&mut c, "/* refract: explain */ SELECT count(*) FROM customers");
+    let text = format!("{:?}", e.rows);
+    assert!(text.contains("alpha") && text.contains("SET refract.shard"), "explain: {text}");
+    let e = ok(&mut c, "/* refract: explain */ /* refract: shard=1 */ SELECT 1");
+    assert!(format!("{:?}", e.rows).contains("bravo"), "explain of a hint: {:?}", e.rows);
+    // A transaction follows the override.
+    ok(&mut c, "BEGIN");
+    ok(&mut c, "INSERT INTO products VALUES (5, 'tx')");
+    ok(&mut c, "COMMIT");
+    assert_eq!((products_on(0, 5), products_on(1, 5)), ("1".into(), "0".into()), "transaction on alpha");
+    // An override to another shard inside a transaction follows the keyed rules: without
+    // two-phase commit (this cluster has no twophase_log) it is refused and the transaction fails.
+    ok(&mut c, "BEGIN");
+    ok(&mut c, "SELECT count(*) FROM customers");
+    let o = simple(&mut c, "/* refract: shard=bravo */ SELECT 1");
+    let code = o.error.as_ref().map(|e| e.0.as_str());
+    assert_eq!((code, o.status), (Some("0A000"), Some(TxStatus::Failed)), "second shard: {o:?}");
+    assert_eq!(simple(&mut c, "ROLLBACK").status, Some(TxStatus::Idle));
+    // The extended protocol too.
+    let o = extended(&mut c, "SELECT count(*) FROM customers", &[]);
+    assert_eq!((o.error.clone(), count_of(&o)), (None, counts[0].clone()), "extended under SET");
+    let o = extended(&mut c, "/* refract: shard=bravo */ SELECT count(*) FROM customers WHERE id > $1", &["0".into()]);
+    assert_eq!((o.error.clone(), count_of(&o)), (None, counts[1].clone()), "extended hint");
+    let o = ok(&mut c, "RESET refract.shard");
+    assert_eq!(o.tags, ["RESET"]);
+    assert_eq!(ok(&mut c, "SHOW refract.shard").rows, [[Some(String::new())]], "unset: empty");
+    assert_eq!(count_of(&ok(&mut c, "SELECT count(*) FROM customers")), "20", "scatter again");
+    for clear in ["SET refract.shard TO DEFAULT", "RESET ALL", "DISCARD ALL"] {
+        ok(&mut c, "SET refract.shard TO 'bravo'");
+        ok(&mut c, clear);
+        assert_eq!(ok(&mut c, "SHOW refract.shard").rows, [[Some(String::new())]], "{clear} clears it");
+    }
+
+    // Refusals.
+    for sql in ["SET refract.shard = nowhere", "SET refract.shard = 2", "/* refract: shard=7 */ SELECT 1"] {
+        let o = simple(&mut c, sql);
+        let (code, msg) = o.error.clone().unwrap_or_default();
+        assert_eq!(code, "22023", "{sql}: {o:?}");
+        assert!(msg.contains("alpha") && msg.contains("bravo"), "{sql}: names the shards: {msg}");
+        assert_eq!(o.status, Some(TxStatus::Idle));
+    }
+    ok(&mut c, "BEGIN");
+    ok(&mut c, "SELECT count(*) FROM customers WHERE id = 1");
+    let o = simple(&mut c, "SET refract.shard = 9");
+    assert_eq!((o.error.map(|e| e.0), o.status), (Some("22023".into()), Some(TxStatus::Failed)));
+    let o = simple(&mut c, "ROLLBACK");
+    assert_eq!(o.status, Some(TxStatus::Idle));
+    let o = simple(&mut c, "SET LOCAL refract.shard = 1");
+    assert_eq!(o.error.map(|e| e.0), Some("0A000".into()));
+    assert_eq!(ok(&mut c, "SHOW refract.shard").rows, [[Some(String::new())]], "refusals set nothing");
+}
+
+/// CSV rows ending `\r\n` (PostgreSQL wants one style throughout), with quoted delimiters,
+/// doubled quotes, quoted newlines and NULLs; a header; the keys 1..=n.
+fn csv_rows(n: i64) -> String {
+    let mut out = String::from("id,name,note\r\n");
+    for i in 1..=n {
+        let note = match i % 5 {
+            0 => String::new(), // NULL
+            1 => format!("\"a, \"\"quoted\"\" {i}\""),
+            2 => format!("\"two\nlines {i}\""),
+            3 => "\"\"".to_owned(), // an empty string
+            _ => format!("plain {i}"),
+        };
+        out += &format!("{i},\"name {i}\",{note}\r\n");
+    }
+    out
+}
+
+/// `COPY ... FROM STDIN (FORMAT csv ...)` through refract over 2 shards: every row on the shard
+/// PostgreSQL's hash partitioning names, the rows equal to a plain PostgreSQL's loaded with the
+/// same COPY, the tag `COPY n`; rows spanning CopyData messages at every cut; HEADER seen once
+/// per shard; custom DELIMITER / QUOTE / ESCAPE / NULL; text with a custom delimiter; a NULL
+/// key fails as on one server; the end marker `\.`.
+#[test]
+fn csv_copy_is_split_by_key_as_postgresql_partitions_it() {
+    let f = sharded(2);
+    let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    let mut plain = Client::connect(f.cluster.primary.addr(), USER, PASSWORD).unwrap();
+    let ddl = "CREATE TABLE customers (id int8 PRIMARY KEY, name text, note text)";
+    for cl in [&mut c, &mut plain] {
+        let o = simple(cl, ddl);
+        assert!(o.error.is_none(), "{o:?}");
+    }
+    let shards = &f.cluster.standalone[..2];
+    let mut problems = vec![];
+    let mut load = |c: &mut Client, plain: &mut Client, sql: &str, data: &[u8], size: usize, want: &str| {
+        let got = copy_chunks(c, sql, data, size);
+        let reference = copy_chunks(plain, sql, data, data.len().max(1));
+        if got.tags != [want] || got.error.is_some() || reference.tags != [want] {
+            problems.push(format!("{sql} in {size}-byte pieces: {got:?}, plain: {reference:?}"));
+        }
+    };
+    let csv = csv_rows(120);
+    let header = "COPY customers (id, name, note) FROM STDIN (FORMAT csv, HEADER true)";
+    load(&mut c, &mut plain, header, csv.as_bytes(), 7, "COPY 120");
+    // Custom options and an end marker (what follows it is ignored by both).
+    let custom = "COPY customers FROM STDIN (FORMAT csv, DELIMITER ';', QUOTE '''', ESCAPE '\\', NULL 'NULL')";
+    let data = "121;'it\\'s; here';NULL\n122;'x\n\\. y';'NULL'\n'123';\"b\";''\n\\.\n";
+    load(&mut c, &mut plain, custom, data.as_bytes(), 1, "COPY 3");
+    // Text with a custom delimiter and NULL.
+    let text = "COPY customers FROM STDIN (DELIMITER '|', NULL '-')";
+    load(&mut c, &mut plain, text, b"124|a\\|b|-\n125|c|d\n", 3, "COPY 2");
+    // Every cut of a small CSV load: same rows, same placement.
+    let small = "126,\"q,\"\"\n\",x\n127,y,\n";
+    for size in 1..small.len() {
+        let sql = "COPY customers FROM STDIN (FORMAT csv)";
+        load(&mut c, &mut plain, sql, small.as_bytes(), size, "COPY 2");
+        for cl in [&mut c, &mut plain] {
+            simple(cl, "DELETE FROM customers WHERE id IN (126, 127)");
+        }
+    }
+    for (what, r) in [
+        ("the shards' rows together", together(shards, &f.cluster.primary, "customers")),
+        ("placement by id", placement(shards, &f.cluster.primary, "customers", "id")),
+    ] {
+        if let Err(e) = r {
+            problems.push(format!("{what}: {e}"));
+        }
+    }
+    for (i, s) in shards.iter().enumerate() {
+        let n = value_on(s, "SELECT count(*) FROM customers");
+        if n == "0" {
+            problems.push(format!("shard {i} got no rows"));
+        }
+    }
+    // A NULL key: as PostgreSQL (the NOT NULL of the primary key), the COPY loads nothing.
+    let null_key = "COPY customers FROM STDIN (FORMAT csv)";
+    let got = copy_chunks(&mut c, null_key, b"200,a,b\n,b,c\n", 4);
+    let want = copy_chunks(&mut plain, null_key, b"200,a,b\n,b,c\n", 4);
+    let code = |o: &Outcome| o.error.as_ref().map(|e| e.0.clone());
+    if code(&got) != code(&want) || code(&got).is_none() {
+        problems.push(format!("NULL key: {got:?}, plain: {want:?}"));
+    }
+    if shards.iter().any(|s| value_on(s, "SELECT count(*) FROM customers WHERE id = 200") != "0") {
+        problems.push("the failed COPY left row 200".into());
+    }
+    // Refused with the reason, before any row: binary.
+    let o = simple(&mut c, "COPY customers FROM STDIN (FORMAT binary)");
+    if o.error.as_ref().map(|e| e.0.as_str()) != Some("0A000") {
+        problems.push(format!("binary: {o:?}"));
+    }
+    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+}

@@ -96,6 +96,8 @@ pub(super) struct Session {
     pub(super) tx_begin: Option<String>,
     /// Sharded: the transaction's connections on its other shards (two-phase commit).
     pub(super) parked: Vec<(usize, Bound)>,
+    /// Sharded: `SET refract.shard`, the shard every statement goes to (`sharding/overrides.rs`).
+    pub(super) shard_override: Option<usize>,
     /// Extended-protocol messages waiting for Sync or Flush.
     pub batch: Vec<FrontendMessage>,
     /// Where the session stands in the protocol: changed only by [`Session::advance`].
@@ -142,6 +144,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         held_begin: None,
         tx_begin: None,
         parked: vec![],
+        shard_override: None,
         batch: vec![],
         phase: Phase::default(),
         pool_mode,

@@ -17,6 +17,7 @@
 //! - [`keyparam`]: key values from Bind parameters (text, binary, arrays for `= ANY($n)`).
 //! - [`auth`]: SCRAM-SHA-256, md5 and trust, as server ([`auth::ServerAuth`]) and client ([`auth::ClientAuth`]).
 //! - [`classify`]: read or write, and session statements, by PostgreSQL's parser; cached.
+//! - [`copyrows`]: the rows of COPY FROM data (text, csv) and their fields, found incrementally.
 //! - [`reply`]: encoders for what refract answers itself (errors, auth requests, login).
 //! - [`session`]: SET parameters, prepared statements and transaction state to carry across servers.
 //! - [`shardkey`]: which key values a statement touches in each sharded table (from its parse tree).
@@ -27,6 +28,7 @@
 pub mod auth;
 pub mod backend;
 pub mod classify;
+pub mod copyrows;
 pub mod error;
 pub mod frame;
 pub mod frontend;

@@ -7,13 +7,13 @@ mod pg;
 
 pub use handover::handover_msg;
 pub use http::{http_chunked, http_head};
-pub use pg::{pg_backend, pg_frontend, pg_keyparam, pg_startup};
+pub use pg::{pg_backend, pg_copyrows, pg_frontend, pg_keyparam, pg_startup};
 
 /// A fuzz target: a name (its `src/bin/` harness, its `corpus/` directory) and its function.
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target, in the order `make fuzz` runs them.
-pub const ALL: [Target; 7] = [
+pub const ALL: [Target; 8] = [
     ("http_head", http_head),
     ("http_chunked", http_chunked),
     ("pg_frontend", pg_frontend),
@@ -21,4 +21,5 @@ pub const ALL: [Target; 7] = [
     ("pg_startup", pg_startup),
     ("handover_msg", handover_msg),
     ("pg_keyparam", pg_keyparam),
+    ("pg_copyrows", pg_copyrows),
 ];

@@ -4,6 +4,7 @@
 
 use bytes::BytesMut;
 use refract_pg::auth::{decode_password, SaslInitialResponse};
+use refract_pg::copyrows::{self, CopyFormat, Force, Piece, Rows};
 use refract_pg::frame::{self, Header};
 use refract_pg::frontend::bind_names;
 use refract_pg::keyparam::{binary_array, text_array, Params};
@@ -123,5 +124,74 @@ pub fn pg_keyparam(data: &[u8]) {
             let _ = ty.parse_text(data);
             let _ = ty.parse_binary(data);
         }
+    }
+}
+
+/// The COPY FROM row scanner (`refract-pg` `copyrows.rs`): byte 0 picks the format (bit 0 csv,
+/// bit 1 HEADER, bit 2 the `\.` end marker, bit 3 `;` delimiter with `'` quote and `\`
+/// escape), byte 1 the size of the CopyData pieces; the rest is the data. Nothing may panic;
+/// the pieces found are the same whatever the message sizes, and joined they give the data
+/// back (up to the end marker, or up to the error and what was pending then).
+pub fn pg_copyrows(data: &[u8]) {
+    let [flags, size, rest @ ..] = data else { return };
+    let mut fmt = CopyFormat::new(flags & 1 != 0);
+    fmt.header = flags & 2 != 0;
+    fmt.end_marker = flags & 4 != 0;
+    if flags & 8 != 0 {
+        (fmt.delimiter, fmt.quote, fmt.escape) = (b';', b'\'', b'\\');
+    }
+    let whole = copy_pieces(&fmt, rest, rest.len().max(1));
+    let chunked = copy_pieces(&fmt, rest, usize::from(*size).max(1));
+    assert_eq!((&whole.0, whole.1), (&chunked.0, chunked.1), "the pieces depend on the CopyData sizes");
+    for (pieces, failed, pending) in [&whole, &chunked] {
+        let mut joined: Vec<u8> = pieces.iter().flat_map(|p| piece_bytes(p).to_vec()).collect();
+        let ended = matches!(pieces.last(), Some(Piece::End(_)));
+        if *failed {
+            joined.extend_from_slice(pending);
+            assert!(rest.starts_with(&joined), "the pieces before an error are not the data");
+        } else if ended {
+            assert!(rest.starts_with(&joined), "the pieces up to the end marker are not the data");
+        } else {
+            assert_eq!(joined, rest, "the pieces joined are not the data");
+        }
+    }
+    for p in &whole.0 {
+        if let Piece::Row(row) = p {
+            for n in 0..3 {
+                if let Ok(copyrows::Field::Value(v)) = copyrows::field(&fmt, row, n, Force::default()) {
+                    assert!(v.len() <= row.len(), "a field longer than its row");
+                }
+            }
+        }
+    }
+}
+
+/// The pieces of `data` pushed `size` bytes at a time, whether it failed, what was pending then.
+fn copy_pieces(fmt: &CopyFormat, data: &[u8], size: usize) -> (Vec<Piece>, bool, Vec<u8>) {
+    let mut rows = Rows::new(fmt.clone());
+    let mut out = vec![];
+    for chunk in data.chunks(size) {
+        rows.push(chunk);
+        loop {
+            match rows.next_piece() {
+                Ok(Some(p)) => out.push(p),
+                Ok(None) => break,
+                Err(_) => return (out, true, rows.pending().to_vec()),
+            }
+        }
+    }
+    rows.finish();
+    loop {
+        match rows.next_piece() {
+            Ok(Some(p)) => out.push(p),
+            Ok(None) => return (out, false, vec![]),
+            Err(_) => return (out, true, rows.pending().to_vec()),
+        }
+    }
+}
+
+fn piece_bytes(p: &Piece) -> &[u8] {
+    match p {
+        Piece::Header(b) | Piece::Row(b) | Piece::End(b) => b,
     }
 }

@@ -7,6 +7,7 @@
 mod across;
 mod copy;
 mod fanout;
+mod overrides;
 mod route;
 mod session;
 mod twophase;

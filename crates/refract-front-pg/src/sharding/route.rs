@@ -7,8 +7,9 @@
 use super::Sharding;
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
+use refract_pg::copyrows::{CopyFormat, Force};
 use refract_pg::keyparam::Params;
-use refract_pg::partition::Key;
+use refract_pg::partition::{Key, KeyType};
 use refract_pg::scatter::{self, Decision, Plan};
 use refract_pg::shardkey::{self, KeySet, KeyValue, Schema, TableKeys};
 
@@ -29,7 +30,7 @@ pub(crate) enum Target {
     Refuse(String),
     /// Refused as PostgreSQL would refuse it (SQLSTATE, message).
     Fail(&'static str, String),
-    /// `COPY ... FROM STDIN` on every shard: each text row to the shard its key names (the
+    /// `COPY ... FROM STDIN` on every shard: each row to the shard its key names (the
     /// key is field `key` of a row), or every row to every shard (a replicated table: `None`).
     CopyIn(Option<(String, usize)>),
     /// `COPY table TO STDOUT` of a sharded table: every shard's rows, one after the other.
@@ -163,7 +164,8 @@ fn one(sh: &Sharding, sql: &str, node: &NodeEnum, read: bool, params: Option<Par
     }
 }
 
-/// COPY naming a sharded table: `FROM STDIN` in text format is split by each row's key; `TO
+/// COPY naming a sharded table: `FROM STDIN` in text or csv format is split by each row's key
+/// ([`copy_format`] lists the options); `TO
 /// STDOUT` of the table (text or csv without a header) concatenates the shards' rows.
 fn copy_target(sh: &Sharding, copy: &protobuf::CopyStmt, refs: &[TableKeys]) -> Target {
     let options: Vec<(String, String)> = copy
@@ -196,10 +198,8 @@ fn copy_target(sh: &Sharding, copy: &protobuf::CopyStmt, refs: &[TableKeys]) -> 
                 "COPY FROM into a replicated table that reads a sharded table is not supported".into(),
             );
         };
-        if format != "text" || options.iter().any(|(k, _)| k != "format" && k != "freeze") {
-            return Target::Refuse(format!(
-                "COPY FROM into sharded table {table} is split by key in the text format with the default delimiter and NULL only"
-            ));
+        if let Err(why) = copy_format(copy, &key, sh.key_type(&table)) {
+            return Target::Refuse(format!("COPY FROM into sharded table {table} is split by key: {why}"));
         }
         let cols: Vec<String> = copy
             .attlist
@@ -228,6 +228,94 @@ fn copy_target(sh: &Sharding, copy: &protobuf::CopyStmt, refs: &[TableKeys]) -> 
         );
     }
     Target::CopyOut
+}
+
+/// The data format of `COPY ... FROM STDIN` (its options), and how FORCE_NOT_NULL /
+/// FORCE_NULL read column `key`; `Err`: an option the split by key does not support.
+pub(crate) fn copy_format(
+    copy: &protobuf::CopyStmt,
+    key: &str,
+    ty: Option<KeyType>,
+) -> Result<(CopyFormat, Force), String> {
+    let defs = copy.options.iter().filter_map(|o| match o.node.as_ref() {
+        Some(NodeEnum::DefElem(d)) => Some(d.as_ref()),
+        _ => None,
+    });
+    let defs: Vec<&protobuf::DefElem> = defs.collect();
+    let value =
+        |name: &str| defs.iter().find(|d| d.defname.eq_ignore_ascii_case(name)).map(|d| def_value(d.arg.as_deref()));
+    let csv = match value("format").as_deref() {
+        None | Some("text") => false,
+        Some("csv") => true,
+        Some(other) => return Err(format!("the {other} format is not split (text and csv are)")),
+    };
+    let mut fmt = CopyFormat::new(csv);
+    let mut force = Force::default();
+    let byte = |name: &str, v: &str| match v.as_bytes() {
+        [b] => Ok(*b),
+        _ => Err(format!("{name} must be a single one-byte character")),
+    };
+    for d in &defs {
+        let name = d.defname.to_lowercase();
+        // The raw text (def_value lower-cases it): NULL, DELIMITER, QUOTE, ESCAPE keep their case.
+        let raw = match d.arg.as_deref().and_then(|a| a.node.as_ref()) {
+            Some(NodeEnum::String(s)) => s.sval.clone(),
+            _ => def_value(d.arg.as_deref()),
+        };
+        match name.as_str() {
+            "format" | "freeze" => {}
+            "delimiter" => fmt.delimiter = byte("DELIMITER", &raw)?,
+            "quote" => fmt.quote = byte("QUOTE", &raw)?,
+            "escape" => fmt.escape = byte("ESCAPE", &raw)?,
+            "null" => fmt.null = raw.into_bytes(),
+            // HEADER MATCH too: every shard sees the header line (and checks it).
+            "header" => fmt.header = !matches!(raw.to_lowercase().as_str(), "false" | "off" | "0"),
+            "force_not_null" => force.not_null = names_column(d.arg.as_deref(), key),
+            "force_null" => force.null = names_column(d.arg.as_deref(), key),
+            "encoding" => {
+                let utf8 = matches!(raw.to_lowercase().replace(['-', '_'], "").as_str(), "utf8" | "unicode");
+                if !utf8 && ty == Some(KeyType::Text) {
+                    return Err("ENCODING other than UTF8 with a text key (the key's bytes would be hashed in the client's encoding)".into());
+                }
+                if ["sjis", "big5", "gbk", "uhc", "gb18030", "johab", "shiftjis2004"]
+                    .contains(&raw.to_lowercase().replace(['-', '_'], "").as_str())
+                {
+                    return Err(format!("ENCODING {raw} can hide delimiters and quotes inside characters"));
+                }
+            }
+            other => return Err(format!("the option {other} is not supported")),
+        }
+    }
+    if !csv {
+        fmt.quote = 0;
+        fmt.escape = 0;
+    } else if !defs.iter().any(|d| d.defname.eq_ignore_ascii_case("escape")) {
+        fmt.escape = fmt.quote;
+    }
+    Ok((fmt, force))
+}
+
+/// Whether a FORCE_NOT_NULL / FORCE_NULL list (or `*`) names column `key`.
+fn names_column(arg: Option<&Node>, key: &str) -> bool {
+    match arg.and_then(|a| a.node.as_ref()) {
+        Some(NodeEnum::List(l)) => l.items.iter().any(|i| match i.node.as_ref() {
+            Some(NodeEnum::String(s)) => s.sval == key,
+            _ => false,
+        }),
+        Some(NodeEnum::AStar(_)) => true,
+        _ => false,
+    }
+}
+
+/// The format of the `COPY ... FROM STDIN` text `sql` into a table with key column `key`
+/// (as [`copy_target`] accepted it).
+pub(crate) fn copy_in_format(sql: &str, key: &str, ty: Option<KeyType>) -> Result<(CopyFormat, Force), String> {
+    let parsed = pg_query::parse(sql, 0).map_err(|e| e.to_string())?;
+    let copy = parsed.protobuf.stmts.iter().find_map(|r| match r.stmt.as_ref()?.node.as_ref()? {
+        NodeEnum::CopyStmt(c) => Some(c.clone()),
+        _ => None,
+    });
+    copy_format(&*copy.ok_or_else(|| "not a COPY".to_owned())?, key, ty)
 }
 
 /// A COPY option's value as text (`csv`, `true`, ...).
@@ -506,8 +594,29 @@ mod tests {
         let sh = sharding(2);
         let r = |sql: &str| route(&sh, sql, false, None);
         assert_eq!(r("copy customers (name, id) from stdin"), Target::CopyIn(Some(("customers".into(), 1))));
+        let csv = "copy customers (name, id) from stdin (format csv, header, delimiter ';', quote '''', escape '\\', null 'NULL', force_not_null (id))";
+        assert_eq!(r(csv), Target::CopyIn(Some(("customers".into(), 1))));
+        let (fmt, force) = copy_in_format(csv, "id", Some(KeyType::Int8)).expect("format");
+        assert_eq!(
+            (fmt.delimiter, fmt.quote, fmt.escape, &fmt.null[..], fmt.header),
+            (b';', b'\'', b'\\', &b"NULL"[..], true)
+        );
+        assert_eq!(force, Force { not_null: true, null: false });
+        let (fmt, _) =
+            copy_in_format("copy customers from stdin with (format csv, quote '|')", "id", None).expect("format");
+        assert_eq!(
+            (fmt.delimiter, fmt.escape, fmt.null.len(), fmt.header),
+            (b',', b'|', 0, false),
+            "escape follows quote"
+        );
+        let (fmt, _) =
+            copy_in_format("copy customers from stdin (delimiter '|', null '')", "id", None).expect("format");
+        assert_eq!((fmt.csv, fmt.delimiter, fmt.null.len()), (false, b'|', 0));
         assert!(
-            matches!(r("copy customers (id) from stdin (format csv)"), Target::Refuse(w) if w.contains("text format"))
+            matches!(r("copy customers (id) from stdin (format binary)"), Target::Refuse(w) if w.contains("binary"))
+        );
+        assert!(
+            matches!(r("copy customers (id) from stdin (format csv, delimiter ';;')"), Target::Refuse(w) if w.contains("one-byte"))
         );
         assert!(
             matches!(r("copy customers from stdin"), Target::Refuse(w) if w.contains("key id")),

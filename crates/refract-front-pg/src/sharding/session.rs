@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub(super) const IN_FAILED_TX: &str = "25P02";
 
 /// What [`Session::shard_of_batch`] found.
-enum BatchShard {
+pub(super) enum BatchShard {
     /// Run the batch on this shard.
     At(usize),
     /// No one shard runs it: refract does (`across.rs`).
@@ -66,7 +66,7 @@ impl Session {
                 _ => {}
             }
         }
-        if self.tx_control_locally(sql, c).await? {
+        if self.tx_control_locally(sql, c).await? || self.shard_setting(sh, sql, c).await? {
             return Ok(());
         }
         let route_class = self.route(c);
@@ -140,10 +140,13 @@ impl Session {
         }
     }
 
-    /// The statement's target; session statements (SET, SAVEPOINT, ...) go where the session
-    /// is, an SQL PREPARE of a statement over sharded tables is refused (its EXECUTEs could
-    /// not be routed by key).
+    /// The statement's target: a shard override (`overrides.rs`) first; session statements
+    /// (SET, SAVEPOINT, ...) go where the session is, an SQL PREPARE of a statement over
+    /// sharded tables is refused (its EXECUTEs could not be routed by key).
     fn target(&self, sh: &Sharding, sql: &str, c: &Classification, read: bool) -> Target {
+        if let Some(forced) = self.forced_target(sh, sql) {
+            return forced;
+        }
         let sharded = |t: &String| refract_pg::shardkey::Schema::key_of(sh, t).is_some();
         for st in &c.statements {
             if let Statement::Prepare { .. } | Statement::Execute { .. } = st {
@@ -519,6 +522,9 @@ impl Session {
     /// any shard); `Across` when they need several shards, or different ones, or end a
     /// transaction open on several.
     fn shard_of_batch(&self, sh: &Sharding, msgs: &[FrontendMessage], read: bool) -> BatchShard {
+        if let Some(refused) = self.batch_setting(msgs) {
+            return refused;
+        }
         let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut at: Option<usize> = None;
         let mut across = false;
@@ -541,7 +547,8 @@ impl Session {
                 }
                 let values: Vec<Option<&[u8]>> = b.params.iter().map(|p| p.as_deref()).collect();
                 let params = Params { formats: &b.param_formats, values: &values };
-                let shard = match route(sh, text, read, Some(params)) {
+                let target = self.forced_target(sh, text).unwrap_or_else(|| route(sh, text, read, Some(params)));
+                let shard = match target {
                     Target::Any => continue,
                     Target::Shards(s) if s.len() == 1 => s[0],
                     Target::Refuse(why) => return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why),
@@ -561,7 +568,7 @@ impl Session {
             return BatchShard::Across;
         }
         let here = self.bound.as_ref().map(|_| self.shard);
-        BatchShard::At(at.or(here).unwrap_or_else(|| sh.any_shard()))
+        BatchShard::At(at.or(here).or(self.shard_override).unwrap_or_else(|| sh.any_shard()))
     }
 
     /// `/* refract: explain */`: where the statement would run and why, as rows of one text
@@ -569,7 +576,7 @@ impl Session {
     async fn explain(&mut self, sh: &Sharding, sql: &str, c: &Classification) -> Result<(), PgError> {
         let read = self.route(c) == Route::Read;
         let target = self.target(sh, sql, c, read);
-        let lines = explain_lines(sh, &target, read);
+        let lines = self.explain_override(sh, sql, read).unwrap_or_else(|| explain_lines(sh, &target, read));
         let field = refract_pg::backend::FieldDescription {
             name: "route".into(),
             table_oid: 0,

@@ -173,6 +173,13 @@ pub fn wants_explain(sql: &str) -> bool {
     hint::explain(sql)
 }
 
+/// The value of a `/* refract: shard=N */` comment in `sql` (outside string literals), if
+/// any: the client asks for the statement to run on that shard only (a sharded cluster; the
+/// front end resolves N as a shard's name or index).
+pub fn shard_hint(sql: &str) -> Option<String> {
+    hint::shard(sql)
+}
+
 impl Classification {
     /// Where to send the query: a hint in the text wins over the session's `refract.route`,
     /// which wins over the classification.

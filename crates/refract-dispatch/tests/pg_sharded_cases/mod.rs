@@ -515,6 +515,23 @@ fn extended_writes(s: &mut Suite, k: &Keys) {
     s.ext("UPDATE products SET price = price * 2 WHERE id > $1", &["20".into()]);
     s.push("DELETE FROM orders WHERE qty = $1 RETURNING id".into(), Cmp::Unordered, Some(vec!["2".into()]), false);
     s.ext("SELECT * FROM products ORDER BY id", &[]);
+    // Several statements of one simple Query on different shards (psycopg2's execute_batch):
+    // each where it runs, one transaction per shard committed together; one failing undoes all.
+    s.ord(
+        "INSERT INTO customers (id, name) VALUES (7001, 'b1'); INSERT INTO customers (id, name) VALUES (7002, 'b2'); \
+         INSERT INTO customers (id, name) VALUES (7003, 'b3'); INSERT INTO customers (id, name) VALUES (7004, 'b4')",
+    );
+    s.ord(format!(
+        "UPDATE customers SET score = 1 WHERE id = 7001; SELECT id, name FROM customers WHERE id IN (7001, 7002, 7003, 7004) ORDER BY id; \
+         UPDATE customers SET score = 2 WHERE id = {}",
+        k.b
+    ));
+    s.ord(format!(
+        "INSERT INTO customers (id, name) VALUES (7011, 'f1'); INSERT INTO customers (id, name) VALUES (7012, 'f2'); \
+         INSERT INTO customers (id, name) VALUES ({}, 'dup')",
+        k.a
+    ));
+    s.ord("SELECT id, name, score FROM customers WHERE id > 7000 AND id < 7100 ORDER BY id");
 }
 
 fn transactions(s: &mut Suite, k: &Keys) {

@@ -72,20 +72,67 @@ struct Across {
     failed: bool,
     /// The ReadyForQuery status at Sync.
     status: TxStatus,
+    /// A simple Query's statements: no ParseComplete, BindComplete or NoData to the client.
+    simple: bool,
+}
+
+impl Across {
+    /// Whether the client gets an answer refract owes for this extended-protocol message.
+    fn owes(&self) -> bool {
+        !self.simple
+    }
 }
 
 impl Session {
+    /// A simple Query of several statements that no one shard runs (psycopg2's
+    /// `execute_batch`, for one): each statement as the unnamed statement and portal, described
+    /// and executed, then Sync, answered as the simple protocol answers (no ParseComplete,
+    /// BindComplete or NoData).
+    pub(crate) async fn run_across_simple(&mut self, sh: &Sharding, sql: &str) -> Result<(), PgError> {
+        let statements = match pg_query::split_with_parser(sql) {
+            Ok(s) => s,
+            Err(e) => {
+                let why = format!("cannot split the query into statements: {e}");
+                return self.refuse_sharded(sh, SYNTAX_ERROR, &why).await;
+            }
+        };
+        let mut msgs = vec![];
+        for st in statements {
+            let bind = Bind {
+                portal: String::new(),
+                statement: String::new(),
+                param_formats: vec![],
+                params: vec![],
+                result_formats: vec![],
+            };
+            msgs.extend([
+                FrontendMessage::Parse { name: String::new(), query: st.to_owned(), param_types: vec![] },
+                FrontendMessage::Bind(bind),
+                FrontendMessage::Describe(Of::Portal, String::new()),
+                FrontendMessage::Execute { portal: String::new(), max_rows: 0 },
+            ]);
+        }
+        msgs.push(FrontendMessage::Sync);
+        self.run_batch_here(sh, msgs, true).await
+    }
+
     /// Runs `msgs` as described in the module header. They end with Sync, or with Flush when
     /// they only parse, describe and close (no connection stays behind: each request to a
     /// shard ends with its own Sync).
     pub(crate) async fn run_across(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>) -> Result<(), PgError> {
+        self.run_batch_here(sh, msgs, false).await
+    }
+
+    /// [`Session::run_across`]; `simple`: for a simple Query ([`Session::run_across_simple`]).
+    async fn run_batch_here(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>, simple: bool) -> Result<(), PgError> {
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
         let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
-        if synced {
+        if synced && !simple {
             self.advance(Event::Batch { synced: true, executes });
         }
         let block = executes && !self.phase().in_transaction() && self.batch_route(&msgs) == Route::Write;
-        let mut run = Across { legs: vec![], block, portals: HashMap::new(), failed: false, status: self.phase().tx() };
+        let status = self.phase().tx();
+        let mut run = Across { legs: vec![], block, portals: HashMap::new(), failed: false, status, simple };
         let mut lost = None;
         for (i, msg) in msgs.iter().enumerate() {
             if run.failed && !matches!(msg, FrontendMessage::Sync) {
@@ -157,7 +204,7 @@ impl Session {
                 for l in run.legs {
                     l.finish();
                 }
-                self.advance(Event::Synced(run.status));
+                self.advance(if simple { Event::Ready(run.status) } else { Event::Synced(run.status) });
                 self.out.extend_from_slice(&reply::ready_for_query(run.status));
                 self.flush().await
             }
@@ -193,7 +240,9 @@ impl Session {
         }
         let read = self.is_read(query);
         self.state.prepared.parse(name, query, param_types, read);
-        self.out.extend_from_slice(&BackendMessage::ParseComplete.to_bytes());
+        if run.owes() {
+            self.out.extend_from_slice(&BackendMessage::ParseComplete.to_bytes());
+        }
     }
 
     /// Bind: the portal routed by its values.
@@ -238,7 +287,9 @@ impl Session {
         };
         let portal = Portal { query, param_types, bind: b.clone(), runs, describe: false };
         run.portals.insert(b.portal.clone(), portal);
-        self.out.extend_from_slice(&BackendMessage::BindComplete.to_bytes());
+        if run.owes() {
+            self.out.extend_from_slice(&BackendMessage::BindComplete.to_bytes());
+        }
     }
 
     /// A prepared statement's text, parameter types and read-ness, or the client's error.
@@ -317,7 +368,7 @@ impl Session {
         let target = match &portal.runs {
             Runs::End(commit) => {
                 let commit = *commit;
-                if portal.describe {
+                if portal.describe && run.owes() {
                     self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
                 }
                 self.end_tx(sh, commit).await?;
@@ -417,7 +468,7 @@ impl Session {
         let n = legs.len();
         run.legs.append(&mut legs);
         let got = got?;
-        if describe && got.description.is_none() && got.error.is_none() {
+        if describe && got.description.is_none() && got.error.is_none() && run.owes() {
             self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
         }
         run.failed |= self.written(got, placement, n, describe);
@@ -461,14 +512,21 @@ impl Session {
         described: bool,
     ) -> Result<(), PgError> {
         let mut legs = self.legs_here(run, &[shard], read).await?;
-        let relayed = self.relay_leg(&mut legs[0], request, described).await;
+        let relayed = self.relay_leg(&mut legs[0], request, described, run.owes()).await;
         run.legs.append(&mut legs);
         run.failed |= relayed?;
         Ok(())
     }
 
-    /// See [`Session::relay_on`]; returns whether the client got an error.
-    async fn relay_leg(&mut self, leg: &mut Leg, request: &Bytes, described: bool) -> Result<bool, PgError> {
+    /// See [`Session::relay_on`] (`no_data`: NoData is relayed too); returns whether the
+    /// client got an error.
+    async fn relay_leg(
+        &mut self,
+        leg: &mut Leg,
+        request: &Bytes,
+        described: bool,
+        no_data: bool,
+    ) -> Result<bool, PgError> {
         leg.guard.wire.send(request).await?;
         let mut failed = false;
         loop {
@@ -477,6 +535,7 @@ impl Session {
                 b'1' | b'2' => {}
                 b'Z' => return Ok(failed),
                 b't' | b'T' | b'n' if !described => {}
+                b'n' if !no_data => {}
                 b'C' => {
                     if let BackendMessage::CommandComplete(t) = BackendMessage::decode(tag, &frame[5..])? {
                         self.advance(Event::Completed(&t));

@@ -35,6 +35,9 @@ pub(crate) enum Target {
     CopyIn(Option<(String, usize)>),
     /// `COPY table TO STDOUT` of a sharded table: every shard's rows, one after the other.
     CopyOut,
+    /// A query of several statements that no one shard runs: each runs where it would alone,
+    /// in one transaction per shard committed together (`across.rs`).
+    Statements,
 }
 
 /// SQLSTATE `check_violation`: PostgreSQL's "no partition of relation found for row".
@@ -102,23 +105,49 @@ fn parse_and_route(sh: &Sharding, sql: &str, read: bool, params: Option<Params<'
         [] => Target::Any,
         [node] => one(sh, sql, node, read, params, parsed.protobuf.version),
         many => {
-            // Each alone; together only if they all stay on one shard.
+            // Each alone; on one shard if they all stay there, else each where it runs.
             let mut at = None;
-            for node in many {
-                match one(sh, sql, node, read, params, parsed.protobuf.version) {
+            let mut several = false;
+            let texts = statement_texts(sql, &parsed.protobuf.stmts);
+            for (node, text) in many.iter().zip(texts) {
+                // The query as a whole may write; a plain SELECT among its statements reads
+                // (each is routed again with its own classification when they run apart).
+                let plain =
+                    matches!(node, NodeEnum::SelectStmt(s) if s.locking_clause.is_empty() && s.into_clause.is_none());
+                match one(sh, text, node, read || plain, params, parsed.protobuf.version) {
                     Target::Any => {}
                     Target::Shards(s) if s.len() == 1 && at.is_none_or(|a| a == s[0]) => at = Some(s[0]),
                     refused @ (Target::Refuse(_) | Target::Fail(..)) => return refused,
-                    _ => {
+                    Target::CopyIn(_) | Target::CopyOut => {
                         return Target::Refuse(
-                            "a query of several statements is run across shards only when one shard holds all they touch: send them one at a time".into(),
+                            "COPY in a query of several statements over several shards is not supported: send it alone"
+                                .into(),
                         )
                     }
+                    _ => several = true,
                 }
+            }
+            if several {
+                return Target::Statements;
             }
             at.map_or(Target::Any, |a| Target::Shards(vec![a]))
         }
     }
+}
+
+/// Each statement's own text in `sql` (PostgreSQL's statement locations, in bytes; a length
+/// of 0 runs to the end).
+fn statement_texts<'a>(sql: &'a str, stmts: &[protobuf::RawStmt]) -> Vec<&'a str> {
+    stmts
+        .iter()
+        .filter(|r| r.stmt.as_ref().is_some_and(|s| s.node.is_some()))
+        .map(|r| {
+            let from = usize::try_from(r.stmt_location).unwrap_or(0).min(sql.len());
+            let len = usize::try_from(r.stmt_len).unwrap_or(0);
+            let to = if len == 0 { sql.len() } else { (from + len).min(sql.len()) };
+            sql.get(from..to).unwrap_or(sql)
+        })
+        .collect()
 }
 
 /// Routes one parsed statement.

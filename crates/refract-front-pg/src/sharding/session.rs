@@ -84,6 +84,11 @@ impl Session {
             Target::Refuse(why) => return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await,
             Target::Fail(code, why) => return self.refuse_sharded(sh, code, &why).await,
             Target::Scatter(shards, plan) if in_tx => return self.scatter_tx_simple(sh, &shards, &plan).await,
+            Target::Statements if !in_tx && self.bound.is_none() => return self.run_across_simple(sh, sql).await,
+            Target::Statements => {
+                let why = "a query of several statements on several shards runs outside a transaction only: send them one at a time";
+                return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, why).await;
+            }
             multi if in_tx => {
                 let why = format!(
                     "inside a transaction a write runs on one shard at a time, and this one needs several ({}): name the key",
@@ -670,6 +675,10 @@ fn explain_lines(sh: &Sharding, t: &Target, read: bool) -> Vec<String> {
         }
         Target::CopyIn(None) => vec!["COPY FROM on every shard, every row to each (a replicated table)".into()],
         Target::CopyOut => vec!["COPY TO from every shard, one after the other".into()],
+        Target::Statements => {
+            vec!["several statements, each on the shards it needs, in one transaction per shard committed together"
+                .into()]
+        }
         Target::Refuse(why) => vec![format!("refused (0A000): {why}")],
         Target::Fail(code, why) => vec![format!("refused ({code}): {why}")],
     }

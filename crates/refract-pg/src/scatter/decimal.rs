@@ -1,6 +1,7 @@
 //! PostgreSQL `numeric` in its text form, exactly: comparing, adding partial sums, and dividing
 //! a sum by a count as `avg` does (`numeric_div` with `select_div_scale`), so an average rebuilt
-//! from the shards' sums and counts prints as one server would print it.
+//! from the shards' sums and counts prints as one server would print it. Also the binary
+//! form (`numeric_send`/`numeric_recv`): [`Numeric::from_binary`] and [`Numeric::to_binary`].
 
 use std::cmp::Ordering;
 
@@ -10,6 +11,17 @@ const MIN_SIG_DIGITS: i64 = 16;
 const MAX_DISPLAY_SCALE: i64 = 1000;
 /// `DEC_DIGITS`: PostgreSQL stores numerics in base 10000, four decimal digits per word.
 const DEC_DIGITS: i64 = 4;
+/// `NBASE`.
+const NBASE: u16 = 10000;
+/// The binary form's sign words (`NUMERIC_POS`, `NUMERIC_NEG`, `NUMERIC_NAN`, `NUMERIC_PINF`,
+/// `NUMERIC_NINF`).
+const SIGN_POS: u16 = 0x0000;
+const SIGN_NEG: u16 = 0x4000;
+const SIGN_NAN: u16 = 0xC000;
+const SIGN_PINF: u16 = 0xD000;
+const SIGN_NINF: u16 = 0xF000;
+/// `NUMERIC_DSCALE_MAX`: the largest display scale the binary form carries.
+const DSCALE_MAX: usize = 0x3FFF;
 
 /// A numeric value: finite (sign, magnitude digits, scale) or one of the special values,
 /// ordered as PostgreSQL orders them (`-Infinity` < finite < `Infinity` < `NaN`).
@@ -74,6 +86,87 @@ impl Numeric {
             Numeric::Finite(d) => Numeric::Finite(d.div(count)),
             special => special.clone(),
         }
+    }
+
+    /// Reads `numeric_send`'s binary form: int16 ndigits, int16 weight, uint16 sign, int16
+    /// dscale, then ndigits base-10000 digits (int16), the first of weight `weight`. Digits
+    /// below the display scale are dropped, as `numeric_recv` does. `None` if it is not one.
+    pub fn from_binary(v: &[u8]) -> Option<Numeric> {
+        let word = |i: usize| v.get(2 * i..2 * i + 2).map(|w| u16::from_be_bytes([w[0], w[1]]));
+        let ndigits = usize::try_from(word(0)? as i16).ok()?;
+        let weight = i64::from(word(1)? as i16);
+        let sign = word(2)?;
+        let dscale = word(3)? as usize;
+        if v.len() != 8 + 2 * ndigits || dscale > DSCALE_MAX {
+            return None;
+        }
+        let neg = match sign {
+            SIGN_NAN => return Some(Numeric::NaN),
+            SIGN_PINF => return Some(Numeric::PosInf),
+            SIGN_NINF => return Some(Numeric::NegInf),
+            SIGN_POS => false,
+            SIGN_NEG => true,
+            _ => return None,
+        };
+        let mut digits = Vec::with_capacity(4 * ndigits + dscale);
+        for i in 0..ndigits {
+            let w = word(4 + i).filter(|&w| w < NBASE)?;
+            digits.extend([w / 1000, w / 100 % 10, w / 10 % 10, w % 10].map(|d| d as u8));
+        }
+        // The last digit read has exponent 4 * (weight - ndigits + 1); at scale `dscale` it
+        // is followed by `low + dscale` zeros, or that many digits go if it is negative.
+        let low = DEC_DIGITS * (weight - ndigits as i64 + 1);
+        let shift = low + dscale as i64;
+        if shift >= 0 {
+            digits.resize(digits.len() + shift as usize, 0);
+        } else {
+            digits.truncate(digits.len().saturating_sub(shift.unsigned_abs() as usize));
+        }
+        Some(Numeric::Finite(Dec::new(neg, digits, dscale)))
+    }
+
+    /// `numeric_send`'s binary form of this value at its display scale: base-10000 digits
+    /// without leading or trailing zero words, zero as no digits with weight 0 and sign
+    /// positive. `None` if it does not fit the form (weight or scale out of range).
+    pub fn to_binary(&self) -> Option<Vec<u8>> {
+        // A special value's weight and dscale are read from its short header's bits
+        // (`NUMERIC_DSCALE`): the infinities' 0x1000 bit lands in dscale as 32, NaN's as 0.
+        let special = |sign: u16| {
+            let dscale = (sign & 0x1F80) >> 7;
+            Some([0u16, 0, sign, dscale].iter().flat_map(|w| w.to_be_bytes()).collect())
+        };
+        let d = match self {
+            Numeric::NaN => return special(SIGN_NAN),
+            Numeric::PosInf => return special(SIGN_PINF),
+            Numeric::NegInf => return special(SIGN_NINF),
+            Numeric::Finite(d) => d,
+        };
+        if d.scale > DSCALE_MAX {
+            return None;
+        }
+        // Decimal digits padded so that the point falls between two base-10000 words.
+        let mut digits = d.digits.clone();
+        let int_len = digits.len().saturating_sub(d.scale);
+        let lead = (d.scale + int_len).saturating_sub(digits.len()) + (4 - int_len % 4) % 4;
+        digits.splice(0..0, std::iter::repeat_n(0, lead));
+        digits.resize(digits.len() + (4 - d.scale % 4) % 4, 0);
+        let mut words: Vec<u16> =
+            digits.chunks(4).map(|c| c.iter().fold(0u16, |w, &x| w * 10 + u16::from(x))).collect();
+        let mut weight = int_len.div_ceil(4) as i64 - 1;
+        let first = words.iter().position(|&w| w != 0).unwrap_or(words.len());
+        words.drain(..first);
+        weight -= first as i64;
+        let end = words.iter().rposition(|&w| w != 0).map_or(0, |p| p + 1);
+        words.truncate(end);
+        let sign = if d.neg { SIGN_NEG } else { SIGN_POS };
+        let (weight, sign) = if words.is_empty() { (0, SIGN_POS) } else { (weight, sign) };
+        let ndigits = i16::try_from(words.len()).ok()?;
+        let weight = i16::try_from(weight).ok()?;
+        let mut out = Vec::with_capacity(8 + 2 * words.len());
+        for w in [ndigits as u16, weight as u16, sign, d.scale as u16].into_iter().chain(words) {
+            out.extend(w.to_be_bytes());
+        }
+        Some(out)
     }
 
     /// `numeric_out`.
@@ -312,5 +405,111 @@ mod tests {
         // A dividend with more than 1000 decimals: the quotient is cut to 1000, rounded.
         let long = n(&format!("0.{}", "7".repeat(1100))).avg(3).to_text();
         assert_eq!((long.len(), &long[..6], &long[long.len() - 5..]), (1002, "0.2592", "92593"));
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// Values whose binary form is checked, by hand below and against a server.
+    const VALUES: [&str; 22] = [
+        "0",
+        "-0.00",
+        "0.00",
+        "1",
+        "-1",
+        "10000",
+        "9999",
+        "12345.6789",
+        "0.0001",
+        "0.00001",
+        "-999999999999.99999",
+        "-1.50",
+        "100000000.000000",
+        "1.10",
+        "0.000000000012340",
+        "123456789012345678901234567890.5",
+        "20000000",
+        "0.5000",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "3.3333333333333333",
+    ];
+
+    #[test]
+    fn binary_round_trips_through_text() {
+        for s in VALUES.iter().copied().chain(["0.66666666666666666667", "1763668.285714285714", "-0.000000001"]) {
+            let b = n(s).to_binary().unwrap();
+            let back = Numeric::from_binary(&b).unwrap_or_else(|| panic!("{s}: {}", hex(&b)));
+            let want = if s == "-0.00" { "0.00" } else { s };
+            assert_eq!(back.to_text(), want, "{s}: {}", hex(&b));
+            assert_eq!(back.to_binary().unwrap(), b);
+        }
+        let long = format!("-{}.{}", "9".repeat(300), "1".repeat(1000));
+        assert_eq!(Numeric::from_binary(&n(&long).to_binary().unwrap()).unwrap().to_text(), long);
+    }
+
+    /// `numeric_send`'s bytes derived by hand from the format: ndigits, weight, sign, dscale,
+    /// base-10000 digits (the server test below checks the same against PostgreSQL).
+    #[test]
+    fn binary_is_numeric_sends_form() {
+        let cases = [
+            ("0", "0000000000000000"),
+            ("-0.00", "0000000000000002"),
+            ("1", "00010000000000000001"),
+            ("-1.50", "000200004000000200011388"),
+            ("10000", "00010001000000000001"),
+            ("12345.6789", "0003000100000004000109291a85"),
+            ("0.0001", "0001ffff000000040001"),
+            ("0.00001", "0001fffe0000000503e8"),
+            ("100000000.000000", "00010002000000060001"),
+            ("NaN", "00000000c0000000"),
+            ("Infinity", "00000000d0000020"),
+            ("-Infinity", "00000000f0000020"),
+        ];
+        for (s, want) in cases {
+            assert_eq!(hex(&n(s).to_binary().unwrap()), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn binary_reading_is_strict_and_truncates_below_the_scale() {
+        let from = |h: &str| {
+            let b: Vec<u8> = (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap()).collect();
+            Numeric::from_binary(&b).map(|x| x.to_text())
+        };
+        // Digits beyond the display scale go (numeric_recv's trunc_var): 1.2345 at scale 2.
+        assert_eq!(from("00020000000000020001092d").as_deref(), Some("1.23"));
+        assert_eq!(from("0001000300000000000c").as_deref(), Some("12000000000000"));
+        assert_eq!(from("0001000000000000000100"), None); // a stray byte
+        assert_eq!(from("000100000000000027"), None);
+        assert_eq!(from("00010000000000002710"), None);
+        assert_eq!(from("0000000012340000"), None); // no such sign
+        assert_eq!(from("ffff000000000000"), None);
+        assert_eq!(from("000000"), None);
+    }
+
+    /// The binary form is byte for byte what PostgreSQL's `numeric_send` (the function behind
+    /// binary result format) gives for the same values.
+    #[cfg(feature = "testkit")]
+    #[test]
+    fn binary_matches_a_real_server() {
+        let cluster = crate::testkit::PgCluster::start_with_replicas(0).expect("start PostgreSQL");
+        let list = VALUES.iter().map(|v| format!("'{v}'")).collect::<Vec<_>>().join(",");
+        let sql = format!(
+            "SELECT string_agg(encode(numeric_send(x::numeric), 'hex'), ',' ORDER BY i) \
+             FROM unnest(ARRAY[{list}]::text[]) WITH ORDINALITY AS t(x, i)"
+        );
+        let got = cluster.psql(&cluster.primary, &sql).expect("psql");
+        let ours = VALUES.iter().map(|v| hex(&n(v).to_binary().unwrap())).collect::<Vec<_>>().join(",");
+        assert_eq!(ours, got);
+        // And what it sends for computed values: sums and averages at their scales.
+        let sql = "SELECT encode(numeric_send(sum(x)), 'hex') || ',' || encode(numeric_send(avg(x)), 'hex') \
+                   FROM (VALUES (1.005), (2.5), (-0.0001)) v(x)";
+        let got = cluster.psql(&cluster.primary, sql).expect("psql");
+        let sum = n("1.005").add(&n("2.5")).add(&n("-0.0001"));
+        let avg = sum.avg(3);
+        assert_eq!(format!("{},{}", hex(&sum.to_binary().unwrap()), hex(&avg.to_binary().unwrap())), got);
     }
 }

@@ -1,5 +1,6 @@
 //! Combining one group's rows from several shards: counts and sums add up, min and max pick,
-//! and an average is rebuilt from its sum and count with PostgreSQL's result type and text.
+//! and an average is rebuilt from its sum and count with PostgreSQL's result type, text and
+//! binary form (numeric in either format, as `numeric_out`/`numeric_send` give it).
 
 use std::cmp::Ordering;
 
@@ -18,8 +19,8 @@ pub enum Fold {
     Keep,
     /// int8 values (counts, sums of int2/int4) added, in the column's format.
     AddInt { binary: bool },
-    /// numeric sums added (text format).
-    AddNum,
+    /// numeric sums added (sum of int8 or numeric), in the column's format.
+    AddNum { binary: bool },
     /// min or max by the column's order.
     Pick { ty: ColType, max: bool },
 }
@@ -34,8 +35,7 @@ impl Fold {
             Role::Count => return Err(format!("count() came back as type OID {}", f.type_oid)),
             Role::Sum | Role::Avg { .. } => match f.type_oid {
                 oid::INT8 => Fold::AddInt { binary },
-                oid::NUMERIC if !binary => Fold::AddNum,
-                oid::NUMERIC => return Err("numeric sums are combined in text format only".into()),
+                oid::NUMERIC => Fold::AddNum { binary },
                 oid::FLOAT4 | oid::FLOAT8 => {
                     return Err("floating-point sums and averages depend on the order of addition".into())
                 }
@@ -63,7 +63,7 @@ impl Fold {
                 let sum = int8(a, *binary)?.checked_add(int8(b, *binary)?).ok_or(GatherError::OutOfRange)?;
                 put_int8(sum, *binary)
             }
-            Fold::AddNum => Bytes::from(numeric(a)?.add(&numeric(b)?).to_text()),
+            Fold::AddNum { binary } => put_numeric(&numeric(a, *binary)?.add(&numeric(b, *binary)?), *binary)?,
             Fold::Pick { ty, max } => {
                 let ord = ty.read(b).map_err(GatherError::Value)?.order(&ty.read(a).map_err(GatherError::Value)?);
                 let better = if *max { ord == Ordering::Greater } else { ord == Ordering::Less };
@@ -78,18 +78,27 @@ impl Fold {
     }
 }
 
-/// `avg` from the group's sum (int8 or numeric) and count, as numeric text.
-pub fn average(sum: Option<&Bytes>, sum_fold: Fold, count: Option<&Bytes>) -> Result<Option<Bytes>, GatherError> {
+/// `avg` from the group's sum (int8 or numeric) and count (as their folds read them), as
+/// numeric in the sum column's format: text as `numeric_out` prints the quotient, binary as
+/// `numeric_send` sends that same value at that same display scale.
+pub fn average(
+    sum: Option<&Bytes>,
+    sum_fold: Fold,
+    count: Option<&Bytes>,
+    count_fold: Fold,
+) -> Result<Option<Bytes>, GatherError> {
     let (Some(sum), Some(count)) = (sum, count) else { return Ok(None) };
-    let n = u64::try_from(int8(count, false)?).map_err(|_| GatherError::Value("negative count".into()))?;
-    let total = match sum_fold {
-        Fold::AddInt { binary } => numeric(int8(sum, binary)?.to_string().as_bytes())?,
-        _ => numeric(sum)?,
+    let count_binary = matches!(count_fold, Fold::AddInt { binary: true });
+    let n = u64::try_from(int8(count, count_binary)?).map_err(|_| GatherError::Value("negative count".into()))?;
+    let (total, binary) = match sum_fold {
+        Fold::AddInt { binary } => (numeric(int8(sum, binary)?.to_string().as_bytes(), false)?, binary),
+        Fold::AddNum { binary } => (numeric(sum, binary)?, binary),
+        _ => (numeric(sum, false)?, false),
     };
     if n == 0 {
         return Ok(None);
     }
-    Ok(Some(Bytes::from(total.avg(n).to_text())))
+    put_numeric(&total.avg(n), binary).map(Some)
 }
 
 /// The client's description of an average column: numeric, as PostgreSQL's `avg` of integers
@@ -114,8 +123,17 @@ fn put_int8(v: i64, binary: bool) -> Bytes {
     }
 }
 
-fn numeric(v: &[u8]) -> Result<Numeric, GatherError> {
-    Numeric::parse(v).ok_or_else(|| GatherError::Value(format!("not a numeric: {:?}", String::from_utf8_lossy(v))))
+fn numeric(v: &[u8], binary: bool) -> Result<Numeric, GatherError> {
+    let n = if binary { Numeric::from_binary(v) } else { Numeric::parse(v) };
+    n.ok_or_else(|| GatherError::Value(format!("not a numeric: {:?}", String::from_utf8_lossy(v))))
+}
+
+fn put_numeric(n: &Numeric, binary: bool) -> Result<Bytes, GatherError> {
+    if !binary {
+        return Ok(Bytes::from(n.to_text()));
+    }
+    let b = n.to_binary().ok_or_else(|| GatherError::Value("numeric out of the binary form's range".into()))?;
+    Ok(Bytes::from(b))
 }
 
 /// Folds a row into the group's accumulated row, column by column.

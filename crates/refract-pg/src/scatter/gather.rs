@@ -162,9 +162,6 @@ impl Gather {
             let fold = Fold::of(*role, f, c_collation)
                 .map_err(|why| GatherError::Refused(format!("column \"{}\": {why}", f.name)))?;
             if let Role::Avg { count } = role {
-                if f.format == 1 {
-                    return Err(GatherError::Refused("avg() in binary format is not rebuilt (numeric)".into()));
-                }
                 let client = self.description.get_mut(i).ok_or_else(|| shard0("avg() among the hidden columns"))?;
                 *client = fold::avg_field(f);
                 self.averages.push((i, *count));
@@ -283,8 +280,9 @@ impl Gather {
     fn finish(&self, mut row: Row) -> Result<Row, GatherError> {
         let folds = self.folds.as_deref().unwrap_or_default();
         for &(sum, count) in &self.averages {
-            let fold = folds.get(sum).copied().unwrap_or(Fold::Keep);
-            row[sum] = fold::average(row[sum].as_ref(), fold, row.get(count).and_then(Option::as_ref))?;
+            let fold = |i: usize| folds.get(i).copied().unwrap_or(Fold::Keep);
+            let n = row.get(count).and_then(Option::as_ref);
+            row[sum] = fold::average(row[sum].as_ref(), fold(sum), n, fold(count))?;
         }
         Ok(self.project(row))
     }

@@ -127,3 +127,77 @@ fn what_is_not_answered_exactly_is_refused_with_its_reason() {
         }
     }
 }
+
+/// Binary numeric aggregates over two shards: the bytes one server's `numeric_send` gives for
+/// the whole table, derived by hand (ndigits, weight, sign, dscale, base-10000 digits).
+#[test]
+fn binary_numeric_aggregates_combine_to_the_single_servers_bytes() {
+    use bytes::Bytes;
+
+    use crate::backend::FieldDescription;
+    use crate::scatter::value::oid;
+    let p = exact("SELECT city, avg(score), sum(balance), min(balance), max(balance), sum(id) FROM customers GROUP BY city ORDER BY city");
+    let field = |name: &str, type_oid: u32| FieldDescription {
+        name: name.into(),
+        table_oid: 0,
+        column: 0,
+        type_oid,
+        type_size: -1,
+        type_modifier: -1,
+        format: 1,
+    };
+    let desc = vec![
+        field("city", oid::TEXT),
+        field("avg", oid::INT8),
+        field("sum", oid::NUMERIC),
+        field("min", oid::NUMERIC),
+        field("max", oid::NUMERIC),
+        field("sum", oid::NUMERIC),
+        field("count", oid::INT8),
+    ];
+    let words = |w: &[u16]| Some(Bytes::from(w.iter().flat_map(|x| x.to_be_bytes()).collect::<Vec<u8>>()));
+    let int8 = |v: i64| Some(Bytes::copy_from_slice(&v.to_be_bytes()));
+    let text = |s: &str| Some(Bytes::copy_from_slice(s.as_bytes()));
+    // Shard 0: Bern, score sum 10 over 3, balances 12.50 and -0.75 (sum 11.75), ids summing to
+    // 20000. Shard 1: Bern, score sum 5 over 2, balances 0.25 and 100.00 (sum 100.25), ids 1.
+    let shard0 = vec![
+        text("Bern"),
+        int8(10),
+        words(&[2, 0, 0, 2, 11, 7500]),
+        words(&[1, 0xFFFF, 0x4000, 2, 7500]),
+        words(&[2, 0, 0, 2, 12, 5000]),
+        words(&[1, 1, 0, 0, 2]),
+        int8(3),
+    ];
+    let shard1 = vec![
+        text("Bern"),
+        int8(5),
+        words(&[2, 0, 0, 2, 100, 2500]),
+        words(&[1, 0xFFFF, 0, 2, 2500]),
+        words(&[1, 0, 0, 2, 100]),
+        words(&[1, 0, 0, 0, 1]),
+        int8(2),
+    ];
+    let mut g = Gather::new(&p, &[desc.clone(), desc], true).unwrap();
+    let mut shards = [Some(shard0), Some(shard1)];
+    let row = loop {
+        match g.step().unwrap() {
+            Step::Need(s) => g.push(s, shards[s].take()).unwrap(),
+            Step::Row(r) => break r,
+            Step::Done(t) => panic!("{t}"),
+        }
+    };
+    assert_eq!(g.description()[1].type_oid, oid::NUMERIC);
+    let want = vec![
+        text("Bern"),
+        // avg = 15 / 5 = 3.0000000000000000 (scale 16).
+        words(&[1, 0, 0, 16, 3]),
+        // 11.75 + 100.25 = 112.00: one digit, the trailing zero word stripped.
+        words(&[1, 0, 0, 2, 112]),
+        words(&[1, 0xFFFF, 0x4000, 2, 7500]),
+        words(&[1, 0, 0, 2, 100]),
+        // 20000 + 1 = 20001: 2 0001 (weight 1).
+        words(&[2, 1, 0, 0, 2, 1]),
+    ];
+    assert_eq!(row, want);
+}

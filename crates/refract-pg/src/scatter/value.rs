@@ -79,8 +79,7 @@ impl ColType {
         let kind = match oid {
             oid::INT2 | oid::INT4 | oid::INT8 => Kind::Int,
             oid::FLOAT4 | oid::FLOAT8 => Kind::Float,
-            oid::NUMERIC if !binary => Kind::Numeric,
-            oid::NUMERIC => return Err("numeric in binary format is not compared (text format only)".into()),
+            oid::NUMERIC => Kind::Numeric,
             oid::NAME => Kind::Bytes { trim: false },
             oid::TEXT | oid::VARCHAR | oid::BPCHAR if !c_collation => {
                 return Err("text is compared exactly only under the C collation, and the shards use another".into())
@@ -143,7 +142,8 @@ impl ColType {
             // PostgreSQL's infinities are the integer extremes: integer order is time order.
             Kind::Date => Val::Time(i128::from(signed(4)?)),
             Kind::Timestamp { .. } => Val::Time(i128::from(signed(8)?)),
-            Kind::Numeric | Kind::HexBytes => return None,
+            Kind::Numeric => Val::Num(Numeric::from_binary(v)?),
+            Kind::HexBytes => return None,
         })
     }
 
@@ -229,6 +229,14 @@ mod tests {
         lt(read(oid::FLOAT4, 1, &(-1.5f32).to_be_bytes()), read(oid::FLOAT4, 1, &f32::NAN.to_be_bytes()));
         assert_eq!(read(oid::FLOAT8, 0, b"-0").order(&read(oid::FLOAT8, 0, b"0")), Ordering::Equal);
         lt(read(oid::NUMERIC, 0, b"9.99"), read(oid::NUMERIC, 0, b"10"));
+        // numeric_send's 9.99 (weight 0, dscale 2: 9, 9900) below 10 (10), and 1.0 = 1.00.
+        let bin = |h: &[u16]| h.iter().flat_map(|w| w.to_be_bytes()).collect::<Vec<u8>>();
+        lt(read(oid::NUMERIC, 1, &bin(&[2, 0, 0, 2, 9, 9900])), read(oid::NUMERIC, 1, &bin(&[1, 0, 0, 0, 10])));
+        lt(read(oid::NUMERIC, 1, &bin(&[1, 0, 0x4000, 0, 10])), read(oid::NUMERIC, 1, &bin(&[0, 0, 0, 0])));
+        lt(read(oid::NUMERIC, 1, &bin(&[0, 0, 0xD000, 32])), read(oid::NUMERIC, 1, &bin(&[0, 0, 0xC000, 0])));
+        let (a, b) = (read(oid::NUMERIC, 1, &bin(&[1, 0, 0, 1, 1])), read(oid::NUMERIC, 1, &bin(&[1, 0, 0, 2, 1])));
+        assert_eq!(a.order(&b), Ordering::Equal);
+        assert!(ColType::of(oid::NUMERIC, 1, true).unwrap().read(&Bytes::from_static(b"\0\0")).is_err());
         lt(read(oid::TEXT, 0, b"B"), read(oid::TEXT, 0, b"a"));
         lt(read(oid::TEXT, 0, b"ab"), read(oid::TEXT, 0, b"abc"));
         assert_eq!(read(oid::BPCHAR, 0, b"ab  ").order(&read(oid::BPCHAR, 0, b"ab")), Ordering::Equal);
@@ -244,7 +252,6 @@ mod tests {
     #[test]
     fn what_is_not_compared_says_why() {
         assert!(ColType::of(oid::TEXT, 0, false).unwrap_err().contains("C collation"));
-        assert!(ColType::of(oid::NUMERIC, 1, true).unwrap_err().contains("binary"));
         assert!(ColType::of(114, 0, true).unwrap_err().contains("OID 114"));
         let t = ColType::of(oid::INT4, 0, true).unwrap();
         assert!(t.read(&Bytes::from_static(b"x1")).unwrap_err().contains("cannot read"));

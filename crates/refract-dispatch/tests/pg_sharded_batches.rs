@@ -323,6 +323,38 @@ fn extended_batches_over_several_shards_answer_as_one_postgres() {
         }
     }
 
+    // A savepoint in a transaction on both shards is refused (it would roll back one shard's
+    // part only): the transaction fails and its ROLLBACK ends it.
+    assert!(r.query("BEGIN").error.is_none());
+    for id in [a, b] {
+        assert!(r.query(&format!("UPDATE customers SET name = 'sp' WHERE id = {id}")).error.is_none());
+    }
+    for (how, answer) in [
+        ("simple", r.query("SAVEPOINT s1")),
+        ("extended", {
+            assert!(r.query("ROLLBACK").error.is_none());
+            assert!(r.query("BEGIN").error.is_none());
+            for id in [a, b] {
+                assert!(r.query(&format!("UPDATE customers SET name = 'sp' WHERE id = {id}")).error.is_none());
+            }
+            r.extended("SAVEPOINT s2")
+        }),
+    ] {
+        let refused = answer.error.as_ref().is_some_and(|e| e.code() == Some(REFUSED));
+        if !refused || answer.status != Some(TxStatus::Failed) {
+            problems.push(format!("{how} savepoint over two shards: {:?} {:?}", answer.error, answer.status));
+        }
+    }
+    let end = r.query("ROLLBACK");
+    if end.error.is_some() || end.status != Some(TxStatus::Idle) {
+        problems.push(format!("ROLLBACK after the refused savepoint: {:?} {:?}", end.error, end.status));
+    }
+    for (i, s) in f.cluster.standalone.iter().enumerate() {
+        if on(s, "SELECT count(*) FROM customers WHERE name = 'sp'") != vec![vec![Some("0".to_owned())]] {
+            problems.push(format!("the rolled back updates stayed on shard {i}"));
+        }
+    }
+
     // What refract does not run across shards is refused with the reason, and the session goes on.
     let refusals: [(&str, Vec<FrontendMessage>); 3] = [
         (

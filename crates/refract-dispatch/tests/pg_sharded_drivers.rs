@@ -61,17 +61,7 @@ const CHECKS: &[&str] = &[
 /// Checks known to fail, as `driver:check`, each with the reason: a check listed here that
 /// passes is reported as a hint (`hint: ... passes now`), a check not listed that fails fails
 /// its test.
-const PENDING: &[&str] = &[
-    // asyncpg and pgx ask for every column in binary; an average over several shards is rebuilt
-    // as numeric in text only (docs/sharding.md, "What is refused").
-    "asyncpg:group_by_avg",
-    "pgx:group_by_avg",
-    // psycopg2's execute_batch sends many INSERTs in one simple Query; statements of one Query
-    // on different shards are refused (send them one at a time, or use executemany), and the
-    // rows compared at the end miss those inserts.
-    "psycopg2:insert_batch",
-    "psycopg2:tables_equal",
-];
+const PENDING: &[&str] = &[];
 
 /// Longest a suite may run before it is killed and its test fails.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(600);

@@ -69,6 +69,12 @@ impl Session {
         if self.tx_control_locally(sql, c).await? || self.shard_setting(sh, sql, c).await? {
             return Ok(());
         }
+        if !self.parked.is_empty() && c.statements.iter().any(|s| matches!(s, Statement::Savepoint)) {
+            // A savepoint lives on the one shard it was set on; rolling back to it there
+            // would leave the other shards' work in place.
+            let why = "savepoints are not supported in a transaction on several shards";
+            return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, why).await;
+        }
         let route_class = self.route(c);
         if route_class == Route::Write {
             // A COPY's own table is not among the classifier's relations.
@@ -448,6 +454,10 @@ impl Session {
             // shard does not tie the session to one.
             return Placed::Across;
         }
+        if !self.parked.is_empty() && self.batch_sets_savepoints(msgs) {
+            let why = "savepoints are not supported in a transaction on several shards";
+            return Placed::Answered(self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, why, synced).await);
+        }
         if route_class == Route::Write {
             // An INSERT without a column list names its key by position.
             let mut written: Vec<String> = vec![];
@@ -507,6 +517,15 @@ impl Session {
             self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
         }
         self.flush().await
+    }
+
+    /// Whether a statement the batch parses or binds is SAVEPOINT, RELEASE or ROLLBACK TO.
+    fn batch_sets_savepoints(&self, msgs: &[FrontendMessage]) -> bool {
+        let texts = self.statement_texts(msgs);
+        texts
+            .into_iter()
+            .flatten()
+            .any(|t| self.classify_text(t).0.statements.iter().any(|s| matches!(s, Statement::Savepoint)))
     }
 
     /// Remembers the BEGIN a batch starting a transaction binds (each further shard the

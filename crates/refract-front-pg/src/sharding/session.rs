@@ -104,20 +104,8 @@ impl Session {
             }
             multi => return self.fan_out(sh, multi, sql, route_class == Route::Read, c).await,
         };
-        if self.bound.is_some() && shard != self.shard {
-            let second = if in_tx {
-                self.second_shard(sh, shard).await
-            } else {
-                Err("a pinned connection stays on its shard".into())
-            };
-            if let Err(why) = second {
-                let why = format!(
-                    "this statement's rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}: {why}",
-                    sh.names[shard], sh.names[self.shard]
-                );
-                return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
-            }
-            self.move_to_shard(shard);
+        if let Err(why) = self.follow_to(sh, shard, in_tx, "statement").await {
+            return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
         }
         sh.count_statement(&[shard]);
         let key = fingerprint(sql);
@@ -316,6 +304,28 @@ impl Session {
         self.shard = here;
     }
 
+    /// Takes a bound session to `shard` when the `what` (statement or batch) runs there: an
+    /// open transaction moves under the two-phase rules; a pinned connection stays. `Err`: the
+    /// refusal's reason.
+    async fn follow_to(&mut self, sh: &Sharding, shard: usize, in_tx: bool, what: &str) -> Result<(), String> {
+        if self.bound.is_none() || shard == self.shard {
+            return Ok(());
+        }
+        let second = if in_tx {
+            self.second_shard(sh, shard).await
+        } else {
+            Err("a pinned connection stays on its shard".into())
+        };
+        if let Err(why) = second {
+            return Err(format!(
+                "this {what}'s rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}: {why}",
+                sh.names[shard], sh.names[self.shard]
+            ));
+        }
+        self.move_to_shard(shard);
+        Ok(())
+    }
+
     /// Whether the open transaction may reach shard `to` too: it then commits with two-phase
     /// commit, which needs the decision log and every shard's `max_prepared_transactions > 0`.
     async fn second_shard(&mut self, sh: &Sharding, to: usize) -> Result<(), String> {
@@ -468,22 +478,10 @@ impl Session {
         }
         let refused = match self.shard_of_batch(sh, msgs, route_class == Route::Read) {
             BatchShard::At(shard) => {
-                if self.bound.is_some() && shard != self.shard {
-                    let second = if in_tx {
-                        self.second_shard(sh, shard).await
-                    } else {
-                        Err("a pinned connection stays on its shard".into())
-                    };
-                    if let Err(why) = second {
-                        let why = format!(
-                            "this batch's rows are on shard {}, and this session's transaction (or pinned connection) is on shard {}: {why}",
-                            sh.names[shard], sh.names[self.shard]
-                        );
-                        return Placed::Answered(
-                            self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why, synced).await,
-                        );
-                    }
-                    self.move_to_shard(shard);
+                if let Err(why) = self.follow_to(sh, shard, in_tx, "batch").await {
+                    return Placed::Answered(
+                        self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why, synced).await,
+                    );
                 }
                 if !in_tx {
                     self.note_begin(msgs);

@@ -14,7 +14,7 @@ mod pg_common;
 mod pg_sharded_cases;
 
 use bytes::Bytes;
-use pg_common::{until, Client, Fixture, ADMIN_TOKEN};
+use pg_common::{shard_config, until, Client, Fixture, ADMIN_TOKEN};
 use pg_sharded_cases::{shard_of, Case, Cmp, Keys, Refusal};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};
@@ -30,24 +30,6 @@ const NAMES: [&str; 3] = ["alpha", "bravo", "charlie"];
 const SHARDED: [(&str, &str); 2] = [("customers", "id"), ("orders", "customer_id")];
 
 /// The `[[postgres.shard]]` and `[[postgres.sharded_table]]` sections for `servers`, shard i
-/// on `servers[i]` (one primary each).
-fn shard_config(servers: &[&PgServer]) -> String {
-    let mut out = String::new();
-    for (name, s) in NAMES.iter().zip(servers) {
-        out += &format!(
-            "[[postgres.shard]]\nname = \"{name}\"\n\n[[postgres.shard.server]]\nname = \"{name}-primary\"\n\
-             addr = \"{}\"\nrole = \"primary\"\n\n",
-            s.addr()
-        );
-    }
-    for (table, key) in SHARDED {
-        out += &format!(
-            "[[postgres.sharded_table]]\nname = \"{table}\"\nkey = \"{key}\"\nmethod = \"hash\"\ntype = \"integer\"\n\n"
-        );
-    }
-    out
-}
-
 /// refract over `cluster.standalone[first..first + n]`... as shards: a fresh cluster whose
 /// primary is the plain reference server and whose `n` standalone servers are the shards.
 fn sharded(n: usize) -> Fixture {
@@ -56,7 +38,7 @@ fn sharded(n: usize) -> Fixture {
         cluster.add_standalone().unwrap();
     }
     let servers: Vec<&PgServer> = cluster.standalone.iter().collect();
-    let config = shard_config(&servers);
+    let config = shard_config(&NAMES, &servers, &SHARDED);
     let f = Fixture::start_servers(cluster, "", &config);
     until("refract answers through its shards", || {
         Client::connect(f.addr(), USER, PASSWORD).is_ok_and(|mut c| c.query("SELECT 1").error.is_none())
@@ -137,22 +119,7 @@ fn copy_in(c: &mut Client, sql: &str, data: &str) -> Outcome {
 }
 
 fn copy_in_answer(c: &mut Client, sql: &str, data: &str) -> Outcome {
-    c.send(&[FrontendMessage::Query(sql.into())]);
-    loop {
-        match c.recv() {
-            Some(BackendMessage::CopyInResponse(_)) => {
-                c.send(&[FrontendMessage::CopyData(Bytes::from(data.to_owned())), FrontendMessage::CopyDone]);
-                return outcome(c);
-            }
-            Some(BackendMessage::ErrorResponse(e)) => {
-                let mut o = outcome(c);
-                o.error = Some((e.code().unwrap_or_default().into(), e.message().unwrap_or_default().into()));
-                return o;
-            }
-            Some(_) => {}
-            None => return Outcome::default(),
-        }
-    }
+    copy_chunks(c, sql, data.as_bytes(), data.len().max(1))
 }
 
 fn run(c: &mut Client, case: &Case) -> Outcome {

@@ -11,7 +11,7 @@ mod pg_common;
 mod pg_sharded_cases;
 
 use bytes::Bytes;
-use pg_common::{until, Client, Fixture};
+use pg_common::{shard_config, until, Client, Fixture};
 use pg_sharded_cases::shard_of;
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};
@@ -95,14 +95,8 @@ fn sharded(dir: &std::path::Path) -> Fixture {
     for _ in 0..2 {
         cluster.add_standalone().unwrap();
     }
-    let mut servers = String::new();
-    for (i, s) in cluster.standalone.iter().enumerate() {
-        servers += &format!(
-            "[[postgres.shard]]\nname = \"s{i}\"\n[[postgres.shard.server]]\nname = \"s{i}-primary\"\naddr = \"{}\"\nrole = \"primary\"\n\n",
-            s.addr()
-        );
-    }
-    servers += "[[postgres.sharded_table]]\nname = \"customers\"\nkey = \"id\"\ntype = \"integer\"\n";
+    let shards: Vec<&PgServer> = cluster.standalone.iter().collect();
+    let servers = shard_config(&["s0", "s1"], &shards, &[("customers", "id")]);
     let extra = format!("twophase_log = \"{}\"", dir.join("twophase.log").display());
     let f = Fixture::start_servers(cluster, &extra, &servers);
     until("refract answers through its shards", || {

@@ -20,7 +20,7 @@
 
 mod pg_common;
 
-use pg_common::{until, Client, Fixture};
+use pg_common::{shard_config, until, Client, Fixture};
 use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -88,24 +88,6 @@ static FIXTURE: Mutex<Weak<Sharded>> = Mutex::new(Weak::new());
 /// One suite at a time: they share the tables.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// The `[[postgres.shard]]` and `[[postgres.sharded_table]]` sections for `servers`.
-fn shard_config(servers: &[&PgServer]) -> String {
-    let mut out = String::new();
-    for (name, s) in NAMES.iter().zip(servers) {
-        out += &format!(
-            "[[postgres.shard]]\nname = \"{name}\"\n\n[[postgres.shard.server]]\nname = \"{name}-primary\"\n\
-             addr = \"{}\"\nrole = \"primary\"\n\n",
-            s.addr()
-        );
-    }
-    for (table, key) in SHARDED {
-        out += &format!(
-            "[[postgres.sharded_table]]\nname = \"{table}\"\nkey = \"{key}\"\nmethod = \"hash\"\ntype = \"integer\"\n\n"
-        );
-    }
-    out
-}
-
 /// The fixture shared by the tests running at the same time: a fresh cluster whose primary is
 /// the oracle and whose two standalone servers are the shards.
 fn fixture() -> Arc<Sharded> {
@@ -120,7 +102,7 @@ fn fixture() -> Arc<Sharded> {
     let log = std::env::temp_dir().join(format!("refract-sharded-drivers-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let servers: Vec<&PgServer> = cluster.standalone.iter().collect();
-    let config = shard_config(&servers);
+    let config = shard_config(&NAMES, &servers, &SHARDED);
     let fixture = Fixture::start_servers(cluster, &format!("twophase_log = \"{}\"", log.display()), &config);
     until("refract answers through its shards", || {
         Client::connect(fixture.addr(), USER, PASSWORD).is_ok_and(|mut c| c.query("SELECT 1").error.is_none())

@@ -21,6 +21,26 @@ pub fn fatal(code: &str, message: &str) -> Bytes {
     BackendMessage::ErrorResponse(ErrorFields::new("FATAL", code, message)).to_bytes()
 }
 
+/// A RowDescription of one text column `name`, then a DataRow per value: what refract answers
+/// for its own SHOW and route traces (the caller adds the CommandComplete).
+pub fn text_rows(name: &str, values: &[String]) -> Bytes {
+    let field = crate::backend::FieldDescription {
+        name: name.into(),
+        table_oid: 0,
+        column: 0,
+        type_oid: 25, // text
+        type_size: -1,
+        type_modifier: -1,
+        format: 0,
+    };
+    let mut out = BytesMut::new();
+    out.extend_from_slice(&BackendMessage::RowDescription(vec![field]).to_bytes());
+    for v in values {
+        out.extend_from_slice(&BackendMessage::DataRow(vec![Some(Bytes::from(v.clone()))]).to_bytes());
+    }
+    out.freeze()
+}
+
 /// ReadyForQuery with the given transaction status.
 pub fn ready_for_query(status: TxStatus) -> Bytes {
     BackendMessage::ReadyForQuery(status).to_bytes()

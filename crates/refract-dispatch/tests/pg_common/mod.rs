@@ -492,3 +492,23 @@ pub fn columns(body: &[u8]) -> Vec<Option<Vec<u8>>> {
     }
     cols
 }
+
+/// The `[[postgres.shard]]` sections of shards `names` (shard i on `servers[i]`, one primary
+/// each, named `NAME-primary`) and a `[[postgres.sharded_table]]` per `(table, key)`, hash on
+/// an integer key.
+pub fn shard_config(names: &[&str], servers: &[&testkit::PgServer], tables: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    for (name, s) in names.iter().zip(servers) {
+        out += &format!(
+            "[[postgres.shard]]\nname = \"{name}\"\n\n[[postgres.shard.server]]\nname = \"{name}-primary\"\n\
+             addr = \"{}\"\nrole = \"primary\"\n\n",
+            s.addr()
+        );
+    }
+    for (table, key) in tables {
+        out += &format!(
+            "[[postgres.sharded_table]]\nname = \"{table}\"\nkey = \"{key}\"\nmethod = \"hash\"\ntype = \"integer\"\n\n"
+        );
+    }
+    out
+}

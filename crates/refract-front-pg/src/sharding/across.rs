@@ -208,20 +208,7 @@ impl Session {
                 self.out.extend_from_slice(&reply::ready_for_query(run.status));
                 self.flush().await
             }
-            Some(e) => {
-                // Their state is not known: the connections are dropped, not released.
-                for l in &run.legs {
-                    l.failed(&self.shared);
-                }
-                drop(run.legs);
-                if e.side() == refract_pg::Side::Client {
-                    return Err(e);
-                }
-                self.advance(Event::ServerLost);
-                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
-                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
-                self.flush().await
-            }
+            Some(e) => self.legs_lost(run.legs, e).await,
         }
     }
 

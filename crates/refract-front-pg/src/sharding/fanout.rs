@@ -118,21 +118,30 @@ impl Session {
                 self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
                 self.flush().await
             }
-            Err(e) => {
-                // Their state is not known: the connections are dropped, not released.
-                for l in &legs {
-                    l.failed(&self.shared);
-                }
-                drop(legs);
-                if e.side() == refract_pg::Side::Client {
-                    return Err(e);
-                }
-                self.advance(Event::ServerLost);
-                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
-                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
-                self.flush().await
-            }
+            Err(e) => self.legs_lost(legs, e).await,
         }
+    }
+
+    /// Ends a unit of work on `legs` that failed with `e`: their state is not known, so the
+    /// connections are dropped, not released; then [`Session::server_lost`].
+    pub(super) async fn legs_lost(&mut self, legs: Vec<Leg>, e: PgError) -> Result<(), PgError> {
+        for l in &legs {
+            l.failed(&self.shared);
+        }
+        drop(legs);
+        self.server_lost(e).await
+    }
+
+    /// The client's answer when a shard's connection was lost mid-statement (08006 and
+    /// ReadyForQuery, outside any transaction now); an error on the client's side is returned.
+    pub(super) async fn server_lost(&mut self, e: PgError) -> Result<(), PgError> {
+        if e.side() == refract_pg::Side::Client {
+            return Err(e);
+        }
+        self.advance(Event::ServerLost);
+        self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.flush().await
     }
 
     /// A connection on each of `shards` (a replica when `read` allows), with the session's SETs.

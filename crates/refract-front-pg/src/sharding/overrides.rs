@@ -9,7 +9,6 @@ use super::session::BatchShard;
 use super::Sharding;
 use crate::error::PgError;
 use crate::session::Session;
-use bytes::Bytes;
 use pg_query::protobuf::{a_const, VariableSetKind};
 use pg_query::NodeEnum;
 use refract_pg::classify::{shard_hint, Classification, Statement};
@@ -130,17 +129,7 @@ impl Session {
             }
             Setting::Show => {
                 let value = self.shard_override.map(|i| sh.names[i].clone()).unwrap_or_default();
-                let field = refract_pg::backend::FieldDescription {
-                    name: NAME.into(),
-                    table_oid: 0,
-                    column: 0,
-                    type_oid: 25, // text
-                    type_size: -1,
-                    type_modifier: -1,
-                    format: 0,
-                };
-                self.out.extend_from_slice(&BackendMessage::RowDescription(vec![field]).to_bytes());
-                self.out.extend_from_slice(&BackendMessage::DataRow(vec![Some(Bytes::from(value))]).to_bytes());
+                self.out.extend_from_slice(&reply::text_rows(NAME, &[value]));
                 "SHOW"
             }
         };

@@ -129,13 +129,7 @@ impl Session {
                 self.out.extend_from_slice(&reply::ready_for_query(status));
                 self.flush().await
             }
-            Err(e) if e.side() == refract_pg::Side::Client => Err(e),
-            Err(e) => {
-                self.advance(Event::ServerLost);
-                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
-                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
-                self.flush().await
-            }
+            Err(e) => self.server_lost(e).await,
         }
     }
 
@@ -329,14 +323,23 @@ impl Session {
     /// Whether the open transaction may reach shard `to` too: it then commits with two-phase
     /// commit, which needs the decision log and every shard's `max_prepared_transactions > 0`.
     async fn second_shard(&mut self, sh: &Sharding, to: usize) -> Result<(), String> {
+        self.two_phase_possible(sh, &[self.shard, to]).await
+    }
+
+    /// Whether a transaction on `shards` can commit with two-phase commit: the decision log is
+    /// configured and each shard's `max_prepared_transactions > 0`, asked once per shard (on
+    /// the transaction's own connection there when it has one, so that a session holding its
+    /// shard's last pooled connection does not wait for another).
+    pub(super) async fn two_phase_possible(&mut self, sh: &Sharding, shards: &[usize]) -> Result<(), String> {
         if let Err(why) = &sh.log {
             return Err(format!("a transaction reaches a second shard only with two-phase commit, and {why}"));
         }
-        for i in [self.shard, to] {
+        for &i in shards {
             if sh.prepared_ok[i].get().is_none() {
+                let here = self.bound.is_some() && i == self.shard;
                 let mpt = match self.parked.iter_mut().find(|(s, _)| *s == i) {
                     Some((_, b)) => b.guard.query_one("show max_prepared_transactions").await,
-                    None if i == self.shard => {
+                    None if here => {
                         self.conn().map_err(|e| e.to_string())?.query_one("show max_prepared_transactions").await
                     }
                     None => ask_prepared(self.shared.shard_servers(i)).await,
@@ -599,19 +602,7 @@ impl Session {
         let read = self.route(c) == Route::Read;
         let target = self.target(sh, sql, c, read);
         let lines = self.explain_override(sh, sql, read).unwrap_or_else(|| explain_lines(sh, &target, read));
-        let field = refract_pg::backend::FieldDescription {
-            name: "route".into(),
-            table_oid: 0,
-            column: 0,
-            type_oid: 25, // text
-            type_size: -1,
-            type_modifier: -1,
-            format: 0,
-        };
-        self.out.extend_from_slice(&BackendMessage::RowDescription(vec![field]).to_bytes());
-        for l in &lines {
-            self.out.extend_from_slice(&BackendMessage::DataRow(vec![Some(Bytes::from(l.clone()))]).to_bytes());
-        }
+        self.out.extend_from_slice(&reply::text_rows("route", &lines));
         let tag = format!("SELECT {}", lines.len());
         self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
         self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
@@ -644,7 +635,7 @@ async fn rollback_all(all: &mut [(usize, Bound)]) -> Result<Result<(), refract_p
 }
 
 /// `SHOW max_prepared_transactions` on a primary of `servers`.
-pub(super) async fn ask_prepared(servers: &crate::servers::Servers) -> Result<Option<String>, PgError> {
+async fn ask_prepared(servers: &crate::servers::Servers) -> Result<Option<String>, PgError> {
     let primary = servers.primary().ok_or_else(|| PgError::Unavailable("no primary".into()))?;
     let mut g = primary.pool.get(crate::sizes::Path::Direct).await?;
     let v = g.query_one("show max_prepared_transactions").await?;

@@ -29,11 +29,11 @@ impl Session {
         held.extend(self.bound.as_ref().map(|_| self.shard));
         let joining: Vec<usize> = shards.iter().copied().filter(|s| !held.contains(s)).collect();
         if held.len() + joining.len() > 1 && !joining.is_empty() {
-            let mut all = held.clone();
+            let mut all = held;
             all.extend(&joining);
             if let Err(why) = self.two_phase_possible(sh, &all).await {
                 return Ok(Err(format!(
-                    "this read needs several shards, and inside a transaction it joins them to the transaction, which then commits with two-phase commit: {why}"
+                    "this read needs several shards, and inside a transaction it joins them to the transaction: {why}"
                 )));
             }
         }
@@ -80,25 +80,5 @@ impl Session {
                 Err(e)
             }
         }
-    }
-
-    /// Whether a transaction on `shards` can commit with two-phase commit: the decision log is
-    /// configured and each shard's `max_prepared_transactions > 0` (asked once per shard).
-    async fn two_phase_possible(&mut self, sh: &Sharding, shards: &[usize]) -> Result<(), String> {
-        if let Err(why) = &sh.log {
-            return Err(why.clone());
-        }
-        for &i in shards {
-            if sh.prepared_ok[i].get().is_none() {
-                let mpt = super::session::ask_prepared(self.shared.shard_servers(i))
-                    .await
-                    .map_err(|e| format!("cannot ask shard {} about prepared transactions: {e}", sh.names[i]))?;
-                sh.prepared_ok[i].set(mpt.is_some_and(|v| v != "0"));
-            }
-            if sh.prepared_ok[i].get() == Some(false) {
-                return Err(format!("shard {} has max_prepared_transactions = 0", sh.names[i]));
-            }
-        }
-        Ok(())
     }
 }

@@ -24,10 +24,10 @@ release: deps
 
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --profile ci --workspace --all-targets -- -D warnings
 	@# The data-path-only binary (README, "Running it"): it compiles, and links no lab,
 	@# plotters, ctrlc or PostgreSQL test kit.
-	$(CARGO) clippy --release -p refract --no-default-features -- -D warnings
+	$(CARGO) clippy --profile ci -p refract --no-default-features -- -D warnings
 	@if $(CARGO) tree -p refract --no-default-features -e normal,features | grep -E 'plotters|ctrlc|refract-lab|feature "testkit"'; then \
 	  echo "lint: refract --no-default-features pulls in the lab (above)"; exit 1; fi
 	cd fuzz && $(CARGO) fmt -- --check && $(CARGO) clippy --release --all-targets --target-dir ../target -- -D warnings
@@ -43,9 +43,11 @@ lint: deps
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.
 # The Python driver suites (crates/refract-dispatch/tests/pg_drivers.rs) need their venv first.
-test: lint release
+# Built in the `ci` profile (Cargo.toml): release optimisation without LTO, so the tests run
+# optimised code without re-linking every dependency with LTO once per test binary.
+test: lint
 	tests/drivers/setup-python.sh
-	$(CARGO) test --workspace --release --no-fail-fast -- --test-threads=2
+	$(CARGO) test --workspace --profile ci --no-fail-fast -- --test-threads=2
 	cd fuzz && $(CARGO) test --release --target-dir ../target -- --test-threads=2
 
 demo: release

@@ -299,3 +299,139 @@ fn a_lost_server_leaves_the_session_synced() {
     ok(&mut other, "NOTIFY chan_lost, 'still heard'");
     assert_eq!(notification(&mut c, Duration::from_secs(5)), Some(("chan_lost".into(), "still heard".into())));
 }
+
+/// `sql` on the primary (the hint keeps reads off the replica, so two clients meet on the one
+/// pooled primary connection).
+fn primary(c: &mut Client, sql: &str) -> Answer {
+    ok(c, &format!("/* refract: route=primary */ {sql}"))
+}
+
+#[test]
+fn a_role_or_session_authorization_never_reaches_another_client() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    ok(&mut a, "CREATE ROLE regress_rf_x");
+    ok(&mut a, "SET ROLE regress_rf_x");
+    assert_eq!(primary(&mut a, "SELECT current_user").value(), "regress_rf_x");
+    assert_eq!(primary(&mut b, "SELECT current_user || ' ' || session_user").value(), format!("{USER} {USER}"));
+    assert_eq!(primary(&mut a, "SELECT current_user").value(), "regress_rf_x", "the role follows its client");
+    // RESET ALL leaves the role (PostgreSQL's GUC_NO_RESET_ALL): for the client, not for others.
+    ok(&mut a, "RESET ALL");
+    assert_eq!(primary(&mut a, "SELECT current_user").value(), "regress_rf_x");
+    assert_eq!(primary(&mut b, "SELECT current_user").value(), USER);
+    ok(&mut a, "SET SESSION AUTHORIZATION regress_rf_x");
+    assert_eq!(primary(&mut a, "SELECT session_user || ' ' || current_user").value(), "regress_rf_x regress_rf_x");
+    assert_eq!(primary(&mut b, "SELECT session_user || ' ' || current_user").value(), format!("{USER} {USER}"));
+    drop(a); // gone: its connection must come back clean too
+    let mut c = connect(&f);
+    assert_eq!(primary(&mut c, "SELECT session_user || ' ' || current_user").value(), format!("{USER} {USER}"));
+    // A role set where refract cannot track it (set_config) pins the client while it lasts,
+    // RESET ALL or not.
+    ok(&mut c, "SELECT set_config('role', 'regress_rf_x', false)");
+    ok(&mut c, "RESET ALL");
+    assert_eq!(primary(&mut c, "SELECT current_user").value(), "regress_rf_x");
+    waits_for_pinned(&mut b, "/* refract: route=primary */ SELECT current_user");
+    ok(&mut c, "RESET ROLE");
+    assert_eq!(primary(&mut b, "SELECT current_user").value(), USER);
+}
+
+#[test]
+fn partial_and_custom_settings_are_carried_as_postgresql_keeps_them() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    let default = primary(&mut b, "SHOW datestyle").value().to_owned();
+    ok(&mut a, "SET datestyle = German");
+    ok(&mut b, "SET datestyle TO ymd");
+    // b's connection carried a's German: b must see its own default style with YMD.
+    let style = default.split_once(", ").unwrap().0;
+    assert_eq!(primary(&mut b, "SHOW datestyle").value(), format!("{style}, YMD"));
+    assert_eq!(ok(&mut b, "SHOW datestyle").value(), format!("{style}, YMD"), "on the replica too");
+    assert_eq!(primary(&mut a, "SHOW datestyle").value(), "German, DMY", "GERMAN sets DMY too");
+    ok(&mut a, "SET datestyle TO ymd");
+    assert_eq!(ok(&mut a, "SHOW datestyle").value(), "German, YMD");
+    // A custom parameter stays defined (empty) after its RESET, on whichever connection.
+    ok(&mut a, "SET custom.rf_x = 'one'");
+    ok(&mut a, "RESET custom.rf_x");
+    assert_eq!(ok(&mut a, "SHOW custom.rf_x").value(), "");
+    assert_eq!(primary(&mut a, "SHOW custom.rf_x").value(), "");
+}
+
+#[test]
+fn a_prepared_statement_run_inside_another_statement_is_the_clients_own() {
+    let f = pool_of_one();
+    let (mut a, mut b, mut c) = (connect(&f), connect(&f), connect(&f));
+    primary(&mut a, "PREPARE q AS SELECT 1 AS a_col");
+    primary(&mut b, "PREPARE q AS SELECT 2 AS b_col");
+    primary(&mut a, "CREATE TABLE ctas_a AS EXECUTE q");
+    assert_eq!(primary(&mut a, "SELECT a_col FROM ctas_a").value(), "1");
+    let plan = primary(&mut b, "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE q");
+    let text: Vec<_> = plan.rows.iter().filter_map(|r| r[0].clone()).collect();
+    assert!(text.iter().any(|l| l.contains('2')), "b's own statement: {text:?}");
+    let none = c.query("/* refract: route=primary */ EXPLAIN EXECUTE q");
+    assert_eq!(none.code(), Some("26000"), "c has no q: {none:?}");
+    let none = c.query("/* refract: route=primary */ CREATE TABLE ctas_c AS EXECUTE q");
+    assert_eq!(none.code(), Some("26000"), "{none:?}");
+}
+
+#[test]
+fn a_statement_that_cannot_be_prepared_again_reports_why() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    primary(&mut a, "CREATE TABLE rp (x int)");
+    primary(&mut a, "PREPARE rq AS SELECT x FROM rp");
+    primary(&mut b, "PREPARE rq AS SELECT 2"); // takes the name on the one connection
+    primary(&mut a, "DROP TABLE rp");
+    let got = a.query("/* refract: route=primary */ EXECUTE rq");
+    assert_eq!(got.code(), Some("42P01"), "PostgreSQL's own error, not 26000: {got:?}");
+    assert_eq!(primary(&mut b, "EXECUTE rq").value(), "2");
+}
+
+#[test]
+fn ddl_between_two_clients_parses_is_seen_as_on_postgresql() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    primary(&mut a, "CREATE TABLE ddl_t (x int)");
+    primary(&mut a, "INSERT INTO ddl_t VALUES (1)");
+    let sql = "/* refract: route=primary */ SELECT * FROM ddl_t";
+    let run = |c: &mut Client| {
+        let parse = FrontendMessage::Parse { name: "s1".into(), query: sql.into(), param_types: vec![] };
+        let bind = FrontendMessage::Bind(Bind { statement: "s1".into(), ..Bind::default() });
+        let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+        c.send(&[parse, bind, exec, FrontendMessage::Sync]);
+        c.until_ready()
+    };
+    let first = run(&mut a);
+    assert_eq!((first.error.as_ref(), first.rows[0].len()), (None, 1));
+    primary(&mut a, "ALTER TABLE ddl_t ADD COLUMN y int DEFAULT 7");
+    let second = run(&mut b);
+    assert_eq!(second.error, None, "a new client's Parse after the DDL plans anew");
+    assert_eq!(second.rows, vec![vec![Some("1".to_owned()), Some("7".to_owned())]]);
+    // Inside a transaction too: DDL, then another client's Parse after the COMMIT.
+    primary(&mut a, "BEGIN");
+    primary(&mut a, "ALTER TABLE ddl_t ADD COLUMN z int DEFAULT 9");
+    primary(&mut a, "COMMIT");
+    let mut c = connect(&f);
+    let third = run(&mut c);
+    assert_eq!(third.error, None);
+    assert_eq!(third.rows[0].len(), 3);
+}
+
+#[test]
+fn large_objects_through_the_function_call_protocol() {
+    let f = pool_of_one();
+    let dir = std::env::temp_dir().join(format!("rf-lo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, dst) = (dir.join("in"), dir.join("out"));
+    let data: String = (0..5000).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    std::fs::write(&src, &data).unwrap();
+    let last = "SELECT max(oid) FROM pg_largeobject_metadata";
+    let out = f.psql(&[&format!("\\lo_import {}", src.display()), last]).unwrap();
+    let oid = out.trim().to_owned();
+    assert!(oid.parse::<u32>().is_ok(), "{out}");
+    f.psql(&[&format!("\\lo_export {oid} {}", dst.display())]).unwrap();
+    assert_eq!(std::fs::read_to_string(&dst).unwrap(), data);
+    f.psql(&[&format!("\\lo_unlink {oid}")]).unwrap();
+    let gone = f.psql(&[&format!("SELECT count(*) FROM pg_largeobject_metadata WHERE oid = {oid}")]).unwrap();
+    assert_eq!(gone.trim(), "0");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -433,3 +433,49 @@ fn a_client_leaving_mid_copy_data_is_not_the_servers_fault() {
     assert!(!metrics.contains(r#"kind="pg_server""#), "counted as a server failure:\n{metrics}");
     assert_eq!(f.psql(&["INSERT INTO t_copy_cut VALUES ('next') RETURNING v"]).unwrap(), "next");
 }
+
+/// libpq's pipeline mode sends statements with neither Sync nor Flush and waits: PostgreSQL runs
+/// each message as it arrives and flushes an error at once, so the client sees it before it
+/// sends its Sync; refract runs what it holds once the client goes quiet.
+#[test]
+fn a_pipelined_error_comes_before_the_sync_as_on_postgresql() {
+    let f = shared();
+    let direct = pipeline_until_error(f.cluster.primary.addr());
+    assert!(direct.ends_with('E'), "PostgreSQL sends the error before any Sync: {direct}");
+    assert_eq!(pipeline_until_error(f.addr()), direct, "through refract as directly");
+}
+
+/// Sends two statements (the second fails) without Sync or Flush; returns the message types
+/// received up to the error (within 2 s), after checking that the rest of the pipeline is
+/// skipped up to its Sync and the session goes on.
+fn pipeline_until_error(addr: SocketAddr) -> String {
+    let mut c = Client::connect(addr, USER, PASSWORD).unwrap();
+    let statement = |sql: &str| {
+        vec![
+            FrontendMessage::Parse { name: String::new(), query: sql.into(), param_types: vec![] },
+            FrontendMessage::Bind(Default::default()),
+            FrontendMessage::Execute { portal: String::new(), max_rows: 0 },
+        ]
+    };
+    let mut msgs = statement("SELECT 1");
+    msgs.extend(statement("SELECT 1/0"));
+    let started = Instant::now();
+    c.send(&msgs);
+    let mut tags = String::new();
+    loop {
+        let m = c.recv().expect("the error arrives before any Sync");
+        tags.push(char::from(m.tag()));
+        if let BackendMessage::ErrorResponse(e) = &m {
+            assert_eq!(e.code(), Some("22012"));
+            break;
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "within {:?}", started.elapsed());
+    let mut more = statement("SELECT 2");
+    more.push(FrontendMessage::Sync);
+    c.send(&more);
+    let a = c.until_ready();
+    assert_eq!(a.tags, "Z", "skipped to the Sync: {a:?}");
+    assert_eq!(c.query("SELECT 3").value(), "3");
+    tags
+}

@@ -232,8 +232,12 @@ impl Session {
         tables
     }
 
-    /// A batch is a read if every statement it parses or binds is one.
+    /// A batch is a read if every statement it parses or binds is one (and it is not part of a
+    /// pipeline run before its end: `Session::pipeline_flush`).
     pub(super) fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
+        if self.held.quiet_flush {
+            return Route::Write;
+        }
         let mut parsed: HashMap<&str, bool> = HashMap::new();
         let mut write = false;
         for m in msgs {
@@ -366,7 +370,9 @@ impl Session {
             let (tag, frame) = self.server_frame().await?;
             self.note_copy(tag);
             match tag {
-                refract_pg::hybrid::WANT => self.at_want(verbatim(&expect)).await?,
+                refract_pg::hybrid::WANT => {
+                    self.at_want(verbatim(&expect) && self.held.failed_prepares.is_empty()).await?
+                }
                 b'S' => {
                     self.note_untracked();
                     self.out.extend_from_slice(&frame);
@@ -375,7 +381,8 @@ impl Session {
                 b'E' => {
                     failed = true;
                     self.held.ext_failed = true;
-                    let frame = self.parse_failed(&expect).unwrap_or(frame);
+                    let replaced = self.parse_failed(&expect).or_else(|| self.prepare_error_for(&frame));
+                    let frame = replaced.unwrap_or(frame);
                     self.out.extend_from_slice(&frame);
                     skip_to_sync(&mut expect);
                     self.advance(Event::BatchError { sync_pending: !expect.is_empty() });

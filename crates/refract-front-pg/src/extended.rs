@@ -31,6 +31,7 @@ impl Session {
 
     /// An Execute completed (CommandComplete) the statement of `c`.
     pub(super) fn executed(&mut self, c: &Classification) {
+        self.note_schema(c);
         for st in &c.statements {
             if let Err(e) = self.sql_name_executed(st) {
                 tracing::debug!(error = %e, "no connection to note a prepared name on");

@@ -57,6 +57,13 @@ pub(super) struct Held {
     pub ext_failed: bool,
     /// The channels this client listens on (transaction mode).
     pub listening: Option<Listening>,
+    /// SQL-prepared statements of the client's that could not be prepared again on the bound
+    /// connection for the statement now running, with the server's error (`names`).
+    pub failed_prepares: Vec<(String, bytes::Bytes)>,
+    /// The batch running was held past the pipeline's quiet time (`Session::pipeline_flush`).
+    pub quiet_flush: bool,
+    /// DDL ran in the open transaction (the schema epoch advances again when it ends).
+    pub schema_changed: bool,
 }
 
 impl Held {

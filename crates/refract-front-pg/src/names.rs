@@ -24,6 +24,9 @@ use std::sync::Arc;
 /// PostgreSQL's `duplicate_prepared_statement`.
 const DUPLICATE_PSTATEMENT: &str = "42P05";
 
+/// PostgreSQL's `undefined_pstatement`.
+const UNDEFINED_PSTATEMENT: &str = "26000";
+
 impl Session {
     /// The `SET search_path` in force for this session (part of a statement's identity).
     fn search_path(&self) -> Option<&str> {
@@ -174,6 +177,7 @@ impl Session {
     /// connection (a round trip each, after the session's SETs, which PREPARE resolves names
     /// with).
     pub(super) async fn mirror_batch_names(&mut self, msgs: &[FrontendMessage]) -> Result<(), PgError> {
+        self.held.failed_prepares.clear();
         let sql_named =
             |name: &str| self.state.prepared.get(name).is_some_and(|p| matches!(p.origin, Origin::Sql { .. }));
         let mut names: Vec<String> = msgs
@@ -217,7 +221,8 @@ impl Session {
         let texts = msgs.iter().filter_map(text_of).filter(|q| mentions_execute(q));
         let names_in = |q: &str| -> Vec<String> {
             let (c, _) = self.classify_text(q);
-            c.statements.iter().filter_map(sql_name).map(str::to_owned).collect()
+            let nested = c.nested_executes.iter().cloned();
+            c.statements.iter().filter_map(sql_name).map(str::to_owned).chain(nested).collect()
         };
         texts.flat_map(|q| names_in(&q)).collect()
     }
@@ -235,12 +240,15 @@ impl Session {
     }
 
     /// Before a simple query (the session's SETs already applied): mirrors the names it
-    /// PREPAREs, EXECUTEs or DEALLOCATEs, so PREPARE of a name the client has fails with
+    /// PREPAREs, EXECUTEs (also inside `CREATE TABLE AS` or `EXPLAIN`) or DEALLOCATEs, so PREPARE of a name the client has fails with
     /// `42P05` and EXECUTE or DEALLOCATE of one it has not with `26000`, on the server itself.
     /// Also notes that the query will drop the connection's unnamed statement.
     pub(super) async fn before_query(&mut self, c: &Classification) -> Result<(), PgError> {
         self.conn()?.unnamed = None;
+        self.held.failed_prepares.clear();
         let mut names: Vec<&str> = c.statements.iter().filter_map(sql_name).collect();
+        names.extend(c.nested_executes.iter().map(String::as_str));
+        names.sort_unstable();
         names.dedup();
         for name in names {
             self.mirror_name(name).await?;
@@ -271,12 +279,33 @@ impl Session {
             out.extend_from_slice(&want_message(&want, name));
             conn.unnamed = None;
         }
-        if conn.silently(&out, readies).await? {
-            if let Some(id) = id {
-                conn.sql_prepared.insert(name.to_owned(), id);
-            }
+        match conn.silently(&out, readies).await? {
+            None => drop(id.map(|id| conn.sql_prepared.insert(name.to_owned(), id))),
+            // The client's PREPARE no longer prepares (a table it reads was dropped): on a
+            // connection of its own, the EXECUTE would re-plan and fail with this error, so the
+            // server's `26000` for the missing name is answered with it instead.
+            Some(error) if want.is_some() => self.held.failed_prepares.push((name.to_owned(), error.to_bytes())),
+            Some(_) => {}
         }
         Ok(())
+    }
+
+    /// The error to relay in place of a server's `frame`: a `26000` for a name whose
+    /// statement refract could not prepare again is answered with the reason it could not.
+    pub(super) fn prepare_error_for(&self, frame: &Bytes) -> Option<Bytes> {
+        if self.held.failed_prepares.is_empty() {
+            return None;
+        }
+        let Ok(BackendMessage::ErrorResponse(e)) = BackendMessage::decode(b'E', frame.get(5..)?) else { return None };
+        if e.code() != Some(UNDEFINED_PSTATEMENT) {
+            return None;
+        }
+        let message = e.message()?;
+        self.held
+            .failed_prepares
+            .iter()
+            .find(|(name, _)| message == format!("prepared statement \"{name}\" does not exist"))
+            .map(|(_, error)| error.clone())
     }
 
     /// After a simple query: what it did to the SQL-level names of the connection. After a
@@ -346,21 +375,21 @@ fn want_message(want: &Option<Arc<PreparedStatement>>, name: &str) -> bytes::Byt
 
 impl ServerConn {
     /// Runs refract's own messages, ending in `readies` ReadyForQuery, dropping the answers;
-    /// returns whether no error came.
-    pub(super) async fn silently(&mut self, out: &[u8], readies: usize) -> Result<bool, PgError> {
+    /// returns the first error that came, if any.
+    pub(super) async fn silently(&mut self, out: &[u8], readies: usize) -> Result<Option<BackendMessage>, PgError> {
         self.wire.send(out).await?;
-        let (mut left, mut ok) = (readies, true);
+        let (mut left, mut error) = (readies, None);
         while left > 0 {
             match self.recv_msg().await? {
-                BackendMessage::ErrorResponse(e) => {
+                e @ BackendMessage::ErrorResponse(_) => {
                     tracing::debug!(error = ?e, "preparing a statement name on a server connection failed");
-                    ok = false;
+                    error = error.or(Some(e));
                 }
                 BackendMessage::ReadyForQuery(_) => left -= 1,
                 _ => {}
             }
         }
-        Ok(ok)
+        Ok(error)
     }
 }
 

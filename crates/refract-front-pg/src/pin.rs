@@ -21,7 +21,9 @@ const PROBE: &str = "SELECT \
     EXISTS (SELECT 1 FROM pg_catalog.pg_listening_channels()), \
     pg_catalog.array_to_string(ARRAY(SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings \
     WHERE source = 'session'), ','), \
-    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql)";
+    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql), \
+    pg_catalog.current_setting('role'), \
+    session_user";
 
 impl Session {
     /// Notes a statement about to run: one that may create state, or (when pinned) any that is
@@ -59,7 +61,7 @@ impl Session {
     /// The pins a probe's row shows; `known`: how many SQL-level statements refract put on the
     /// connection.
     fn read_probe(&self, row: Option<&Vec<Option<String>>>, known: usize) -> Pins {
-        let Some(row) = row.filter(|r| r.len() == 6) else { return Pins(Pins::UNKNOWN) };
+        let Some(row) = row.filter(|r| r.len() == 8) else { return Pins(Pins::UNKNOWN) };
         let mut bits = if self.held.set_config { Pins::SETTINGS } else { 0 };
         for (i, bit) in [Pins::TEMP, Pins::ADVISORY, Pins::CURSORS, Pins::LISTEN].into_iter().enumerate() {
             if row[i].as_deref() == Some("t") {
@@ -69,6 +71,13 @@ impl Session {
         let settings = row[4].as_deref().unwrap_or_default();
         let tracked: Vec<&str> = self.state.params.params().map(|(name, _)| name).collect();
         if settings.split(',').any(|s| !s.is_empty() && !tracked.contains(&s)) {
+            bits |= Pins::SETTINGS;
+        }
+        let role_set = row[6].as_deref() != Some("none");
+        let session_user_set = row[7].as_deref() != Some(self.shared.cfg.server_user.as_str());
+        if (role_set && self.state.params.current("role").is_none())
+            || (session_user_set && self.state.params.current("session_authorization").is_none())
+        {
             bits |= Pins::SETTINGS;
         }
         match row[5].as_deref().map(str::parse::<usize>) {

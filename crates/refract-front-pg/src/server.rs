@@ -196,7 +196,8 @@ impl ServerConn {
     }
 
     /// What to send so that this connection carries exactly `want` (name, SET statement):
-    /// `None` when it already does; otherwise only the SETs that differ, or `RESET ALL` and
+    /// `None` when it already does; otherwise only the SETs that differ, or a reset to the defaults (the session's identity
+    /// included: [`refract_pg::session::BACK_TO_DEFAULTS`]) and
     /// all of `want` when a parameter must go back to its default or the state is unknown.
     pub fn params_sql(&self, want: &ParamTracker) -> Option<String> {
         let mut sql = String::new();
@@ -217,7 +218,7 @@ impl ServerConn {
                 }
             }
             None => {
-                push("RESET ALL");
+                push(refract_pg::session::BACK_TO_DEFAULTS);
                 want.params().for_each(|(_, text)| push(text));
             }
         }

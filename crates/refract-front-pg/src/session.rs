@@ -114,6 +114,10 @@ pub(super) struct Session {
     replay: Option<BytesMut>,
 }
 
+/// How long pipelined messages wait for the client's next one before refract runs them
+/// (`Session::pipeline_flush`).
+const PIPELINE_QUIET: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Serves one client connection to its end.
 pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let mut wire = Wire::new(stream, Side::Client);
@@ -122,6 +126,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         return;
     };
     let mut state = SessionState::new();
+    state.prepared.follow_epoch(shared.schema_epoch.clone());
     for (name, text) in startup_sets(&logged.startup) {
         state.params.set_startup(&name, &text);
     }
@@ -171,7 +176,18 @@ impl Session {
     async fn serve(&mut self) -> Result<(), PgError> {
         loop {
             self.client.info.set_state(self.ready_state());
-            let (tag, frame) = match self.recv_client().await {
+            let incoming = if self.batch.is_empty() {
+                self.recv_client().await
+            } else {
+                match tokio::time::timeout(PIPELINE_QUIET, self.recv_client()).await {
+                    Ok(incoming) => incoming,
+                    Err(_) => {
+                        self.pipeline_flush().await?;
+                        continue;
+                    }
+                }
+            };
+            let (tag, frame) = match incoming {
                 Ok(Incoming::Whole(f)) => f,
                 Ok(Incoming::Large(h)) => {
                     self.client.info.set_state(ClientState::Active);
@@ -207,6 +223,10 @@ impl Session {
                 FrontendMessage::Terminate => return Ok(()),
                 // Outside COPY, PostgreSQL ignores these too.
                 FrontendMessage::CopyData(_) | FrontendMessage::CopyDone | FrontendMessage::CopyFail(_) => {}
+                FrontendMessage::Unknown { tag: b'F', .. } if self.shared.sharding.is_none() => {
+                    self.client.info.set_state(ClientState::Active);
+                    self.function_call(frame).await?
+                }
                 _ => {
                     let code = sqlstate::FEATURE_NOT_SUPPORTED;
                     let text = format!("refract does not relay message type '{}'", char::from(tag));
@@ -215,6 +235,18 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Pipelined messages without a Sync or Flush, and the client sends nothing more: it may be
+    /// waiting for an error, which PostgreSQL sends at once (it runs each message as it
+    /// arrives and flushes errors). refract runs what it holds with a Flush of its own, on the
+    /// primary (the rest of the pipeline, a write perhaps, must find its transaction there).
+    async fn pipeline_flush(&mut self) -> Result<(), PgError> {
+        self.batch.push(FrontendMessage::Flush);
+        self.held.quiet_flush = true;
+        let result = self.run_batch().await;
+        self.held.quiet_flush = false;
+        result
     }
 
     /// The servers of the shard this session binds on (of the cluster when not sharded).
@@ -265,6 +297,32 @@ impl Session {
         self.settle(result).await
     }
 
+    /// A FunctionCall (`F`: libpq's fast path, as its large-object API and `PQfn` use it):
+    /// relayed to the primary as a statement that writes, answered by its FunctionCallResponse
+    /// and ReadyForQuery. The function may leave session state (a large-object descriptor
+    /// lives until its transaction ends, a function may set a parameter): the connection is
+    /// checked when the transaction ends, as after `DO`, and pins the client while state lasts.
+    async fn function_call(&mut self, frame: bytes::Bytes) -> Result<(), PgError> {
+        let c = Classification {
+            route: Route::Write,
+            statements: vec![Statement::Write],
+            hint: None,
+            parse_error: None,
+            stateful: true,
+            set_config: false,
+            nested_executes: vec![],
+            changes_schema: false,
+            tables: vec![],
+        };
+        self.note_state(&c);
+        let key = fingerprint("refract: FunctionCall");
+        if let Err(e) = self.bind(Route::Write, Some(key), &[]).await {
+            return self.refuse(e, true).await;
+        }
+        let result = self.run_simple(&c, frame, Route::Write, key).await;
+        self.settle(result).await
+    }
+
     /// Runs a simple Query of kind `key` (its fingerprint) on the bound connection.
     pub(super) async fn run_simple(
         &mut self,
@@ -277,10 +335,10 @@ impl Session {
         let started = self.sent(key);
         let mut head = BytesMut::new();
         let mut prefixed = self.params_prefix(&mut head)?;
-        let prepares = c
-            .statements
-            .iter()
-            .any(|s| matches!(s, Statement::Prepare { .. } | Statement::Execute { .. } | Statement::Deallocate { .. }));
+        let prepares =
+            c.statements.iter().any(|s| {
+                matches!(s, Statement::Prepare { .. } | Statement::Execute { .. } | Statement::Deallocate { .. })
+            }) || !c.nested_executes.is_empty();
         if prefixed && prepares {
             // PREPARE resolves names with the session's search_path: SET first.
             self.conn()?.wire.send(&head).await?;
@@ -301,6 +359,7 @@ impl Session {
             .iter()
             .any(|s| matches!(s, Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { .. }));
         let failed = self.relay_until_ready(!sets).await?;
+        self.note_schema(c);
         if failed && sets {
             // Part of a multi-statement query may have committed its SETs: not tracked.
             self.note_untracked();
@@ -614,12 +673,16 @@ impl Session {
             self.note_copy(tag);
             match tag {
                 hybrid::WANT => {
-                    self.at_want(true).await?;
+                    self.at_want(self.held.failed_prepares.is_empty()).await?;
                     continue;
                 }
                 b'E' => {
                     failed = true;
                     self.advance(Event::QueryError);
+                    if let Some(error) = self.prepare_error_for(&frame) {
+                        self.out.extend_from_slice(&error);
+                        continue;
+                    }
                 }
                 b'S' if untracked_status => self.note_untracked(),
                 b'C' | b'Z' => self.observe(tag, &frame, false)?,
@@ -653,8 +716,22 @@ impl Session {
         }
         if tag == b'Z' {
             self.client.info.set_state(self.ready_state());
+            if self.held.schema_changed && self.phase.tx() == TxStatus::Idle {
+                // Its transaction ended: Parses from now on see what it committed (or not).
+                self.held.schema_changed = false;
+                self.shared.schema_epoch.fetch_add(1, Ordering::AcqRel);
+            }
         }
         Ok(())
+    }
+
+    /// A statement ran (or tried to) that may have changed the schema: server statements
+    /// prepared before it are not reused for Parses after it, nor after its transaction ends.
+    pub(super) fn note_schema(&mut self, c: &Classification) {
+        if c.changes_schema {
+            self.shared.schema_epoch.fetch_add(1, Ordering::AcqRel);
+            self.held.schema_changed = true;
+        }
     }
 
     /// Feeds the server's COPY OUT / COPY BOTH start and its CopyDone to the phase (COPY IN

@@ -42,6 +42,10 @@ pub(crate) struct Shared {
     /// `[overload] default_timeout_ms`: the deadline of a statement whose session set no
     /// `statement_timeout` (0 = none).
     pub(super) default_timeout_ms: u64,
+    /// Advanced by DDL run through refract, and again when its transaction ends: a client's
+    /// Parse after it never reuses a server statement prepared before it
+    /// (`PreparedRegistry::follow_epoch`).
+    pub(super) schema_epoch: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -81,6 +85,7 @@ impl Shared {
             clients: Arc::default(),
             notifier: Arc::default(),
             default_timeout_ms: overload.default_timeout_ms,
+            schema_epoch: Arc::default(),
             cfg: cfg.clone(),
         }
     }

@@ -51,6 +51,8 @@ pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
             || c.parse_error.is_some()
             || c.statements.iter().any(|s| matches!(s, Statement::Prepare { .. })),
         set_config: c.set_config,
+        nested_executes: c.nested_executes.iter().filter(|n| !text::is_raw(n)).cloned().collect(),
+        changes_schema: c.changes_schema || c.parse_error.is_some(),
         tables: c.tables.clone(),
     };
     (c, untracked)

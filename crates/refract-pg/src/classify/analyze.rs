@@ -21,6 +21,8 @@ pub(super) fn statements(sql: &str, write_functions: &[String]) -> Result<Analys
         let e = super::state::effects(node)?;
         all.stateful |= e.stateful;
         all.set_config |= e.set_config;
+        all.nested_executes.extend(e.nested_executes);
+        all.changes_schema |= e.changes_schema;
     }
     let statements: Result<Vec<_>, _> =
         parsed.protobuf.stmts.iter().map(|raw| statement(sql, raw, write_functions)).collect();

@@ -151,6 +151,13 @@ pub struct Classification {
     /// Some statement calls `set_config(..., false)` (or with a third argument other than the
     /// keyword `true`): settings refract cannot track nor always see (custom `a.b` ones).
     pub set_config: bool,
+    /// SQL-level prepared statements run inside other statements (`CREATE TABLE ... AS
+    /// EXECUTE q`, `EXPLAIN EXECUTE q`): like an `EXECUTE`'s, their names must be this
+    /// client's on the server connection (or none there).
+    pub nested_executes: Vec<String>,
+    /// Some statement is DDL (or `DO`): statements prepared before it are not reused for
+    /// Parses after it.
+    pub changes_schema: bool,
     /// The relations the text names ([`relation_name`]; sorted, once each): a read goes only to
     /// a server that holds all of them (partial replicas). Empty when it names none or did not
     /// parse.
@@ -310,6 +317,8 @@ impl Classifier {
                     parse_error: None,
                     stateful: effects.stateful,
                     set_config: effects.set_config,
+                    nested_executes: effects.nested_executes,
+                    changes_schema: effects.changes_schema,
                     tables,
                 }
             }
@@ -321,6 +330,8 @@ impl Classifier {
                     parse_error: None,
                     stateful: false,
                     set_config: false,
+                    nested_executes: vec![],
+                    changes_schema: false,
                     tables: vec![],
                 },
                 None => Classification {
@@ -330,6 +341,8 @@ impl Classifier {
                     parse_error: Some(e),
                     stateful: false,
                     set_config: false,
+                    nested_executes: vec![],
+                    changes_schema: false,
                     tables: vec![],
                 },
             },
@@ -367,6 +380,7 @@ pub fn fingerprint(sql: &str) -> u64 {
 fn shareable(c: &Classification) -> bool {
     c.parse_error.is_none()
         && c.hint.is_none()
+        && c.nested_executes.is_empty()
         && !c.statements.is_empty()
         && c.statements.iter().all(|s| matches!(s, Statement::Read | Statement::Write))
 }

@@ -14,14 +14,20 @@ use serde_json::Value;
 /// `CURSOR_OPT_HOLD` in PostgreSQL's `parsenodes.h`.
 const CURSOR_OPT_HOLD: i32 = 0x0020;
 
-/// What one statement may leave behind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What one statement may leave behind, and the prepared statements it runs inside itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Effects {
     /// Any session state (see the module doc).
     pub stateful: bool,
     /// A `set_config(..., false)` (or not certainly local): settings the server may not show
     /// (custom `a.b` placeholders are hidden from `pg_settings`).
     pub set_config: bool,
+    /// SQL-level prepared statements run inside another statement (`CREATE TABLE ... AS
+    /// EXECUTE q`, `EXPLAIN EXECUTE q`): the server looks them up by name, as for `EXECUTE`.
+    pub nested_executes: Vec<String>,
+    /// DDL (or code that may run it, `DO`): what prepared statements planned before it see
+    /// may have changed.
+    pub changes_schema: bool,
 }
 
 /// What `node` (one parsed statement) may leave behind.
@@ -34,7 +40,46 @@ pub(super) fn effects(node: &NodeEnum) -> Result<Effects, String> {
     let tree = serde_json::to_value(node).map_err(|e| e.to_string())?;
     let mut found = tree_effects(&tree);
     found.stateful |= stateful;
+    found.changes_schema = changes_schema(node);
+    if matches!(node, NodeEnum::ExecuteStmt(_)) {
+        found.nested_executes.clear(); // the statement itself, not one inside it
+    }
     Ok(found)
+}
+
+/// Whether `node` is DDL: anything but queries, DML, session and transaction control, cursors,
+/// COPY, locks and maintenance that leaves types alone. Generous, like the rest: a false
+/// positive costs a statement prepared again on the servers.
+fn changes_schema(node: &NodeEnum) -> bool {
+    !matches!(
+        node,
+        NodeEnum::SelectStmt(_)
+            | NodeEnum::InsertStmt(_)
+            | NodeEnum::UpdateStmt(_)
+            | NodeEnum::DeleteStmt(_)
+            | NodeEnum::MergeStmt(_)
+            | NodeEnum::TransactionStmt(_)
+            | NodeEnum::VariableSetStmt(_)
+            | NodeEnum::VariableShowStmt(_)
+            | NodeEnum::ExplainStmt(_)
+            | NodeEnum::PrepareStmt(_)
+            | NodeEnum::ExecuteStmt(_)
+            | NodeEnum::DeallocateStmt(_)
+            | NodeEnum::ListenStmt(_)
+            | NodeEnum::UnlistenStmt(_)
+            | NodeEnum::NotifyStmt(_)
+            | NodeEnum::CopyStmt(_)
+            | NodeEnum::LockStmt(_)
+            | NodeEnum::DeclareCursorStmt(_)
+            | NodeEnum::FetchStmt(_)
+            | NodeEnum::ClosePortalStmt(_)
+            | NodeEnum::DiscardStmt(_)
+            | NodeEnum::CallStmt(_)
+            | NodeEnum::CheckPointStmt(_)
+            | NodeEnum::VacuumStmt(_)
+            | NodeEnum::TruncateStmt(_)
+            | NodeEnum::ConstraintsSetStmt(_)
+    )
 }
 
 /// Walks the serde form of a statement for temporary relations or functions and for calls of
@@ -48,6 +93,9 @@ fn tree_effects(tree: &Value) -> Effects {
                 for (key, child) in fields {
                     found.stateful |= marks_state(key, child);
                     found.set_config |= key == "FuncCall" && unsure_set_config(child);
+                    if let ("ExecuteStmt", Some(name)) = (key.as_str(), child["name"].as_str()) {
+                        found.nested_executes.push(name.to_owned());
+                    }
                     stack.push(child);
                 }
             }

@@ -390,3 +390,24 @@ fn the_relations_a_text_names() {
     assert!(tables("select 1").is_empty());
     assert!(tables("select from").is_empty(), "no parse, no tables");
 }
+
+#[test]
+fn prepared_statements_run_inside_other_statements() {
+    let c = classify("CREATE TABLE t2 AS EXECUTE q(1)");
+    assert_eq!(c.nested_executes, ["q"]);
+    assert_eq!(c.route, Route::Write);
+    let c = classify("EXPLAIN (COSTS OFF) EXECUTE q2; EXPLAIN ANALYZE CREATE TABLE t3 AS EXECUTE q3");
+    assert_eq!(c.nested_executes, ["q2", "q3"]);
+    assert!(classify("EXECUTE q").nested_executes.is_empty(), "EXECUTE itself is a Statement::Execute");
+    assert_eq!(classify("EXECUTE q").statements, [Statement::Execute { name: "q".into() }]);
+}
+
+#[test]
+fn schema_changes() {
+    for sql in ["ALTER TABLE t ADD COLUMN c int", "DROP TYPE ty", "CREATE TABLE t (a int)", "DO $$ BEGIN END $$"] {
+        assert!(classify(sql).changes_schema, "{sql}");
+    }
+    for sql in ["SELECT 1", "INSERT INTO t VALUES (1)", "BEGIN", "SET a = 1", "TRUNCATE t", "VACUUM t"] {
+        assert!(!classify(sql).changes_schema, "{sql}");
+    }
+}

@@ -9,7 +9,7 @@ mod prepared;
 mod transaction;
 
 pub use options::{parse_options, OptionsError};
-pub use params::ParamTracker;
+pub use params::{ParamTracker, BACK_TO_DEFAULTS, NO_RESET_ALL};
 pub use prepared::{Origin, PreparedRegistry, PreparedStatement};
 pub use transaction::{TxEvent, TxTracker};
 

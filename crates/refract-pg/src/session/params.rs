@@ -3,10 +3,20 @@
 
 use crate::classify::Statement;
 
+/// Parameters `RESET ALL` leaves alone (PostgreSQL's `GUC_NO_RESET_ALL`): who the session
+/// is and acts as. Only `DISCARD ALL` (`SET SESSION AUTHORIZATION DEFAULT`) and their own
+/// RESET take them back.
+pub const NO_RESET_ALL: [&str; 2] = ["session_authorization", "role"];
+
+/// The statements that take a server connection back to its defaults, the ones `RESET ALL`
+/// leaves alone included ([`NO_RESET_ALL`]): what a server connection gets before another
+/// client's SETs when it carries settings that client does not want.
+pub const BACK_TO_DEFAULTS: &str = "RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL";
+
 /// Changes made inside the open transaction; they count only if it commits.
 #[derive(Debug, Clone, Default)]
 struct Pending {
-    reset_all: bool,
+    reset_all: Option<All>,
     /// `None` means RESET.
     changes: Vec<(String, Option<String>)>,
 }
@@ -37,7 +47,8 @@ impl ParamTracker {
     pub fn set_startup(&mut self, name: &str, text: &str) {
         self.startup.retain(|(n, _)| n != name);
         self.startup.push((name.to_owned(), text.to_owned()));
-        self.commit(Change::One(name.to_owned(), Some(text.to_owned())));
+        self.generation += 1;
+        self.commit_set(name.to_owned(), text.to_owned());
     }
 
     /// Whether `stmt` resets a parameter the client set at startup: on the server it goes back
@@ -63,7 +74,8 @@ impl ParamTracker {
             Statement::Set { local: true, .. } => return,
             Statement::Set { name, text, .. } => Change::One(name.clone(), Some(text.clone())),
             Statement::Reset { name: Some(name) } => Change::One(name.clone(), None),
-            Statement::Reset { name: None } | Statement::Discard { all: true } => Change::All,
+            Statement::Reset { name: None } => Change::All(All::Reset),
+            Statement::Discard { all: true } => Change::All(All::Discard),
             _ => return,
         };
         if in_transaction {
@@ -76,7 +88,7 @@ impl ParamTracker {
     fn stage(&mut self, change: Change) {
         let pending = self.pending.get_or_insert_with(Pending::default);
         match change {
-            Change::All => *pending = Pending { reset_all: true, changes: vec![] },
+            Change::All(all) => *pending = Pending { reset_all: Some(all), changes: vec![] },
             Change::One(name, text) => pending.changes.push((name, text)),
         }
     }
@@ -84,13 +96,76 @@ impl ParamTracker {
     fn commit(&mut self, change: Change) {
         self.generation += 1;
         match change {
-            Change::All => self.session = self.startup.clone(),
-            Change::One(name, None) => match self.startup_text(&name).map(str::to_owned) {
-                Some(text) => self.commit_set(name, text),
-                None => self.session.retain(|(n, _)| *n != name),
-            },
-            Change::One(name, Some(text)) => self.commit_set(name, text),
+            Change::All(all) => self.commit_all(all),
+            Change::One(name, None) => {
+                if NO_RESET_ALL.contains(&name.as_str()) {
+                    self.reset_identity(&name);
+                }
+                match self.startup_text(&name).map(str::to_owned) {
+                    Some(text) => self.commit_set(name, text),
+                    // A custom parameter stays defined (empty) once set: its RESET defines it
+                    // on another connection too, so SHOW answers there as here.
+                    None if name.contains('.') => {
+                        let text = format!("RESET {}", quote_name(&name));
+                        self.commit_set(name, text)
+                    }
+                    None => self.session.retain(|(n, _)| *n != name),
+                }
+            }
+            Change::One(name, Some(text)) => {
+                if name == "session_authorization" {
+                    self.reset_identity(&name);
+                }
+                let text = match name.as_str() {
+                    "datestyle" => self.datestyle_text(text),
+                    _ => text,
+                };
+                self.commit_set(name, text)
+            }
         }
+    }
+
+    /// `RESET ALL` or `DISCARD ALL`: the startup SETs again. `RESET ALL` keeps the session's
+    /// identity ([`NO_RESET_ALL`]); neither undefines a custom parameter.
+    fn commit_all(&mut self, all: All) {
+        let mut kept: Vec<(String, String)> = vec![];
+        for (name, text) in std::mem::take(&mut self.session) {
+            if all == All::Reset && NO_RESET_ALL.contains(&name.as_str()) {
+                kept.push((name, text));
+            } else if name.contains('.') && self.startup_text(&name).is_none() {
+                kept.push((name.clone(), format!("RESET {}", quote_name(&name))));
+            }
+        }
+        self.session = self.startup.clone();
+        self.session.extend(kept);
+    }
+
+    /// `SET SESSION AUTHORIZATION` (any form) also ends a `SET ROLE`.
+    fn reset_identity(&mut self, name: &str) {
+        if name == "session_authorization" {
+            self.session.retain(|(n, _)| n != "role");
+        }
+    }
+
+    /// A `SET datestyle` that names only the output style or only the field order changes
+    /// only that part of the value in force: the text kept for it is the chain that gives the
+    /// same value on a connection at its defaults (the startup value or `DEFAULT`, then the
+    /// last partial SET of each part). A complete SET stands alone.
+    fn datestyle_text(&self, text: String) -> String {
+        let (style, order) = datestyle_parts(&text);
+        if style == order {
+            return text; // both parts, or DEFAULT (or nothing refract can read: as sent)
+        }
+        let current = self.session.iter().find(|(n, _)| n == "datestyle").map(|(_, t)| t.clone());
+        let chain = current
+            .or_else(|| self.startup_text("datestyle").map(str::to_owned))
+            .unwrap_or_else(|| "SET datestyle TO DEFAULT".to_owned());
+        let mut parts: Vec<&str> = chain.split("; ").collect();
+        let base = parts.remove(0);
+        let mut kept: Vec<&str> = vec![base];
+        kept.extend(parts.into_iter().filter(|p| datestyle_parts(p) != (style, order)));
+        kept.push(&text);
+        kept.join("; ")
     }
 
     fn commit_set(&mut self, name: String, text: String) {
@@ -106,8 +181,8 @@ impl ParamTracker {
         if !committed {
             return;
         }
-        if pending.reset_all {
-            self.commit(Change::All);
+        if let Some(all) = pending.reset_all {
+            self.commit(Change::All(all));
         }
         for (name, text) in pending.changes {
             self.commit(Change::One(name, text));
@@ -130,7 +205,7 @@ impl ParamTracker {
             if let Some((_, text)) = p.changes.iter().rev().find(|(n, _)| n == name) {
                 return text.as_deref().or_else(|| self.startup_text(name));
             }
-            if p.reset_all {
+            if p.reset_all.is_some() && !NO_RESET_ALL.contains(&name) {
                 return self.startup_text(name);
             }
         }
@@ -150,8 +225,40 @@ impl ParamTracker {
 }
 
 enum Change {
-    All,
+    All(All),
     One(String, Option<String>),
+}
+
+/// Which statement resets every parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum All {
+    /// `RESET ALL`.
+    Reset,
+    /// `DISCARD ALL`.
+    Discard,
+}
+
+/// A parameter name as an identifier (quoted: custom names may hold anything).
+fn quote_name(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Whether a `SET datestyle` statement sets the output style and the field order
+/// (PostgreSQL's `check_datestyle` words; `DEFAULT` and `GERMAN` set both).
+fn datestyle_parts(text: &str) -> (bool, bool) {
+    let lower = text.to_ascii_lowercase();
+    let value = lower.split_once("datestyle").map_or(lower.as_str(), |(_, v)| v);
+    let (mut style, mut order) = (false, false);
+    for word in value.split(|c: char| !c.is_ascii_alphanumeric()) {
+        match word {
+            "iso" | "sql" | "postgres" => style = true,
+            // GERMAN sets DMY too, unless the order is given.
+            "german" | "default" => (style, order) = (true, true),
+            "ymd" | "dmy" | "mdy" | "us" | "noneuropean" | "noneuro" | "european" | "euro" => order = true,
+            _ => {}
+        }
+    }
+    (style, order)
 }
 
 #[cfg(test)]
@@ -230,5 +337,62 @@ mod tests {
         p.apply(&Statement::Reset { name: None }, false);
         let all: Vec<_> = p.params().collect();
         assert_eq!(all, [("application_name", "SET application_name = 'app'")], "RESET ALL keeps the startup SETs");
+    }
+
+    #[test]
+    fn reset_all_keeps_the_session_identity_discard_all_does_not() {
+        let mut p = ParamTracker::new();
+        p.apply(&set("role", "regress_x"), false);
+        p.apply(&set("search_path", "s"), false);
+        p.apply(&Statement::Reset { name: None }, false);
+        assert_eq!(p.replay_sql().as_deref(), Some("SET role = regress_x"), "RESET ALL leaves the role");
+        p.apply(&Statement::Reset { name: None }, true);
+        assert_eq!(p.current("role"), Some("SET role = regress_x"), "also inside a transaction");
+        p.end_transaction(true);
+        p.apply(&Statement::Discard { all: true }, false);
+        assert_eq!(p.replay_sql(), None, "DISCARD ALL resets the session authorization and the role");
+    }
+
+    #[test]
+    fn session_authorization_ends_a_role() {
+        let mut p = ParamTracker::new();
+        p.apply(&set("role", "a"), false);
+        p.apply(&set("session_authorization", "b"), false);
+        assert_eq!(p.replay_sql().as_deref(), Some("SET session_authorization = b"));
+        p.apply(&set("role", "c"), false);
+        p.apply(&Statement::Reset { name: Some("session_authorization".into()) }, false);
+        assert_eq!(p.replay_sql(), None, "RESET SESSION AUTHORIZATION ends the role too");
+    }
+
+    #[test]
+    fn a_partial_datestyle_is_replayed_after_what_it_changes() {
+        let mut p = ParamTracker::new();
+        p.apply(&set("datestyle", "ymd"), false);
+        assert_eq!(p.replay_sql().as_deref(), Some("SET datestyle TO DEFAULT; SET datestyle = ymd"));
+        p.apply(&set("datestyle", "Postgres"), false);
+        p.apply(&set("datestyle", "dmy"), false);
+        p.apply(&set("datestyle", "sql"), false);
+        assert_eq!(
+            p.replay_sql().as_deref(),
+            Some("SET datestyle TO DEFAULT; SET datestyle = dmy; SET datestyle = sql"),
+            "the last SET of each part, no longer chain"
+        );
+        p.apply(&set("datestyle", "'ISO, MDY'"), false);
+        assert_eq!(p.replay_sql().as_deref(), Some("SET datestyle = 'ISO, MDY'"), "a complete SET stands alone");
+        let mut q = ParamTracker::new();
+        q.set_startup("datestyle", "SET datestyle = 'sql, dmy'");
+        q.apply(&set("datestyle", "iso"), false);
+        assert_eq!(q.current("datestyle"), Some("SET datestyle = 'sql, dmy'; SET datestyle = iso"));
+    }
+
+    #[test]
+    fn a_custom_parameter_stays_defined_after_its_reset() {
+        let mut p = ParamTracker::new();
+        p.apply(&set("custom.x", "1"), false);
+        p.apply(&Statement::Reset { name: Some("custom.x".into()) }, false);
+        assert_eq!(p.replay_sql().as_deref(), Some("RESET \"custom.x\""));
+        p.apply(&set("my.y", "2"), false);
+        p.apply(&Statement::Reset { name: None }, false);
+        assert_eq!(p.replay_sql().as_deref(), Some("RESET \"custom.x\"; RESET \"my.y\""));
     }
 }

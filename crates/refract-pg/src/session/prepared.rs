@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -35,6 +36,9 @@ pub struct PreparedStatement {
     pub origin: Origin,
     /// Its query is a plain read (so Bind/Execute of it may go to a replica).
     pub read: bool,
+    /// The schema epoch it was prepared in ([`PreparedRegistry::follow_epoch`]): DDL since
+    /// makes a statement of the same text another statement, as on a connection of its own.
+    pub epoch: u64,
 }
 
 impl PreparedStatement {
@@ -42,7 +46,8 @@ impl PreparedStatement {
     /// declared parameter types and the `search_path` in force where it is prepared
     /// (`search_path`: that SET statement, `None` for the default). So clients whose
     /// statements share a name but not a meaning never collide on a shared server connection,
-    /// and identical ones share; a statement is only ever used under the `search_path` it was
+    /// and identical ones share (while no DDL ran between their Parses: `epoch`); a statement is
+    /// only ever used under the `search_path` it was
     /// prepared with, which schema-per-tenant applications rely on (one prepared under
     /// another path would be re-planned, or fail with `0A000 cached plan must not change
     /// result type`).
@@ -50,6 +55,7 @@ impl PreparedStatement {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.origin.hash(&mut h);
         search_path.hash(&mut h);
+        self.epoch.hash(&mut h);
         format!("refract_{:016x}", h.finish())
     }
 
@@ -74,6 +80,8 @@ impl PreparedStatement {
 #[derive(Debug, Clone, Default)]
 pub struct PreparedRegistry {
     statements: HashMap<String, Arc<PreparedStatement>>,
+    /// The schema epoch new statements are prepared in (none: always 0).
+    epoch: Option<Arc<AtomicU64>>,
 }
 
 impl PreparedRegistry {
@@ -93,8 +101,18 @@ impl PreparedRegistry {
         self.insert(name, Origin::Sql { text: text.to_owned() }, read)
     }
 
+    /// Statements prepared from now on take their epoch from `epoch`, which whoever runs DDL
+    /// advances: a server-side statement prepared before a schema change is never used for a
+    /// client's Parse after it (PostgreSQL plans the client's statement against the new
+    /// schema; a statement prepared before would fail with `0A000 cached plan must not change
+    /// result type` or a stale type's `XX000`).
+    pub fn follow_epoch(&mut self, epoch: Arc<AtomicU64>) {
+        self.epoch = Some(epoch);
+    }
+
     fn insert(&mut self, name: &str, origin: Origin, read: bool) -> Arc<PreparedStatement> {
-        let s = Arc::new(PreparedStatement { name: name.to_owned(), origin, read });
+        let epoch = self.epoch.as_ref().map_or(0, |e| e.load(Ordering::Acquire));
+        let s = Arc::new(PreparedStatement { name: name.to_owned(), origin, read, epoch });
         self.statements.insert(name.to_owned(), s.clone());
         s
     }

@@ -417,6 +417,29 @@ fn ddl_between_two_clients_parses_is_seen_as_on_postgresql() {
 }
 
 #[test]
+fn ddl_outside_refract_is_learnt_from_the_stale_plan_error() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    primary(&mut a, "CREATE TABLE ext_t (x int)");
+    primary(&mut a, "INSERT INTO ext_t VALUES (1)");
+    let sql = "/* refract: route=primary */ SELECT * FROM ext_t";
+    let parse = FrontendMessage::Parse { name: "s1".into(), query: sql.into(), param_types: vec![] };
+    let bind = FrontendMessage::Bind(Bind { statement: "s1".into(), ..Bind::default() });
+    let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+    a.send(&[parse.clone(), bind.clone(), exec.clone(), FrontendMessage::Sync]);
+    assert_eq!(a.until_ready().rows[0].len(), 1);
+    f.cluster.psql(&f.cluster.primary, "ALTER TABLE ext_t ADD COLUMN y int DEFAULT 7").unwrap();
+    a.send(&[bind, exec.clone(), FrontendMessage::Sync]);
+    let stale = a.until_ready();
+    assert_eq!(stale.code(), Some("0A000"), "a's own statement, as on its own connection: {stale:?}");
+    let b_bind = FrontendMessage::Bind(Bind { statement: "s1".into(), ..Bind::default() });
+    b.send(&[parse, b_bind, exec, FrontendMessage::Sync]);
+    let fresh = b.until_ready();
+    assert_eq!(fresh.error, None, "b parses after the server said the plan was stale");
+    assert_eq!(fresh.rows, vec![vec![Some("1".to_owned()), Some("7".to_owned())]]);
+}
+
+#[test]
 fn large_objects_through_the_function_call_protocol() {
     let f = pool_of_one();
     let dir = std::env::temp_dir().join(format!("rf-lo-{}", std::process::id()));

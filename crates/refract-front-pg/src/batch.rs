@@ -381,6 +381,7 @@ impl Session {
                 b'E' => {
                     failed = true;
                     self.held.ext_failed = true;
+                    self.note_stale_plan(&frame);
                     let replaced = self.parse_failed(&expect).or_else(|| self.prepare_error_for(&frame));
                     let frame = replaced.unwrap_or(frame);
                     self.out.extend_from_slice(&frame);
@@ -426,6 +427,26 @@ impl Session {
             expect.pop_front();
         }
         Ok(())
+    }
+}
+
+impl Session {
+    /// The server says a statement's plan is stale (the schema changed where refract did not
+    /// see it: `0A000 cached plan must not change result type`, `XX000 cache lookup failed`):
+    /// a new schema epoch, so that Parses from now on prepare afresh instead of sharing it.
+    fn note_stale_plan(&self, frame: &Bytes) {
+        let Some(Ok(BackendMessage::ErrorResponse(e))) = frame.get(5..).map(|b| BackendMessage::decode(b'E', b)) else {
+            return;
+        };
+        let message = e.message().unwrap_or_default();
+        let stale = match e.code() {
+            Some("0A000") => message.starts_with("cached plan must not change result type"),
+            Some("XX000") => message.starts_with("cache lookup failed"),
+            _ => false,
+        };
+        if stale {
+            self.shared.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
     }
 }
 

@@ -336,6 +336,28 @@ fn a_role_or_session_authorization_never_reaches_another_client() {
 }
 
 #[test]
+fn transaction_local_settings_end_with_their_transaction() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    let default = primary(&mut b, "SHOW search_path").value().to_owned();
+    primary(&mut a, "BEGIN");
+    primary(&mut a, "SET LOCAL search_path = pg_catalog");
+    primary(&mut a, "SELECT set_config('work_mem', '7MB', true)");
+    primary(&mut a, "SET LOCAL ROLE NONE");
+    assert_eq!(primary(&mut a, "SHOW work_mem").value(), "7MB");
+    primary(&mut a, "COMMIT");
+    assert_eq!(primary(&mut b, "SHOW search_path").value(), default);
+    assert_ne!(primary(&mut b, "SHOW work_mem").value(), "7MB");
+    assert_eq!(primary(&mut a, "SHOW search_path").value(), default, "nor for the client after COMMIT");
+    // A SET rolled back with its transaction is gone too.
+    primary(&mut a, "BEGIN");
+    primary(&mut a, "SET search_path = pg_catalog");
+    primary(&mut a, "ROLLBACK");
+    assert_eq!(primary(&mut a, "SHOW search_path").value(), default);
+    assert_eq!(primary(&mut b, "SHOW search_path").value(), default);
+}
+
+#[test]
 fn partial_and_custom_settings_are_carried_as_postgresql_keeps_them() {
     let f = pool_of_one();
     let (mut a, mut b) = (connect(&f), connect(&f));

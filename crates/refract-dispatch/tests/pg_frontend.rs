@@ -255,10 +255,18 @@ fn pgbench_prepared_in_transaction_mode() {
     assert!(out.contains("number of failed transactions: 0"), "{out}");
 }
 
+/// The BackendKeyData process id is above every real one (Linux pids are below 2^22) and still
+/// cancels the client's statement.
 #[test]
 fn a_long_query_is_cancelled() {
     let f = shared();
     let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert!(c.key.0 >= 1 << 22, "pid {} could be a real process's", c.key.0);
+    let other = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert_ne!(other.key.0, c.key.0);
+    // Passed to the server, it names no backend (PostgreSQL warns and answers false).
+    let a = c.query(&format!("/* refract: route=primary */ SELECT pg_terminate_backend({})", c.key.0));
+    assert_eq!((a.value(), a.tags.contains('N')), ("f", true), "{a:?}");
     c.send(&[FrontendMessage::Query("SELECT pg_sleep(30)".into())]);
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();

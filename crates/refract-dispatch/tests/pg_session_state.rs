@@ -299,3 +299,51 @@ fn a_lost_server_leaves_the_session_synced() {
     ok(&mut other, "NOTIFY chan_lost, 'still heard'");
     assert_eq!(notification(&mut c, Duration::from_secs(5)), Some(("chan_lost".into(), "still heard".into())));
 }
+
+/// One client's server connection ending (its own `pg_terminate_backend`, then
+/// `idle_in_transaction_session_timeout`) costs that client its statement, with the server's
+/// FATAL and `08006`, and nothing else: the server is not marked down, and another client
+/// running statements on the primary meanwhile gets no error.
+#[test]
+fn a_server_connection_ending_leaves_the_server_up() {
+    let f = Fixture::start("pool_size = 2\nmin_idle = 1\ncheckout_timeout_ms = 2000");
+    let (addr, stop) = (f.addr(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let looping = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut b = Client::connect(addr, USER, PASSWORD).unwrap();
+            let (mut ran, mut errors) = (0, vec![]);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for sql in ["/* refract: route=primary */ SELECT 1", "SELECT 1"] {
+                    let got = b.query(sql);
+                    ran += 1;
+                    if got.error.is_some() || got.value() != "1" {
+                        errors.push(format!("{sql}: {got:?}"));
+                    }
+                }
+            }
+            (ran, errors)
+        })
+    };
+    let mut a = connect(&f);
+    for round in 0..3 {
+        let got = a.query("/* refract: route=primary */ SELECT pg_terminate_backend(pg_backend_pid())");
+        assert_eq!(got.tags.matches('E').count(), 2, "round {round}: the server's FATAL, then 08006: {got:?}");
+        assert_eq!(got.code(), Some("08006"), "round {round}: {got:?}");
+        assert_eq!(ok(&mut a, "SELECT 2").value(), "2", "round {round}: the session goes on");
+    }
+    ok(&mut a, "SET idle_in_transaction_session_timeout = '200ms'");
+    ok(&mut a, "BEGIN; SELECT 1");
+    std::thread::sleep(Duration::from_millis(700));
+    let got = a.query("SELECT 1");
+    assert_eq!(got.code(), Some("08006"), "the transaction's connection timed out: {got:?}");
+    ok(&mut a, "RESET idle_in_transaction_session_timeout");
+    assert_eq!(ok(&mut a, "/* refract: route=primary */ SELECT 3").value(), "3");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ran, errors) = looping.join().unwrap();
+    assert!(ran > 10, "the other client ran only {ran} statements");
+    assert_eq!(errors, Vec::<String>::new(), "the other client got errors ({ran} statements)");
+    let servers = f.admin_json("/pg/servers");
+    assert!(servers.as_array().unwrap().iter().all(|s| s["healthy"] == serde_json::json!(true)), "{servers}");
+}

@@ -76,6 +76,8 @@ pub struct ServerConn {
     pub applied: Option<Vec<(String, String)>>,
     /// Something went wrong mid-conversation: never reuse.
     pub broken: bool,
+    /// The server sent a FATAL (or PANIC) on it: the server itself is ending the connection.
+    pub ended_by_server: bool,
     /// The shard whose event loop the socket is registered with (its pool's idle list).
     pub home: usize,
     /// The id the server's agent gave this connection (through an agent only).
@@ -135,6 +137,7 @@ impl ServerConn {
             unnamed: None,
             applied: Some(vec![]),
             broken: false,
+            ended_by_server: false,
             home: refract_core::shard::current(),
             hybrid_id,
             epochs: refract_handover::EpochTracker::new(),

@@ -87,7 +87,8 @@ impl Server {
         self.member.is_available()
     }
 
-    /// Marks it down (a connection to it failed); the health loop brings it back.
+    /// Marks it down (its probe failed, or a new connection to it could not connect or log
+    /// in); the health loop brings it back.
     pub fn mark_down(&self) {
         if self.member.set_up(false) {
             tracing::warn!(server = %self.name, "postgres server marked down");

@@ -347,7 +347,11 @@ impl Session {
     }
 
     /// Ends a server conversation: a server failure costs the client its statement (and
-    /// transaction), not its session; a client failure ends the session.
+    /// transaction), not its session; a client failure ends the session. The server stays up:
+    /// one connection ending (`pg_terminate_backend`, `idle_in_transaction_session_timeout`, a
+    /// broken socket) says nothing of the others, and a server that is really gone fails the
+    /// next connect or probe, which mark it down. A connection the server ended with a FATAL
+    /// of its own is not a failure of the server either (for ejection).
     pub(super) async fn settle(&mut self, result: Result<(), PgError>) -> Result<(), PgError> {
         let Err(e) = result else { return Ok(()) };
         if e.side() == Side::Client {
@@ -356,10 +360,9 @@ impl Session {
         tracing::warn!(error = %e, "postgres server conversation failed");
         self.shared.metrics.error("pg_server");
         if let Some(b) = self.bound.take() {
-            if matches!(e, PgError::Io { .. } | PgError::Closed(_)) {
-                b.server.mark_down();
+            if !b.guard.ended_by_server {
+                self.servers().failed(&b.server);
             }
-            self.servers().failed(&b.server);
             drop(b.guard); // not released: its state is unknown
         }
         // A transaction's other shards: dropped, so their servers roll back.
@@ -684,7 +687,11 @@ impl Session {
             self.out.clear();
         }
         loop {
-            if let Some(f) = self.conn()?.wire.next_frame()? {
+            let conn = self.conn()?;
+            if let Some(f) = conn.wire.next_frame()? {
+                if f.0 == b'E' && is_fatal(&f.1) {
+                    conn.ended_by_server = true;
+                }
                 return Ok(f);
             }
             self.flush().await?;
@@ -781,6 +788,14 @@ impl Session {
             self.release().await;
         }
         Ok(())
+    }
+}
+
+/// Whether an ErrorResponse frame is a FATAL or PANIC: the server ends the connection after it.
+fn is_fatal(frame: &[u8]) -> bool {
+    match BackendMessage::decode(b'E', frame.get(5..).unwrap_or_default()) {
+        Ok(BackendMessage::ErrorResponse(e)) => matches!(e.severity(), Some("FATAL" | "PANIC")),
+        _ => false,
     }
 }
 

@@ -646,7 +646,7 @@ impl Session {
     }
 
     /// Feeds CommandComplete / ReadyForQuery to the phase; `sync`: a ReadyForQuery answers
-    /// a Sync (else a simple Query).
+    /// a Sync (else a simple Query). Called before the message is added to `out`.
     pub(super) fn observe(&mut self, tag: u8, frame: &[u8], sync: bool) -> Result<(), PgError> {
         match BackendMessage::decode(tag, &frame[5..])? {
             BackendMessage::CommandComplete(tag) => self.advance(Event::Completed(&tag)),
@@ -656,6 +656,7 @@ impl Session {
         }
         if tag == b'Z' {
             self.client.info.set_state(self.ready_state());
+            self.note_ready();
         }
         Ok(())
     }
@@ -728,7 +729,8 @@ impl Session {
         }
     }
 
-    /// Writes pending bytes to the client.
+    /// Writes pending bytes to the client (a listening client's notifications put before the
+    /// ReadyForQuery that ends a transaction first).
     pub(super) async fn flush(&mut self) -> Result<(), PgError> {
         if let Some(r) = &self.replay {
             // Replaying what the agent delivered: the client has it.
@@ -736,8 +738,10 @@ impl Session {
                 self.replay = None;
             }
             self.out.clear();
+            self.held.ready_at = None; // its notifications stay queued for later
             return Ok(());
         }
+        self.notifications_before_ready().await;
         if !self.out.is_empty() {
             self.wire.send(&self.out).await?;
             self.out.clear();

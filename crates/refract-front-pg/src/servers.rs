@@ -434,11 +434,6 @@ impl Servers {
         self.list().iter().find(|s| s.role == PgRole::Primary && s.is_available()).cloned()
     }
 
-    /// The primary whatever its state (validation guarantees there is one).
-    pub fn any_primary(&self) -> Option<Arc<Server>> {
-        self.list().iter().find(|s| s.role == PgRole::Primary).cloned()
-    }
-
     /// The servers that may serve a read naming `tables`, the first choice first (the class's
     /// `[[postgres.share]]` if one is configured for `tables`, else the engine's `[balance]
     /// policy`, as for HTTP backends: by default the lower peak-EWMA cost of two random

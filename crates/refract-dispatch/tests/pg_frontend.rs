@@ -239,6 +239,58 @@ fn reset_goes_back_to_the_clients_startup_value() {
     assert_eq!(show(&mut c), "startup_app", "after an extended RESET");
 }
 
+/// The ParameterStatus set at login is the one PostgreSQL sends a direct connection with the
+/// same startup settings (libpq sends `PGTZ`, `PGDATESTYLE`, `PGCLIENTENCODING` and `PGAPPNAME`
+/// as `timezone`, `datestyle`, `client_encoding` and `application_name`): the server's spelling
+/// of each value, `application_name` reported, empty when not given; `SHOW` agrees; a value
+/// the server refuses at startup is refused with its SQLSTATE. Each set of settings logs in
+/// twice (the second greeting is the one refract kept).
+#[test]
+fn login_parameter_status_is_the_servers_for_the_clients_settings() {
+    let f = shared();
+    let cases: &[&[(&str, &str)]] = &[
+        &[],
+        &[("application_name", "my_app")],
+        &[("application_name", "")],
+        &[("client_encoding", "utf-8")],
+        &[("client_encoding", "euc-jp")],
+        &[("timezone", "europe/rome")],
+        &[("datestyle", "sql,dmy")],
+        &[
+            ("timezone", "europe/rome"),
+            ("datestyle", "sql,dmy"),
+            ("client_encoding", "euc-jp"),
+            ("application_name", "a"),
+        ],
+        &[("datestyle", "postgres"), ("intervalstyle", "iso_8601"), ("extra_float_digits", "2")],
+        &[("options", "-c DateStyle=german -c TimeZone=utc"), ("work_mem", "5000kB")],
+    ];
+    let sorted = |c: &Client| {
+        let mut p = c.params.clone();
+        p.sort();
+        p
+    };
+    for extra in cases {
+        let mut direct = Client::connect_with(f.cluster.primary.addr(), USER, PASSWORD, extra).unwrap();
+        for login in ["asked", "kept"] {
+            let mut through = Client::connect_with(f.addr(), USER, PASSWORD, extra).unwrap();
+            assert_eq!(sorted(&through), sorted(&direct), "{login}: {extra:?}");
+            for name in ["application_name", "client_encoding", "TimeZone", "DateStyle", "IntervalStyle"] {
+                let show = format!("SHOW {name}");
+                assert_eq!(through.query(&show).value(), direct.query(&show).value(), "{login}: {show} with {extra:?}");
+            }
+        }
+    }
+    for extra in [("client_encoding", "no_such_encoding"), ("timezone", "no/where"), ("datestyle", "sideways")] {
+        let direct = Client::connect_with(f.cluster.primary.addr(), USER, PASSWORD, &[extra]).err();
+        let through = Client::connect_with(f.addr(), USER, PASSWORD, &[extra]).err();
+        let code = |e: Option<refract_pg::ErrorFields>| e.and_then(|e| e.code().map(str::to_owned));
+        let want = code(direct);
+        assert!(want.is_some(), "PostgreSQL refuses {extra:?}");
+        assert_eq!(code(through), want, "{extra:?}");
+    }
+}
+
 #[test]
 fn pgbench_prepared_in_transaction_mode() {
     let f = shared();
@@ -255,10 +307,18 @@ fn pgbench_prepared_in_transaction_mode() {
     assert!(out.contains("number of failed transactions: 0"), "{out}");
 }
 
+/// The BackendKeyData process id is above every real one (Linux pids are below 2^22) and still
+/// cancels the client's statement.
 #[test]
 fn a_long_query_is_cancelled() {
     let f = shared();
     let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert!(c.key.0 >= 1 << 22, "pid {} could be a real process's", c.key.0);
+    let other = Client::connect(f.addr(), USER, PASSWORD).unwrap();
+    assert_ne!(other.key.0, c.key.0);
+    // Passed to the server, it names no backend (PostgreSQL warns and answers false).
+    let a = c.query(&format!("/* refract: route=primary */ SELECT pg_terminate_backend({})", c.key.0));
+    assert_eq!((a.value(), a.tags.contains('N')), ("f", true), "{a:?}");
     c.send(&[FrontendMessage::Query("SELECT pg_sleep(30)".into())]);
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();

@@ -995,13 +995,10 @@ fn concurrent_mixed_run_matches_postgres() {
     assert!(errors_in_results > 0, "the mix had no failing result: widen it");
 }
 
-/// KNOWN DIFFERENCE, left out of the tests above (run with `--ignored` to see it): refract's
-/// server connections log in with `application_name = 'refract'`, so a client that gave no
-/// `application_name` at startup reads `refract` where PostgreSQL gives `''`, and `RESET
-/// application_name` (or `RESET ALL`) returns to `refract` (ParameterStatus `refract`) where
-/// PostgreSQL returns to the client's own startup value.
+/// A client that gave no `application_name` at startup reads `''`, and `RESET
+/// application_name` goes back to it (ParameterStatus `''`), as on PostgreSQL: refract's server
+/// connections log in without settings of their own.
 #[test]
-#[ignore = "refract differs from PostgreSQL here: see the doc comment"]
 fn application_name_default_and_reset_match_postgres() {
     same_bytes(&Script::query("application_name never set", "select current_setting('application_name')"));
     same_bytes(&Script::new(

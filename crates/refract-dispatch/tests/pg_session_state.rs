@@ -189,14 +189,8 @@ fn notifications_reach_only_the_clients_that_listen_even_while_idle() {
     assert_eq!(notification(&mut a, Duration::from_secs(5)), Some(("chan_a".into(), "by function".into())));
     ok(&mut c, "NOTIFY other_channel, 'not for a'");
     assert_eq!(notification(&mut a, Duration::from_millis(300)), None);
-    // Its own NOTIFY comes back to it, as on PostgreSQL.
-    let mut got = a.query("NOTIFY chan_a, 'self'");
-    if got.tags.contains('A') {
-        got.tags.retain(|t| t != 'A');
-    } else {
-        assert_eq!(notification(&mut a, Duration::from_secs(5)), Some(("chan_a".into(), "self".into())));
-    }
-    assert_eq!(got.tags, "CZ");
+    // Its own NOTIFY comes back to it before its ReadyForQuery, as on PostgreSQL.
+    assert_eq!(a.query("NOTIFY chan_a, 'self'").tags, "CAZ");
     // The extended protocol, as pgjdbc sends LISTEN.
     let got = extended(&mut b, "LISTEN chan_b");
     assert_eq!((got.tags.as_str(), got.error), ("12CZ", None));
@@ -206,6 +200,59 @@ fn notifications_reach_only_the_clients_that_listen_even_while_idle() {
     assert_eq!(ok(&mut a, "UNLISTEN *").tags, "CZ");
     ok(&mut c, "NOTIFY chan_a, 'after unlisten'");
     assert_eq!(notification(&mut a, Duration::from_millis(500)), None);
+}
+
+/// Sends `msgs` and reads to ReadyForQuery: the message types and the notifications' payloads.
+fn with_notifications(c: &mut Client, msgs: &[FrontendMessage]) -> (String, Vec<String>) {
+    c.send(msgs);
+    let (mut tags, mut payloads) = (String::new(), vec![]);
+    loop {
+        let msg = c.recv().unwrap_or_else(|| panic!("the connection ended after {tags:?}"));
+        tags.push(char::from(msg.tag()));
+        match msg {
+            BackendMessage::NotificationResponse { payload, .. } => payloads.push(payload),
+            BackendMessage::ReadyForQuery(_) => return (tags, payloads),
+            _ => {}
+        }
+    }
+}
+
+/// A client's own notifications are there when the ReadyForQuery of the transaction that sent
+/// them arrives, as on PostgreSQL (whose listener connection refract must have caught up
+/// with): 30 of them, each checked at its ReadyForQuery: NOTIFY, `pg_notify`, in a
+/// transaction block (nothing before COMMIT), through the extended protocol.
+#[test]
+fn own_notifications_arrive_before_their_ready_for_query() {
+    let f = pool_of_one();
+    let mut a = connect(&f);
+    ok(&mut a, "LISTEN own_chan");
+    let q = |sql: String| vec![FrontendMessage::Query(sql)];
+    let mut late = vec![];
+    for i in 0..30 {
+        let payload = format!("n{i}");
+        let (msgs, want_tags) = match i % 4 {
+            0 => (q(format!("NOTIFY own_chan, '{payload}'")), "CAZ"),
+            1 => (q(format!("SELECT pg_notify('own_chan', '{payload}')")), "TDCAZ"),
+            2 => {
+                assert_eq!(ok(&mut a, "BEGIN").tags, "CZ");
+                let (tags, got) = with_notifications(&mut a, &q(format!("NOTIFY own_chan, '{payload}'")));
+                assert_eq!((tags.as_str(), got.len()), ("CZ", 0), "not before COMMIT");
+                (q("COMMIT".into()), "CAZ")
+            }
+            _ => {
+                let sql = format!("NOTIFY own_chan, '{payload}'");
+                let parse = FrontendMessage::Parse { name: String::new(), query: sql, param_types: vec![] };
+                let exec = FrontendMessage::Execute { portal: String::new(), max_rows: 0 };
+                (vec![parse, FrontendMessage::Bind(Bind::default()), exec, FrontendMessage::Sync], "12CAZ")
+            }
+        };
+        let (tags, got) = with_notifications(&mut a, &msgs);
+        if got != [payload.clone()] || tags != want_tags {
+            late.push(format!("{payload}: {tags} {got:?}"));
+        }
+    }
+    assert_eq!(late, Vec::<String>::new(), "{} of 30 not there at their ReadyForQuery", late.len());
+    assert_eq!(notification(&mut a, Duration::from_millis(300)), None, "none twice");
 }
 
 #[test]
@@ -479,4 +526,52 @@ fn large_objects_through_the_function_call_protocol() {
     let gone = f.psql(&[&format!("SELECT count(*) FROM pg_largeobject_metadata WHERE oid = {oid}")]).unwrap();
     assert_eq!(gone.trim(), "0");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// One client's server connection ending (its own `pg_terminate_backend`, then
+/// `idle_in_transaction_session_timeout`) costs that client its statement, with the server's
+/// FATAL and `08006`, and nothing else: the server is not marked down, and another client
+/// running statements on the primary meanwhile gets no error.
+#[test]
+fn a_server_connection_ending_leaves_the_server_up() {
+    let f = Fixture::start("pool_size = 2\nmin_idle = 1\ncheckout_timeout_ms = 2000");
+    let (addr, stop) = (f.addr(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let looping = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut b = Client::connect(addr, USER, PASSWORD).unwrap();
+            let (mut ran, mut errors) = (0, vec![]);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for sql in ["/* refract: route=primary */ SELECT 1", "SELECT 1"] {
+                    let got = b.query(sql);
+                    ran += 1;
+                    if got.error.is_some() || got.value() != "1" {
+                        errors.push(format!("{sql}: {got:?}"));
+                    }
+                }
+            }
+            (ran, errors)
+        })
+    };
+    let mut a = connect(&f);
+    for round in 0..3 {
+        let got = a.query("/* refract: route=primary */ SELECT pg_terminate_backend(pg_backend_pid())");
+        assert_eq!(got.tags.matches('E').count(), 2, "round {round}: the server's FATAL, then 08006: {got:?}");
+        assert_eq!(got.code(), Some("08006"), "round {round}: {got:?}");
+        assert_eq!(ok(&mut a, "SELECT 2").value(), "2", "round {round}: the session goes on");
+    }
+    ok(&mut a, "SET idle_in_transaction_session_timeout = '200ms'");
+    ok(&mut a, "BEGIN; SELECT 1");
+    std::thread::sleep(Duration::from_millis(700));
+    let got = a.query("SELECT 1");
+    assert_eq!(got.code(), Some("08006"), "the transaction's connection timed out: {got:?}");
+    ok(&mut a, "RESET idle_in_transaction_session_timeout");
+    assert_eq!(ok(&mut a, "/* refract: route=primary */ SELECT 3").value(), "3");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ran, errors) = looping.join().unwrap();
+    assert!(ran > 10, "the other client ran only {ran} statements");
+    assert_eq!(errors, Vec::<String>::new(), "the other client got errors ({ran} statements)");
+    let servers = f.admin_json("/pg/servers");
+    assert!(servers.as_array().unwrap().iter().all(|s| s["healthy"] == serde_json::json!(true)), "{servers}");
 }

@@ -1,5 +1,6 @@
 //! The session state refract keeps for a client ([`Held`]): why it is pinned to its server
-//! connection ([`Pins`], set by `pin`), the channels it listens on (`notify`, `listen`), the
+//! connection ([`Pins`], set by `pin`), the channels it listens on and where its notifications
+//! go before a ReadyForQuery (`notify`, `listen`), the
 //! SETs run by Execute since the last Sync (`extended`). Data only: a field of the session,
 //! below the modules that act on it.
 
@@ -64,6 +65,10 @@ pub(super) struct Held {
     pub quiet_flush: bool,
     /// DDL ran in the open transaction (the schema epoch advances again when it ends).
     pub schema_changed: bool,
+    /// A listening client's ReadyForQuery that ends a transaction is in the session's output at
+    /// this offset: its notifications go in before it (`listen`), after a round trip on the
+    /// listener when `true` (the transaction ran on the primary, so it may have notified).
+    pub ready_at: Option<(usize, bool)>,
 }
 
 impl Held {

@@ -6,9 +6,11 @@
 //! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
 //! - `admit`: admission control (adaptive limit, deadline queue) before a server connection;
 //!   `baseline`: each server's no-load time per kind of statement, which its limit reads;
-//!   `lru`: the bounded table both keep per kind of statement.
+//!   `lru`: the bounded table both keep per kind of statement (and `greeting` per set of
+//!   startup settings).
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
-//! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication.
+//! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication;
+//!   `greeting`: the ParameterStatus set at login, the primary's for the client's settings.
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
 //! - `large`: large DataRow / CopyData relayed in pieces, never held whole.
@@ -44,6 +46,7 @@ mod clients;
 pub mod config;
 mod error;
 mod extended;
+mod greeting;
 mod handover;
 mod held;
 mod large;

@@ -1,13 +1,15 @@
 //! A transaction-mode client's LISTEN/UNLISTEN (simple or extended protocol), answered by
 //! refract through the shared listener (`notify`), and its notifications, sent to it while it
-//! is idle between transactions.
+//! is idle between transactions and, as on PostgreSQL, before the ReadyForQuery that ends a
+//! transaction: its own ones (the listener caught up first) and any others already in.
 
 use super::bind::streamed_from_client;
 use super::error::PgError;
 use super::notify::Listening;
 use super::session::Session;
 use super::wire::Incoming;
-use crate::config::PoolMode;
+use crate::config::{PgRole, PoolMode};
+use bytes::BytesMut;
 use refract_pg::classify::Statement;
 use refract_pg::frontend::Target;
 use refract_pg::notice::sqlstate;
@@ -40,6 +42,37 @@ impl Session {
                     }
                 }
             }
+        }
+    }
+
+    /// At a ReadyForQuery from the server, before it is added to `out`: when it leaves a
+    /// listening client idle, notes where it goes, for [`Session::notifications_before_ready`].
+    pub(super) fn note_ready(&mut self) {
+        let listens = self.held.listening.as_ref().is_some_and(Listening::listens);
+        if !listens || self.phase().tx() != TxStatus::Idle {
+            return;
+        }
+        // A transaction on a replica notified nobody: what is queued is all there is.
+        let on_primary = self.bound.as_ref().is_some_and(|b| b.server.role == PgRole::Primary);
+        self.held.ready_at = Some((self.out.len(), on_primary));
+    }
+
+    /// Puts the client's notifications before the ReadyForQuery noted by
+    /// [`Session::note_ready`]: after a transaction on the primary, once the listener has caught
+    /// up with it, so that the client's own notifications are there, as PostgreSQL delivers a
+    /// session's own before the ReadyForQuery of the transaction that committed them.
+    pub(super) async fn notifications_before_ready(&mut self) {
+        let Some((at, catch_up)) = self.held.ready_at.take() else { return };
+        let Some(l) = self.held.listening.as_mut() else { return };
+        if catch_up {
+            l.catch_up().await;
+        }
+        let mut queued = BytesMut::new();
+        l.take_queued(&mut queued);
+        if !queued.is_empty() {
+            let tail = self.out.split_off(at.min(self.out.len()));
+            self.out.extend_from_slice(&queued);
+            self.out.extend_from_slice(&tail);
         }
     }
 

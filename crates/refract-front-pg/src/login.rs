@@ -4,7 +4,8 @@
 
 use super::cancel::CancelKey;
 use super::error::PgError;
-use super::server::{self, ServerConn};
+use super::greeting;
+use super::server;
 use super::shared::Shared;
 use super::wire::Wire;
 use bytes::{Bytes, BytesMut};
@@ -15,7 +16,7 @@ use refract_pg::{reply, text, BackendMessage, FrontendMessage, Limits, Startup, 
 use std::time::Duration;
 
 /// Startup parameters that become session SETs (replayed on every server connection used).
-const TRACKED_PARAMS: &[&str] =
+pub(super) const TRACKED_PARAMS: &[&str] =
     &["application_name", "client_encoding", "datestyle", "timezone", "intervalstyle", "extra_float_digits"];
 
 /// A logged-in client.
@@ -43,7 +44,8 @@ pub async fn login(shared: &Shared, wire: &mut Wire) -> Option<LoggedIn> {
     }
 }
 
-type Refusal = (&'static str, String);
+/// Why a login is refused: SQLSTATE and message (sent as a FATAL).
+pub(super) type Refusal = (&'static str, String);
 
 async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn>, Refusal> {
     let Some(startup) = read_startup(shared, wire).await? else { return Ok(None) };
@@ -59,9 +61,8 @@ async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn
     options(&startup).map_err(|e| (e.code, e.message))?;
     negotiate(wire, &startup).await?;
     authenticate(shared, wire, user).await?;
-    check_options(shared, &startup).await?;
+    let params = greeting::greeting(shared, &startup).await?;
     let key = shared.cancels.register();
-    let params = greeting_params(shared, &startup).await;
     wire.send(&reply::login_complete(&params, key.pid, key.secret)).await.map_err(refusal)?;
     Ok(Some(LoggedIn { startup, key }))
 }
@@ -167,47 +168,6 @@ async fn authenticate(shared: &Shared, wire: &mut Wire, user: &str) -> Result<()
     }
 }
 
-/// The ParameterStatus set: the servers' (learnt once), with the client's own values on top.
-async fn greeting_params(shared: &Shared, startup: &Startup) -> Vec<(String, String)> {
-    let known = shared.server_params.read().map(|p| p.clone()).unwrap_or_default();
-    let mut params = if known.is_empty() { learn_server_params(shared).await } else { known };
-    for (k, v) in &startup.params {
-        if let Some(slot) = params.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(k)) {
-            if TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str()) {
-                slot.1 = v.clone();
-            }
-        }
-    }
-    params
-}
-
-async fn learn_server_params(shared: &Shared) -> Vec<(String, String)> {
-    for s in shared.servers.list().iter() {
-        let login = s.pool.login();
-        if let Ok(conn) = ServerConn::connect(s.pool.addr(), login).await {
-            let params: Vec<(String, String)> =
-                conn.params.into_iter().filter(|(k, _)| k != "application_name").collect();
-            if let Ok(mut p) = shared.server_params.write() {
-                p.clone_from(&params);
-            }
-            return params;
-        }
-    }
-    // No server answers: enough for libpq and psql to proceed; queries will get errors.
-    [
-        ("server_version", "15.0"),
-        ("server_encoding", "UTF8"),
-        ("client_encoding", "UTF8"),
-        ("DateStyle", "ISO, MDY"),
-        ("integer_datetimes", "on"),
-        ("standard_conforming_strings", "on"),
-        ("TimeZone", "UTC"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
 /// The startup parameters to track as session SETs, as SET statements: the usual ones
 /// (`TRACKED_PARAMS`) as `SET`, any other setting (PostgreSQL takes every parameter but
 /// `user`, `database`, `options`, `replication` and `_pq_.*` as one, e.g. asyncpg's
@@ -253,14 +213,6 @@ fn is_setting(name: &str) -> bool {
     !matches!(name, "user" | "database" | "options" | "replication") && !name.starts_with("_pq_.")
 }
 
-/// Settings in the startup packet beyond the usual ones (which the server's defaults cover), or
-/// with bytes that are not UTF-8 (which the server must be able to read in their encoding).
-fn has_extra_settings(startup: &Startup) -> bool {
-    let extra = |k: &String| is_setting(k) && !TRACKED_PARAMS.contains(&k.to_ascii_lowercase().as_str());
-    let raw = |v: &String| text::is_raw(v);
-    startup.params.iter().any(|(k, v)| extra(k) || raw(v)) || matches!(options(startup), Ok(o) if !o.is_empty())
-}
-
 /// The startup packet's `options` as settings (refused as PostgreSQL refuses them).
 fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::session::OptionsError> {
     match startup.params.iter().find(|(k, _)| k == "options") {
@@ -269,36 +221,8 @@ fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::sessi
     }
 }
 
-/// PostgreSQL refuses a login whose settings (parameters or `options`) name an unknown
-/// parameter or a bad value: they are tried on a server connection first, in a transaction
-/// rolled back (no server: not checked; their replay then fails on each connection).
-async fn check_options(shared: &Shared, startup: &Startup) -> Result<(), Refusal> {
-    if !has_extra_settings(startup) {
-        return Ok(());
-    }
-    let sets: Vec<String> = startup_sets(startup).into_iter().map(|(_, sql)| sql).collect();
-    let Some(server) = shared.servers.primary().or_else(|| shared.servers.any_primary()) else { return Ok(()) };
-    let Ok(mut conn) = server.pool.get(super::sizes::Path::Direct).await else { return Ok(()) };
-    let tried = conn.query(&format!("BEGIN; {}", sets.join("; "))).await;
-    if conn.query("ROLLBACK").await.is_ok() {
-        conn.release();
-    }
-    match tried {
-        Err(PgError::Server(e)) => {
-            let code = match e.code().unwrap_or_default() {
-                "42704" => "42704",
-                "42501" => "42501",
-                "55P02" => "55P02",
-                "22021" => "22021",
-                _ => "22023",
-            };
-            Err((code, e.message().unwrap_or("invalid startup options").to_owned()))
-        }
-        _ => Ok(()),
-    }
-}
-
-fn literal(s: &str) -> String {
+/// `s` as an SQL string literal.
+pub(super) fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 

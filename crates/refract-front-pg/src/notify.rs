@@ -3,6 +3,14 @@
 //! to the clients that listen on its channel ([`Listening`], a client's part, kept in its
 //! session's `held` state). The session's side, answering a client's LISTEN/UNLISTEN and
 //! delivering its notifications, is `listen`.
+//!
+//! A listening client's own notifications must reach it before the ReadyForQuery of the
+//! transaction that sent them, as on PostgreSQL, but they come on the listener connection,
+//! after the client's own connection has answered. [`Listening::catch_up`] closes that gap
+//! with a round trip on the listener connection: a committing backend signals the listeners
+//! before its ReadyForQuery, and a listening backend sends what it was signalled before it
+//! reads its next query, so once an empty query has been answered there, every notification
+//! committed before it has been dispatched.
 
 use super::error::PgError;
 use super::server::ServerConn;
@@ -32,7 +40,13 @@ enum Cmd {
     Listen(String, oneshot::Sender<Result<(), String>>),
     /// UNLISTEN on the server if no client listens any more.
     Unlisten(String),
+    /// Answer once everything committed so far has been dispatched (a round trip).
+    CatchUp(oneshot::Sender<()>),
 }
+
+/// The longest a ReadyForQuery waits for the listener to catch up (a listener connection that
+/// is slow or reconnecting delays the client no further; its notifications then come after).
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(1);
 
 impl Notifier {
     fn subscribers(&self) -> std::sync::MutexGuard<'_, Subscribers> {
@@ -67,8 +81,14 @@ impl Notifier {
 
     /// Asks a running listener task to UNLISTEN `channel` (if nobody listens again meanwhile).
     fn unlisten_later(&self, channel: String) {
-        if let Some(tx) = self.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-            let _ = tx.send(Cmd::Unlisten(channel));
+        self.send(Cmd::Unlisten(channel));
+    }
+
+    /// Sends `cmd` to the listener task if it runs; whether it does.
+    fn send(&self, cmd: Cmd) -> bool {
+        match self.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            Some(tx) => tx.send(cmd).is_ok(),
+            None => false,
         }
     }
 
@@ -147,6 +167,15 @@ impl ListenerTask {
                         tracing::debug!(error = %e, "UNLISTEN on the primary failed");
                     }
                 }
+            }
+            Cmd::CatchUp(done) => {
+                // Not connected: nothing can arrive before a new connection listens again.
+                if self.conn.is_some() {
+                    if let Err(e) = self.exec("").await {
+                        tracing::debug!(error = %e, "listener round trip failed");
+                    }
+                }
+                let _ = done.send(());
             }
         }
     }
@@ -261,6 +290,20 @@ impl Listening {
             if self.wants(&n) {
                 out.extend_from_slice(&n);
             }
+        }
+    }
+
+    /// Whether the client listens on any channel.
+    pub(super) fn listens(&self) -> bool {
+        !self.channels.is_empty()
+    }
+
+    /// Waits (at most `CATCH_UP_LIMIT`) until the listener has dispatched every notification
+    /// committed before now, so [`Listening::take_queued`] finds them (see the module's text).
+    pub(super) async fn catch_up(&self) {
+        let (done, answer) = oneshot::channel();
+        if self.notifier.send(Cmd::CatchUp(done)) {
+            let _ = tokio::time::timeout(CATCH_UP_LIMIT, answer).await;
         }
     }
 

@@ -76,6 +76,8 @@ pub struct ServerConn {
     pub applied: Option<Vec<(String, String)>>,
     /// Something went wrong mid-conversation: never reuse.
     pub broken: bool,
+    /// The server sent a FATAL (or PANIC) on it: the server itself is ending the connection.
+    pub ended_by_server: bool,
     /// The shard whose event loop the socket is registered with (its pool's idle list).
     pub home: usize,
     /// The id the server's agent gave this connection (through an agent only).
@@ -111,11 +113,9 @@ impl ServerConn {
         };
         let _ = stream.set_nodelay(true);
         let mut wire = Wire::new(stream, Side::Backend);
-        let params = vec![
-            ("user".to_owned(), login.user.clone()),
-            ("database".to_owned(), login.database.clone()),
-            ("application_name".to_owned(), "refract".to_owned()),
-        ];
+        // No settings of refract's own (not even `application_name`): a RESET on behalf of a
+        // client must go back to the server's defaults, as the client's own connection would.
+        let params = vec![("user".to_owned(), login.user.clone()), ("database".to_owned(), login.database.clone())];
         let mut out = BytesMut::new();
         if let Some(threshold) = hybrid {
             HybridRequest { threshold }.encode(&mut out);
@@ -135,6 +135,7 @@ impl ServerConn {
             unnamed: None,
             applied: Some(vec![]),
             broken: false,
+            ended_by_server: false,
             home: refract_core::shard::current(),
             hybrid_id,
             epochs: refract_handover::EpochTracker::new(),
@@ -170,8 +171,8 @@ impl ServerConn {
         Ok(BackendMessage::decode(tag, &frame[5..])?)
     }
 
-    /// Runs refract's own simple query and returns the rows (text columns); a server error is
-    /// `PgError::Server` once the server is ready again.
+    /// Runs refract's own simple query and returns the rows (text columns, decoded losslessly,
+    /// `refract_pg::text`); a server error is `PgError::Server` once the server is ready again.
     pub async fn query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, PgError> {
         let mut out = BytesMut::new();
         FrontendMessage::Query(sql.to_owned()).encode(&mut out);
@@ -182,7 +183,7 @@ impl ServerConn {
         loop {
             match self.recv_msg().await? {
                 BackendMessage::DataRow(cols) => {
-                    rows.push(cols.into_iter().map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
+                    rows.push(cols.into_iter().map(|c| c.map(|b| refract_pg::text::decode(&b))).collect())
                 }
                 BackendMessage::ErrorResponse(e) => error = Some(e),
                 BackendMessage::ReadyForQuery(_) => break,

@@ -87,7 +87,8 @@ impl Server {
         self.member.is_available()
     }
 
-    /// Marks it down (a connection to it failed); the health loop brings it back.
+    /// Marks it down (its probe failed, or a new connection to it could not connect or log
+    /// in); the health loop brings it back.
     pub fn mark_down(&self) {
         if self.member.set_up(false) {
             tracing::warn!(server = %self.name, "postgres server marked down");
@@ -431,11 +432,6 @@ impl Servers {
     /// The primary, if it may take statements (up, not drained).
     pub fn primary(&self) -> Option<Arc<Server>> {
         self.list().iter().find(|s| s.role == PgRole::Primary && s.is_available()).cloned()
-    }
-
-    /// The primary whatever its state (validation guarantees there is one).
-    pub fn any_primary(&self) -> Option<Arc<Server>> {
-        self.list().iter().find(|s| s.role == PgRole::Primary).cloned()
     }
 
     /// The servers that may serve a read naming `tables`, the first choice first (the class's

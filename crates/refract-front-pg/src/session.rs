@@ -406,7 +406,11 @@ impl Session {
     }
 
     /// Ends a server conversation: a server failure costs the client its statement (and
-    /// transaction), not its session; a client failure ends the session.
+    /// transaction), not its session; a client failure ends the session. The server stays up:
+    /// one connection ending (`pg_terminate_backend`, `idle_in_transaction_session_timeout`, a
+    /// broken socket) says nothing of the others, and a server that is really gone fails the
+    /// next connect or probe, which mark it down. A connection the server ended with a FATAL
+    /// of its own is not a failure of the server either (for ejection).
     pub(super) async fn settle(&mut self, result: Result<(), PgError>) -> Result<(), PgError> {
         let Err(e) = result else { return Ok(()) };
         if e.side() == Side::Client {
@@ -415,10 +419,9 @@ impl Session {
         tracing::warn!(error = %e, "postgres server conversation failed");
         self.shared.metrics.error("pg_server");
         if let Some(b) = self.bound.take() {
-            if matches!(e, PgError::Io { .. } | PgError::Closed(_)) {
-                b.server.mark_down();
+            if !b.guard.ended_by_server {
+                self.servers().failed(&b.server);
             }
-            self.servers().failed(&b.server);
             drop(b.guard); // not released: its state is unknown
         }
         // A transaction's other shards: dropped, so their servers roll back.
@@ -706,7 +709,7 @@ impl Session {
     }
 
     /// Feeds CommandComplete / ReadyForQuery to the phase; `sync`: a ReadyForQuery answers
-    /// a Sync (else a simple Query).
+    /// a Sync (else a simple Query). Called before the message is added to `out`.
     pub(super) fn observe(&mut self, tag: u8, frame: &[u8], sync: bool) -> Result<(), PgError> {
         match BackendMessage::decode(tag, &frame[5..])? {
             BackendMessage::CommandComplete(tag) => self.advance(Event::Completed(&tag)),
@@ -721,6 +724,7 @@ impl Session {
                 self.held.schema_changed = false;
                 self.shared.schema_epoch.fetch_add(1, Ordering::AcqRel);
             }
+            self.note_ready();
         }
         Ok(())
     }
@@ -761,7 +765,11 @@ impl Session {
             self.out.clear();
         }
         loop {
-            if let Some(f) = self.conn()?.wire.next_frame()? {
+            let conn = self.conn()?;
+            if let Some(f) = conn.wire.next_frame()? {
+                if f.0 == b'E' && is_fatal(&f.1) {
+                    conn.ended_by_server = true;
+                }
                 return Ok(f);
             }
             self.flush().await?;
@@ -798,7 +806,8 @@ impl Session {
         }
     }
 
-    /// Writes pending bytes to the client.
+    /// Writes pending bytes to the client (a listening client's notifications put before the
+    /// ReadyForQuery that ends a transaction first).
     pub(super) async fn flush(&mut self) -> Result<(), PgError> {
         if let Some(r) = &self.replay {
             // Replaying what the agent delivered: the client has it.
@@ -806,8 +815,10 @@ impl Session {
                 self.replay = None;
             }
             self.out.clear();
+            self.held.ready_at = None; // its notifications stay queued for later
             return Ok(());
         }
+        self.notifications_before_ready().await;
         if !self.out.is_empty() {
             self.wire.send(&self.out).await?;
             self.out.clear();
@@ -858,6 +869,14 @@ impl Session {
             self.release().await;
         }
         Ok(())
+    }
+}
+
+/// Whether an ErrorResponse frame is a FATAL or PANIC: the server ends the connection after it.
+fn is_fatal(frame: &[u8]) -> bool {
+    match BackendMessage::decode(b'E', frame.get(5..).unwrap_or_default()) {
+        Ok(BackendMessage::ErrorResponse(e)) => matches!(e.severity(), Some("FATAL" | "PANIC")),
+        _ => false,
     }
 }
 

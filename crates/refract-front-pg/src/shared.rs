@@ -1,9 +1,10 @@
 //! What every PostgreSQL session shares ([`Shared`]): the configuration, the servers and their
-//! pools and admission control, the classifier, cancel keys, the clients, the LISTEN channels. Kept by the
+//! pools and admission control, the classifier, cancel keys, the greetings, the clients, the LISTEN channels. Kept by the
 //! dispatcher's shared state (`ctx`) for the admin views, so it imports neither.
 
 use super::cancel::Cancels;
 use super::clients::Clients;
+use super::greeting::Greetings;
 use super::notify::Notifier;
 use super::servers::Servers;
 use super::sharding::Sharding;
@@ -28,8 +29,11 @@ pub(crate) struct Shared {
     pub(super) sharding: Option<Arc<Sharding>>,
     pub(super) classifier: Classifier,
     pub(super) cancels: Arc<Cancels>,
-    /// ParameterStatus values to greet clients with (from the first server login).
+    /// The ParameterStatus values of the last server login refract read (its server version,
+    /// and the greeting when the primary cannot be asked).
     pub(super) server_params: RwLock<Vec<(String, String)>>,
+    /// The greeting per set of startup settings, learnt from the primary.
+    pub(super) greetings: Greetings,
     pub(super) metrics: Arc<Metrics>,
     pub(super) next_client: AtomicU64,
     pub(super) stop: CancellationToken,
@@ -78,6 +82,7 @@ impl Shared {
             classifier: Classifier::new(ccfg),
             cancels: Arc::default(),
             server_params: RwLock::new(vec![]),
+            greetings: Greetings::default(),
             metrics: metrics.clone(),
             next_client: AtomicU64::new(1),
             stop: stop.clone(),

@@ -315,6 +315,8 @@ pub struct Client {
     buf: BytesMut,
     /// refract's BackendKeyData.
     pub key: (i32, bytes::Bytes),
+    /// The ParameterStatus messages of the login, in order.
+    pub params: Vec<(String, String)>,
 }
 
 /// What a query returned.
@@ -347,7 +349,7 @@ impl Client {
     pub fn raw(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        Client { stream, buf: BytesMut::new(), key: (0, bytes::Bytes::new()) }
+        Client { stream, buf: BytesMut::new(), key: (0, bytes::Bytes::new()), params: vec![] }
     }
 
     /// Logs in; an ErrorResponse during login is returned as `Err`.
@@ -377,6 +379,7 @@ impl Client {
                     }
                 }
                 BackendMessage::BackendKeyData { pid, secret } => c.key = (pid, secret),
+                BackendMessage::ParameterStatus { name, value } => c.params.push((name, value)),
                 BackendMessage::ErrorResponse(e) => return Err(e),
                 BackendMessage::ReadyForQuery(_) => return Ok(c),
                 _ => {}

@@ -368,6 +368,12 @@ fn a_role_or_session_authorization_never_reaches_another_client() {
     assert_eq!(primary(&mut b, "SELECT current_user").value(), USER);
     ok(&mut a, "SET SESSION AUTHORIZATION regress_rf_x");
     assert_eq!(primary(&mut a, "SELECT session_user || ' ' || current_user").value(), "regress_rf_x regress_rf_x");
+    // Not in a new client's greeting either (session_authorization is a reported parameter),
+    // asked on the connection a just used.
+    // (settings no login had before, so refract asks a server for this greeting)
+    let greeted = Client::connect_with(f.addr(), USER, PASSWORD, &[("application_name", "greeted")]).unwrap();
+    let reported = greeted.params.iter().find(|(n, _)| n == "session_authorization").map(|(_, v)| v.as_str());
+    assert_eq!(reported, Some(USER), "{:?}", greeted.params);
     assert_eq!(primary(&mut b, "SELECT session_user || ' ' || current_user").value(), format!("{USER} {USER}"));
     drop(a); // gone: its connection must come back clean too
     let mut c = connect(&f);

@@ -6,7 +6,7 @@
 //! Only the server knows how it spells a value, and refract applies a client's startup
 //! settings as SETs on whichever server connection serves it (`login::startup_sets`), so the
 //! primary is asked, on one of its pooled connections, in a transaction that is rolled back:
-//! `RESET ALL` (back to the connection's login values), the client's SETs, then the
+//! `RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL` (back to the connection's login values), the client's SETs, then the
 //! `current_setting` of every parameter the server reported at that connection's login
 //! (ParameterStatus carries the same text, in the client's encoding, as the query's answer
 //! does). A setting the server refuses refuses the login, with the server's error, as
@@ -131,7 +131,9 @@ async fn ask_primary(shared: &Shared, sets: &[String]) -> Result<Option<Params>,
 /// `names` read, the transaction rolled back (after an error the caller rolls back).
 fn reading_query(sets: &[String], names: &[String]) -> String {
     let reads: Vec<String> = names.iter().map(|n| format!("pg_catalog.current_setting({})", literal(n))).collect();
-    let mut sql = String::from("BEGIN; RESET ALL; ");
+    // The connection may carry another client's settings, its session authorization among
+    // them (a reported parameter): back to the login values, identity included.
+    let mut sql = format!("BEGIN; {}; ", refract_pg::session::BACK_TO_DEFAULTS);
     for set in sets {
         sql.push_str(set);
         sql.push_str("; ");
@@ -203,12 +205,12 @@ mod tests {
         let names = ["TimeZone".to_owned(), "it's".into()];
         assert_eq!(
             reading_query(&sets, &names),
-            "BEGIN; RESET ALL; SET TimeZone = 'europe/rome'; SELECT pg_catalog.set_config('a.b', 'x', false); \
+            "BEGIN; RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; SET TimeZone = 'europe/rome'; SELECT pg_catalog.set_config('a.b', 'x', false); \
              SELECT pg_catalog.current_setting('TimeZone'), pg_catalog.current_setting('it''s'); ROLLBACK"
         );
         assert_eq!(
             reading_query(&[], &names[..1]),
-            "BEGIN; RESET ALL; SELECT pg_catalog.current_setting('TimeZone'); ROLLBACK"
+            "BEGIN; RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; SELECT pg_catalog.current_setting('TimeZone'); ROLLBACK"
         );
     }
 

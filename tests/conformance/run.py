@@ -21,6 +21,7 @@ Python 3.11 standard library only. Environment:
 """
 
 import difflib
+import hashlib
 import os
 import pwd
 import re
@@ -183,22 +184,43 @@ def deb_src_entries():
     return stanzas, lines
 
 
+def has_deb_src():
+    files = [Path("/etc/apt/sources.list")] + sorted(Path("/etc/apt/sources.list.d").glob("*"))
+    for f in files:
+        try:
+            text = f.read_text()
+        except OSError:
+            continue
+        if (f.suffix == ".sources" and re.search(r"^Types:.*\bdeb-src\b", text, re.M)) or \
+                (f.suffix in (".list", "") and re.search(r"^\s*deb-src\s", text, re.M)):
+            return True
+    return False
+
+
+def apt_update():
+    # A failing third-party list must not stop us: what we need is checked afterwards.
+    run(SUDO + ["apt-get", "update", "-qq"], 600, what="apt-get update", check=False,
+        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+
+
 def ensure_deb_src(major):
+    """`apt-cache showsrc postgresql-MAJOR` answers: deb-src entries added if there are none."""
     if source_versions(major):
         return
-    stanzas, lines = deb_src_entries()
-    if not stanzas and not lines:
-        raise Failure("no Debian apt source to derive a deb-src entry from (/etc/apt/sources.list*)")
-    log("adding deb-src entries for Debian's source packages")
-    if stanzas:
-        text = "# added by refract's tests/conformance/run.py: PostgreSQL's regression sources\n"
-        dest = "/etc/apt/sources.list.d/refract-deb-src.sources"
-        content = text + "\n\n".join(stanzas) + "\n"
-    else:
-        dest = "/etc/apt/sources.list.d/refract-deb-src.list"
-        content = "# added by refract's tests/conformance/run.py\n" + "\n".join(lines) + "\n"
-    run(SUDO + ["tee", dest], 30, what="writing " + dest, input=content)
-    run(SUDO + ["apt-get", "update", "-qq"], 600, what="apt-get update", check=False)
+    if not has_deb_src():
+        stanzas, lines = deb_src_entries()
+        if not stanzas and not lines:
+            raise Failure("no Debian apt source to derive a deb-src entry from (/etc/apt/sources.list*)")
+        log("adding deb-src entries for Debian's source packages")
+        if stanzas:
+            dest = "/etc/apt/sources.list.d/refract-deb-src.sources"
+            content = ("# added by refract's tests/conformance/run.py: PostgreSQL's regression sources\n"
+                       + "\n\n".join(stanzas) + "\n")
+        else:
+            dest = "/etc/apt/sources.list.d/refract-deb-src.list"
+            content = "# added by refract's tests/conformance/run.py\n" + "\n".join(lines) + "\n"
+        run(SUDO + ["tee", dest], 30, what="writing " + dest, input=content)
+    apt_update()
     if not source_versions(major):
         raise Failure(f"apt-cache showsrc postgresql-{major}: no source package even with deb-src entries")
 
@@ -207,6 +229,8 @@ def prepare_packages(major):
     """Server, client, server-dev headers and sources of one version; returns that version."""
     server = dpkg_version(f"postgresql-{major}")
     ensure_deb_src(major)
+    if server and server not in source_versions(major):
+        apt_update()  # the lists may predate the installed version
     if server and server in source_versions(major):
         want = {p: server for p in (f"postgresql-server-dev-{major}", f"postgresql-client-{major}")}
         missing = [f"{p}={v}" for p, v in want.items() if dpkg_version(p) != v]
@@ -216,7 +240,6 @@ def prepare_packages(major):
     else:
         log(f"the source of postgresql-{major} {server or '(not installed)'} is not served: "
             f"installing server, client and headers at the newest version")
-        apt(["update", "-qq"], 600)
         apt(["install", "-y", "-qq", f"postgresql-{major}", f"postgresql-server-dev-{major}",
              f"postgresql-client-{major}"], 900)
         server = dpkg_version(f"postgresql-{major}")
@@ -333,9 +356,10 @@ class Runner:
                     return
             except Failure:
                 pass
-        try:  # last resort: the postmaster's pid, first line of postmaster.pid
+        try:  # last resort: the postmaster's pid, first line of postmaster.pid, if it is that server
             pid = int((data / "postmaster.pid").read_text().split()[0])
-            os.kill(pid, signal.SIGKILL)
+            if str(data).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError, IndexError):
             pass
 
@@ -343,7 +367,8 @@ class Runner:
         self.refract = subprocess.Popen([str(binary), "dispatch", "--config", str(config)],
                                         stdin=subprocess.DEVNULL, stdout=open(logfile, "w"),
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn")))
+                                        env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info")))
+        (CONF / "refract.pid").write_text(f"{self.refract.pid}\n")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.refract.poll() is not None:
@@ -354,6 +379,31 @@ class Runner:
                     return
             time.sleep(0.2)
         raise Failure(f"refract did not listen on 127.0.0.1:{port} within 60 s:\n{tail(logfile)}")
+
+    def stop_leftovers(self, work):
+        """pg_regress, refract or a server left by a run that was killed outright (SIGKILL)."""
+        for d in Path("/proc").iterdir():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+                if d.name.isdigit() and argv[0].endswith(b"/pg_regress") and f"{work}/".encode() in b" ".join(argv):
+                    log(f"stopping pg_regress {d.name} left by an earlier run")
+                    os.killpg(int(d.name), signal.SIGKILL)  # its own session: it and its psqls
+            except (OSError, IndexError):
+                pass
+        pidfile = CONF / "refract.pid"
+        try:
+            pid = int(pidfile.read_text())
+            if f"{CONF}/".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                log(f"stopping refract {pid} left by an earlier run")
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+        pidfile.unlink(missing_ok=True)
+        for data in (work / "pgdata", work / "template"):
+            if (data / "postmaster.pid").exists():
+                log(f"stopping the server left in {data} by an earlier run")
+                self.pgdata = data
+                self.stop_server()
 
     def refract_alive(self):
         return self.refract is not None and self.refract.poll() is None
@@ -369,6 +419,7 @@ class Runner:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(15)
+        (CONF / "refract.pid").unlink(missing_ok=True)
         return p.returncode
 
     def kill_regress(self):
@@ -443,16 +494,20 @@ def write_schedule(src, dest, only):
     return [t for line in lines for t in line[5:].split()]
 
 
-STUCK = """SELECT pid, coalesce(wait_event_type || '/' || wait_event, 'running'),
-       left(regexp_replace(query, '\\s+', ' ', 'g'), 160), pg_terminate_backend(pid)
+STUCK = """SELECT pid, coalesce(wait_event_type || '/' || wait_event, state),
+       left(regexp_replace(query, '\\s+', ' ', 'g'), 160),
+       CASE WHEN state = 'active' THEN pg_cancel_backend(pid) ELSE pg_terminate_backend(pid) END
   FROM pg_stat_activity
- WHERE datname = '{db}' AND backend_type = 'client backend' AND state <> 'idle'
-   AND now() - state_change > make_interval(secs => {secs}) AND pid <> pg_backend_pid()"""
+ WHERE datname = '{db}' AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+   AND ((state = 'active' AND now() - state_change > make_interval(secs => {secs}))
+        OR (state LIKE 'idle in transaction%' AND now() - state_change > make_interval(secs => 2 * {secs})))"""
 
 
-def terminate_stuck(runner, server_port, secs):
-    """Ends server statements running longer than secs (a test waiting forever on a lock that a
-    failed test left held); returns what they were."""
+def cancel_stuck(runner, server_port, secs):
+    """Cancels server statements running for longer than secs (a test waiting forever on a
+    lock that a failed test left held), and ends sessions idle in a transaction for twice as
+    long; returns what they were. Cancelling, not terminating: refract takes a server
+    connection closed under it for a server failure."""
     sql = STUCK.format(db=DATABASE, secs=secs)
     out = run([str(runner.bindir / "psql"), "-XAtq", "-F", "\t", "-h", "127.0.0.1", "-p", str(server_port),
                "-U", USER, "-d", "postgres", "-c", sql], 30, what="psql (watchdog)", check=False)
@@ -462,9 +517,9 @@ def terminate_stuck(runner, server_port, secs):
 def pg_regress(runner, r, mode, port, server_port, outdir, test_timeout, run_timeout):
     """Runs the schedule against 127.0.0.1:port; returns ({test: status}, problems, seconds).
 
-    A watchdog ends any server statement of the database that has been running (or idle in a
-    transaction) for test_timeout seconds, so that its test fails with an error and goes on, and
-    kills a test's psql that is still running 30 s after that."""
+    A watchdog cancels any server statement of the database that has been running for
+    test_timeout seconds, so that its test fails with an error and goes on, and kills a test's
+    psql that is still running 30 s after that."""
     cmd = [str(r["pg_regress"]), "--use-existing", "--host=127.0.0.1", f"--port={port}", f"--user={USER}",
            f"--dbname={DATABASE}", f"--inputdir={r['inputdir']}", f"--outputdir={outdir}",
            f"--dlpath={r['libdir']}", f"--bindir={runner.bindir}", f"--schedule={r['schedule']}",
@@ -499,9 +554,9 @@ def pg_regress(runner, r, mode, port, server_port, outdir, test_timeout, run_tim
         if now - last_check >= 5 and any(now - first > test_timeout for _, first in seen.values()):
             last_check = now
             running = sorted({t for t, first in seen.values() if now - first > test_timeout})
-            for pid, wait, query in terminate_stuck(runner, server_port, test_timeout):
+            for pid, wait, query in cancel_stuck(runner, server_port, test_timeout):
                 msg = (f"{mode}: a statement of {', '.join(running)} ran for {test_timeout} s "
-                       f"({wait}), terminated: {query}")
+                       f"({wait}), cancelled: {query}")
                 problems.append(msg)
                 log(msg)
         for pid, (test, first) in seen.items():
@@ -618,7 +673,10 @@ def main():
     binary = refract_binary().resolve()
     if not binary.exists():
         raise Failure(f"{binary} does not exist")
-    log(f"refract: {binary}")
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
+    built = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(binary.stat().st_mtime))
+    ident = f"refract {binary} (sha256 {digest}, built {built})"
+    log(ident)
 
     run_as = None
     if os.geteuid() == 0:
@@ -630,6 +688,7 @@ def main():
         run_as = (name, pw.pw_uid, pw.pw_gid)
 
     runner = Runner(bindir, run_as)
+    runner.stop_leftovers(CONF / "run")
     work, copied = run_dir(run_as)
 
     def on_signal(signum, _frame):
@@ -662,12 +721,19 @@ def main():
                  "-U", USER, "-d", "postgres", *[a for stmt in CREATE_DATABASE.strip().splitlines() for a in ("-c", stmt)]], 120, what="creating the database")
             target = port
             if mode != "direct":
-                target, admin = free_port(), free_port()
-                config = outdir / "refract.toml"
-                config.write_text(REFRACT_CONFIG.format(admin=admin, port=target, database=DATABASE, mode=mode,
-                                                        user=USER, server_port=port))
                 r["refract_log"] = outdir / "refract.log"
-                runner.start_refract(binary, config, r["refract_log"], target)
+                for attempt in range(3):  # a free port may be taken before refract binds it
+                    target, admin = free_port(), free_port()
+                    config = outdir / "refract.toml"
+                    config.write_text(REFRACT_CONFIG.format(admin=admin, port=target, database=DATABASE,
+                                                            mode=mode, user=USER, server_port=port))
+                    try:
+                        runner.start_refract(binary, config, r["refract_log"], target)
+                        break
+                    except Failure as e:
+                        runner.stop_refract()
+                        if attempt == 2 or "Address already in use" not in str(e):
+                            raise
                 run([str(bindir / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(target), "-U", USER,
                      "-d", DATABASE, "-c", "select 1"], 60, what="psql through refract")
             log(f"{mode}: pg_regress ({len(tests)} tests) against 127.0.0.1:{target}")
@@ -687,7 +753,7 @@ def main():
             ok = sum(1 for t in tests if statuses.get(t) == "ok")
             log(f"{mode}: {ok}/{len(tests)} tests passed in {took[mode]:.0f} s")
         shutil.rmtree(template, ignore_errors=True)
-        code = report(work, tests, modes, results, problems, allow, took)
+        code = report(work, tests, modes, results, problems, allow, took, ident)
     finally:
         runner.cleanup()
         if copied:
@@ -698,12 +764,12 @@ def main():
     return code
 
 
-def report(work, tests, modes, results, problems, allow, took):
+def report(work, tests, modes, results, problems, allow, took, ident):
     """Writes the per-test diffs and the summary; returns the exit code."""
     out_dir = CONF / "run"  # where the files end up (copied back there from /tmp if needed)
     direct = results.get("direct", {})
     passed_direct = [t for t in tests if direct.get(t) == "ok"]
-    lines = [f"PostgreSQL regression suite (parallel_schedule, {len(tests)} tests)",
+    lines = [f"PostgreSQL regression suite (parallel_schedule, {len(tests)} tests); {ident}",
              f"  direct:      {len(passed_direct)}/{len(tests)} passed ({took.get('direct', 0):.0f} s)"]
     failing, allowed_used, detail = {}, set(), []
     for mode in modes:

@@ -9,12 +9,13 @@ one initdb. Fails on any test that passes directly but not through refract, unle
 tests/conformance/allow/ holds that test's exact difference (docs/postgres.md, "Conformance:
 PostgreSQL's regression suite").
 
-Python 3.11 standard library only. Environment:
+Python 3 (3.9 or later) standard library only. Environment:
   REFRACT_BIN                 the refract binary (else `cargo build --profile ci -p refract`)
   CONFORMANCE_DIR             cache and output (default target/conformance)
   CONFORMANCE_MODES           runs through refract (default "transaction,session")
   CONFORMANCE_TESTS           only these tests (comma-separated; test_setup is always kept)
-  CONFORMANCE_TEST_TIMEOUT    seconds one test may run before it is killed (default 90)
+  CONFORMANCE_TEST_TIMEOUT    seconds a statement may run before it is cancelled (default 90; the
+                              test's psql is killed 30 s later)
   CONFORMANCE_RUN_TIMEOUT     seconds one pg_regress run may take (default 1200)
   CONFORMANCE_PG_MAJOR        PostgreSQL major version (default: the installed postgresql-NN)
   REFRACT_PG_RUN_AS           the unprivileged user the servers run as under root (nobody)

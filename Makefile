@@ -4,7 +4,7 @@ CARGO ?= cargo
 APT_PACKAGES := clang libbpf-dev haproxy wrk iproute2 curl fonts-dejavu-core procps pgbouncer pgpool2 python3-psycopg2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build release test demo lint fmt bench clean
+.PHONY: deps build release test demo lint fmt bench clean conformance
 
 # Installs missing Debian packages (idempotent: nothing happens when all are there).
 deps:
@@ -45,10 +45,20 @@ lint: deps
 # The Python driver suites (crates/refract-dispatch/tests/pg_drivers.rs) need their venv first.
 # Built in the `ci` profile (Cargo.toml): release optimisation without LTO, so the tests run
 # optimised code without re-linking every dependency with LTO once per test binary.
+# Then PostgreSQL's own regression suite through refract (`make conformance`).
 test: lint
 	tests/drivers/setup-python.sh
 	$(CARGO) test --workspace --profile ci --no-fail-fast -- --test-threads=2
 	cd fuzz && $(CARGO) test --release --target-dir ../target -- --test-threads=2
+	CARGO=$(CARGO) tests/conformance/run.py
+
+# PostgreSQL's regression suite (parallel_schedule of the installed server's exact version,
+# from Debian's source package) directly, then through refract in transaction and in session
+# pooling; fails on a test that passes directly but not through refract, unless
+# tests/conformance/allow/ holds its exact difference. Installs the server-dev headers and a
+# deb-src entry when missing; outputs in target/conformance/run. docs/postgres.md, "Conformance".
+conformance:
+	CARGO=$(CARGO) tests/conformance/run.py
 
 demo: release
 	./target/release/refract demo

@@ -581,3 +581,47 @@ fn a_server_connection_ending_leaves_the_server_up() {
     let servers = f.admin_json("/pg/servers");
     assert!(servers.as_array().unwrap().iter().all(|s| s["healthy"] == serde_json::json!(true)), "{servers}");
 }
+
+#[test]
+fn a_statistics_object_in_the_temp_schema_pins_the_client() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    ok(&mut a, "CREATE TABLE st_t (a int, b int)");
+    ok(&mut a, "CREATE STATISTICS pg_temp.st_s ON a, b FROM st_t");
+    waits_for_pinned(&mut b, "/* refract: route=primary */ SELECT 1");
+    ok(&mut a, "DROP STATISTICS pg_temp.st_s");
+    assert_eq!(primary(&mut b, "SELECT 1").value(), "1", "released once the object is gone");
+}
+
+#[test]
+fn pg_prepared_statements_shows_the_clients_own_statements_only() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    ok(&mut a, "PREPARE pa(int) AS SELECT $1;");
+    ok(&mut b, "PREPARE pb AS SELECT 2");
+    // a protocol-level statement of b's is on the server connection too
+    let parse = FrontendMessage::Parse { name: "sb".into(), query: "SELECT 3".into(), param_types: vec![] };
+    b.send(&[parse, FrontendMessage::Sync]);
+    assert_eq!(b.until_ready().error, None);
+    let view = "/* refract: route=primary */ SELECT name, statement FROM pg_prepared_statements ORDER BY name";
+    let rows = |c: &mut Client| ok(c, view).rows;
+    let own = |name: &str, text: &str| vec![Some(name.to_owned()), Some(text.to_owned())];
+    assert_eq!(rows(&mut a), vec![own("pa", "PREPARE pa(int) AS SELECT $1;")], "the text as the client sent it");
+    assert_eq!(rows(&mut b), vec![own("pb", "PREPARE pb AS SELECT 2")]);
+    assert_eq!(primary(&mut a, "EXECUTE pa(5)").value(), "5");
+    let direct = ok(&mut b, "/* refract: route=primary */ SELECT count(*) FROM pg_catalog.pg_prepared_statements");
+    assert_eq!(direct.value(), "1");
+}
+
+#[test]
+fn session_mode_leaves_the_clients_prepared_statements_alone() {
+    let f = Fixture::start("pool_mode = \"session\"\npool_size = 2\nmin_idle = 1");
+    let mut a = connect(&f);
+    ok(&mut a, "PREPARE q3(int, int) AS SELECT $1 + $2;");
+    let when = "SELECT prepare_time::text, statement FROM pg_prepared_statements WHERE name = 'q3'";
+    let before = ok(&mut a, when).rows;
+    assert_eq!(a.query("EXECUTE q3(1)").code(), Some("42601"), "wrong number of parameters");
+    assert_eq!(a.query("EXECUTE q3(1, 2, 3)").code(), Some("42601"));
+    assert_eq!(ok(&mut a, "EXECUTE q3(1, 2)").value(), "3");
+    assert_eq!(ok(&mut a, when).rows, before, "never prepared again: same text, same prepare_time");
+}

@@ -14,6 +14,7 @@ use super::batch::{Expect, Kind, Made, Plan};
 use super::error::PgError;
 use super::server::ServerConn;
 use super::session::Session;
+use crate::config::PoolMode;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Classification, Statement};
 use refract_pg::frontend::Target;
@@ -178,6 +179,13 @@ impl Session {
     /// with).
     pub(super) async fn mirror_batch_names(&mut self, msgs: &[FrontendMessage]) -> Result<(), PgError> {
         self.held.failed_prepares.clear();
+        if self.pool_mode == PoolMode::Session {
+            return Ok(()); // the client's own connection holds exactly its statements
+        }
+        if self.statement_texts(msgs).into_iter().flatten().any(|t| t.contains("pg_prepared_statements")) {
+            self.params_first().await?;
+            return self.only_own_statements().await;
+        }
         let sql_named =
             |name: &str| self.state.prepared.get(name).is_some_and(|p| matches!(p.origin, Origin::Sql { .. }));
         let mut names: Vec<String> = msgs
@@ -246,12 +254,38 @@ impl Session {
     pub(super) async fn before_query(&mut self, c: &Classification) -> Result<(), PgError> {
         self.conn()?.unnamed = None;
         self.held.failed_prepares.clear();
+        if self.pool_mode == PoolMode::Session {
+            return Ok(()); // the client's own connection holds exactly its statements
+        }
+        if c.tables.iter().any(|t| names_statements_view(t)) {
+            return self.only_own_statements().await;
+        }
         let mut names: Vec<&str> = c.statements.iter().filter_map(sql_name).collect();
         names.extend(c.nested_executes.iter().map(String::as_str));
         names.sort_unstable();
         names.dedup();
         for name in names {
             self.mirror_name(name).await?;
+        }
+        Ok(())
+    }
+
+    /// Before a statement that reads `pg_prepared_statements` (the server process's prepared
+    /// statements): the connection is made to hold exactly the client's SQL-level statements,
+    /// under their names, as the client's own connection would (`DEALLOCATE ALL`, then each
+    /// `PREPARE` again), so it shows neither another client's statements nor refract's shared
+    /// ones. Protocol-level statements are prepared again wherever next used.
+    async fn only_own_statements(&mut self) -> Result<(), PgError> {
+        let conn = self.conn()?;
+        conn.prepared.clear();
+        conn.sql_prepared.clear();
+        let mut out = BytesMut::new();
+        FrontendMessage::Query("DEALLOCATE ALL".into()).encode(&mut out);
+        if conn.silently(&out, 1).await?.is_some() {
+            conn.broken = true; // not known what it holds: never reused
+        }
+        for name in self.state.prepared.sql_names() {
+            self.mirror_name(&name).await?;
         }
         Ok(())
     }
@@ -348,6 +382,8 @@ impl Session {
         for (st, id) in c.statements.iter().zip(ids) {
             match (st, failed) {
                 (Statement::Deallocate { name: None } | Statement::Discard { all: true }, true) => conn.broken = true,
+                // A failed EXECUTE leaves its statement as it was.
+                (Statement::Execute { .. }, true) => {}
                 (st, true) => drop(sql_name(st).map(|n| conn.sql_prepared.remove(n))),
                 (Statement::Prepare { name, .. }, false) => {
                     drop(id.map(|id| conn.sql_prepared.insert(name.clone(), id)))
@@ -358,6 +394,12 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Whether a relation refract found in a statement is the view of the server process's
+/// prepared statements.
+pub(super) fn names_statements_view(relation: &str) -> bool {
+    matches!(relation, "pg_prepared_statements" | "pg_catalog.pg_prepared_statements")
 }
 
 /// The name a statement PREPAREs, EXECUTEs or DEALLOCATEs.

@@ -7,7 +7,9 @@ use super::held::Pins;
 use super::session::Session;
 use refract_pg::classify::{Classification, Statement};
 
-/// What session state a server connection carries: temporary relations, types or functions;
+/// What session state a server connection carries: temporary relations, types, functions or
+/// any other object in the temporary schema (statistics, collations, operators: whatever
+/// depends on it);
 /// advisory locks (only session ones outlive a transaction, and refract asks between
 /// transactions); holdable cursors; LISTEN channels; parameters set in the session (compared
 /// with the ones refract tracks); SQL-level prepared statements (compared with the number
@@ -15,7 +17,9 @@ use refract_pg::classify::{Classification, Statement};
 const PROBE: &str = "SELECT \
     EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
     OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
-    OR EXISTS (SELECT 1 FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.pg_my_temp_schema()), \
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.pg_my_temp_schema()) \
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_depend WHERE refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass \
+    AND refobjid = pg_catalog.pg_my_temp_schema()), \
     EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), \
     EXISTS (SELECT 1 FROM pg_catalog.pg_cursors WHERE is_holdable), \
     EXISTS (SELECT 1 FROM pg_catalog.pg_listening_channels()), \

@@ -338,7 +338,8 @@ impl Session {
         let prepares =
             c.statements.iter().any(|s| {
                 matches!(s, Statement::Prepare { .. } | Statement::Execute { .. } | Statement::Deallocate { .. })
-            }) || !c.nested_executes.is_empty();
+            }) || !c.nested_executes.is_empty()
+                || c.tables.iter().any(|t| super::names::names_statements_view(t));
         if prefixed && prepares {
             // PREPARE resolves names with the session's search_path: SET first.
             self.conn()?.wire.send(&head).await?;

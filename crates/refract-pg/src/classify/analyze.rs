@@ -24,8 +24,9 @@ pub(super) fn statements(sql: &str, write_functions: &[String]) -> Result<Analys
         all.nested_executes.extend(e.nested_executes);
         all.changes_schema |= e.changes_schema;
     }
+    let alone = parsed.protobuf.stmts.len() == 1;
     let statements: Result<Vec<_>, _> =
-        parsed.protobuf.stmts.iter().map(|raw| statement(sql, raw, write_functions)).collect();
+        parsed.protobuf.stmts.iter().map(|raw| statement(sql, raw, alone, write_functions)).collect();
     Ok((statements?, all, tables))
 }
 
@@ -47,7 +48,10 @@ fn relations(tree: &protobuf::ParseResult) -> Vec<String> {
     names
 }
 
-fn statement(sql: &str, raw: &RawStmt, write_functions: &[String]) -> Result<Statement, String> {
+/// One statement of `sql`; `alone`: the only one (a PREPARE then keeps the whole text, as
+/// PostgreSQL shows it in `pg_prepared_statements`, so preparing it again elsewhere shows the
+/// same).
+fn statement(sql: &str, raw: &RawStmt, alone: bool, write_functions: &[String]) -> Result<Statement, String> {
     let Some(node) = raw.stmt.as_ref().and_then(|n| n.node.as_ref()) else { return Ok(Statement::Write) };
     Ok(match node {
         NodeEnum::SelectStmt(_) => read_unless_marked(node, write_functions)?,
@@ -59,7 +63,10 @@ fn statement(sql: &str, raw: &RawStmt, write_functions: &[String]) -> Result<Sta
         NodeEnum::TransactionStmt(t) => transaction(t),
         NodeEnum::VariableSetStmt(s) => set(s, text(sql, raw)),
         NodeEnum::DiscardStmt(d) => Statement::Discard { all: d.target == protobuf::DiscardMode::DiscardAll as i32 },
-        NodeEnum::PrepareStmt(p) => prepare(p, text(sql, raw), write_functions)?,
+        NodeEnum::PrepareStmt(p) => {
+            let text = if alone { sql.to_owned() } else { text(sql, raw) };
+            prepare(p, text, write_functions)?
+        }
         NodeEnum::ExecuteStmt(e) => Statement::Execute { name: e.name.clone() },
         NodeEnum::DeallocateStmt(d) => Statement::Deallocate { name: (!d.isall).then(|| d.name.clone()) },
         NodeEnum::ListenStmt(l) => Statement::Listen { channel: l.conditionname.clone() },

@@ -110,7 +110,9 @@ fn marks_state(key: &str, child: &Value) -> bool {
     match key {
         "relpersistence" => child.as_str() == Some("t"),
         "schemaname" => child.as_str().is_some_and(is_temp_schema),
-        "funcname" => {
+        // Functions, and objects named by a qualified name list (statistics, collations,
+        // operators, text search objects, types: `CREATE STATISTICS pg_temp.s ...`).
+        "funcname" | "defnames" | "names" => {
             let first = child.as_array().and_then(|a| a.first()).and_then(|n| n["node"]["String"]["sval"].as_str());
             first.is_some_and(is_temp_schema)
         }

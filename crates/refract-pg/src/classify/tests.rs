@@ -411,3 +411,15 @@ fn schema_changes() {
         assert!(!classify(sql).changes_schema, "{sql}");
     }
 }
+
+#[test]
+fn objects_in_the_temp_schema_are_session_state() {
+    for sql in [
+        "CREATE STATISTICS pg_temp.s ON a, b FROM t",
+        "CREATE COLLATION pg_temp.c (locale = 'C')",
+        "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    ] {
+        assert!(classify(sql).stateful, "{sql}");
+    }
+    assert!(!classify("CREATE STATISTICS s ON a, b FROM t").stateful);
+}

@@ -137,6 +137,18 @@ impl PreparedRegistry {
         self.statements.get(name)
     }
 
+    /// The names of the SQL-level (`PREPARE`) statements, sorted.
+    pub fn sql_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .statements
+            .values()
+            .filter(|s| matches!(s.origin, Origin::Sql { .. }))
+            .map(|s| s.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// How many statements are registered.
     pub fn len(&self) -> usize {
         self.statements.len()

@@ -289,6 +289,77 @@ fn lines_a_full_log_pipe_cannot_take_are_dropped_and_counted() {
     assert_eq!(code, Some(0));
 }
 
+/// An agent on a same-host socket in `dir`, in front of a backend that is down.
+fn agent_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let down: SocketAddr = ([127, 0, 0, 1], 1).into();
+    let sock = dir.join("agent.sock");
+    let text = format!("backend = \"{down}\"\nlocal = \"{}\"\nkey = \"0123456789abcdef\"\n", sock.display());
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Links the agent refuses (a frame of length 0), each logged at warn.
+fn refused_links(sock: &std::path::Path, n: usize) {
+    for _ in 0..n {
+        let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+        s.write_all(&[0, 0, 0, 0]).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest); // closed by the agent
+    }
+}
+
+fn wait_socket(sock: &std::path::Path) {
+    wait_for("the agent listens", || std::os::unix::net::UnixStream::connect(sock).is_ok());
+}
+
+/// As [`dispatcher_stops`], for `refract agent`; it drains nothing, so its bound is its
+/// `STOP_BOUND`: within 1 s is asked of it here.
+fn agent_stops(reader: Reader, sig: &str, runs: usize) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for run in 0..runs {
+        let dir = tempfile::tempdir().unwrap();
+        let path = agent_config(dir.path());
+        let mut p = spawn_piped(&["agent", "--config", path.to_str().unwrap()], &[], reader);
+        let sock = dir.path().join("agent.sock");
+        wait_socket(&sock);
+        refused_links(&sock, 40);
+        let (code, took) = stop_within(&mut p, sig, Duration::from_millis(DRAIN_MS + 1000));
+        assert_eq!(code, Some(0), "run {run} ({reader:?}, {sig})");
+        slowest = slowest.max(took);
+    }
+    slowest
+}
+
+#[test]
+fn an_agent_whose_log_reader_exited_stops_on_sigterm_and_sigint() {
+    let term = agent_stops(Reader::FirstLine, "TERM", 20);
+    let int = agent_stops(Reader::FirstLine, "INT", 20);
+    eprintln!("slowest exit: SIGTERM {term:?}, SIGINT {int:?}");
+}
+
+#[test]
+fn an_agent_whose_log_pipe_is_full_stops_on_sigterm_and_sigint() {
+    let term = agent_stops(Reader::Never, "TERM", 20);
+    let int = agent_stops(Reader::Never, "INT", 20);
+    eprintln!("slowest exit: SIGTERM {term:?}, SIGINT {int:?}");
+}
+
+#[test]
+fn a_blob_server_whose_log_pipe_is_full_or_gone_stops_on_sigterm() {
+    for reader in [Reader::FirstLine, Reader::Never] {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let args = ["blob-server", "--listen", &addr.to_string(), "--name", "b"];
+        let mut p = spawn_piped(&args, &[], reader);
+        wait_listening(addr);
+        for _ in 0..40 {
+            assert_eq!(get(addr, "/blob?bytes=1").status, 200);
+        }
+        let (code, _) = stop_within(&mut p, "TERM", Duration::from_secs(1));
+        assert_eq!(code, Some(0), "{reader:?}");
+    }
+}
+
 /// A dispatcher with `failpoint` set, logging to a file in the returned directory.
 fn dispatcher_at_failpoint(failpoint: &str) -> (Piped, tempfile::TempDir, SocketAddr, SocketAddr) {
     let (dir, path, http, admin) = down_dispatcher_config("per-core");

@@ -70,9 +70,17 @@ pub struct AgentArgs {
     pub config: PathBuf,
 }
 
-/// Runs the agent: config, host checks (cross host only), then the listeners (until one fails
-/// or Ctrl-C).
+/// How long the agent may take to stop after SIGTERM or SIGINT before its watchdog ends it
+/// (it drains nothing: its listeners and connections close at once).
+pub const STOP_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a stopping runtime waits for its blocking work.
+const RUNTIME_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Runs the agent: config, host checks (cross host only), then the listeners, until one fails
+/// or SIGTERM / SIGINT; then closes every connection and detaches the guard.
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    refract_process::watchdog::start(|| STOP_BOUND)?;
     let cfg = AgentConfig::from_file(&args.config)?;
     let key = cfg.control_key()?;
     let guard = match (cfg.vip, &cfg.interface) {
@@ -85,17 +93,22 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async {
+    let served = rt.block_on(async {
+        // Before any listener opens: a stop signal is never missed.
+        let mut stop = refract_process::StopSignals::install().map_err(Error::Io)?;
         tokio::select! {
             r = remote(&cfg, key, guard.clone()) => r?,
             r = same_host(&cfg) => r?,
             r = postgres(&cfg, guard.clone()) => r?,
-            r = tokio::signal::ctrl_c() => r.map_err(Error::Io)?,
+            signal = stop.recv() => tracing::info!(signal, "signal received: stopping"),
         }
         Ok::<_, Error>(())
-    })?;
-    drop(guard); // detaches the guard from the interface
-    Ok(())
+    });
+    // Connections still open are closed here; then the last hold on the guard goes, which
+    // detaches it from the interface.
+    rt.shutdown_timeout(RUNTIME_GRACE);
+    drop(guard);
+    Ok(served?)
 }
 
 /// The control listener for dispatchers on other hosts (pending forever when not configured).

@@ -42,7 +42,8 @@ pub async fn serve_with(
     loop {
         let (stream, peer) = listener.accept().await?;
         let (key, nonces, backend) = (key.clone(), nonces.clone(), backend.clone());
-        tokio::spawn(async move { connection(stream, peer, key, nonces, opts, backend).await });
+        let serve = async move { connection(stream, peer, key, nonces, opts, backend).await };
+        tokio::spawn(refract_process::contain("control connection", serve));
     }
 }
 
@@ -134,12 +135,12 @@ pub async fn serve_local_for(listener: UnixListener, opts: LocalOptions, peers: 
             continue; // dropping the stream closes it
         }
         let (opts, epochs) = (opts.clone(), epochs.clone());
-        tokio::spawn(async move {
+        tokio::spawn(refract_process::contain("same-host link", async move {
             match same_host_link(LocalLink::new(stream), &opts, &epochs).await {
                 Err(refract_handover::Error::Closed) | Ok(()) => {}
                 Err(e) => tracing::warn!("same-host link ended: {e}"),
             }
-        });
+        }));
     }
 }
 

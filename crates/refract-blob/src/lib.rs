@@ -37,33 +37,47 @@ pub struct BlobArgs {
     pub unix: Option<PathBuf>,
 }
 
+/// How long the blob server may take to stop after SIGTERM or SIGINT before its watchdog
+/// ends it (it drains nothing: its connections close at once).
+pub const STOP_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs a blob server until SIGINT/SIGTERM.
 pub fn run(args: BlobArgs) -> anyhow::Result<()> {
+    refract_process::watchdog::start(|| STOP_BOUND)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen).await?;
-        tracing::info!(addr = %args.listen, name = %args.name, "blob server listening");
-        let server = Arc::new(BlobServer::new(args.name, args.delay_ms, args.concurrency));
-        let unix = match &args.unix {
-            Some(path) => Some(bind_unix(path)?),
-            None => None,
-        };
-        let on_unix = async {
-            match unix {
-                Some(l) => serve_unix(l, server.clone()).await,
-                None => std::future::pending().await,
-            }
-        };
-        let r = tokio::select! {
-            r = serve_shared(listener, server.clone()) => r,
-            r = on_unix => r,
-            _ = shutdown_signal() => Ok(()),
-        };
-        if let Some(path) = &args.unix {
-            let _ = std::fs::remove_file(path);
+    let served = rt.block_on(serve_until_stopped(args));
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    served
+}
+
+async fn serve_until_stopped(args: BlobArgs) -> anyhow::Result<()> {
+    // Before the listener opens: a stop signal is never missed.
+    let mut stop = refract_process::StopSignals::install()?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(addr = %args.listen, name = %args.name, "blob server listening");
+    let server = Arc::new(BlobServer::new(args.name, args.delay_ms, args.concurrency));
+    let unix = match &args.unix {
+        Some(path) => Some(bind_unix(path)?),
+        None => None,
+    };
+    let on_unix = async {
+        match unix {
+            Some(l) => serve_unix(l, server.clone()).await,
+            None => std::future::pending().await,
         }
-        r
-    })
+    };
+    let r = tokio::select! {
+        r = serve_shared(listener, server.clone()) => r,
+        r = on_unix => r,
+        signal = stop.recv() => {
+            tracing::info!(signal, "signal received: stopping");
+            Ok(())
+        }
+    };
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    r
 }
 
 /// Binds a Unix listener at `path`, replacing a socket file a previous run left there (but
@@ -79,21 +93,6 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     let l = tokio::net::UnixListener::bind(path).map_err(|e| anyhow::anyhow!("listen on {}: {e}", path.display()))?;
     tracing::info!(path = %path.display(), "blob server listening on a Unix socket");
     Ok(l)
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = tokio::signal::ctrl_c() => {},
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -113,11 +113,11 @@ pub async fn serve_unix(listener: UnixListener, server: Arc<BlobServer>) -> anyh
 
 fn spawn_connection(server: &Arc<BlobServer>, stream: impl Io) {
     let server = server.clone();
-    tokio::spawn(async move {
+    tokio::spawn(refract_process::contain("blob connection", async move {
         if let Err(e) = connection(&server, stream).await {
             tracing::debug!(error = %e, "blob connection ended");
         }
-    });
+    }));
 }
 
 async fn connection(srv: &BlobServer, mut s: impl Io) -> std::io::Result<()> {

@@ -99,13 +99,16 @@ impl Running {
 }
 
 /// Serves one accepted connection of `front`, counted open on `open` until it ends; tracked by
-/// `sessions` when the front end's sessions are drained.
+/// `sessions` when the front end's sessions are drained. A panic in the session ends that session only (`refract_process::contain`).
 fn spawn_session(ctx: Arc<Ctx>, front: &dyn Front, sessions: &TaskTracker, open: OpenConnection, s: Accepted) {
     let session = front.serve(ctx, s.0, s.1);
-    let run = async move {
+    let run = refract_process::contain("connection", async move {
+        if refract_process::failpoint::is("session-panic") {
+            panic!("failpoint session-panic");
+        }
         session.await;
         drop(open);
-    };
+    });
     match front.drained() {
         true => drop(sessions.spawn(run)),
         false => drop(tokio::spawn(run)),
@@ -246,6 +249,9 @@ async fn serve_inbox(ctx: Arc<Ctx>, fronts: Fronts, i: usize, feed: Feed, listen
         };
         // Counted on this shard when it was placed.
         let open = OpenConnection::counted(spread.load[i].clone());
+        if refract_process::failpoint::is("worker-panic") {
+            panic!("failpoint worker-panic: event loop {i}");
+        }
         match TcpStream::from_std(placed.stream) {
             Ok(stream) => {
                 spawn_session(ctx.clone(), fronts[placed.front].as_ref(), &sessions, open, (stream, placed.peer))
@@ -291,45 +297,59 @@ fn shard_main(
             return;
         }
     };
-    rt.block_on(async move {
-        let started = async {
-            let listeners = bind_listeners(&ctx.cfg, &fronts, i, feed.is_some())?;
-            if i == 0 {
-                for f in fronts.iter() {
-                    f.start(&ctx)?;
-                }
-            }
-            Ok::<_, std::io::Error>(listeners)
-        };
-        let listeners = match started.await {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
-            }
-        };
-        let _ = ready.send(Ok(()));
-        if ctx.cfg.listen.busy_poll_us > 0 {
-            let window = Duration::from_micros(ctx.cfg.listen.busy_poll_us);
-            drop(tokio::spawn(crate::spin::run(window, ctx.metrics.busy_poll_seconds.clone())));
-        }
-        let sessions = TaskTracker::new();
-        match feed {
-            Some(feed) => serve_inbox(ctx.clone(), fronts, i, feed, listeners, sessions.clone()).await,
-            None => {
-                let loops = listeners
-                    .into_iter()
-                    .map(|(f, l)| tokio::spawn(accept_loop(ctx.clone(), fronts[f].clone(), l, sessions.clone())));
-                for l in loops.collect::<Vec<_>>() {
-                    let _ = l.await;
-                }
+    rt.block_on(shard_serve(ctx, fronts, i, feed, ready));
+    // Tasks still there are dropped; blocking work is not waited for past the grace.
+    rt.shutdown_timeout(RUNTIME_GRACE);
+}
+
+/// How long a stopping runtime waits for its blocking work (a file write) to finish.
+pub const RUNTIME_GRACE: Duration = Duration::from_millis(200);
+
+/// Shard `i`'s event loop: binds, reports to `ready`, serves until `stop`, then drains.
+async fn shard_serve(
+    ctx: Arc<Ctx>,
+    fronts: Fronts,
+    i: usize,
+    feed: Option<Feed>,
+    ready: std::sync::mpsc::Sender<std::io::Result<()>>,
+) {
+    let started = async {
+        let listeners = bind_listeners(&ctx.cfg, &fronts, i, feed.is_some())?;
+        if i == 0 {
+            for f in fronts.iter() {
+                f.start(&ctx)?;
             }
         }
-        sessions.close();
-        let drain = Duration::from_millis(ctx.cfg.timeouts.drain_ms);
-        let _ = tokio::time::timeout(drain, sessions.wait()).await;
-        ctx.drain_ended(sessions.len(), Some(i));
-    });
+        Ok::<_, std::io::Error>(listeners)
+    };
+    let listeners = match started.await {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    if ctx.cfg.listen.busy_poll_us > 0 {
+        let window = Duration::from_micros(ctx.cfg.listen.busy_poll_us);
+        drop(tokio::spawn(crate::spin::run(window, ctx.metrics.busy_poll_seconds.clone())));
+    }
+    let sessions = TaskTracker::new();
+    match feed {
+        Some(feed) => serve_inbox(ctx.clone(), fronts, i, feed, listeners, sessions.clone()).await,
+        None => {
+            let loops = listeners
+                .into_iter()
+                .map(|(f, l)| tokio::spawn(accept_loop(ctx.clone(), fronts[f].clone(), l, sessions.clone())));
+            for l in loops.collect::<Vec<_>>() {
+                let _ = l.await;
+            }
+        }
+    }
+    sessions.close();
+    let drain = Duration::from_millis(ctx.cfg.timeouts.drain_ms);
+    let _ = tokio::time::timeout(drain, sessions.wait()).await;
+    ctx.drain_ended(sessions.len(), Some(i));
 }
 
 /// A listener for config key `key` on `addr` with a backlog of 1024; with `reuseport` it

@@ -103,6 +103,7 @@ pub struct Metrics {
     steering_entries: Gauge,
     steering_capacity: Gauge,
     steering_packets: Family<KindLabel, Counter>,
+    log_dropped: Counter,
 }
 
 /// Per-backend handles, one request counter per route class.
@@ -281,7 +282,14 @@ impl Metrics {
             "Packets the ingress program handled since attach: frozen_dropped, steered, redirect_error",
             steering_packets.clone(),
         );
+        let log_dropped = Counter::default();
+        reg.register(
+            "log_lines_dropped",
+            "Log lines dropped because stderr's reader was slow or gone (docs/operations.md, Logs)",
+            log_dropped.clone(),
+        );
         Metrics {
+            log_dropped,
             registry: Mutex::new(reg),
             requests,
             errors,
@@ -491,6 +499,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let reg = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // The count lives in the log writer; brought up to date here, under the registry lock.
+        let seen = self.log_dropped.get();
+        self.log_dropped.inc_by(refract_process::log::dropped().saturating_sub(seen));
         if encode(&mut out, &reg).is_err() {
             out.clear();
         }

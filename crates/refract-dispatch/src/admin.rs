@@ -105,7 +105,8 @@ pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, pg: Arc<PgFront>, listener: 
         match accepted {
             Ok(stream) => {
                 let (ctx, pg) = (ctx.clone(), pg.clone());
-                tokio::spawn(async move { connection(&ctx, &pg, ClientConn::new(stream), L::LOCAL).await });
+                let serve = async move { connection(&ctx, &pg, ClientConn::new(stream), L::LOCAL).await };
+                tokio::spawn(refract_process::contain("admin connection", serve));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "admin accept failed");

@@ -26,8 +26,13 @@ fn fronts() -> (Fronts, Arc<Admin>) {
 impl Dispatcher {
     /// Binds the listeners and starts serving on the current runtime.
     pub async fn start(cfg: Config) -> std::io::Result<Dispatcher> {
+        Dispatcher::start_on(Ctx::new(cfg)).await
+    }
+
+    /// Like [`Dispatcher::start`], on a context already made.
+    pub async fn start_on(ctx: Arc<Ctx>) -> std::io::Result<Dispatcher> {
         let (fronts, admin) = fronts();
-        let running = engine::start(Ctx::new(cfg), fronts).await?;
+        let running = engine::start(ctx, fronts).await?;
         let d = Dispatcher { running, admin };
         tracing::info!(http = ?d.running.bound(0), admin = ?d.admin_addr(), "dispatcher listening");
         Ok(d)

@@ -19,6 +19,8 @@ pub use refract_core::{Config, Ctx};
 
 use refract_core::{ctx, shard};
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// How a dispatcher run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,43 +51,56 @@ impl Exit {
 pub use reload::request as request_reload;
 
 /// Loads the configuration and runs the dispatcher until SIGINT/SIGTERM, reloading it on
-/// SIGHUP; then drains and says whether the drain finished in time.
+/// SIGHUP; then drains and says whether the drain finished in time. From the stop signal on,
+/// the watchdog (`refract_process::watchdog`) ends the process if it is still running
+/// `drain_ms` + 0.5 s later.
 pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<Exit> {
     let cfg = config::load(path)?;
     let workers = match cfg.listen.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    if cfg.listen.runtime == refract_core::config::RuntimeKind::PerCore {
+    let per_core = cfg.listen.runtime == refract_core::config::RuntimeKind::PerCore;
+    if per_core {
         shard::set_count(workers);
-        let ctx = ctx::Ctx::new(cfg);
-        let _ = ctx.config_path.set(path.to_path_buf());
-        // Handlers are installed before any listener opens: a SIGHUP must never find the
-        // default action (terminate) in place.
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let signals = {
-            let _in = rt.enter();
-            Signals::install()?
-        };
-        let stopper = ctx.clone();
-        std::thread::Builder::new().name("refract-signals".into()).spawn(move || {
-            rt.block_on(signals.serve(&stopper));
-            stopper.stop.cancel();
-        })?;
-        run_sharded(ctx.clone(), workers)?;
-        return Ok(Exit::of(&ctx));
     }
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    rt.worker_threads(workers);
-    rt.enable_all().build()?.block_on(async move {
+    let ctx = ctx::Ctx::new(cfg);
+    let _ = ctx.config_path.set(path.to_path_buf());
+    let bound = ctx.clone();
+    refract_process::watchdog::start(move || Duration::from_millis(bound.cfg.timeouts.drain_ms))?;
+    match per_core {
+        true => run_per_core(ctx, workers),
+        false => run_work_stealing(ctx, workers),
+    }
+}
+
+/// One event loop per worker thread; signals on a thread of their own.
+fn run_per_core(ctx: Arc<ctx::Ctx>, workers: usize) -> anyhow::Result<Exit> {
+    // Handlers are installed before any listener opens: a SIGHUP must never find the default
+    // action (terminate) in place.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let signals = {
+        let _in = rt.enter();
+        Signals::install()?
+    };
+    let stopper = ctx.clone();
+    std::thread::Builder::new().name("refract-signals".into()).spawn(move || rt.block_on(signals.serve(&stopper)))?;
+    run_sharded(ctx.clone(), workers)?;
+    Ok(Exit::of(&ctx))
+}
+
+/// One multi-threaded runtime for everything.
+fn run_work_stealing(ctx: Arc<ctx::Ctx>, workers: usize) -> anyhow::Result<Exit> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?;
+    let exit = rt.block_on(async move {
         let signals = Signals::install()?;
-        let dispatcher = Dispatcher::start(cfg).await?;
-        let ctx = dispatcher.ctx().clone();
-        let _ = ctx.config_path.set(path.to_path_buf());
+        let dispatcher = Dispatcher::start_on(ctx.clone()).await?;
         signals.serve(&ctx).await;
         dispatcher.shutdown().await;
         Ok(Exit::of(&ctx))
-    })
+    });
+    rt.shutdown_timeout(refract_core::engine::RUNTIME_GRACE);
+    exit
 }
 
 /// The signals the dispatcher acts on.
@@ -106,18 +121,23 @@ impl Signals {
         })
     }
 
-    /// Reloads on every SIGHUP; returns at SIGTERM or SIGINT (time to drain).
+    /// Reloads on every SIGHUP; at SIGTERM or SIGINT starts the drain (`stop`) and returns.
     async fn serve(mut self, ctx: &ctx::Ctx) {
-        loop {
+        let signal = loop {
             tokio::select! {
-                _ = self.term.recv() => break,
-                _ = self.int.recv() => break,
+                _ = self.term.recv() => break "SIGTERM",
+                _ = self.int.recv() => break "SIGINT",
                 _ = self.hup.recv() => {
                     tracing::info!("SIGHUP: reloading the configuration");
                     let _ = reload::reload_logged(ctx);
                 }
             }
+        };
+        if refract_process::failpoint::is("stop-hang") {
+            tracing::warn!(signal, "failpoint stop-hang: the drain never starts");
+            std::future::pending::<()>().await;
         }
-        tracing::info!("signal received: draining");
+        ctx.stop.cancel();
+        tracing::info!(signal, drain_ms = ctx.cfg.timeouts.drain_ms, "signal received: draining");
     }
 }

@@ -3,7 +3,10 @@
 //! `lab` feature (on by default); `--no-default-features` builds the data-path-only binary.
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
 
 /// jemalloc with its background thread: memory freed when connections close goes back to the
 /// system within seconds (glibc's heaps keep it; docs/operations.md, "Memory per idle
@@ -50,35 +53,47 @@ enum Cmd {
     Demo(refract_lab::DemoArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().cmd {
+/// How long a process that is ending waits for its last log lines to be written.
+const LOG_GRACE: Duration = Duration::from_millis(250);
+
+fn main() -> ExitCode {
+    if let Err(e) = refract_process::start() {
+        let _ = writeln!(std::io::stderr(), "refract: cannot start the log writer: {e}");
+        return ExitCode::FAILURE;
+    }
+    let code = match run(Cli::parse().cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            refract_process::log::line(&format!("Error: {e:?}"));
+            1
+        }
+    };
+    refract_process::log::flush(LOG_GRACE);
+    ExitCode::from(code)
+}
+
+/// Runs a subcommand; the exit status (docs/operations.md, "Exit status").
+fn run(cmd: Cmd) -> anyhow::Result<u8> {
+    match cmd {
         Cmd::Dispatch { config } => {
             let exit = refract_dispatch::run_dispatcher_from_file(&config)?;
             if exit != refract_dispatch::Exit::Drained {
                 tracing::error!(code = exit.code(), "exiting: the drain timed out with connections still open");
-                std::process::exit(exit.code());
             }
-            Ok(())
+            Ok(exit.code() as u8)
         }
         Cmd::Reload { config } => {
             let changes = refract_dispatch::request_reload(&config).map_err(anyhow::Error::msg)?;
-            println!("reloaded: {changes}");
-            Ok(())
+            writeln!(std::io::stdout(), "reloaded: {changes}")?;
+            Ok(0)
         }
-        Cmd::BlobServer(args) => refract_blob::run(args),
+        Cmd::BlobServer(args) => refract_blob::run(args).map(|()| 0),
         #[cfg(feature = "lab")]
-        Cmd::Lab(cmd) => cmd.run(),
+        Cmd::Lab(cmd) => cmd.run().map(|()| 0),
         #[cfg(feature = "lab")]
-        Cmd::Bench(cmd) => cmd.run(),
+        Cmd::Bench(cmd) => cmd.run().map(|()| 0),
         #[cfg(feature = "lab")]
-        Cmd::Demo(args) => args.run(),
-        Cmd::Agent(args) => refract_agent::run(args),
+        Cmd::Demo(args) => args.run().map(|()| 0),
+        Cmd::Agent(args) => refract_agent::run(args).map(|()| 0),
     }
 }

@@ -24,10 +24,10 @@ pub async fn serve_postgres(listener: TcpListener, opts: LocalOptions) -> std::i
     loop {
         let (stream, peer) = listener.accept().await?;
         let opts = opts.clone();
-        tokio::spawn(async move {
+        tokio::spawn(refract_process::contain("server connection", async move {
             if let Err(e) = pump::run(stream, &opts).await {
                 tracing::debug!(%peer, "server connection ended: {e}");
             }
-        });
+        }));
     }
 }

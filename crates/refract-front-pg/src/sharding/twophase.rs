@@ -122,8 +122,9 @@ impl DecisionLog {
 /// A test hook: `REFRACT_FAILPOINT=<name>` makes the process abort at that point (how the
 /// tests kill refract between the two phases).
 fn failpoint(name: &str) {
-    if std::env::var("REFRACT_FAILPOINT").is_ok_and(|v| v == name) {
-        eprintln!("refract: failpoint {name}: aborting");
+    if refract_process::failpoint::is(name) {
+        tracing::error!("failpoint {name}: aborting");
+        refract_process::log::flush(std::time::Duration::from_millis(200));
         std::process::abort();
     }
 }

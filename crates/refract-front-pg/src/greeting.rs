@@ -1,10 +1,10 @@
-//! [`Greetings`]: the ParameterStatus set a client is greeted with at login, which must be what
+//! The ParameterStatus set a client is greeted with at login, which must be what
 //! PostgreSQL reports to a direct connection with the same startup settings: the server's
 //! spelling of the client's values (`UTF8` for `utf-8`, `Europe/Rome` for `europe/rome`,
 //! `SQL, DMY` for `sql,dmy`), an empty `application_name` when the client gives none.
 //!
 //! Only the server knows how it spells a value, and refract applies a client's startup
-//! settings as SETs on whichever server connection serves it (`login::startup_sets`), so the
+//! settings as SETs on whichever server connection serves it (`startup::startup_sets`), so the
 //! primary is asked, on one of its pooled connections, in a transaction that is rolled back:
 //! `RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL` (back to the connection's login values), the client's SETs, then the
 //! `current_setting` of every parameter the server reported at that connection's login
@@ -12,68 +12,17 @@
 //! does). A setting the server refuses refuses the login, with the server's error, as
 //! PostgreSQL refuses it at startup. What `SHOW` gives later comes from the same SETs.
 //!
-//! The answer is kept per set of startup settings (at most `CAPACITY` sets, each reused for
-//! `MAX_AGE`), so a login with settings seen recently costs no round trip. Without the primary
+//! The answer is kept per set of startup settings (`startup::Greetings`: at most 256 sets,
+//! each reused for 60 s), so a login with settings seen recently costs no round trip. Without the primary
 //! (down, or no connection free within `checkout_timeout_ms`) a kept answer serves whatever its
 //! age, else the servers' login values with the client's own on top, as the client spelt them.
 
-use super::login::{literal, startup_sets, Refusal, TRACKED_PARAMS};
-use super::lru::Lru;
 use super::server::ServerConn;
 use super::shared::Shared;
 use super::sizes::Path;
+use super::startup::{literal, startup_sets, Params, Refusal, TRACKED_PARAMS};
 use crate::error::PgError;
 use refract_pg::Startup;
-use std::hash::BuildHasher;
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
-
-/// Sets of startup settings whose greeting is kept.
-const CAPACITY: usize = 256;
-
-/// How long a kept greeting is reused before the server is asked again (a reload or a restart
-/// may have changed its defaults or its version).
-const MAX_AGE: Duration = Duration::from_secs(60);
-
-/// ParameterStatus values as (name, value).
-type Params = Vec<(String, String)>;
-
-/// The greetings learnt from the primary, per set of startup settings.
-#[derive(Debug)]
-pub(super) struct Greetings {
-    kept: Mutex<Lru<Kept>>,
-    /// Keys the table by a hash that clients cannot aim collisions at.
-    hasher: std::collections::hash_map::RandomState,
-}
-
-/// One set of startup settings (as SET statements) and its greeting.
-#[derive(Debug)]
-struct Kept {
-    sets: Vec<String>,
-    params: Params,
-    at: Instant,
-}
-
-impl Default for Greetings {
-    fn default() -> Self {
-        Greetings { kept: Mutex::new(Lru::new(CAPACITY)), hasher: Default::default() }
-    }
-}
-
-impl Greetings {
-    /// The greeting kept for `sets`, and whether it is younger than `MAX_AGE`.
-    fn get(&self, sets: &[String]) -> Option<(Params, bool)> {
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        let k = kept.get_mut(self.hasher.hash_one(sets)).filter(|k| k.sets == sets)?;
-        Some((k.params.clone(), k.at.elapsed() < MAX_AGE))
-    }
-
-    fn keep(&self, sets: Vec<String>, params: Params) {
-        let key = self.hasher.hash_one(&sets);
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.insert(key, Kept { sets, params, at: Instant::now() });
-    }
-}
 
 /// The ParameterStatus set for a client with `startup` (see the module's text); a refusal when
 /// the primary refuses one of its settings.
@@ -212,20 +161,6 @@ mod tests {
             reading_query(&[], &names[..1]),
             "BEGIN; RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; SELECT pg_catalog.current_setting('TimeZone'); ROLLBACK"
         );
-    }
-
-    #[test]
-    fn greetings_are_kept_per_set_of_settings_and_age() {
-        let g = Greetings::default();
-        let sets = vec!["SET TimeZone = 'utc'".to_owned()];
-        assert_eq!(g.get(&sets), None);
-        g.keep(sets.clone(), vec![("TimeZone".into(), "UTC".into())]);
-        assert_eq!(g.get(&sets), Some((vec![("TimeZone".into(), "UTC".into())], true)));
-        assert_eq!(g.get(&[]), None, "another set of settings");
-        if let Some(k) = g.kept.lock().unwrap_or_else(PoisonError::into_inner).get_mut(g.hasher.hash_one(&sets)) {
-            k.at = k.at.checked_sub(MAX_AGE).unwrap_or(k.at);
-        }
-        assert_eq!(g.get(&sets).map(|(_, fresh)| fresh), Some(false), "kept, but to be asked again");
     }
 
     #[test]

@@ -6,11 +6,12 @@
 //! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
 //! - `admit`: admission control (adaptive limit, deadline queue) before a server connection;
 //!   `baseline`: each server's no-load time per kind of statement, which its limit reads;
-//!   `lru`: the bounded table both keep per kind of statement (and `greeting` per set of
+//!   `lru`: the bounded table both keep per kind of statement (and `startup` per set of
 //!   startup settings).
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
 //! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication;
-//!   `greeting`: the ParameterStatus set at login, the primary's for the client's settings.
+//!   `greeting`: the ParameterStatus set at login, the primary's for the client's settings;
+//!   `startup`: what the client's startup settings become (SETs replayed, greetings kept).
 //! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
 //! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
 //! - `large`: large DataRow / CopyData relayed in pieces, never held whole.
@@ -68,6 +69,7 @@ mod session;
 mod sharding;
 mod shared;
 mod sizes;
+mod startup;
 mod status;
 mod unreadable;
 mod wire;

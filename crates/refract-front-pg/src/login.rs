@@ -7,17 +7,14 @@ use super::error::PgError;
 use super::greeting;
 use super::server;
 use super::shared::Shared;
+use super::startup::{options, Refusal};
 use super::wire::Wire;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
 use refract_pg::notice::sqlstate;
 use refract_pg::startup::{CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};
-use refract_pg::{reply, text, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
+use refract_pg::{reply, BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
 use std::time::Duration;
-
-/// Startup parameters that become session SETs (replayed on every server connection used).
-pub(super) const TRACKED_PARAMS: &[&str] =
-    &["application_name", "client_encoding", "datestyle", "timezone", "intervalstyle", "extra_float_digits"];
 
 /// A logged-in client.
 #[derive(Debug)]
@@ -43,9 +40,6 @@ pub async fn login(shared: &Shared, wire: &mut Wire) -> Option<LoggedIn> {
         }
     }
 }
-
-/// Why a login is refused: SQLSTATE and message (sent as a FATAL).
-pub(super) type Refusal = (&'static str, String);
 
 async fn login_inner(shared: &Shared, wire: &mut Wire) -> Result<Option<LoggedIn>, Refusal> {
     let Some(startup) = read_startup(shared, wire).await? else { return Ok(None) };
@@ -166,64 +160,6 @@ async fn authenticate(shared: &Shared, wire: &mut Wire, user: &str) -> Result<()
             }
         }
     }
-}
-
-/// The startup parameters to track as session SETs, as SET statements: the usual ones
-/// (`TRACKED_PARAMS`) as `SET`, any other setting (PostgreSQL takes every parameter but
-/// `user`, `database`, `options`, `replication` and `_pq_.*` as one, e.g. asyncpg's
-/// `server_settings`) and those of the startup `options` as `set_config`, which takes the value
-/// as the server's `-c` does (`SET search_path = 'a,b'` would name one schema `a,b`).
-pub fn startup_sets(startup: &Startup) -> Vec<(String, String)> {
-    let mut sets = vec![];
-    for (k, v) in &startup.params {
-        let name = k.to_ascii_lowercase();
-        if text::is_raw(v) && is_setting(k) {
-            sets.push((name.clone(), set_raw(startup, &name, v)));
-        } else if TRACKED_PARAMS.contains(&name.as_str()) {
-            sets.push((name, format!("SET {k} = {}", literal(v))));
-        } else if is_setting(k) {
-            sets.push((name.clone(), set_config(&name, v)));
-        }
-    }
-    for (name, value) in options(startup).unwrap_or_default() {
-        let text = set_config(&name, &value);
-        sets.push((name, text));
-    }
-    sets
-}
-
-/// A startup value that is not UTF-8, as a `set_config` whose value the server reads in the
-/// client's `client_encoding` from hex digits: the statement is ASCII, so it means the same
-/// whatever encoding the connection replaying it is in (PostgreSQL itself takes such a value
-/// unconverted; the text is the same when the encoding is the server's). Without a
-/// `client_encoding` the value must be valid in the server's, or the login is refused.
-fn set_raw(startup: &Startup, name: &str, value: &str) -> String {
-    let hex: String = text::to_bytes(value).iter().map(|b| format!("{b:02x}")).collect();
-    let encoding = startup.param("client_encoding").map_or("pg_catalog.getdatabaseencoding()".into(), literal);
-    let value = format!("pg_catalog.convert_from(pg_catalog.decode('{hex}', 'hex'), {encoding})");
-    format!("SELECT pg_catalog.set_config({}, {value}, false)", literal(name))
-}
-
-fn set_config(name: &str, value: &str) -> String {
-    format!("SELECT pg_catalog.set_config({}, {}, false)", literal(name), literal(value))
-}
-
-/// Whether a startup parameter is a setting (not one of the protocol's own).
-fn is_setting(name: &str) -> bool {
-    !matches!(name, "user" | "database" | "options" | "replication") && !name.starts_with("_pq_.")
-}
-
-/// The startup packet's `options` as settings (refused as PostgreSQL refuses them).
-fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::session::OptionsError> {
-    match startup.params.iter().find(|(k, _)| k == "options") {
-        Some((_, v)) => refract_pg::session::parse_options(v),
-        None => Ok(vec![]),
-    }
-}
-
-/// `s` as an SQL string literal.
-pub(super) fn literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// A malformed message after login: say so and close.

@@ -257,7 +257,7 @@ impl Session {
         if self.pool_mode == PoolMode::Session {
             return Ok(()); // the client's own connection holds exactly its statements
         }
-        if c.tables.iter().any(|t| names_statements_view(t)) {
+        if c.reads_prepared_statements() {
             return self.only_own_statements().await;
         }
         let mut names: Vec<&str> = c.statements.iter().filter_map(sql_name).collect();
@@ -394,12 +394,6 @@ impl Session {
         }
         Ok(())
     }
-}
-
-/// Whether a relation refract found in a statement is the view of the server process's
-/// prepared statements.
-pub(super) fn names_statements_view(relation: &str) -> bool {
-    matches!(relation, "pg_prepared_statements" | "pg_catalog.pg_prepared_statements")
 }
 
 /// The name a statement PREPAREs, EXECUTEs or DEALLOCATEs.

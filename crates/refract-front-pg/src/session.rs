@@ -6,13 +6,14 @@ use super::cancel::CancelKey;
 use super::clients::{ClientInfo, ClientState, Registration};
 use super::error::PgError;
 use super::held::Held;
-use super::login::{self, startup_sets};
+use super::login;
 use super::permit::Admitted;
 use super::phase::{CopyDir, Event, Phase};
 use super::pool::Guard;
 use super::servers::{metrics_name, Server};
 use super::shared::Shared;
 use super::sizes::Path;
+use super::startup::startup_sets;
 use super::wire::{Frame, Incoming, Wire};
 use crate::config::{PgRole, PoolMode};
 use bytes::BytesMut;
@@ -339,7 +340,7 @@ impl Session {
             c.statements.iter().any(|s| {
                 matches!(s, Statement::Prepare { .. } | Statement::Execute { .. } | Statement::Deallocate { .. })
             }) || !c.nested_executes.is_empty()
-                || c.tables.iter().any(|t| super::names::names_statements_view(t));
+                || c.reads_prepared_statements();
         if prefixed && prepares {
             // PREPARE resolves names with the session's search_path: SET first.
             self.conn()?.wire.send(&head).await?;

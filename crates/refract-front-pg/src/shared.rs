@@ -4,10 +4,10 @@
 
 use super::cancel::Cancels;
 use super::clients::Clients;
-use super::greeting::Greetings;
 use super::notify::Notifier;
 use super::servers::Servers;
 use super::sharding::Sharding;
+use super::startup::Greetings;
 use crate::config::PgConfig;
 use refract_core::config::{Balance, Overload};
 use refract_core::metrics::Metrics;

@@ -198,6 +198,12 @@ impl Classification {
         }
     }
 
+    /// Whether the text reads `pg_prepared_statements`, the server process's prepared
+    /// statements (a pooler must show the client its own there).
+    pub fn reads_prepared_statements(&self) -> bool {
+        self.tables.iter().any(|t| matches!(t.as_str(), "pg_prepared_statements" | "pg_catalog.pg_prepared_statements"))
+    }
+
     /// `EXECUTE name` is routed by what was prepared; the session layer resolves it.
     pub fn executes(&self) -> impl Iterator<Item = &str> {
         self.statements.iter().filter_map(|s| match s {

@@ -88,6 +88,9 @@ pub struct Overload {
     pub eject_slow_min_ms: u64,
     /// How many health intervals in a row a replica must be slow to be ejected.
     pub eject_slow_intervals: u32,
+    /// A client address holding this fraction of a backend's limit waits behind other clients'
+    /// requests for it; 1 = no preference.
+    pub client_share: f64,
     /// Per-user token buckets (`x-refract-user`); users not listed are not limited.
     #[serde(rename = "user")]
     pub users: Vec<UserLimit>,
@@ -121,6 +124,7 @@ impl Overload {
             target: ms(self.queue_target_ms),
             interval: ms(self.queue_interval_ms),
             max_wait: ms(self.max_queue_wait_ms),
+            client_share: self.client_share,
         }
     }
 }
@@ -145,6 +149,7 @@ impl Default for Overload {
             eject_slow_factor: 5.0,
             eject_slow_min_ms: 50,
             eject_slow_intervals: 3,
+            client_share: 0.5,
             users: Vec::new(),
         }
     }
@@ -434,13 +439,16 @@ impl Config {
             ));
         }
         if !(0.0..=1.0).contains(&o.eject_max_fraction)
+            || o.client_share.is_nan()
+            || o.client_share <= 0.0
+            || o.client_share > 1.0
             || o.retry_budget_ratio < 0.0
             || o.retry_budget_floor < 0.0
             || o.eject_slow_factor.is_nan()
             || o.eject_slow_factor < 0.0
         {
             return Err(format!(
-                "line {}: [overload] fractions must be in 0..=1, budgets and eject_slow_factor ≥ 0",
+                "line {}: [overload] fractions must be in 0..=1 (client_share above 0), budgets and eject_slow_factor ≥ 0",
                 find_key_line(text, "overload")
             ));
         }
@@ -597,6 +605,17 @@ mod tests {
         assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms), (1500, 2000, 2500));
         let e = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 10\nwrite_stall_ms = 0\n")).unwrap_err();
         assert_eq!(e, "line 10: [timeouts] write_stall_ms must be > 0");
+    }
+
+    #[test]
+    fn client_share_defaults_and_bounds() {
+        assert_eq!(Config::parse(MIN).unwrap().overload.client_share, 0.5);
+        let c = Config::parse(&format!("{MIN}[overload]\nclient_share = 1.0\n")).unwrap();
+        assert_eq!(c.overload.admission().client_share, 1.0);
+        for bad in ["0.0", "1.5", "-0.5"] {
+            let e = Config::parse(&format!("{MIN}[overload]\nclient_share = {bad}\n")).unwrap_err();
+            assert!(e.starts_with("line 8: [overload] fractions") && e.contains("client_share"), "{e}");
+        }
     }
 
     #[test]

@@ -102,6 +102,9 @@ pub struct ClientConn<S = TcpStream> {
     pub buf: BytesMut,
     /// This connection's timeouts.
     pub timeouts: ClientTimeouts,
+    /// The client's address, when known: its requests count against its share of a backend's
+    /// slots.
+    pub peer: Option<std::net::IpAddr>,
     /// A write made no progress for `timeouts.write`: the connection is reset, not closed.
     stalled: bool,
 }
@@ -114,7 +117,7 @@ impl<S: ClientStream> ClientConn<S> {
 
     /// Wraps an accepted socket.
     pub fn with_timeouts(stream: S, timeouts: ClientTimeouts) -> Self {
-        ClientConn { stream, buf: BytesMut::new(), timeouts, stalled: false }
+        ClientConn { stream, buf: BytesMut::new(), timeouts, peer: None, stalled: false }
     }
 
     /// Reads until a whole request head is buffered. Between requests, waits at most `idle`

@@ -38,7 +38,7 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
             Ok(x) => x,
             // A client that goes away while queued gives up its place at once.
             Err(q) => match tokio::select! {
-                r = q.admission.acquire_as(req.priority, req.deadline, req.arrival) => r,
+                r = q.admission.acquire_by(req.client, req.priority, req.deadline, req.arrival) => r,
                 () = client_gone(conn, ctx.cfg.limits.max_head_bytes) => return Err(Failure::untouched(Error::ClientGone)),
             } {
                 Ok(p) => (q, p),
@@ -91,7 +91,7 @@ fn admit_now(
     failed: &[Arc<Backend>],
     saturated: &[Arc<Backend>],
 ) -> Result<(Arc<Backend>, Permit), Arc<Backend>> {
-    if let Some(p) = first.admission.try_acquire(req.arrival) {
+    if let Some(p) = first.admission.try_acquire_by(req.client, req.arrival) {
         return Ok((first, p));
     }
     if req.class != RouteClass::Read {
@@ -101,7 +101,7 @@ fn admit_now(
     let mut best = (first.admission.expected_wait(), first);
     let scope = scope(ctx, req.tables);
     while let Some(b) = ctx.members.pick_in(req.class, scope, failed, &busy) {
-        if let Some(p) = b.admission.try_acquire(req.arrival) {
+        if let Some(p) = b.admission.try_acquire_by(req.client, req.arrival) {
             return Ok((b, p));
         }
         if b.admission.expected_wait() < best.0 {

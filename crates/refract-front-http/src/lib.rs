@@ -53,8 +53,8 @@ impl Front for HttpFront {
         Ok(())
     }
 
-    fn serve(&self, ctx: Arc<Ctx>, stream: TcpStream, _peer: SocketAddr) -> Serving {
-        Box::pin(session::run(ctx, stream))
+    fn serve(&self, ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> Serving {
+        Box::pin(session::run(ctx, stream, peer.ip()))
     }
 }
 

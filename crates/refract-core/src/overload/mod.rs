@@ -1,12 +1,14 @@
 //! Overload control: adaptive per-backend concurrency limits, CoDel-managed wait queues with
 //! priorities, deadlines, a retry budget, peak-EWMA latency for balancing and per-user token
-//! buckets, and the latency windows that find slow outliers.
+//! buckets, the latency windows that find slow outliers, and a client's fair share of a
+//! backend's slots.
 
 pub mod admission;
 pub mod bucket;
 pub mod budget;
 pub mod ewma;
 pub mod limit;
+mod share;
 #[cfg(test)]
 mod sim;
 pub mod window;

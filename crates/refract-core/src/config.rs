@@ -266,6 +266,10 @@ pub struct Timeouts {
     /// No progress writing a response to the client for this long: the client connection is
     /// reset and its backend connection and slot freed.
     pub write_stall_ms: u64,
+    /// No progress writing a response to the client for this long while another request waits
+    /// for its backend's slot: the backend is let go (the rest of the response spilled, or the
+    /// client connection reset).
+    pub contended_stall_ms: u64,
 }
 
 impl Default for Timeouts {
@@ -278,6 +282,7 @@ impl Default for Timeouts {
             head_ms: 10_000,
             body_ms: 30_000,
             write_stall_ms: 30_000,
+            contended_stall_ms: 250,
         }
     }
 }
@@ -285,7 +290,12 @@ impl Default for Timeouts {
 impl Timeouts {
     /// The client-side timeouts must be set (a zero would fail every request).
     fn validate_client(&self, text: &str) -> Result<(), String> {
-        let keys = [("head_ms", self.head_ms), ("body_ms", self.body_ms), ("write_stall_ms", self.write_stall_ms)];
+        let keys = [
+            ("head_ms", self.head_ms),
+            ("body_ms", self.body_ms),
+            ("write_stall_ms", self.write_stall_ms),
+            ("contended_stall_ms", self.contended_stall_ms),
+        ];
         match keys.iter().find(|(_, v)| *v == 0) {
             Some((key, _)) => Err(format!("line {}: [timeouts] {key} must be > 0", find_key_line(text, key))),
             None => Ok(()),
@@ -303,11 +313,22 @@ pub struct Limits {
     pub max_buffered_body: usize,
     /// Idle keep-alive connections kept per backend.
     pub max_idle_per_backend: usize,
+    /// Most of a response read into memory for a client that stopped reading while others
+    /// waited for its backend (`[timeouts] contended_stall_ms`); 0 = never spill.
+    pub spill_bytes: usize,
+    /// Most memory all such spills hold together.
+    pub spill_total_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_head_bytes: 64 * 1024, max_buffered_body: 1 << 20, max_idle_per_backend: 64 }
+        Limits {
+            max_head_bytes: 64 * 1024,
+            max_buffered_body: 1 << 20,
+            max_idle_per_backend: 64,
+            spill_bytes: 1 << 20,
+            spill_total_bytes: 64 << 20,
+        }
     }
 }
 
@@ -605,6 +626,19 @@ mod tests {
         assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms), (1500, 2000, 2500));
         let e = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 10\nwrite_stall_ms = 0\n")).unwrap_err();
         assert_eq!(e, "line 10: [timeouts] write_stall_ms must be > 0");
+        assert_eq!(Config::parse(MIN).unwrap().timeouts.contended_stall_ms, 250);
+        let e = Config::parse(&format!("{MIN}[timeouts]\ncontended_stall_ms = 0\n")).unwrap_err();
+        assert_eq!(e, "line 9: [timeouts] contended_stall_ms must be > 0");
+    }
+
+    #[test]
+    fn spill_bounds_default_and_bounds() {
+        let l = Config::parse(MIN).unwrap().limits;
+        assert_eq!((l.spill_bytes, l.spill_total_bytes), (1 << 20, 64 << 20));
+        let c = Config::parse(&format!("{MIN}[limits]\nspill_bytes = 0\n")).unwrap();
+        assert_eq!(c.limits.spill_bytes, 0);
+        let e = Config::parse(&format!("{MIN}[limits]\nspill_total_bytes = 99999999999\n")).unwrap_err();
+        assert!(e.starts_with("line 9: [limits] spill_total_bytes"), "{e}");
     }
 
     #[test]

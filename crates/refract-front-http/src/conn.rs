@@ -37,6 +37,9 @@ pub struct ClientTimeouts {
     pub body: Duration,
     /// No progress writing a response to the client (the connection is reset past it).
     pub write: Duration,
+    /// No progress writing a response while another request waits for its backend's slot (the
+    /// backend is let go past it).
+    pub contended: Duration,
 }
 
 impl ClientTimeouts {
@@ -48,6 +51,7 @@ impl ClientTimeouts {
             head: ms(t.head_ms),
             body: ms(t.body_ms),
             write: ms(t.write_stall_ms),
+            contended: ms(t.contended_stall_ms),
         }
     }
 }
@@ -316,7 +320,7 @@ pub(crate) async fn write_within<W: AsyncWrite + Unpin>(
     };
     while !bytes.is_empty() {
         match timeout(stall, out.write(bytes)).await {
-            Err(_) => return Err(Error::ClientStalled { ms: stall.as_millis() as u64 }),
+            Err(_) => return Err(Error::ClientStalled { ms: stall.as_millis() as u64, contended: false }),
             Ok(Ok(0)) => return Err(Error::ClientIo(std::io::ErrorKind::WriteZero.into())),
             Ok(Ok(n)) => bytes = &bytes[n..],
             Ok(Err(e)) => return Err(Error::ClientIo(e)),

@@ -253,7 +253,7 @@ async fn exchange_within(
     let watch = Watch {
         permit,
         after: conn.timeouts.contended,
-        budget: ctx.spill.clone(),
+        budget: &ctx.spill,
         max: limits.spill_bytes,
         total: limits.spill_total_bytes,
     };

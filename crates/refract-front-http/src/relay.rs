@@ -133,8 +133,9 @@ pub struct Watch<'a> {
     pub permit: &'a Permit,
     /// How long a write may make no progress while another request waits for the slot.
     pub after: Duration,
-    /// The dispatcher's spill budget.
-    pub budget: Arc<SpillBudget>,
+    /// The dispatcher's spill budget (shared by a spill only once one starts: no atomic
+    /// traffic per request).
+    pub budget: &'a Arc<SpillBudget>,
     /// `[limits] spill_bytes`.
     pub max: usize,
     /// `[limits] spill_total_bytes`.

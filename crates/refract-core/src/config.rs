@@ -88,6 +88,9 @@ pub struct Overload {
     pub eject_slow_min_ms: u64,
     /// How many health intervals in a row a replica must be slow to be ejected.
     pub eject_slow_intervals: u32,
+    /// A client address holding this fraction of a backend's limit waits behind other clients'
+    /// requests for it; 1 = no preference.
+    pub client_share: f64,
     /// Per-user token buckets (`x-refract-user`); users not listed are not limited.
     #[serde(rename = "user")]
     pub users: Vec<UserLimit>,
@@ -121,6 +124,7 @@ impl Overload {
             target: ms(self.queue_target_ms),
             interval: ms(self.queue_interval_ms),
             max_wait: ms(self.max_queue_wait_ms),
+            client_share: self.client_share,
         }
     }
 }
@@ -145,6 +149,7 @@ impl Default for Overload {
             eject_slow_factor: 5.0,
             eject_slow_min_ms: 50,
             eject_slow_intervals: 3,
+            client_share: 0.5,
             users: Vec::new(),
         }
     }
@@ -261,6 +266,10 @@ pub struct Timeouts {
     /// No progress writing a response to the client for this long: the client connection is
     /// reset and its backend connection and slot freed.
     pub write_stall_ms: u64,
+    /// No progress writing a response to the client for this long while another request waits
+    /// for its backend's slot: the backend is let go (the rest of the response spilled, or the
+    /// client connection reset).
+    pub contended_stall_ms: u64,
 }
 
 impl Default for Timeouts {
@@ -273,6 +282,7 @@ impl Default for Timeouts {
             head_ms: 10_000,
             body_ms: 30_000,
             write_stall_ms: 30_000,
+            contended_stall_ms: 250,
         }
     }
 }
@@ -280,7 +290,12 @@ impl Default for Timeouts {
 impl Timeouts {
     /// The client-side timeouts must be set (a zero would fail every request).
     fn validate_client(&self, text: &str) -> Result<(), String> {
-        let keys = [("head_ms", self.head_ms), ("body_ms", self.body_ms), ("write_stall_ms", self.write_stall_ms)];
+        let keys = [
+            ("head_ms", self.head_ms),
+            ("body_ms", self.body_ms),
+            ("write_stall_ms", self.write_stall_ms),
+            ("contended_stall_ms", self.contended_stall_ms),
+        ];
         match keys.iter().find(|(_, v)| *v == 0) {
             Some((key, _)) => Err(format!("line {}: [timeouts] {key} must be > 0", find_key_line(text, key))),
             None => Ok(()),
@@ -298,11 +313,22 @@ pub struct Limits {
     pub max_buffered_body: usize,
     /// Idle keep-alive connections kept per backend.
     pub max_idle_per_backend: usize,
+    /// Most of a response read into memory for a client that stopped reading while others
+    /// waited for its backend (`[timeouts] contended_stall_ms`); 0 = never spill.
+    pub spill_bytes: usize,
+    /// Most memory all such spills hold together.
+    pub spill_total_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_head_bytes: 64 * 1024, max_buffered_body: 1 << 20, max_idle_per_backend: 64 }
+        Limits {
+            max_head_bytes: 64 * 1024,
+            max_buffered_body: 1 << 20,
+            max_idle_per_backend: 64,
+            spill_bytes: 1 << 20,
+            spill_total_bytes: 64 << 20,
+        }
     }
 }
 
@@ -434,13 +460,16 @@ impl Config {
             ));
         }
         if !(0.0..=1.0).contains(&o.eject_max_fraction)
+            || o.client_share.is_nan()
+            || o.client_share <= 0.0
+            || o.client_share > 1.0
             || o.retry_budget_ratio < 0.0
             || o.retry_budget_floor < 0.0
             || o.eject_slow_factor.is_nan()
             || o.eject_slow_factor < 0.0
         {
             return Err(format!(
-                "line {}: [overload] fractions must be in 0..=1, budgets and eject_slow_factor ≥ 0",
+                "line {}: [overload] fractions must be in 0..=1 (client_share above 0), budgets and eject_slow_factor ≥ 0",
                 find_key_line(text, "overload")
             ));
         }
@@ -597,6 +626,30 @@ mod tests {
         assert_eq!((t.head_ms, t.body_ms, t.write_stall_ms), (1500, 2000, 2500));
         let e = Config::parse(&format!("{MIN}[timeouts]\nhead_ms = 10\nwrite_stall_ms = 0\n")).unwrap_err();
         assert_eq!(e, "line 10: [timeouts] write_stall_ms must be > 0");
+        assert_eq!(Config::parse(MIN).unwrap().timeouts.contended_stall_ms, 250);
+        let e = Config::parse(&format!("{MIN}[timeouts]\ncontended_stall_ms = 0\n")).unwrap_err();
+        assert_eq!(e, "line 9: [timeouts] contended_stall_ms must be > 0");
+    }
+
+    #[test]
+    fn spill_bounds_default_and_bounds() {
+        let l = Config::parse(MIN).unwrap().limits;
+        assert_eq!((l.spill_bytes, l.spill_total_bytes), (1 << 20, 64 << 20));
+        let c = Config::parse(&format!("{MIN}[limits]\nspill_bytes = 0\n")).unwrap();
+        assert_eq!(c.limits.spill_bytes, 0);
+        let e = Config::parse(&format!("{MIN}[limits]\nspill_total_bytes = 99999999999\n")).unwrap_err();
+        assert!(e.starts_with("line 9: [limits] spill_total_bytes"), "{e}");
+    }
+
+    #[test]
+    fn client_share_defaults_and_bounds() {
+        assert_eq!(Config::parse(MIN).unwrap().overload.client_share, 0.5);
+        let c = Config::parse(&format!("{MIN}[overload]\nclient_share = 1.0\n")).unwrap();
+        assert_eq!(c.overload.admission().client_share, 1.0);
+        for bad in ["0.0", "1.5", "-0.5"] {
+            let e = Config::parse(&format!("{MIN}[overload]\nclient_share = {bad}\n")).unwrap_err();
+            assert!(e.starts_with("line 8: [overload] fractions") && e.contains("client_share"), "{e}");
+        }
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! The state every session and service shares ([`Ctx`]): the configuration in force, the
-//! backends, metrics, the retry budget and user limits, the stop token. It sits below every service: the dispatcher builds it and
+//! backends, metrics, the retry budget, user limits and spilled memory, the stop token. It sits below every service: the dispatcher builds it and
 //! hands it to them, none of them is reached through it.
 
 use crate::config::Config;
 use crate::live::{Live, LiveConfig};
 use crate::membership::Membership;
 use crate::metrics::Metrics;
-use crate::overload::{RetryBudget, UserLimits};
+use crate::overload::{RetryBudget, SpillBudget, UserLimits};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +24,8 @@ pub struct Ctx {
     pub budget: RetryBudget,
     /// Per-user token buckets.
     pub users: UserLimits,
+    /// Memory held for clients that stopped reading (bounded by `[limits] spill_total_bytes`).
+    pub spill: Arc<SpillBudget>,
     /// The file the configuration came from, which a reload reads again.
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Set when a drain ended with sessions still open.
@@ -46,8 +48,8 @@ impl Ctx {
         let users = UserLimits::new(o.users.iter().map(|u| (u.name.as_str(), u.rate, u.burst)));
         let stop = CancellationToken::new();
         let cfg = LiveConfig(Live::new(cfg));
-        let (config_path, drain_timed_out) = (Default::default(), Default::default());
-        Arc::new(Ctx { cfg, members, metrics, stop, budget, users, config_path, drain_timed_out })
+        let (config_path, drain_timed_out, spill) = (Default::default(), Default::default(), Default::default());
+        Arc::new(Ctx { cfg, members, metrics, stop, budget, users, spill, config_path, drain_timed_out })
     }
 
     /// Puts a validated configuration in force (a reload has already applied its membership

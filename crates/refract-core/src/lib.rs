@@ -14,7 +14,8 @@
 //! - [`live`]: the configuration in force, swapped whole by a reload.
 //! - [`membership`]: backends at runtime and the choice of one per request.
 //! - [`backend`]: one backend, its health, ejection, admission and connection pool.
-//! - [`overload`]: admission limits, queues, deadlines, retry budget.
+//! - [`overload`]: admission limits, queues, deadlines, retry budget, a client's fair share,
+//!   memory spilled for clients that stopped reading.
 //! - [`partial`]: partial replicas: what a member holds, shares per class of reads.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`shard`]: which per-core event loop the current thread is; [`spin`]: busy polling.

@@ -57,6 +57,12 @@ struct EndLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HowLabels {
+    backend: String,
+    how: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: String,
 }
@@ -104,6 +110,7 @@ pub struct Metrics {
     steering_capacity: Gauge,
     steering_packets: Family<KindLabel, Counter>,
     log_dropped: Counter,
+    stall_yields: Family<HowLabels, Counter>,
 }
 
 /// Per-backend handles, one request counter per route class.
@@ -288,6 +295,12 @@ impl Metrics {
             "Log lines dropped because stderr's reader was slow or gone (docs/operations.md, Logs)",
             log_dropped.clone(),
         );
+        let stall_yields = Family::<HowLabels, Counter>::default();
+        reg.register(
+            "stall_yields",
+            "Backends let go for a client that stopped reading while others waited: spilled, cut",
+            stall_yields.clone(),
+        );
         Metrics {
             log_dropped,
             registry: Mutex::new(reg),
@@ -326,6 +339,7 @@ impl Metrics {
             steering_entries,
             steering_capacity,
             steering_packets,
+            stall_yields,
         }
     }
 
@@ -455,6 +469,13 @@ impl Metrics {
         self.handover_ended.get_or_create(&EndLabels { backend: backend.into(), end: end.into() }).inc();
     }
 
+    /// Counts a backend let go for a client that stopped reading while others waited for it:
+    /// `how` is `spilled` (the rest of the response kept for the client) or `cut` (its
+    /// connection reset).
+    pub fn stall_yield(&self, backend: &str, how: &str) {
+        self.stall_yields.get_or_create(&HowLabels { backend: backend.into(), how: how.into() }).inc();
+    }
+
     /// Adds bytes `backend`'s agent sent straight to a client.
     pub fn bytes_direct(&self, backend: &str, n: u64) {
         self.bytes_direct.get_or_create(&BackendLabel { backend: backend.into() }).inc_by(n);
@@ -520,7 +541,9 @@ mod tests {
         m.error("connect");
         m.observe(RouteClass::Read, 0.001);
         m.set_backend("b1", true, 2);
+        m.stall_yield("b1", "spilled");
         let text = m.render();
+        assert!(text.contains(r#"refract_stall_yields_total{backend="b1",how="spilled"} 1"#), "{text}");
         assert!(text.contains(r#"refract_requests_total{class="read",backend="b1"} 1"#), "{text}");
         assert!(text.contains(r#"refract_errors_total{kind="connect"} 1"#), "{text}");
         assert!(text.contains(r#"refract_backend_in_flight{backend="b1"} 2"#), "{text}");

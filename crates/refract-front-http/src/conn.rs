@@ -37,6 +37,9 @@ pub struct ClientTimeouts {
     pub body: Duration,
     /// No progress writing a response to the client (the connection is reset past it).
     pub write: Duration,
+    /// No progress writing a response while another request waits for its backend's slot (the
+    /// backend is let go past it).
+    pub contended: Duration,
 }
 
 impl ClientTimeouts {
@@ -48,6 +51,7 @@ impl ClientTimeouts {
             head: ms(t.head_ms),
             body: ms(t.body_ms),
             write: ms(t.write_stall_ms),
+            contended: ms(t.contended_stall_ms),
         }
     }
 }
@@ -102,6 +106,9 @@ pub struct ClientConn<S = TcpStream> {
     pub buf: BytesMut,
     /// This connection's timeouts.
     pub timeouts: ClientTimeouts,
+    /// The client's address, when known: its requests count against its share of a backend's
+    /// slots.
+    pub peer: Option<std::net::IpAddr>,
     /// A write made no progress for `timeouts.write`: the connection is reset, not closed.
     stalled: bool,
 }
@@ -114,7 +121,7 @@ impl<S: ClientStream> ClientConn<S> {
 
     /// Wraps an accepted socket.
     pub fn with_timeouts(stream: S, timeouts: ClientTimeouts) -> Self {
-        ClientConn { stream, buf: BytesMut::new(), timeouts, stalled: false }
+        ClientConn { stream, buf: BytesMut::new(), timeouts, peer: None, stalled: false }
     }
 
     /// Reads until a whole request head is buffered. Between requests, waits at most `idle`
@@ -313,7 +320,7 @@ pub(crate) async fn write_within<W: AsyncWrite + Unpin>(
     };
     while !bytes.is_empty() {
         match timeout(stall, out.write(bytes)).await {
-            Err(_) => return Err(Error::ClientStalled { ms: stall.as_millis() as u64 }),
+            Err(_) => return Err(Error::ClientStalled { ms: stall.as_millis() as u64, contended: false }),
             Ok(Ok(0)) => return Err(Error::ClientIo(std::io::ErrorKind::WriteZero.into())),
             Ok(Ok(n)) => bytes = &bytes[n..],
             Ok(Err(e)) => return Err(Error::ClientIo(e)),

@@ -26,11 +26,15 @@ pub enum Error {
         /// The timeout that passed.
         ms: u64,
     },
-    /// The client took no byte of its response for too long (`[timeouts] write_stall_ms`).
-    #[error("the client read nothing of its response for {ms} ms")]
+    /// The client took no byte of its response for too long (`[timeouts] write_stall_ms`, or
+    /// `contended_stall_ms` while another request waited for its backend and the rest of the
+    /// response was too large to spill).
+    #[error("the client read nothing of its response for {ms} ms{}", if *contended { " while other requests waited for its backend" } else { "" })]
     ClientStalled {
         /// The timeout that passed.
         ms: u64,
+        /// Whether others waited for the backend (`contended_stall_ms`).
+        contended: bool,
     },
     /// No backend can take this request.
     #[error("no backend available for {0} requests")]
@@ -212,7 +216,7 @@ mod tests {
             (slow.status(), slow.side(), slow.is_retryable(), slow.kind()),
             (408, Side::Client, false, "client_timeout")
         );
-        let stalled = Error::ClientStalled { ms: 1000 };
+        let stalled = Error::ClientStalled { ms: 1000, contended: false };
         assert_eq!((stalled.side(), stalled.is_retryable(), stalled.marks_down()), (Side::Client, false, false));
     }
 }

@@ -2,26 +2,30 @@
 //! limit and queue, bounded by the request's deadline), the exchange itself, and what the
 //! outcome teaches the limit, the latency estimate and the ejection counter. A read may be
 //! retried once, on another backend, within the retry budget, if nothing reached the client;
-//! writes never are.
+//! writes never are. A client that stops reading while others wait for its backend gives the
+//! slot up (`relay.rs`): the rest of its response goes to it from a spill after the slot is
+//! back, or its connection is reset.
 
 use crate::conn::ClientConn;
 use crate::error::Error;
-use crate::relay::{self, Sink};
+use crate::relay::{self, Sink, Watch};
 use crate::request::{scope, Failure, ReqBody, Request};
 use bytes::Bytes;
 use refract_core::backend::{Backend, BackendConn};
 use refract_core::ctx::Ctx;
-use refract_core::overload::{Outcome, Permit, Refusal};
+use refract_core::overload::{Outcome, Permit, Refusal, Spill};
 use refract_http::{BodyKind, RouteClass};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-/// How an exchange ended: whether the client connection can go on, and the status sent.
+/// How an exchange ended: whether the client connection can go on, the status sent, and the
+/// rest of the response still to write when the client had stopped reading.
 struct Done {
     go_on: bool,
     status: u16,
+    spill: Option<Spill>,
 }
 
 /// Forwards `req`; `Ok(go_on)` says whether the client connection can carry another request.
@@ -38,7 +42,7 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
             Ok(x) => x,
             // A client that goes away while queued gives up its place at once.
             Err(q) => match tokio::select! {
-                r = q.admission.acquire_as(req.priority, req.deadline, req.arrival) => r,
+                r = q.admission.acquire_by(req.client, req.priority, req.deadline, req.arrival) => r,
                 () = client_gone(conn, ctx.cfg.limits.max_head_bytes) => return Err(Failure::untouched(Error::ClientGone)),
             } {
                 Ok(p) => (q, p),
@@ -53,19 +57,17 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
             },
         };
         let started = Instant::now();
-        let result = exchange(ctx, conn, &b, req).await;
+        let result = exchange(ctx, conn, &b, req, &permit).await;
         let f = match result {
-            Ok(done) => {
-                let overloaded = done.status == 503 || done.status == 429;
-                permit.finish(if overloaded { Outcome::Overloaded } else { Outcome::Success });
-                learn(ctx, &b, req.class, started, !overloaded && done.status < 500);
-                return Ok(done.go_on);
-            }
+            Ok(done) => return complete(ctx, conn, &b, req.class, permit, started, done).await,
             Err(f) => f,
         };
         permit.finish(outcome_of(&f.err));
+        if let Error::ClientStalled { contended: true, .. } = f.err {
+            ctx.metrics.stall_yield(&b.name, "cut");
+        }
         if f.err.side() == crate::error::Side::Backend {
-            learn(ctx, &b, req.class, started, false);
+            learn(ctx, &b, req.class, Some(started.elapsed()), false);
         }
         if f.err.marks_down() && b.set_up(false) {
             tracing::warn!(backend = %b.name, error = %f.err, "backend marked down");
@@ -91,7 +93,7 @@ fn admit_now(
     failed: &[Arc<Backend>],
     saturated: &[Arc<Backend>],
 ) -> Result<(Arc<Backend>, Permit), Arc<Backend>> {
-    if let Some(p) = first.admission.try_acquire(req.arrival) {
+    if let Some(p) = first.admission.try_acquire_by(req.client, req.arrival) {
         return Ok((first, p));
     }
     if req.class != RouteClass::Read {
@@ -101,7 +103,7 @@ fn admit_now(
     let mut best = (first.admission.expected_wait(), first);
     let scope = scope(ctx, req.tables);
     while let Some(b) = ctx.members.pick_in(req.class, scope, failed, &busy) {
-        if let Some(p) = b.admission.try_acquire(req.arrival) {
+        if let Some(p) = b.admission.try_acquire_by(req.client, req.arrival) {
             return Ok((b, p));
         }
         if b.admission.expected_wait() < best.0 {
@@ -131,15 +133,45 @@ fn outcome_of(err: &Error) -> Outcome {
     }
 }
 
-/// Books an exchange: counters, latency, failure streak (and ejection).
-fn learn(ctx: &Ctx, b: &Backend, class: RouteClass, started: Instant, ok: bool) {
+/// Books an exchange that ended with a response, gives its slot back, then writes the rest of
+/// a response spilled for a client that had stopped reading (bounded by `write_stall_ms`).
+async fn complete(
+    ctx: &Ctx,
+    conn: &mut ClientConn,
+    b: &Backend,
+    class: RouteClass,
+    permit: Permit,
+    started: Instant,
+    done: Done,
+) -> Result<bool, Failure> {
+    let overloaded = done.status == 503 || done.status == 429;
+    let ok = !overloaded && done.status < 500;
+    let Some(spill) = done.spill else {
+        permit.finish(if overloaded { Outcome::Overloaded } else { Outcome::Success });
+        learn(ctx, b, class, Some(started.elapsed()), ok);
+        return Ok(done.go_on);
+    };
+    // The time it took was the client's: it teaches neither the limit nor the balancer.
+    permit.finish(Outcome::Ignore);
+    learn(ctx, b, class, None, ok);
+    ctx.metrics.stall_yield(&b.name, "spilled");
+    conn.reply(spill.bytes()).await.map_err(|err| Failure { err, touched: true })?;
+    ctx.metrics.bytes_to_client.inc_by(spill.bytes().len() as u64);
+    Ok(done.go_on)
+}
+
+/// Books an exchange: counters, latency (`took`, when it says something of the backend),
+/// failure streak (and ejection).
+fn learn(ctx: &Ctx, b: &Backend, class: RouteClass, took: Option<Duration>, ok: bool) {
     b.record(ok);
     if ok {
         b.counters.request(class);
-        b.observe(started.elapsed());
+        if let Some(t) = took {
+            b.observe(t);
+        }
     } else {
         // A failure costs as much as the request timeout: the balancer should avoid it.
-        b.observe(started.elapsed().max(Duration::from_millis(ctx.cfg.timeouts.request_ms.min(1000))));
+        b.observe(took.unwrap_or_default().max(Duration::from_millis(ctx.cfg.timeouts.request_ms.min(1000))));
     }
     let o = &ctx.cfg.overload;
     if b.note_outcome(ok, o.eject_after_failures) {
@@ -159,8 +191,14 @@ fn may_retry(ctx: &Ctx, req: &Request<'_>, f: &Failure, first: bool) -> bool {
         && ctx.budget.try_withdraw()
 }
 
-/// One request/response exchange with one backend.
-async fn exchange(ctx: &Ctx, conn: &mut ClientConn, b: &Arc<Backend>, req: &Request<'_>) -> Result<Done, Failure> {
+/// One request/response exchange with one backend, holding `permit`.
+async fn exchange(
+    ctx: &Ctx,
+    conn: &mut ClientConn,
+    b: &Arc<Backend>,
+    req: &Request<'_>,
+    permit: &Permit,
+) -> Result<Done, Failure> {
     let _inflight = b.begin();
     let t = &ctx.cfg.timeouts;
     let mut timeout = Duration::from_millis(t.request_ms);
@@ -180,7 +218,7 @@ async fn exchange(ctx: &Ctx, conn: &mut ClientConn, b: &Arc<Backend>, req: &Requ
         }
         e => e,
     };
-    exchange_within(ctx, conn, b, req, &head_bytes, timeout, connect)
+    exchange_within(ctx, conn, b, req, permit, &head_bytes, (timeout, connect))
         .await
         .map_err(|f| Failure { err: blame(f.err), touched: f.touched })
 }
@@ -190,9 +228,9 @@ async fn exchange_within(
     conn: &mut ClientConn,
     b: &Arc<Backend>,
     req: &Request<'_>,
+    permit: &Permit,
     head_bytes: &Bytes,
-    timeout: Duration,
-    connect: Duration,
+    (timeout, connect): (Duration, Duration),
 ) -> Result<Done, Failure> {
     let mut bc = b.checkout(connect).await.map_err(|e| Failure::untouched(e.into()))?;
     let sent = send_request(conn, &mut bc, &b.name, head_bytes, req.body).await.map_err(Failure::untouched)?;
@@ -207,11 +245,19 @@ async fn exchange_within(
         if !rh.is_interim() {
             break rh;
         }
-        let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write);
+        let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write, None);
         sink.pass(&mut bc, rh.len).await.map_err(|err| Failure { err, touched: true })?;
         written += sink.written;
     };
-    let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write);
+    let limits = &ctx.cfg.limits;
+    let watch = Watch {
+        permit,
+        after: conn.timeouts.contended,
+        budget: &ctx.spill,
+        max: limits.spill_bytes,
+        total: limits.spill_total_bytes,
+    };
+    let mut sink = Sink::client(&mut conn.stream, conn.timeouts.write, Some(watch));
     // Draining: this is the connection's last response, and its head says so.
     let closing = ctx.stop.is_cancelled();
     let result = if closing {
@@ -220,14 +266,16 @@ async fn exchange_within(
         sink.response(&mut bc, &rh, timeout, &b.name).await
     };
     written += sink.written;
+    let spill = sink.into_spill();
     ctx.metrics.bytes_to_client.inc_by(written);
-    let reuse = result.map_err(|err| Failure { err, touched: written > 0 })?;
-    crate::handover::relayed_directly(ctx, req.class, head_bytes, req.body, written);
+    let reuse = result.map_err(|err| Failure { err, touched: written > 0 || spill.is_some() })?;
+    let spilled = spill.as_ref().map_or(0, |s| s.bytes().len() as u64);
+    crate::handover::relayed_directly(ctx, req.class, head_bytes, req.body, written + spilled);
     if reuse {
         b.checkin(bc);
     }
     // refract relays no tunnel: after a 101 the client's next bytes are not HTTP to it.
-    Ok(Done { go_on: rh.body != BodyKind::UntilClose && rh.status != 101 && !closing, status: rh.status })
+    Ok(Done { go_on: rh.body != BodyKind::UntilClose && rh.status != 101 && !closing, status: rh.status, spill })
 }
 
 /// Resolves when the client has closed its side (or failed) while its request is being

@@ -9,7 +9,8 @@
 //! - `session`: the client session loop.
 //! - `request`: a request's body, the request ready to forward, a failed exchange.
 //! - `forward`: one request to one backend: admission, exchange, retry, learning.
-//! - `relay`: moving bodies between client and backend with bounded buffers.
+//! - `relay`: moving bodies between client and backend with bounded buffers; letting a
+//!   backend go when its client stops reading while others wait for it.
 //! - `fanout`: class `all`, sent to every backend.
 //! - `health`: active health checks (a connect, or an HTTP GET).
 //! - `handover`: handing a client connection to a backend's agent and taking it back.
@@ -53,8 +54,8 @@ impl Front for HttpFront {
         Ok(())
     }
 
-    fn serve(&self, ctx: Arc<Ctx>, stream: TcpStream, _peer: SocketAddr) -> Serving {
-        Box::pin(session::run(ctx, stream))
+    fn serve(&self, ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> Serving {
+        Box::pin(session::run(ctx, stream, peer.ip()))
     }
 }
 

@@ -1,14 +1,31 @@
 //! Moving bytes: a request body from the client to a backend, and a response from a backend to
 //! a sink (the client, or a buffer for fan-out). Bodies stream through a bounded buffer, so
 //! memory per connection stays bounded whatever the size of a result.
+//!
+//! A client that stops reading holds its backend only while nobody else needs it: when the
+//! client has taken no byte for `[timeouts] contended_stall_ms` and another request waits for
+//! the backend's slot ([`Permit::contended`]), the sink lets the backend go. The rest of the
+//! response is read into a spill (within `[limits] spill_bytes` and the shared
+//! `spill_total_bytes`) and written to the client once the slot is given back; a rest that does
+//! not fit fails the response with a contended [`Error::ClientStalled`] instead.
+//!
+//! Progress is the client taking bytes, not a write returning: the kernel wakes a blocked
+//! writer only once a third or so of the send buffer (up to megabytes) has drained, which a
+//! slow reader can take seconds to do. While a write is blocked the sink therefore also looks
+//! at the bytes the client has not acknowledged yet (`SIOCOUTQ`): fewer than at the last look
+//! is progress.
 
 use crate::conn::ClientConn;
 use crate::error::Error;
 use bytes::Buf;
 use refract_core::backend::BackendConn;
+use refract_core::overload::{Permit, Spill, SpillBudget};
 use refract_http::{BodyKind, ChunkedDecoder, ResponseHead};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 /// How much a backend read may take at once.
 const READ_CHUNK: usize = 64 * 1024;
@@ -91,35 +108,112 @@ pub async fn response_head(
     }
 }
 
+/// What a sink writes to: whether the peer has taken what was written.
+pub trait Taken {
+    /// Bytes written and not yet acknowledged by the peer; `None` when that cannot be known.
+    fn unacked(&self) -> Option<u32>;
+}
+
+impl Taken for TcpStream {
+    fn unacked(&self) -> Option<u32> {
+        refract_handover::unacked(self).ok()
+    }
+}
+
+impl Taken for Vec<u8> {
+    fn unacked(&self) -> Option<u32> {
+        None
+    }
+}
+
+/// What lets a client sink give its backend up: the slot others may want, and the bounds of a
+/// spill.
+pub struct Watch<'a> {
+    /// The exchange's admission slot.
+    pub permit: &'a Permit,
+    /// How long a write may make no progress while another request waits for the slot.
+    pub after: Duration,
+    /// The dispatcher's spill budget (shared by a spill only once one starts: no atomic
+    /// traffic per request).
+    pub budget: &'a Arc<SpillBudget>,
+    /// `[limits] spill_bytes`.
+    pub max: usize,
+    /// `[limits] spill_total_bytes`.
+    pub total: usize,
+}
+
 /// Where a response goes, counting what reached it.
 pub struct Sink<'a, W> {
     out: &'a mut W,
-    /// Bytes written so far.
+    /// Bytes written so far (not counting a spill).
     pub written: u64,
     /// Longest wait for a write to make progress (a client); `None` for a buffer.
     stall: Option<Duration>,
+    /// Giving the backend up for a client that stopped reading (a relayed response).
+    watch: Option<Watch<'a>>,
+    /// Body bytes the backend still has to send after those being passed (`None`: unknown).
+    to_come: Option<u64>,
+    /// The rest of the response, once the backend was let go.
+    spill: Option<Spill>,
 }
 
-impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
+impl<'a, W: AsyncWrite + Taken + Unpin> Sink<'a, W> {
     /// A sink over a buffer (fan-out), which never stalls.
     pub fn new(out: &'a mut W) -> Self {
-        Sink { out, written: 0, stall: None }
+        Sink { out, written: 0, stall: None, watch: None, to_come: None, spill: None }
     }
 
     /// A sink over a client socket: a write that makes no progress for `stall` fails the
     /// response with [`Error::ClientStalled`], so that a client that stops reading frees the
-    /// backend connection and its slot within that time.
-    pub fn client(out: &'a mut W, stall: Duration) -> Self {
-        Sink { out, written: 0, stall: Some(stall) }
+    /// backend connection and its slot within that time; with `watch`, within
+    /// `watch.after` when another request waits for the slot.
+    pub fn client(out: &'a mut W, stall: Duration, watch: Option<Watch<'a>>) -> Self {
+        Sink { out, written: 0, stall: Some(stall), watch, to_come: None, spill: None }
+    }
+
+    /// The rest of the response kept for the client after its backend was let go.
+    pub fn into_spill(self) -> Option<Spill> {
+        self.spill
     }
 
     async fn put(&mut self, bytes: &[u8]) -> Result<(), Error> {
         if bytes.is_empty() {
             return Ok(());
         }
-        crate::conn::write_within(self.out, bytes, self.stall).await?;
-        self.written += bytes.len() as u64;
+        if let Some(spill) = &mut self.spill {
+            return if spill.push(bytes) { Ok(()) } else { Err(self.cut()) };
+        }
+        let sent = match (&self.watch, self.stall) {
+            (Some(w), Some(stall)) => write_watched(self.out, bytes, stall, w).await?,
+            _ => {
+                crate::conn::write_within(self.out, bytes, self.stall).await?;
+                bytes.len()
+            }
+        };
+        self.written += sent as u64;
+        if sent < bytes.len() {
+            self.start_spill(&bytes[sent..])?;
+        }
         Ok(())
+    }
+
+    /// Another request wants the slot of a client that stopped reading: keeps `rest`, and what
+    /// the backend still sends, for the client; a response that cannot fit fails at once.
+    fn start_spill(&mut self, rest: &[u8]) -> Result<(), Error> {
+        let Some(w) = &self.watch else { return Err(self.cut()) };
+        let mut spill = Spill::new(w.budget.clone(), w.max, w.total);
+        let known = (rest.len() as u64).saturating_add(self.to_come.unwrap_or(0));
+        if !spill.fits(known) || !spill.push(rest) {
+            return Err(self.cut());
+        }
+        self.spill = Some(spill);
+        Ok(())
+    }
+
+    /// The response given up for a client that stopped reading while others waited.
+    fn cut(&self) -> Error {
+        let ms = self.watch.as_ref().map_or(0, |w| w.after.as_millis() as u64);
+        Error::ClientStalled { ms, contended: true }
     }
 
     /// Passes on the first `n` buffered bytes of `bc` and consumes them.
@@ -154,7 +248,10 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
         backend: &str,
     ) -> Result<bool, Error> {
         match rh.body {
-            BodyKind::None => self.pass(bc, rh.len).await?,
+            BodyKind::None => {
+                self.to_come = Some(0);
+                self.pass(bc, rh.len).await?
+            }
             BodyKind::Length(n) => self.fixed(bc, rh.len, n, timeout, backend).await?,
             BodyKind::Chunked => self.chunked(bc, rh.len, timeout, backend).await?,
             BodyKind::UntilClose => {
@@ -177,11 +274,13 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
         backend: &str,
     ) -> Result<(), Error> {
         let first = n.min((bc.buf.len() - head) as u64);
+        self.to_come = Some(n - first);
         self.pass(bc, head + first as usize).await?;
         let mut left = n - first;
         while left > 0 {
             read_more(bc, timeout, backend, false).await?;
             let take = left.min(bc.buf.len() as u64);
+            self.to_come = Some(left - take);
             self.pass(bc, take as usize).await?;
             left -= take;
         }
@@ -205,6 +304,56 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
             self.pass(bc, take).await?;
         }
         Ok(())
+    }
+}
+
+/// Writes `bytes` to a client like [`crate::conn::write_within`], but stops when the client has
+/// taken nothing for `w.after` and another request wants the backend's slot (this holder having
+/// claimed the making of room for it). Returns how many bytes went out: fewer than
+/// `bytes.len()` when it stopped.
+async fn write_watched<W: AsyncWrite + Taken + Unpin>(
+    out: &mut W,
+    bytes: &[u8],
+    stall: Duration,
+    w: &Watch<'_>,
+) -> Result<usize, Error> {
+    let look = (w.after.min(stall) / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut done = 0;
+    // The last progress, and the client's unacknowledged bytes at the last look while blocked.
+    let (mut last, mut seen) = (Instant::now(), None);
+    while done < bytes.len() {
+        let idle = last.elapsed() >= w.after;
+        tokio::select! {
+            biased;
+            r = out.write(&bytes[done..]) => {
+                done += wrote(r)?;
+                (last, seen) = (Instant::now(), None);
+                continue;
+            }
+            () = w.permit.contended(), if idle => {}
+            () = tokio::time::sleep(look) => {}
+        }
+        let now = out.unacked();
+        if now.is_some_and(|n| seen.is_some_and(|s| n < s)) {
+            last = Instant::now();
+        }
+        seen = now;
+        if last.elapsed() >= stall {
+            return Err(Error::ClientStalled { ms: stall.as_millis() as u64, contended: false });
+        }
+        if last.elapsed() >= w.after && w.permit.claim() {
+            return Ok(done);
+        }
+    }
+    Ok(done)
+}
+
+/// What one write took, or why it failed.
+fn wrote(r: std::io::Result<usize>) -> Result<usize, Error> {
+    match r {
+        Ok(0) => Err(Error::ClientIo(std::io::ErrorKind::WriteZero.into())),
+        Ok(n) => Ok(n),
+        Err(e) => Err(Error::ClientIo(e)),
     }
 }
 

@@ -42,6 +42,8 @@ pub(crate) struct Request<'a> {
     pub priority: Priority,
     /// Whether it is new demand (or a pipelined request, paced by refract).
     pub arrival: Arrival,
+    /// The client's address (its share of a backend's slots), when known.
+    pub client: Option<std::net::IpAddr>,
     /// The tables a Hyrise-R read plan reads (only backends holding them all may serve it);
     /// `None`: no plan, any reader.
     pub tables: Option<&'a PlanTables>,

@@ -14,6 +14,7 @@ use refract_core::ctx::Ctx;
 use refract_core::overload::{Arrival, Priority};
 use refract_http::chunked::decode_all;
 use refract_http::{reply, BodyKind, PlanTables, RequestHead, RouteClass};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -32,8 +33,9 @@ enum Next {
 /// An idle connection costs only this future, its socket and its hand-over state: between
 /// requests the client buffer is released, and serving a request (a large future: forward,
 /// fan-out, hand-over) is boxed, allocated only while a request is served.
-pub async fn run(ctx: Arc<Ctx>, stream: TcpStream) {
+pub async fn run(ctx: Arc<Ctx>, stream: TcpStream, peer: IpAddr) {
     let mut conn = ClientConn::with_timeouts(stream, ClientTimeouts::of(&ctx.cfg.timeouts));
+    conn.peer = Some(peer);
     // Hand-over state exists only once a hand-over is considered (`[handover]` set).
     let mut handover: Option<Box<crate::handover::Session>> = None;
     let max_head = ctx.cfg.limits.max_head_bytes;
@@ -107,6 +109,7 @@ async fn serve(
                 deadline,
                 priority,
                 arrival,
+                client: conn.peer,
                 tables,
             };
             forward::forward(ctx, conn, &req).await
@@ -228,7 +231,7 @@ mod tests {
         .unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let session = run(ctx, stream);
+        let session = run(ctx, stream, IpAddr::from([127, 0, 0, 1]));
         let size = std::mem::size_of_val(&session);
         assert!(size <= 1024, "a session future takes {size} bytes");
     }

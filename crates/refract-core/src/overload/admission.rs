@@ -18,12 +18,20 @@
 //! when set, leaves the queue; a full queue refuses a newcomer, unless it can push out a
 //! lower-priority waiter (or, in overload mode, the oldest waiter of its own priority: newest
 //! first would never serve it).
+//!
+//! Fairness between clients: a request may name its client's address, and a client holding its
+//! share of the slots waits behind other clients (`share.rs`). A holder can learn that another
+//! request waits for its slot ([`Permit::contended`], [`Permit::claim`]): a front end whose
+//! client stopped reading then lets the backend go instead of holding the slot for it.
 
 use super::limit::{AdaptiveLimit, LimitConfig};
+use super::share::Holders;
 use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 /// Request priority; under pressure the lowest is shed first.
@@ -77,6 +85,9 @@ pub struct AdmissionConfig {
     pub interval: Duration,
     /// The longest a waiter stays queued (zero: only its deadline bounds the wait).
     pub max_wait: Duration,
+    /// A client holding this fraction of the limit waits behind other clients' requests of its
+    /// priority (`share.rs`); 1 = no preference.
+    pub client_share: f64,
 }
 
 impl Default for AdmissionConfig {
@@ -88,6 +99,7 @@ impl Default for AdmissionConfig {
             target: Duration::from_millis(5),
             interval: Duration::from_millis(100),
             max_wait: Duration::ZERO,
+            client_share: 0.5,
         }
     }
 }
@@ -136,13 +148,14 @@ type Grant = oneshot::Receiver<Result<(), Refusal>>;
 struct Waiting<'a> {
     adm: &'a Admission,
     id: u64,
+    client: Option<IpAddr>,
     rx: Option<Grant>,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if let Some(rx) = self.rx.take() {
-            self.adm.leave(self.id, rx);
+            self.adm.leave(self.id, self.client, rx);
         }
     }
 }
@@ -152,6 +165,7 @@ struct Waiter {
     id: u64,
     since: Instant,
     deadline: Option<Instant>,
+    client: Option<IpAddr>,
     tx: oneshot::Sender<Result<(), Refusal>>,
 }
 
@@ -167,6 +181,10 @@ struct State {
     streak: u32,
     overloaded: bool,
     shed: u64,
+    /// Slots held per client.
+    holders: Holders,
+    /// Holders making room for a waiter ([`Permit::claim`] taken, slot not yet given back).
+    yielding: usize,
 }
 
 impl State {
@@ -194,6 +212,8 @@ impl State {
 pub struct Admission {
     cfg: AdmissionConfig,
     state: Mutex<State>,
+    /// Woken when a request starts waiting (for holders watching [`Permit::contended`]).
+    arrived: Notify,
 }
 
 /// A granted slot; give it back with [`Permit::finish`] (dropping it counts as `Ignore`).
@@ -202,20 +222,45 @@ pub struct Permit {
     adm: Arc<Admission>,
     started: Instant,
     finished: bool,
+    client: Option<IpAddr>,
+    /// [`Permit::claim`] taken: this holder makes room for a waiter.
+    yielding: AtomicBool,
 }
 
 impl Permit {
     /// Returns the slot and teaches the limit.
     pub fn finish(mut self, outcome: Outcome) {
         self.finished = true;
-        self.adm.release(Some((outcome, self.started.elapsed())));
+        self.adm.release(&self, Some(outcome));
+    }
+
+    /// Resolves once a request waits for a slot of this backend that no other holder is making
+    /// room for yet (or this one already claimed it). Never resolves while nobody waits (nor with
+    /// admission control off, where nobody does).
+    pub async fn contended(&self) {
+        loop {
+            let arrived = self.adm.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if self.adm.unclaimed(&self.yielding) {
+                return;
+            }
+            arrived.await;
+        }
+    }
+
+    /// Claims the making of room for a waiter: true when this holder is to give its slot up
+    /// now. Each waiter claims one holder, so that not every holder watching lets its backend
+    /// go for one waiter; the claim ends with the permit.
+    pub fn claim(&self) -> bool {
+        self.adm.claim(&self.yielding)
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.finished {
-            self.adm.release(None);
+            self.adm.release(self, None);
         }
     }
 }
@@ -247,8 +292,10 @@ impl Admission {
             streak: 0,
             overloaded: false,
             shed: 0,
+            holders: Holders::default(),
+            yielding: 0,
         };
-        Arc::new(Admission { cfg, state: Mutex::new(state) })
+        Arc::new(Admission { cfg, state: Mutex::new(state), arrived: Notify::new() })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -267,8 +314,8 @@ impl Admission {
         }
     }
 
-    fn permit(self: &Arc<Self>) -> Permit {
-        Permit { adm: self.clone(), started: Instant::now(), finished: false }
+    fn permit(self: &Arc<Self>, client: Option<IpAddr>) -> Permit {
+        Permit { adm: self.clone(), started: Instant::now(), finished: false, client, yielding: AtomicBool::new(false) }
     }
 
     /// Waits for a slot, at most until `deadline`, as a fresh request.
@@ -283,13 +330,25 @@ impl Admission {
         deadline: Option<Instant>,
         arrival: Arrival,
     ) -> Result<Permit, Refusal> {
-        let (id, rx) = match self.enqueue(prio, deadline, arrival)? {
-            None => return Ok(self.permit()),
+        self.acquire_by(None, prio, deadline, arrival).await
+    }
+
+    /// Waits for a slot for a request of `client` (its address: a client holding its share
+    /// waits behind others), at most until `deadline`.
+    pub async fn acquire_by(
+        self: &Arc<Self>,
+        client: Option<IpAddr>,
+        prio: Priority,
+        deadline: Option<Instant>,
+        arrival: Arrival,
+    ) -> Result<Permit, Refusal> {
+        let (id, rx) = match self.enqueue(client, prio, deadline, arrival)? {
+            None => return Ok(self.permit(client)),
             Some(w) => w,
         };
         // Dropped while waiting (the client went away, the task was cancelled): the guard
         // leaves the queue, or hands back a slot granted in the meantime.
-        let mut waiting = Waiting { adm: self, id, rx: Some(rx) };
+        let mut waiting = Waiting { adm: self, id, client, rx: Some(rx) };
         let max_wait = (!self.cfg.max_wait.is_zero()).then(|| Instant::now() + self.cfg.max_wait);
         let until = match (deadline, max_wait) {
             (Some(d), Some(m)) => Some(d.min(m)),
@@ -305,16 +364,20 @@ impl Admission {
         };
         let rx = waiting.rx.take().ok_or(Refusal::Shed)?;
         match granted {
-            Some(Ok(Ok(()))) => Ok(self.permit()),
+            Some(Ok(Ok(()))) => Ok(self.permit(client)),
             Some(Ok(Err(r))) => Err(r),
             Some(Err(_)) => Err(Refusal::Shed),
-            None => self.give_up(id, rx, if until == deadline { Refusal::Deadline } else { Refusal::WaitTooLong }),
+            None => {
+                let why = if until == deadline { Refusal::Deadline } else { Refusal::WaitTooLong };
+                self.give_up(id, client, rx, why)
+            }
         }
     }
 
     /// Either a slot now (`None`), or a place in the queue.
     fn enqueue(
         &self,
+        client: Option<IpAddr>,
         prio: Priority,
         deadline: Option<Instant>,
         arrival: Arrival,
@@ -325,6 +388,7 @@ impl Admission {
         if !self.cfg.enabled || (s.inflight < s.limiter.limit() && s.queued() == 0) {
             s.inflight += 1;
             s.interval.granted += 1;
+            s.holders.add(client);
             return Ok(None);
         }
         self.manage(&mut s, now);
@@ -344,7 +408,8 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let id = s.next_id;
         s.next_id += 1;
-        s.queues[prio as usize].push_back(Waiter { id, since: now, deadline, tx });
+        s.queues[prio as usize].push_back(Waiter { id, since: now, deadline, client, tx });
+        self.arrived.notify_waiters();
         Ok(Some((id, rx)))
     }
 
@@ -359,6 +424,11 @@ impl Admission {
 
     /// A slot now if one is free and nobody waits for it; never queues.
     pub fn try_acquire(self: &Arc<Self>, arrival: Arrival) -> Option<Permit> {
+        self.try_acquire_by(None, arrival)
+    }
+
+    /// [`Admission::try_acquire`] for a request of `client`.
+    pub fn try_acquire_by(self: &Arc<Self>, client: Option<IpAddr>, arrival: Arrival) -> Option<Permit> {
         let mut s = self.lock();
         if self.cfg.enabled && (s.inflight >= s.limiter.limit() || s.queued() > 0) {
             return None;
@@ -366,28 +436,52 @@ impl Admission {
         s.inflight += 1;
         s.interval.granted += 1;
         s.interval.fresh += u64::from(arrival == Arrival::Fresh);
-        Some(self.permit())
+        s.holders.add(client);
+        Some(self.permit(client))
     }
 
     /// The deadline passed while queued: leave the queue, or hand back a slot granted meanwhile.
-    fn give_up(&self, id: u64, rx: Grant, why: Refusal) -> Result<Permit, Refusal> {
-        if self.leave(id, rx) {
+    fn give_up(&self, id: u64, client: Option<IpAddr>, rx: Grant, why: Refusal) -> Result<Permit, Refusal> {
+        if self.leave(id, client, rx) {
             self.lock().interval.refused += 1;
         }
         Err(why)
     }
 
     /// Leaves the queue (`true`), or, when the slot was already granted, hands it on.
-    fn leave(&self, id: u64, mut rx: Grant) -> bool {
+    fn leave(&self, id: u64, client: Option<IpAddr>, mut rx: Grant) -> bool {
         let mut s = self.lock();
         if s.remove(id) {
             return true;
         }
         if matches!(rx.try_recv(), Ok(Ok(()))) {
             s.inflight -= 1;
+            s.holders.remove(client);
             self.dispatch(&mut s);
         }
         false
+    }
+
+    /// Whether a waiter is not yet claimed by a holder (or this holder claimed one).
+    fn unclaimed(&self, yielding: &AtomicBool) -> bool {
+        yielding.load(Relaxed) || {
+            let s = self.lock();
+            s.queued() > s.yielding
+        }
+    }
+
+    /// Claims the making of room for one waiter not yet claimed by another holder.
+    fn claim(&self, yielding: &AtomicBool) -> bool {
+        let mut s = self.lock();
+        if yielding.load(Relaxed) {
+            return true;
+        }
+        if s.queued() <= s.yielding {
+            return false;
+        }
+        s.yielding += 1;
+        yielding.store(true, Relaxed);
+        true
     }
 
     /// Rough wait for a new waiter: the queue ahead drains `limit` at a time, each round
@@ -411,13 +505,17 @@ impl Admission {
         self.dispatch(&mut s);
     }
 
-    fn release(&self, sample: Option<(Outcome, Duration)>) {
+    fn release(&self, p: &Permit, outcome: Option<Outcome>) {
         let mut s = self.lock();
         s.inflight = s.inflight.saturating_sub(1);
+        s.holders.remove(p.client);
+        if p.yielding.load(Relaxed) {
+            s.yielding = s.yielding.saturating_sub(1);
+        }
         let inflight = s.inflight + 1;
-        match sample {
-            Some((Outcome::Success, rtt)) => s.limiter.sample(rtt.as_secs_f64(), inflight),
-            Some((Outcome::Overloaded, _)) => s.limiter.back_off(),
+        match outcome {
+            Some(Outcome::Success) => s.limiter.sample(p.started.elapsed().as_secs_f64(), inflight),
+            Some(Outcome::Overloaded) => s.limiter.back_off(),
             _ => {}
         }
         self.dispatch(&mut s);
@@ -464,18 +562,13 @@ impl Admission {
         s.shed += shed;
     }
 
-    /// Grants free slots to waiters: highest priority first; FIFO normally, LIFO in overload.
+    /// Grants free slots to waiters: highest priority first; FIFO normally, LIFO in overload;
+    /// within a priority, clients under their share first.
     fn dispatch(&self, s: &mut State) {
         let now = Instant::now();
         self.manage(s, now);
         while s.inflight < s.limiter.limit() || (!self.cfg.enabled && s.queued() > 0) {
-            let lifo = s.overloaded;
-            let Some(w) =
-                s.queues
-                    .iter_mut()
-                    .find(|q| !q.is_empty())
-                    .and_then(|q| if lifo { q.pop_back() } else { q.pop_front() })
-            else {
+            let Some(w) = self.next_waiter(s) else {
                 break;
             };
             if w.deadline.is_some_and(|d| d.saturating_duration_since(now) < latency(s)) {
@@ -489,8 +582,21 @@ impl Admission {
                 s.inflight -= 1;
             } else {
                 s.interval.granted += 1;
+                s.holders.add(w.client);
             }
         }
+    }
+
+    /// The waiter the next free slot goes to (taken out of the queue).
+    fn next_waiter(&self, s: &mut State) -> Option<Waiter> {
+        let share = s.limiter.limit() as f64 * self.cfg.client_share;
+        let q = s.queues.iter_mut().find(|q| !q.is_empty())?;
+        let i = if s.overloaded {
+            q.len() - 1 - s.holders.pick(q.iter().rev().map(|w| w.client), share)
+        } else {
+            s.holders.pick(q.iter().map(|w| w.client), share)
+        };
+        q.remove(i)
     }
 }
 
@@ -805,5 +911,66 @@ mod tests {
         assert_eq!(a.view().limit, 3, "at its baseline the limit grows again");
         assert_eq!(waiter.await.unwrap(), Ok(()), "the grown limit granted the waiter, no permit ended");
         drop(held);
+    }
+
+    fn from(last: u8) -> Option<std::net::IpAddr> {
+        Some(std::net::IpAddr::from([127, 0, 0, last]))
+    }
+
+    /// Waits in the background as a request of `client`; the join handle gives who it was and
+    /// its permit.
+    async fn wait_as(
+        a: &Arc<Admission>,
+        client: Option<std::net::IpAddr>,
+        who: u8,
+    ) -> tokio::task::JoinHandle<(u8, Permit)> {
+        let a = a.clone();
+        let h =
+            tokio::spawn(
+                async move { (who, a.acquire_by(client, Priority::Normal, None, Arrival::Fresh).await.unwrap()) },
+            );
+        tokio::task::yield_now().await;
+        h
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_holding_its_share_waits_behind_other_clients() {
+        let a = fixed(4.0, 100);
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(a.try_acquire_by(from(2), Arrival::Fresh).unwrap());
+        }
+        // .2 holds every slot (its share is 2) and queued first; .1 queued after it.
+        let first = wait_as(&a, from(2), 2).await;
+        let other = wait_as(&a, from(1), 1).await;
+        assert_eq!(a.view().queued, 2);
+        drop(held.pop());
+        tokio::task::yield_now().await;
+        assert!(other.is_finished() && !first.is_finished(), "the free slot went to .1, not to .2 ahead of it");
+        assert_eq!(other.await.unwrap().0, 1);
+        drop(held.pop());
+        assert_eq!(first.await.unwrap().0, 2, "alone in the queue, .2 is served (work-conserving)");
+        drop(held);
+        assert_eq!(a.view().inflight, 0);
+        assert!(a.lock().holders.of(std::net::IpAddr::from([127, 0, 0, 2])) == 0, "every slot given back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_learns_that_someone_waits_and_one_holder_makes_room_per_waiter() {
+        let a = fixed(2.0, 100);
+        let (p1, p2) = (a.try_acquire(Arrival::Fresh).unwrap(), a.try_acquire(Arrival::Fresh).unwrap());
+        let quiet = tokio::time::timeout(Duration::from_secs(5), p1.contended()).await;
+        assert!(quiet.is_err() && !p1.claim(), "nobody waits: nothing to make room for");
+        let watching = tokio::time::timeout(Duration::from_secs(5), p2.contended());
+        let (waiter, woken) = tokio::join!(wait_as(&a, None, 0), watching);
+        assert!(woken.is_ok(), "a holder watching learns of the waiter when it comes");
+        assert!(p1.claim() && p1.claim(), "the first claim wins (and holds)");
+        assert!(!p2.claim(), "one waiter claims one holder");
+        let second = tokio::time::timeout(Duration::from_secs(1), p2.contended()).await;
+        assert!(second.is_err(), "the waiter is claimed: nothing more to learn");
+        p1.finish(Outcome::Ignore);
+        assert_eq!(waiter.await.unwrap().0, 0);
+        assert_eq!(a.lock().yielding, 0, "the claim ended with the permit");
+        drop(p2);
     }
 }

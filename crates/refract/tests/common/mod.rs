@@ -183,6 +183,11 @@ impl Client {
         Client { stream, buf: Vec::new() }
     }
 
+    /// A client on a connection made elsewhere (its timeouts as they are).
+    pub fn on(stream: TcpStream) -> Client {
+        Client { stream, buf: Vec::new() }
+    }
+
     pub fn send(&mut self, raw: &[u8]) {
         self.stream.write_all(raw).unwrap();
     }

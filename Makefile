@@ -55,7 +55,7 @@ test: lint
 # PostgreSQL's regression suite (parallel_schedule of the installed server's exact version,
 # from Debian's source package) directly, then through refract in transaction and in session
 # pooling; fails on a test that passes directly but not through refract, unless
-# tests/conformance/allow/ holds its exact difference. Installs the server-dev headers and a
+# tests/conformance/allow/ holds each hunk of its difference. Installs the server-dev headers and a
 # deb-src entry when missing; outputs in target/conformance/run. docs/postgres.md, "Conformance".
 conformance:
 	CARGO=$(CARGO) tests/conformance/run.py

@@ -6,8 +6,8 @@ package), builds regress.so, autoinc.so and refint.so, starts a throw-away Postg
 loopback, and runs `pg_regress --use-existing` with the sources' parallel_schedule directly,
 then through refract in transaction pooling and in session pooling, each on a fresh copy of
 one initdb. Fails on any test that passes directly but not through refract, unless
-tests/conformance/allow/ holds that test's exact difference (docs/postgres.md, "Conformance:
-PostgreSQL's regression suite").
+tests/conformance/allow/ holds every hunk of that test's difference (docs/postgres.md,
+"Conformance: PostgreSQL's regression suite"); an unexpected hunk is printed.
 
 Python 3 (3.9 or later) standard library only. Environment:
   REFRACT_BIN                 the refract binary (else `cargo build --profile ci -p refract`)
@@ -19,6 +19,8 @@ Python 3 (3.9 or later) standard library only. Environment:
   CONFORMANCE_RUN_TIMEOUT     seconds one pg_regress run may take (default 1200)
   CONFORMANCE_PG_MAJOR        PostgreSQL major version (default: the installed postgresql-NN)
   REFRACT_PG_RUN_AS           the unprivileged user the servers run as under root (nobody)
+
+`run.py --recheck` compares the last run's outputs again under the allow-list as it is now.
 """
 
 import difflib
@@ -41,6 +43,7 @@ ALLOW_DIR = ROOT / "tests" / "conformance" / "allow"
 USER = "refract"  # the bootstrap superuser, pg_regress's user and refract's server_user
 DATABASE = "regression"
 REFRACT_MODES = ("transaction", "session")
+MAX_ALLOWED_TESTS = 8  # the issue's bound on tests/conformance/allow/
 LIBS = {  # module -> its source in the PostgreSQL tree, and the flags its Makefile adds
     "regress": ("src/test/regress/regress.c", []),
     "autoinc": ("contrib/spi/autoinc.c", []),
@@ -571,39 +574,170 @@ def pg_regress(runner, r, mode, port, server_port, outdir, test_timeout, run_tim
                     pass
         time.sleep(1)
     runner.regress = None
+    return statuses(logfile), problems, time.monotonic() - started
+
+
+def statuses(logfile):
+    """{test: ok | FAILED | failed (ignored)} from pg_regress's output."""
     text = Path(logfile).read_text(errors="replace")
-    return {m.group(1): m.group(2) for m in STATUS.finditer(text)}, problems, time.monotonic() - started
+    return {m.group(1): m.group(2) for m in STATUS.finditer(text)}
 
 
 # ---------------------------------------------------------------- comparing
 
-def normalised_diff(a_path, b_path):
-    """`diff -U3 a b` without its two header lines: from the first @@ on."""
-    read = lambda p: Path(p).read_text(errors="replace").splitlines(keepends=True) if Path(p).exists() else []
-    lines = list(difflib.unified_diff(read(a_path), read(b_path), n=3))
-    body = "".join(l if l.endswith("\n") else l + "\n\\ No newline at end of file\n" for l in lines[2:])
-    return body
+CONTEXT = 3  # lines of the direct run's output kept around each change
+
+
+def read_output(path):
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""  # no output at all: every line of the direct run's is missing
+
+
+def change_hunks(a, b):
+    """The changes from the lines a (the direct run's output) to the lines b, one hunk per
+    run of changed lines, never merged with a neighbour: [(@@ line, body)], the body being
+    up to CONTEXT lines of a before the change (' '), the lines of a it removes ('-'), those
+    of b it adds ('+') and up to CONTEXT lines of a after it (' '), joined with newlines. The
+    context comes from a whatever other changes touch it, so a hunk is the same whether or
+    not a change next to it happened in this run."""
+    hunks = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        lo, hi = max(0, i1 - CONTEXT), min(len(a), i2 + CONTEXT)
+        body = ([" " + l for l in a[lo:i1]] + ["-" + l for l in a[i1:i2]] + ["+" + l for l in b[j1:j2]]
+                + [" " + l for l in a[i2:hi]])
+        head = f"@@ -{lo + 1},{hi - lo} +{j1 - (i1 - lo) + 1},{(i1 - lo) + (j2 - j1) + (hi - i2)} @@"
+        hunks.append((head, "\n".join(body)))
+    return hunks
+
+
+def hunks_text(hunks):
+    return "".join(f"{head}\n{body}\n" for head, body in hunks)
+
+
+def apply_masks(text, masks):
+    """text with each match of each mask, whole lines, replaced by the one line
+    '[masked G.M]'; returns (text, {G.M: matches}, [errors])."""
+    counts, errors = {}, []
+    for tag, rx in masks:
+        def repl(m, tag=tag, text=text):
+            s = m.group(0)
+            if (m.start() and text[m.start() - 1] != "\n") or (s and not s.endswith("\n")):
+                errors.append(f"mask {tag} matched part of a line: {s[:80]!r}")
+                return s
+            counts[tag] = counts.get(tag, 0) + 1
+            return f"[masked {tag}]\n"
+        text = rx.sub(repl, text)
+    return text, counts, errors
+
+
+def parse_allow(text, name):
+    """One allow-list file: groups, each a '# reason: ...' line, then any '# mask: REGEX' lines
+    and exact hunks (from an '@@' line). Returns ({"masks": [(G.M, regex)], "hunks": {body:
+    G.H}}, errors)."""
+    groups, errors, hunk, mask = [], [], None, None
+    for n, line in enumerate(text.splitlines(), 1):
+        where = f"{name}:{n}"
+        if line.startswith("#"):
+            hunk = None
+            if line.startswith("#+") and mask is not None:
+                mask.append(line[2:].removeprefix(" "))  # a long mask continued
+                continue
+            mask = None
+            m = re.match(r"#\s*(reason|mask):(.*)$", line)
+            if m and m.group(1) == "reason":
+                if not m.group(2).strip():
+                    errors.append(f"{where}: '# reason:' without a reason")
+                groups.append({"reason": m.group(2).strip(), "masks": [], "hunks": []})
+            elif m:
+                if not groups:
+                    errors.append(f"{where}: a mask before any '# reason: ...' line")
+                    continue
+                mask = [m.group(2).removeprefix(" ")]
+                groups[-1]["masks"].append((where, mask))
+            continue
+        if line.startswith("@@"):
+            if not HUNK_HEAD.fullmatch(line):
+                errors.append(f"{where}: a hunk starts with '@@' alone or '@@ -a,b +c,d @@' (numbers ignored)")
+            if not groups:
+                errors.append(f"{where}: a hunk before any '# reason: ...' line")
+                groups.append({"reason": "", "masks": [], "hunks": []})
+            hunk = []
+            groups[-1]["hunks"].append(hunk)
+            continue
+        if hunk is None:
+            if line.strip():
+                errors.append(f"{where}: outside a hunk: only '#' lines and blank lines")
+            continue
+        if line == "":
+            line = " "  # an empty context line whose space an editor took
+        if line[0] not in " -+\\":
+            errors.append(f"{where}: a hunk's lines start with ' ', '-', '+' or '\\'")
+        hunk.append(line)
+    entry = {"masks": [], "hunks": {}, "reasons": [g["reason"] for g in groups]}
+    for g, group in enumerate(groups, 1):
+        if not group["masks"] and not group["hunks"]:
+            errors.append(f"{name}: group {g} ('# reason: {group['reason'][:40]}...') has no mask and no hunk")
+        for m, (where, parts) in enumerate(group["masks"], 1):
+            try:
+                entry["masks"].append((f"{g}.{m}", re.compile("".join(parts), re.M)))
+            except re.error as e:
+                errors.append(f"{where}: mask {g}.{m}: {e}")
+        for h, body in enumerate(group["hunks"], 1):
+            if not any(l[:1] in "-+" for l in body):
+                errors.append(f"{name}: hunk {g}.{h} changes no line")
+            key = "\n".join(body)
+            if key in entry["hunks"]:
+                errors.append(f"{name}: hunk {g}.{h} repeats hunk {entry['hunks'][key]}")
+            entry["hunks"].setdefault(key, f"{g}.{h}")
+    if not groups:
+        errors.append(f"{name}: no '# reason: ...' group")
+    return entry, errors
+
+
+HUNK_HEAD = re.compile(r"@@(?: -\d+(?:,\d+)? \+\d+(?:,\d+)? @@.*)?")
 
 
 def load_allow():
-    """tests/conformance/allow/TEST.MODE.diff: '# reason: ...' then the exact normalised diff."""
+    """tests/conformance/allow/TEST.MODE.diff (parse_allow); at most MAX_ALLOWED_TESTS tests."""
     entries, errors = {}, []
     if not ALLOW_DIR.is_dir():
         return entries, errors
-    for f in sorted(ALLOW_DIR.glob("*.diff")):
+    for f in sorted(p for p in ALLOW_DIR.iterdir() if not p.name.startswith(".")):
         m = re.fullmatch(r"(.+)\.(" + "|".join(REFRACT_MODES) + r")\.diff", f.name)
         if not m:
             errors.append(f"{f}: the name must be TEST.MODE.diff, MODE one of {', '.join(REFRACT_MODES)}")
             continue
-        text = f.read_text()
-        head, sep, body = text.partition("\n@@")
-        reasons = [l.split(":", 1)[1].strip() for l in head.splitlines() if re.match(r"#\s*reason:", l)]
-        others = [l for l in head.splitlines() if l.strip() and not l.startswith("#")]
-        if not sep or len(reasons) != 1 or not reasons[0] or others:
-            errors.append(f"{f}: '# reason: ...' (one line), then the normalised diff from its first @@")
-            continue
-        entries[(m.group(1), m.group(2))] = {"reason": reasons[0], "diff": "@@" + body, "file": f}
+        entry, errs = parse_allow(f.read_text(), f"{ALLOW_DIR.name}/{f.name}")
+        errors += errs
+        entry["file"] = f
+        entries[(m.group(1), m.group(2))] = entry
+    tests = sorted({t for t, _ in entries})
+    if len(tests) > MAX_ALLOWED_TESTS:
+        errors.append(f"{len(tests)} tests allowed ({', '.join(tests)}): at most {MAX_ALLOWED_TESTS}")
     return entries, errors
+
+
+def compare(direct_out, mode_out, entry):
+    """Compares one test's outputs under its allow-list entry (None: none). Returns a dict:
+    hunks (compared, masks applied), raw (without masks, when there are masks), matched
+    [G.H], unexpected [(@@ line, body)], masked {G.M: count}, errors."""
+    a, b = read_output(direct_out), read_output(mode_out)
+    r = {"raw": None, "matched": [], "masked": {}, "errors": []}
+    if entry and entry["masks"]:
+        r["raw"] = change_hunks(a.splitlines(), b.splitlines())
+        a, counts_a, errs_a = apply_masks(a, entry["masks"])
+        b, counts_b, errs_b = apply_masks(b, entry["masks"])
+        r["masked"], r["errors"] = counts_b, errs_a + errs_b
+        r["stale_masks"] = [tag for tag, _ in entry["masks"] if tag not in counts_a]
+    r["hunks"] = change_hunks(a.splitlines(), b.splitlines())
+    allowed = entry["hunks"] if entry else {}
+    r["matched"] = [allowed[body] for _, body in r["hunks"] if body in allowed]
+    r["unexpected"] = [(head, body) for head, body in r["hunks"] if body not in allowed]
+    return r
 
 
 # ---------------------------------------------------------------- main
@@ -638,6 +772,21 @@ def run_dir(run_as):
     os.chmod(t, 0o755)
     log(f"{run_as[0]} cannot reach {d}: running in {t} (results copied back)")
     return t, True
+
+
+def recheck():
+    """`run.py --recheck`: the last run's outputs (CONF/run) compared again under the
+    allow-list as it is now, without running anything (for editing the allow-list)."""
+    work = CONF / "run"
+    if not (work / "schedule").exists() or not (work / "direct" / "pg_regress.log").exists():
+        raise Failure(f"no earlier run's outputs in {work}")
+    allow, allow_errors = load_allow()
+    if allow_errors:
+        raise Failure("allow-list:\n  " + "\n  ".join(allow_errors))
+    modes = [m for m in REFRACT_MODES if (work / m / "pg_regress.log").exists()]
+    results = {m: statuses(work / m / "pg_regress.log") for m in ["direct", *modes]}
+    return report(work, schedule_tests(work / "schedule"), modes, results, [], allow, {},
+                  f"re-check of the outputs in {work} (the run's own problems not repeated)", summary=False)
 
 
 def main():
@@ -765,14 +914,17 @@ def main():
     return code
 
 
-def report(work, tests, modes, results, problems, allow, took, ident):
+SHOWN_LINES = 400  # of unexpected hunks printed in the summary (all are in MODE/diffs/)
+
+
+def report(work, tests, modes, results, problems, allow, took, ident, summary=True):
     """Writes the per-test diffs and the summary; returns the exit code."""
     out_dir = CONF / "run"  # where the files end up (copied back there from /tmp if needed)
     direct = results.get("direct", {})
     passed_direct = [t for t in tests if direct.get(t) == "ok"]
     lines = [f"PostgreSQL regression suite (parallel_schedule, {len(tests)} tests); {ident}",
              f"  direct:      {len(passed_direct)}/{len(tests)} passed ({took.get('direct', 0):.0f} s)"]
-    failing, allowed_used, detail = {}, set(), []
+    failing, detail, notes, shown = {}, [], [], 0
     for mode in modes:
         res = results.get(mode, {})
         ok = [t for t in tests if res.get(t) == "ok"]
@@ -781,48 +933,69 @@ def report(work, tests, modes, results, problems, allow, took, ident):
         for t in passed_direct:
             if res.get(t) == "ok":
                 continue
-            diff = normalised_diff(work / "direct/results" / f"{t}.out", work / mode / "results" / f"{t}.out")
-            dpath = work / mode / "diffs" / f"{t}.diff"
-            dpath.write_text(diff)
             entry = allow.get((t, mode))
-            if entry and entry["diff"].rstrip("\n") == diff.rstrip("\n"):
-                allowed.append(t)
-                allowed_used.add((t, mode))
+            c = compare(work / "direct/results" / f"{t}.out", work / mode / "results" / f"{t}.out", entry)
+            diffs = work / mode / "diffs"
+            (diffs / f"{t}.diff").write_text(hunks_text(c["hunks"]))
+            if c["raw"] is not None:
+                (diffs / f"{t}.raw.diff").write_text(hunks_text(c["raw"]))
+            notes += [f"{mode} {t}: {e}" for e in c["errors"]]
+            notes += [f"{mode} {t}: mask {m} matches nothing in the direct run's output"
+                      for m in c.get("stale_masks", [])]
+            if entry and (c["hunks"] or c["raw"]) and not c["unexpected"] and not c["errors"]:
+                used = [f"hunk {h}" for h in c["matched"]] + [f"mask {m}×{n}" for m, n in c["masked"].items()]
+                allowed.append(f"{t} ({', '.join(used)})")
                 continue
-            note = " (allowed diff differs from the allow-list's)" if entry else ""
             bad.append(t)
-            detail.append(f"  {mode:11} {t:28} {res.get(t, 'no result')}{note}: "
+            if c["errors"]:
+                note = "a mask of its allow-list entry matched part of a line (allow-list notes)"
+            elif not c["hunks"]:
+                note = "its output is the direct run's"
+            elif entry:
+                note = (f"{len(c['unexpected'])} of its {len(c['hunks'])} hunks not in "
+                        f"{entry['file'].relative_to(ROOT)}")
+            else:
+                note = f"{len(c['hunks'])} hunk(s), not allow-listed"
+            detail.append(f"  {mode:11} {t:20} {res.get(t, 'no result')}: {note}: "
                           f"{out_dir / mode / 'diffs' / (t + '.diff')}")
+            for head, body in c["unexpected"]:
+                if shown >= SHOWN_LINES:
+                    detail.append("      ... (the rest in the diff files)")
+                    break
+                hunk = [head, *body.splitlines()][:SHOWN_LINES - shown]
+                detail += ["      | " + l for l in hunk]
+                shown += len(hunk)
         failing[mode] = bad
         lines.append(f"  {mode + ':':12} {len(ok)}/{len(tests)} passed ({took.get(mode, 0):.0f} s); "
                      f"{len(bad)} of the tests passing directly fail through refract"
-                     + (f", {len(allowed)} allowed ({', '.join(allowed)})" if allowed else ""))
+                     + (f"; allowed: {'; '.join(allowed)}" if allowed else ""))
     fail_direct = [t for t in tests if t in direct and direct[t] != "ok"]
     if fail_direct:
         lines.append(f"  failing directly (not compared): {', '.join(fail_direct)} "
                      f"({out_dir / 'direct' / 'regression.diffs'})")
     if detail:
-        lines.append("failing through refract (diff against the direct run's output):")
+        lines.append("failing through refract (hunks against the direct run's output that the allow-list does not hold):")
         lines += detail
-    stale = [f"{t}.{m}" for (t, m) in allow if m in modes and (t, m) not in allowed_used
-             and results.get(m, {}).get(t) == "ok"]
-    if stale:
-        lines.append(f"  allow-list entries no longer needed: {', '.join(stale)}")
+    if notes:
+        lines.append("allow-list notes:")
+        lines += [f"  {n}" for n in notes]
     if problems:
         lines.append("problems:")
         lines += [f"  {p}" for p in problems]
-    lines.append(f"outputs: {out_dir}/MODE/ (results/, regression.diffs, pg_regress.log, server.log, refract.log)")
+    lines.append(f"outputs: {out_dir}/MODE/ (diffs/, results/, regression.diffs, pg_regress.log, server.log, "
+                 f"refract.log)")
     verdict = "FAILED" if any(failing.values()) or problems else "passed"
     lines.append(f"conformance {verdict} ({time.monotonic() - T0:.0f} s)")
     text = "\n".join(lines) + "\n"
-    (work / "summary.txt").write_text(text)
+    if summary:
+        (work / "summary.txt").write_text(text)
     print(text, end="", flush=True)
     return 1 if verdict == "FAILED" else 0
 
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        sys.exit(recheck() if sys.argv[1:] == ["--recheck"] else main())
     except Failure as e:
         log(f"FAILED: {e}")
         sys.exit(1)

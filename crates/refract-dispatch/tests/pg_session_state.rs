@@ -522,14 +522,15 @@ fn large_objects_through_the_function_call_protocol() {
     let (src, dst) = (dir.join("in"), dir.join("out"));
     let data: String = (0..5000).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
     std::fs::write(&src, &data).unwrap();
-    let last = "SELECT max(oid) FROM pg_largeobject_metadata";
+    let last = "/* refract: route=primary */ SELECT max(oid) FROM pg_largeobject_metadata";
     let out = f.psql(&[&format!("\\lo_import {}", src.display()), last]).unwrap();
     let oid = out.trim().to_owned();
     assert!(oid.parse::<u32>().is_ok(), "{out}");
     f.psql(&[&format!("\\lo_export {oid} {}", dst.display())]).unwrap();
     assert_eq!(std::fs::read_to_string(&dst).unwrap(), data);
     f.psql(&[&format!("\\lo_unlink {oid}")]).unwrap();
-    let gone = f.psql(&[&format!("SELECT count(*) FROM pg_largeobject_metadata WHERE oid = {oid}")]).unwrap();
+    let count = format!("/* refract: route=primary */ SELECT count(*) FROM pg_largeobject_metadata WHERE oid = {oid}");
+    let gone = f.psql(&[&count]).unwrap();
     assert_eq!(gone.trim(), "0");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -624,4 +625,23 @@ fn session_mode_leaves_the_clients_prepared_statements_alone() {
     assert_eq!(a.query("EXECUTE q3(1, 2, 3)").code(), Some("42601"));
     assert_eq!(ok(&mut a, "EXECUTE q3(1, 2)").value(), "3");
     assert_eq!(ok(&mut a, when).rows, before, "never prepared again: same text, same prepare_time");
+}
+
+#[test]
+fn a_prepared_name_used_in_dynamic_sql_is_the_clients_own() {
+    let f = pool_of_one();
+    let mut a = connect(&f);
+    ok(&mut a, "PREPARE dq AS SELECT 'client a secret'");
+    drop(a); // its statement must not stay behind for the next client of the connection
+    let mut b = connect(&f);
+    let run = "DO $$ DECLARE r text; BEGIN EXECUTE 'EXECUTE dq' INTO r; RAISE NOTICE 'got %', r; END $$";
+    let got = b.query(run);
+    assert_eq!(got.code(), Some("26000"), "b has no dq, whatever the connection held: {got:?}");
+    ok(&mut b, "PREPARE dq AS SELECT 'client b own'");
+    let mut c = connect(&f);
+    ok(&mut c, "PREPARE other AS SELECT 1"); // c takes the one connection in between
+    let fn_sql = "CREATE FUNCTION run_dq() RETURNS text LANGUAGE plpgsql AS $$ DECLARE r text; \
+                  BEGIN EXECUTE 'EXECUTE dq' INTO r; RETURN r; END $$";
+    ok(&mut b, fn_sql);
+    assert_eq!(primary(&mut b, "SELECT run_dq()").value(), "client b own", "b's own, through a function");
 }

@@ -182,9 +182,9 @@ impl Session {
         if self.pool_mode == PoolMode::Session {
             return Ok(()); // the client's own connection holds exactly its statements
         }
+        self.sync_sql_names().await?;
         if self.statement_texts(msgs).into_iter().flatten().any(|t| t.contains("pg_prepared_statements")) {
-            self.params_first().await?;
-            return self.only_own_statements().await;
+            return self.no_shared_statements().await;
         }
         let sql_named =
             |name: &str| self.state.prepared.get(name).is_some_and(|p| matches!(p.origin, Origin::Sql { .. }));
@@ -257,8 +257,9 @@ impl Session {
         if self.pool_mode == PoolMode::Session {
             return Ok(()); // the client's own connection holds exactly its statements
         }
+        self.sync_sql_names().await?;
         if c.reads_prepared_statements() {
-            return self.only_own_statements().await;
+            return self.no_shared_statements().await;
         }
         let mut names: Vec<&str> = c.statements.iter().filter_map(sql_name).collect();
         names.extend(c.nested_executes.iter().map(String::as_str));
@@ -270,22 +271,54 @@ impl Session {
         Ok(())
     }
 
-    /// Before a statement that reads `pg_prepared_statements` (the server process's prepared
-    /// statements): the connection is made to hold exactly the client's SQL-level statements,
-    /// under their names, as the client's own connection would (`DEALLOCATE ALL`, then each
-    /// `PREPARE` again), so it shows neither another client's statements nor refract's shared
-    /// ones. Protocol-level statements are prepared again wherever next used.
-    async fn only_own_statements(&mut self) -> Result<(), PgError> {
+    /// Before any statement: the bound connection holds exactly the client's SQL-level
+    /// statements under their names (another client's are closed, the client's missing ones
+    /// prepared), so that a name used where refract cannot see it (`EXECUTE` in a function's
+    /// dynamic SQL) is the client's own or none, as on its own connection. A connection that
+    /// already holds them costs nothing.
+    async fn sync_sql_names(&mut self) -> Result<(), PgError> {
+        let own: Vec<(String, String)> = self
+            .state
+            .prepared
+            .sql_names()
+            .into_iter()
+            .filter_map(|n| self.state.prepared.get(&n).map(|ps| (n, self.identity(ps))))
+            .collect();
         let conn = self.conn()?;
-        conn.prepared.clear();
-        conn.sql_prepared.clear();
+        let mut names: Vec<String> = conn
+            .sql_prepared
+            .iter()
+            .filter(|(name, id)| !own.iter().any(|(n, i)| n == *name && i == *id))
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.extend(own.iter().filter(|(n, i)| conn.sql_prepared.get(n) != Some(i)).map(|(n, _)| n.clone()));
+        if names.is_empty() {
+            return Ok(());
+        }
+        names.sort();
+        names.dedup();
+        self.params_first().await?; // PREPARE resolves names with the session's search_path
+        for name in names {
+            self.mirror_name(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Before a statement that reads `pg_prepared_statements` (the server process's prepared
+    /// statements): the protocol-level statements refract shares between clients are
+    /// deallocated on the connection (prepared again wherever next used), so the view shows
+    /// the client's own SQL-level statements (`sync_sql_names`) and nothing of another's.
+    async fn no_shared_statements(&mut self) -> Result<(), PgError> {
+        let conn = self.conn()?;
+        if conn.prepared.is_empty() {
+            return Ok(());
+        }
+        let sql: Vec<String> =
+            conn.prepared.drain().map(|g| format!("DEALLOCATE \"{}\"", g.replace('"', "\"\""))).collect();
         let mut out = BytesMut::new();
-        FrontendMessage::Query("DEALLOCATE ALL".into()).encode(&mut out);
+        FrontendMessage::Query(sql.join("; ")).encode(&mut out);
         if conn.silently(&out, 1).await?.is_some() {
             conn.broken = true; // not known what it holds: never reused
-        }
-        for name in self.state.prepared.sql_names() {
-            self.mirror_name(&name).await?;
         }
         Ok(())
     }

@@ -340,9 +340,12 @@ impl Session {
             c.statements.iter().any(|s| {
                 matches!(s, Statement::Prepare { .. } | Statement::Execute { .. } | Statement::Deallocate { .. })
             }) || !c.nested_executes.is_empty()
-                || c.reads_prepared_statements();
+                || c.reads_prepared_statements()
+                || self.state.prepared.has_sql()
+                || !self.conn()?.sql_prepared.is_empty();
         if prefixed && prepares {
-            // PREPARE resolves names with the session's search_path: SET first.
+            // PREPARE resolves names with the session's search_path: SET first (also before
+            // the client's SQL-level statements are put on the connection, `names`).
             self.conn()?.wire.send(&head).await?;
             self.drain_prefix().await?;
             head.clear();

@@ -149,6 +149,11 @@ impl PreparedRegistry {
         names
     }
 
+    /// Whether any statement is SQL-level (`PREPARE`).
+    pub fn has_sql(&self) -> bool {
+        self.statements.values().any(|s| matches!(s.origin, Origin::Sql { .. }))
+    }
+
     /// How many statements are registered.
     pub fn len(&self) -> usize {
         self.statements.len()

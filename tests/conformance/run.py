@@ -823,8 +823,13 @@ def main():
     binary = refract_binary().resolve()
     if not binary.exists():
         raise Failure(f"{binary} does not exist")
-    digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
-    built = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(binary.stat().st_mtime))
+    # Both runs use this copy, so the digest printed is that of the binary that ran even if
+    # REFRACT_BIN is replaced meanwhile.
+    CONF.mkdir(parents=True, exist_ok=True)
+    copy = CONF / "refract.bin"
+    shutil.copy2(binary, copy)
+    digest = hashlib.sha256(copy.read_bytes()).hexdigest()[:16]
+    built = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(copy.stat().st_mtime))
     ident = f"refract {binary} (sha256 {digest}, built {built})"
     log(ident)
 
@@ -878,7 +883,7 @@ def main():
                     config.write_text(REFRACT_CONFIG.format(admin=admin, port=target, database=DATABASE,
                                                             mode=mode, user=USER, server_port=port))
                     try:
-                        runner.start_refract(binary, config, r["refract_log"], target)
+                        runner.start_refract(copy, config, r["refract_log"], target)
                         break
                     except Failure as e:
                         runner.stop_refract()

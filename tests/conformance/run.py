@@ -165,16 +165,21 @@ def source_versions(major):
     return re.findall(r"^Version: (\S+)", out.stdout, re.M)
 
 
+def apt_source_files():
+    """Each readable apt source file, with its text."""
+    files = [Path("/etc/apt/sources.list")] + sorted(Path("/etc/apt/sources.list.d").glob("*"))
+    for f in files:
+        try:
+            yield f, f.read_text()
+        except OSError:
+            continue
+
+
 def deb_src_entries():
     """deb-src copies of the enabled Debian (and apt.postgresql.org) `deb` entries."""
     wanted = re.compile(r"debian\.org|postgresql\.org|/debian")
     stanzas, lines = [], []
-    files = [Path("/etc/apt/sources.list")] + sorted(Path("/etc/apt/sources.list.d").glob("*"))
-    for f in files:
-        try:
-            text = f.read_text()
-        except OSError:
-            continue
+    for f, text in apt_source_files():
         if f.suffix == ".sources":
             for stanza in re.split(r"\n\s*\n", text):
                 fields = dict(re.findall(r"^([A-Za-z-]+):\s*(.*)$", stanza, re.M))
@@ -189,12 +194,7 @@ def deb_src_entries():
 
 
 def has_deb_src():
-    files = [Path("/etc/apt/sources.list")] + sorted(Path("/etc/apt/sources.list.d").glob("*"))
-    for f in files:
-        try:
-            text = f.read_text()
-        except OSError:
-            continue
+    for f, text in apt_source_files():
         if (f.suffix == ".sources" and re.search(r"^Types:.*\bdeb-src\b", text, re.M)) or \
                 (f.suffix in (".list", "") and re.search(r"^\s*deb-src\s", text, re.M)):
             return True

@@ -1,7 +1,7 @@
 //! `refract bench paper`: the paper's reproduction in one run — the payload sweep of every
 //! target (direct, refract relay, hand-over, hybrid, HAProxy) with links at 1 Gbit/s and
 //! unshaped, each written as its own section of docs/benchmarks.md (Table 1, Table 2, Fig. 4,
-//! the dispatchers' hand-over figures), then a summary section with issue 3's acceptance
+//! the dispatchers' hand-over figures), then a summary section with the hand-over's acceptance
 //! figures computed from those runs. It is the sweep, run twice, plus paired runs of the
 //! relay and hybrid at the small sizes (`crate::bench::pairs`) for the one criterion that asks
 //! whether two targets perform alike.
@@ -117,7 +117,7 @@ impl PaperArgs {
 
 /// "Small" for the relay-vs-hybrid criterion: up to 4 KiB.
 const SMALL: u64 = 4096;
-/// The paper's link rate, where issue 3's shaped criteria are measured.
+/// The paper's link rate, where the shaped acceptance criteria are measured.
 const GBIT: Rate = Rate::BitsPerSec(1_000_000_000);
 /// "Within 5 %".
 const TOLERANCE: f64 = 0.05;
@@ -167,7 +167,7 @@ pub struct Check {
     pub holds: Option<bool>,
 }
 
-/// Issue 3's acceptance figures from the sweeps (`(rate, results)`) and the paired runs.
+/// The hand-over's acceptance figures from the sweeps (`(rate, results)`) and the paired runs.
 pub fn acceptance(sweeps: &[(Rate, Results)], pairs: Option<&Pairs>) -> Vec<Check> {
     let shaped = sweeps.iter().find(|(r, _)| matches!(r, Rate::BitsPerSec(b) if *b == 1_000_000_000));
     let unshaped = sweeps.iter().find(|(r, _)| *r == Rate::Unlimited);
@@ -186,7 +186,7 @@ pub fn acceptance(sweeps: &[(Rate, Results)], pairs: Option<&Pairs>) -> Vec<Chec
     v.push(ratio_check(label, unshaped.map(|s| &s.1), ByteSize(16 << 20), "hybrid", "direct", |x| x >= 0.8));
     for (rate, results) in sweeps {
         for (target, h) in &results.handover {
-            // Issue 3 defines the hand-over latency as FREEZE → STEER, in the dispatcher.
+            // The hand-over latency is as FREEZE → STEER, in the dispatcher.
             let p50 = h.frozen.quantile(0.5);
             v.push(Check {
                 criterion: format!("{}, {target}: hand-over latency (freeze → steer) p50 ≤ 100 µs", rate.label()),
@@ -266,7 +266,7 @@ fn small_results(results: Option<&Results>) -> Check {
 
 /// The acceptance figures as a markdown table.
 pub fn checks_table(checks: &[Check]) -> String {
-    let mut s = String::from("| criterion (issue 3) | measured | holds |\n|---|---|---|\n");
+    let mut s = String::from("| criterion | measured | holds |\n|---|---|---|\n");
     for c in checks {
         let holds = match c.holds {
             Some(true) => "yes",

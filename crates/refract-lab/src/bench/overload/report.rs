@@ -89,7 +89,7 @@ pub fn render(ctx: &Page, res: &OverloadResults) -> String {
     let title = if ctx.opts.section == "quick" { "quick run (`--quick`)" } else { "full run" };
     let _ = writeln!(out, "## Measurements: {title}\n");
     method(&mut out, ctx, res);
-    let _ = writeln!(out, "### Acceptance (issue 5), computed from the tables below\n\n{}", acceptance_table(res));
+    let _ = writeln!(out, "### Acceptance, computed from the tables below\n\n{}", acceptance_table(res));
     sweep(&mut out, ctx, res);
     slow(&mut out, ctx, res);
     retry(&mut out, ctx, res);
@@ -150,7 +150,7 @@ fn method(out: &mut String, ctx: &Page, res: &OverloadResults) {
     );
 }
 
-/// The acceptance figures per target, with issue 5's bounds.
+/// The acceptance figures per target, with the overload bounds.
 pub fn acceptance_table(res: &OverloadResults) -> String {
     let mut out = String::from(
         "| target | top load | goodput at top ÷ peak (≥ 0.9) | p99 at top ÷ p99 at 0.5× (≤ 2) | \

@@ -1,5 +1,5 @@
 //! `OverloadResults`: what `refract bench overload` measured, and the acceptance ratios of
-//! issue 5 computed from it (never stated by hand).
+//! the acceptance bounds computed from it (never stated by hand).
 
 use crate::bench::loadgen::summary::{Bucket, Summary};
 

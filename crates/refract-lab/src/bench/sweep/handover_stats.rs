@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 /// The hand-over histogram from FREEZE to `HandOffOk` (the whole move, agent included).
 const LATENCY: &str = "refract_handover_seconds";
-/// The hand-over latency as issue 3 defines it: FREEZE → STEER, in the dispatcher.
+/// The hand-over latency as defined here: FREEZE → STEER, in the dispatcher.
 const FROZEN: &str = "refract_handover_frozen_seconds";
 
 /// One latency histogram of the dispatcher's `/metrics`.
@@ -87,7 +87,7 @@ pub struct HandoverStats {
     pub bytes_direct: f64,
     /// `refract_handover_seconds`: FREEZE → `HandOffOk`.
     pub latency: Histogram,
-    /// `refract_handover_frozen_seconds`: FREEZE → STEER (issue 3's hand-over latency).
+    /// `refract_handover_frozen_seconds`: FREEZE → STEER (the hand-over latency).
     pub frozen: Histogram,
 }
 

@@ -215,7 +215,7 @@ fn handover_table(out: &mut String, stats: &std::collections::BTreeMap<String, H
     let _ = writeln!(
         out,
         "### Hand-overs — from the dispatchers' `/metrics` over the whole run\n\n\
-         *Hand-over latency* is issue 3's: FREEZE → STEER in the dispatcher \
+         *Hand-over latency* is FREEZE → STEER in the dispatcher \
          (`refract_handover_frozen_seconds`: snapshot, silent unhash, the map update). *Until \
          HandOffOk* is the whole move (`refract_handover_seconds`: also `HandOff` to the agent, its \
          restore and its answer: a round trip between the hosts). Quantiles are interpolated inside \

@@ -445,7 +445,7 @@ impl Session {
             _ => false,
         };
         if stale {
-            self.shared.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            self.shared.new_schema_epoch();
         }
     }
 }

@@ -186,8 +186,7 @@ impl Session {
         if self.statement_texts(msgs).into_iter().flatten().any(|t| t.contains("pg_prepared_statements")) {
             return self.no_shared_statements().await;
         }
-        let sql_named =
-            |name: &str| self.state.prepared.get(name).is_some_and(|p| matches!(p.origin, Origin::Sql { .. }));
+        let sql_named = |name: &str| self.state.prepared.get(name).is_some_and(|p| p.is_sql());
         let mut names: Vec<String> = msgs
             .iter()
             .filter_map(|m| match m {
@@ -277,6 +276,9 @@ impl Session {
     /// dynamic SQL) is the client's own or none, as on its own connection. A connection that
     /// already holds them costs nothing.
     async fn sync_sql_names(&mut self) -> Result<(), PgError> {
+        if !self.state.prepared.has_sql() && self.conn()?.sql_prepared.is_empty() {
+            return Ok(()); // the common case, on every statement: nothing to compare
+        }
         let own: Vec<(String, String)> = self
             .state
             .prepared

@@ -727,7 +727,7 @@ impl Session {
             if self.held.schema_changed && self.phase.tx() == TxStatus::Idle {
                 // Its transaction ended: Parses from now on see what it committed (or not).
                 self.held.schema_changed = false;
-                self.shared.schema_epoch.fetch_add(1, Ordering::AcqRel);
+                self.shared.new_schema_epoch();
             }
             self.note_ready();
         }
@@ -738,7 +738,7 @@ impl Session {
     /// prepared before it are not reused for Parses after it, nor after its transaction ends.
     pub(super) fn note_schema(&mut self, c: &Classification) {
         if c.changes_schema {
-            self.shared.schema_epoch.fetch_add(1, Ordering::AcqRel);
+            self.shared.new_schema_epoch();
             self.held.schema_changed = true;
         }
     }

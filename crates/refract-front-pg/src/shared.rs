@@ -95,6 +95,12 @@ impl Shared {
         }
     }
 
+    /// The schema may have changed (DDL ran, its transaction ended, a server said a plan is
+    /// stale): Parses from now on do not share server statements prepared before.
+    pub(super) fn new_schema_epoch(&self) {
+        self.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// The servers of shard `i` (of the cluster when it is not sharded).
     pub(super) fn shard_servers(&self, i: usize) -> &Arc<Servers> {
         self.shards.get(i).unwrap_or(&self.servers)

@@ -42,6 +42,11 @@ pub struct PreparedStatement {
 }
 
 impl PreparedStatement {
+    /// Whether it is a SQL-level (`PREPARE`) statement.
+    pub fn is_sql(&self) -> bool {
+        matches!(self.origin, Origin::Sql { .. })
+    }
+
     /// A server-side name derived from what gives the statement its meaning: the query, its
     /// declared parameter types and the `search_path` in force where it is prepared
     /// (`search_path`: that SET statement, `None` for the default). So clients whose
@@ -82,6 +87,8 @@ pub struct PreparedRegistry {
     statements: HashMap<String, Arc<PreparedStatement>>,
     /// The schema epoch new statements are prepared in (none: always 0).
     epoch: Option<Arc<AtomicU64>>,
+    /// How many of `statements` are SQL-level (asked before every simple query).
+    sql: usize,
 }
 
 impl PreparedRegistry {
@@ -113,23 +120,33 @@ impl PreparedRegistry {
     fn insert(&mut self, name: &str, origin: Origin, read: bool) -> Arc<PreparedStatement> {
         let epoch = self.epoch.as_ref().map_or(0, |e| e.load(Ordering::Acquire));
         let s = Arc::new(PreparedStatement { name: name.to_owned(), origin, read, epoch });
-        self.statements.insert(name.to_owned(), s.clone());
+        self.put(s.clone());
         s
     }
 
     /// Puts back a statement as it was (e.g. the unnamed one a skipped Parse would have replaced).
     pub fn restore(&mut self, statement: Arc<PreparedStatement>) {
-        self.statements.insert(statement.name.clone(), statement);
+        self.put(statement);
+    }
+
+    fn put(&mut self, statement: Arc<PreparedStatement>) {
+        self.sql += usize::from(statement.is_sql());
+        if let Some(old) = self.statements.insert(statement.name.clone(), statement) {
+            self.sql -= usize::from(old.is_sql());
+        }
     }
 
     /// A Close of a statement or `DEALLOCATE name`.
     pub fn close(&mut self, name: &str) -> Option<Arc<PreparedStatement>> {
-        self.statements.remove(name)
+        let old = self.statements.remove(name);
+        self.sql -= old.as_ref().map_or(0, |s| usize::from(s.is_sql()));
+        old
     }
 
     /// `DEALLOCATE ALL` or `DISCARD ALL`.
     pub fn clear(&mut self) {
         self.statements.clear();
+        self.sql = 0;
     }
 
     /// The statement called `name`.
@@ -139,19 +156,14 @@ impl PreparedRegistry {
 
     /// The names of the SQL-level (`PREPARE`) statements, sorted.
     pub fn sql_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .statements
-            .values()
-            .filter(|s| matches!(s.origin, Origin::Sql { .. }))
-            .map(|s| s.name.clone())
-            .collect();
+        let mut names: Vec<String> = self.statements.values().filter(|s| s.is_sql()).map(|s| s.name.clone()).collect();
         names.sort();
         names
     }
 
     /// Whether any statement is SQL-level (`PREPARE`).
     pub fn has_sql(&self) -> bool {
-        self.statements.values().any(|s| matches!(s.origin, Origin::Sql { .. }))
+        self.sql > 0
     }
 
     /// How many statements are registered.
@@ -181,8 +193,14 @@ mod tests {
         assert!(!r.get("s1").unwrap().read, "replaced");
         assert!(r.close("s1").is_some());
         assert!(r.close("s1").is_none());
+        assert!(r.has_sql());
+        r.sql_prepare("p", "PREPARE p AS SELECT 2", true);
+        assert!(r.close("p").is_some());
+        assert!(!r.has_sql(), "counted once, replaced or not");
+        r.sql_prepare("p", "PREPARE p AS SELECT 1", true);
         r.clear();
         assert!(r.is_empty());
+        assert!(!r.has_sql());
     }
 
     #[test]

@@ -609,6 +609,12 @@ fn pg_prepared_statements_shows_the_clients_own_statements_only() {
     let own = |name: &str, text: &str| vec![Some(name.to_owned()), Some(text.to_owned())];
     assert_eq!(rows(&mut a), vec![own("pa", "PREPARE pa(int) AS SELECT $1;")], "the text as the client sent it");
     assert_eq!(rows(&mut b), vec![own("pb", "PREPARE pb AS SELECT 2")]);
+    // A PREPARE refused as a duplicate, then a DEALLOCATE refract answers itself: the name is
+    // gone from the view too.
+    primary(&mut a, "PREPARE dup AS SELECT 1");
+    assert_eq!(a.query("/* refract: route=primary */ PREPARE dup AS SELECT 2").code(), Some("42P05"));
+    ok(&mut a, "DEALLOCATE dup");
+    assert_eq!(rows(&mut a), vec![own("pa", "PREPARE pa(int) AS SELECT $1;")]);
     assert_eq!(primary(&mut a, "EXECUTE pa(5)").value(), "5");
     let direct = ok(&mut b, "/* refract: route=primary */ SELECT count(*) FROM pg_catalog.pg_prepared_statements");
     assert_eq!(direct.value(), "1");

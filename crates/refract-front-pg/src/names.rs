@@ -25,6 +25,10 @@ use std::sync::Arc;
 /// PostgreSQL's `duplicate_prepared_statement`.
 const DUPLICATE_PSTATEMENT: &str = "42P05";
 
+/// The identity of a name a connection may hold a statement under, not known which: it matches
+/// no statement, so the name is closed (and the client's prepared) before it is used.
+const UNKNOWN: &str = "";
+
 /// PostgreSQL's `undefined_pstatement`.
 const UNDEFINED_PSTATEMENT: &str = "26000";
 
@@ -377,10 +381,6 @@ impl Session {
             .map(|(_, error)| error.clone())
     }
 
-    /// After a simple query: what it did to the SQL-level names of the connection. After a
-    /// failure, names it touched are no longer known (they are closed and prepared again when
-    /// next used); a failed `DEALLOCATE ALL` / `DISCARD ALL` may or may not have run, so the
-    /// connection is not reused.
     /// An Execute (extended protocol) completed `st`: a SQL `PREPARE` or `DEALLOCATE` changes
     /// the client's statements and the connection's, as the same statement by simple query does.
     pub(super) fn sql_name_executed(&mut self, st: &Statement) -> Result<(), PgError> {
@@ -404,6 +404,10 @@ impl Session {
         Ok(())
     }
 
+    /// After a simple query: what it did to the SQL-level names of the connection. After a
+    /// failure, names it touched are no longer known (they are closed and prepared again
+    /// before the next statement); a failed `DEALLOCATE ALL` / `DISCARD ALL` may or may not
+    /// have run, so the connection is not reused.
     pub(super) fn sql_names_done(&mut self, c: &Classification, failed: bool) -> Result<(), PgError> {
         let ids: Vec<Option<String>> = c
             .statements
@@ -419,7 +423,9 @@ impl Session {
                 (Statement::Deallocate { name: None } | Statement::Discard { all: true }, true) => conn.broken = true,
                 // A failed EXECUTE leaves its statement as it was.
                 (Statement::Execute { .. }, true) => {}
-                (st, true) => drop(sql_name(st).map(|n| conn.sql_prepared.remove(n))),
+                // What the server holds under the name is not known (a PREPARE refused as a
+                // duplicate keeps the old one): closed and prepared again when next synced.
+                (st, true) => drop(sql_name(st).map(|n| conn.sql_prepared.insert(n.to_owned(), UNKNOWN.into()))),
                 (Statement::Prepare { name, .. }, false) => {
                     drop(id.map(|id| conn.sql_prepared.insert(name.clone(), id)))
                 }

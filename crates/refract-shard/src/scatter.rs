@@ -9,12 +9,13 @@
 //! - [`planner`]: [`plan`], the decision and the rewrite; [`plan`](mod@plan): the [`Plan`] it returns.
 //! - `tree`: questions asked of the parse tree (same expression, aggregates, FROM).
 //! - [`gather`]: [`Gather`], the k-way merge, grouping, DISTINCT, OFFSET/LIMIT.
-//! - `error`: [`GatherError`]. `fold`: combining aggregates; `decimal`: exact numeric sums and averages.
+//! - `error`: [`GatherError`]. `fold`: combining aggregates.
+//! - [`decimal`]: PostgreSQL `numeric` read from text and binary, exact sums and averages.
 //! - [`value`]: reading and ordering column values as PostgreSQL does; `datetime`: ISO dates.
 //! - [`tag`]: CommandComplete of writes over several shards.
 
 mod datetime;
-mod decimal;
+pub mod decimal;
 mod error;
 mod fold;
 pub mod gather;

@@ -4,7 +4,7 @@
 
 use std::cmp::Ordering;
 
-use refract_shard::scatter::decimal::Numeric;
+use refract_shard::scatter::Numeric;
 
 /// `NUMERIC_MAX_DISPLAY_SCALE`: the most digits after the point a quotient keeps.
 const MAX_DISPLAY_SCALE: usize = 1000;

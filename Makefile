@@ -39,6 +39,8 @@ lint: deps
 	  echo "lint: the HTTP front end depends on the PostgreSQL one (above)"; exit 1; fi
 	@if $(CARGO) tree -p refract-front-pg -e normal | grep -E 'refract-(front-http|http |dispatch)'; then \
 	  echo "lint: the PostgreSQL front end depends on the HTTP one (above)"; exit 1; fi
+	@if $(CARGO) tree -p refract-shard -e normal | grep -E 'tokio|refract-(core|front|dispatch|handover)'; then \
+	  echo "lint: refract-shard, sharding's arithmetic, is not pure (above)"; exit 1; fi
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.

@@ -4,16 +4,18 @@
 mod handover;
 mod http;
 mod pg;
+mod shard;
 
 pub use handover::handover_msg;
 pub use http::{http_chunked, http_head};
 pub use pg::{pg_backend, pg_copyrows, pg_frontend, pg_keyparam, pg_startup};
+pub use shard::pg_numeric;
 
 /// A fuzz target: a name (its `src/bin/` harness, its `corpus/` directory) and its function.
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target, in the order `make fuzz` runs them.
-pub const ALL: [Target; 8] = [
+pub const ALL: [Target; 9] = [
     ("http_head", http_head),
     ("http_chunked", http_chunked),
     ("pg_frontend", pg_frontend),
@@ -22,4 +24,5 @@ pub const ALL: [Target; 8] = [
     ("handover_msg", handover_msg),
     ("pg_keyparam", pg_keyparam),
     ("pg_copyrows", pg_copyrows),
+    ("pg_numeric", pg_numeric),
 ];

@@ -9,7 +9,8 @@
 //! - [`planner`]: [`plan`], the decision and the rewrite; [`plan`](mod@plan): the [`Plan`] it returns.
 //! - `tree`: questions asked of the parse tree (same expression, aggregates, FROM).
 //! - [`gather`]: [`Gather`], the k-way merge, grouping, DISTINCT, OFFSET/LIMIT.
-//! - `error`: [`GatherError`]. `fold`: combining aggregates; `decimal`: exact numeric sums and averages.
+//! - `error`: [`GatherError`]. `fold`: combining aggregates.
+//! - `decimal`: [`Numeric`], PostgreSQL `numeric` read from text and binary, exact sums and averages.
 //! - [`value`]: reading and ordering column values as PostgreSQL does; `datetime`: ISO dates.
 //! - [`tag`]: CommandComplete of writes over several shards.
 
@@ -24,6 +25,7 @@ pub mod tag;
 mod tree;
 pub mod value;
 
+pub use decimal::Numeric;
 pub use gather::{Gather, GatherError, Row, Step};
 pub use plan::{Col, Decision, Plan, Role, Shape, SortKey};
 pub use planner::{plan, Options};

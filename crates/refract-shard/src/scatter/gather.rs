@@ -14,7 +14,7 @@ use super::fold::{self, Fold};
 use super::plan::{Plan, Role, Shape};
 pub use super::value::Row;
 use super::value::{cmp_nullable, ColType, Val};
-use crate::backend::FieldDescription;
+use refract_pg::backend::FieldDescription;
 
 /// What the caller does next.
 #[derive(Debug, Clone, PartialEq, Eq)]

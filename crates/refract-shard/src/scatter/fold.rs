@@ -10,7 +10,7 @@ use super::decimal::Numeric;
 use super::error::GatherError;
 use super::plan::Role;
 use super::value::{oid, ColType, Row};
-use crate::backend::FieldDescription;
+use refract_pg::backend::FieldDescription;
 
 /// How one column of a group combines.
 #[derive(Debug, Clone, Copy)]

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use proptest::prelude::*;
 use refract_pg::backend::FieldDescription;
-use refract_pg::scatter::value::{oid, ColType};
-use refract_pg::scatter::{Col, Gather, Plan, Role, Row, Shape, SortKey, Step};
+use refract_shard::scatter::value::{oid, ColType};
+use refract_shard::scatter::{Col, Gather, Plan, Role, Row, Shape, SortKey, Step};
 
 fn field(name: &str, type_oid: u32, format: i16) -> FieldDescription {
     FieldDescription { name: name.into(), table_oid: 0, column: 0, type_oid, type_size: -1, type_modifier: -1, format }

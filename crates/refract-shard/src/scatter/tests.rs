@@ -134,8 +134,8 @@ fn what_is_not_answered_exactly_is_refused_with_its_reason() {
 fn binary_numeric_aggregates_combine_to_the_single_servers_bytes() {
     use bytes::Bytes;
 
-    use crate::backend::FieldDescription;
     use crate::scatter::value::oid;
+    use refract_pg::backend::FieldDescription;
     let p = exact("SELECT city, avg(score), sum(balance), min(balance), max(balance), sum(id) FROM customers GROUP BY city ORDER BY city");
     let field = |name: &str, type_oid: u32| FieldDescription {
         name: name.into(),

@@ -9,14 +9,14 @@ use anyhow::{Context, Result};
 
 /// The lab's relay-only dispatcher (target `refract`); `examples/lab/relay.toml`, embedded
 /// like every lab config, so the lab works from any directory.
-pub const RELAY_TOML: &str = include_str!("../../../../examples/lab/relay.toml");
+pub const RELAY_TOML: &str = include_str!("../../../examples/lab/relay.toml");
 /// The lab's hybrid dispatcher (target `hybrid`): `examples/lab/hybrid.toml`.
-pub const HYBRID_TOML: &str = include_str!("../../../../examples/lab/hybrid.toml");
+pub const HYBRID_TOML: &str = include_str!("../../../examples/lab/hybrid.toml");
 /// The lab's hand-everything-over dispatcher (target `handover`): `examples/lab/handover.toml`.
-pub const HANDOVER_TOML: &str = include_str!("../../../../examples/lab/handover.toml");
+pub const HANDOVER_TOML: &str = include_str!("../../../examples/lab/handover.toml");
 /// The relay's busy-polling variant (target [`BUSY_POLL_TARGET`]): `examples/lab/relay-busypoll.toml`,
 /// relay.toml with `busy_poll_us = 1000` on ports of its own.
-pub const RELAY_BUSY_POLL_TOML: &str = include_str!("../../../../examples/lab/relay-busypoll.toml");
+pub const RELAY_BUSY_POLL_TOML: &str = include_str!("../../../examples/lab/relay-busypoll.toml");
 /// The target of the busy-polling variant. refract ships with busy polling off, so every
 /// headline figure uses the other dispatchers; this one's figures carry [`BUSY_POLL_LABEL`].
 pub const BUSY_POLL_TARGET: &str = "refract-busypoll";
@@ -24,8 +24,8 @@ pub const BUSY_POLL_TARGET: &str = "refract-busypoll";
 pub const BUSY_POLL_LABEL: &str = "busy-polling variant";
 /// The agents on b1 and b2: `examples/lab/agent-b1.toml`, `agent-b2.toml`.
 pub const AGENT_TOMLS: [(&str, &str); 2] = [
-    ("b1", include_str!("../../../../examples/lab/agent-b1.toml")),
-    ("b2", include_str!("../../../../examples/lab/agent-b2.toml")),
+    ("b1", include_str!("../../../examples/lab/agent-b1.toml")),
+    ("b2", include_str!("../../../examples/lab/agent-b2.toml")),
 ];
 
 /// Used only when `examples/loopback.toml` cannot be found: the same cluster, spelled out.
@@ -374,7 +374,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 fn find_loopback_toml() -> String {
     let candidates = [
         std::path::PathBuf::from("examples/loopback.toml"),
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/loopback.toml"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/loopback.toml"),
     ];
     candidates.iter().find_map(|p| std::fs::read_to_string(p).ok()).unwrap_or_else(|| LOOPBACK_FALLBACK.to_string())
 }

@@ -15,17 +15,15 @@ pub const PGBOUNCER_PORT: u16 = 6434;
 /// The lab's primary (rf-b1) and streaming replica (rf-b2).
 pub const SERVERS: [Server; 2] = [Server { host: B1, primary: true }, Server { host: B2, primary: false }];
 /// The hybrid dispatcher: `examples/lab/pg-hybrid.toml`, embedded so the lab works anywhere.
-pub const PG_HYBRID_TOML: &str = include_str!("../../../../examples/lab/pg-hybrid.toml");
+pub const PG_HYBRID_TOML: &str = include_str!("../../../examples/lab/pg-hybrid.toml");
 /// The relay-only dispatcher: `examples/lab/pg-relay.toml`.
-pub const PG_RELAY_TOML: &str = include_str!("../../../../examples/lab/pg-relay.toml");
+pub const PG_RELAY_TOML: &str = include_str!("../../../examples/lab/pg-relay.toml");
 /// Process, log and pid-file name of PgBouncer.
 pub const PGBOUNCER: &str = "pgbouncer";
 /// The agents in front of the servers: `examples/lab/agent-pg-b1.toml`, `agent-pg-b2.toml`,
 /// in [`SERVERS`] order.
-pub const PG_AGENT_TOMLS: [&str; 2] = [
-    include_str!("../../../../examples/lab/agent-pg-b1.toml"),
-    include_str!("../../../../examples/lab/agent-pg-b2.toml"),
-];
+pub const PG_AGENT_TOMLS: [&str; 2] =
+    [include_str!("../../../examples/lab/agent-pg-b1.toml"), include_str!("../../../examples/lab/agent-pg-b2.toml")];
 /// The port each agent takes refract's server connections on (`postgres_listen`), on its
 /// host's own address.
 pub const AGENT_PG_PORT: u16 = 6543;

@@ -74,7 +74,7 @@ fn refract_version() -> String {
     let dir = env!("CARGO_MANIFEST_DIR");
     let git = sh::cmd(None, "git", &["-C", dir, "rev-parse", "--short", "HEAD"]);
     // Source changes not yet committed (the reports this run writes under docs/ do not count).
-    let changed = sh::cmd(None, "git", &["-C", dir, "status", "--porcelain", "--", "../../crates", "../../examples"]);
+    let changed = sh::cmd(None, "git", &["-C", dir, "status", "--porcelain", "--", "../crates", "../examples", "."]);
     let changed = sh::run(changed).map(|out| !out.trim().is_empty()).unwrap_or(false);
     match sh::run(git) {
         Ok(rev) => version_label(env!("CARGO_PKG_VERSION"), rev.trim(), changed),

@@ -28,7 +28,7 @@ pub fn config(primary: &Server, pool_size: usize) -> String {
     let d = dir();
     let d = d.display();
     format!(
-        "; refract lab (crates/refract-lab/src/pglab/pgbouncer.rs). PgBouncer sends every statement\n\
+        "; refract lab (lab/src/pglab/pgbouncer.rs). PgBouncer sends every statement\n\
          ; to the one server of its database entry: the primary.\n\
          [databases]\n{DATABASE} = host={} port={} dbname={DATABASE}\n\n\
          [pgbouncer]\nlisten_addr = {}\nlisten_port = {PGBOUNCER_PORT}\nunix_socket_dir =\n\

@@ -19,7 +19,7 @@ use std::process::Command;
 /// Settings for the lab's servers (appended to the primary's `postgresql.conf`, which the
 /// replica's base backup copies). The data is thrown away by `lab down`, so no durability.
 const SETTINGS: &str = "
-# refract lab (crates/refract-lab/src/pglab/server.rs); listen_addresses, port and
+# refract lab (lab/src/pglab/server.rs); listen_addresses, port and
 # unix_socket_directories are given to each server by pg_ctl -o (they differ per host).
 max_connections = 200
 shared_buffers = 128MB
@@ -154,7 +154,7 @@ impl Pg {
 pub fn hba() -> String {
     let subnet = lab_subnet();
     format!(
-        "# refract lab (crates/refract-lab/src/pglab/server.rs): SCRAM only.\n\
+        "# refract lab (lab/src/pglab/server.rs): SCRAM only.\n\
          local all all scram-sha-256\n\
          host all all {subnet} scram-sha-256\n\
          host replication all {subnet} scram-sha-256\n"

@@ -8,7 +8,7 @@ use crate::support::units::sig3;
 
 /// The page's opening when the file does not exist yet.
 pub const PAGE_HEADER: &str = "# Benchmarks\n\n\
-Figures written by `refract bench sweep` (crates/refract-lab); do not edit by hand. Each \
+Figures written by `refract bench sweep` (`lab/`); do not edit by hand. Each \
 section is one sweep and is replaced whole when that sweep is rerun: `1gbit` has every lab \
 link shaped like a 1 Gbit/s NIC (the paper's setting), `none` leaves the veth links unshaped; `refract bench paper` writes `paper-*` sections and a \
 summary. Raw figures are in `benchmarks.csv`.\n";

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 pub const PAGE_HEADER: &str = "# Overload control\n\n\
 How refract holds its goodput and latency past saturation is described by the dispatcher's \
 authors; the measurements below are written by `refract bench overload` \
-(crates/refract-lab) and replaced whole when rerun — do not edit inside the markers.\n";
+(`lab/`) and replaced whole when rerun — do not edit inside the markers.\n";
 
 /// Everything the section shows besides the results.
 pub struct Page<'a> {
@@ -347,7 +347,7 @@ fn failed(out: &mut String, res: &OverloadResults) {
 fn configs(out: &mut String) {
     let _ = writeln!(
         out,
-        "Configurations: `refract_config` and `haproxy_config` in `crates/refract-lab/src/bench/overload/rig.rs` \
+        "Configurations: `refract_config` and `haproxy_config` in `lab/src/bench/overload/rig.rs` \
          (refract's from `examples/lab/relay.toml`).\n"
     );
 }
@@ -399,7 +399,7 @@ mod tests {
             "| 0.5× | 726 | 700 ⚠ client lag p99 40 ms |",
             "`refract-off` failed to start",
             "unknown field `enabled`",
-            "`refract_config` and `haproxy_config` in `crates/refract-lab/src/bench/overload/rig.rs`",
+            "`refract_config` and `haproxy_config` in `lab/src/bench/overload/rig.rs`",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

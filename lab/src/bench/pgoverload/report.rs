@@ -162,13 +162,13 @@ pub fn render(res: &Results) -> String {
          each statement on an idle client connection or a new one (at most {}), latency from its scheduled start, as `pgbench -R` \
          measures; client timeout {} ms. pgbench itself is not the open-loop client: pgbench {} ends a client at its first error \
          other than a serialization failure or deadlock (`--max-tries` retries only those; `--continue-on-error` came later), so \
-         a refusal would stop a client; the generator (`crates/refract-lab/src/bench/pgoverload/openloop.rs`) counts each \
+         a refusal would stop a client; the generator (`lab/src/bench/pgoverload/openloop.rs`) counts each \
          statement as served, *refused* (ErrorResponse 53300 or 57014), *timeout* (no answer in time) or *error*. \
          **Targets:** `refract` with shipped defaults (no `[overload]` section) but `[balance] read_from_primary = true` and \
          `pool_size = {p}`: the primary and the replica both serve the reads, balanced by peak-EWMA cost; `pgbouncer` in \
          transaction mode, `default_pool_size = {p2}`, pointed at the primary (PgBouncer has one server per database). Each has \
          {p2} server connections for these statements. Configurations: `refract_config` and `pgbouncer_config` in \
-         `crates/refract-lab/src/bench/pgbench/targets.rs`.\n",
+         `lab/src/bench/pgbench/targets.rs`.\n",
         super::SQL,
         res.capacity,
         res.capacity_load,

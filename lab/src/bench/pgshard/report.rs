@@ -110,7 +110,7 @@ pub fn write(r: &Results) -> Result<()> {
 pub fn render(r: &Results) -> String {
     let mut out = String::from("## PostgreSQL: the cost of sharding's routing (keyed reads)\n\n");
     out.push_str(
-        "Written by `refract bench pg-shard` (crates/refract-lab/src/bench/pgshard/); do not edit by hand.\n\n",
+        "Written by `refract bench pg-shard` (lab/src/bench/pgshard/); do not edit by hand.\n\n",
     );
     header(&mut out, r);
     out.push_str(&table(&r.cells));

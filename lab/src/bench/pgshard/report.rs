@@ -109,9 +109,7 @@ pub fn write(r: &Results) -> Result<()> {
 /// The section (without markers).
 pub fn render(r: &Results) -> String {
     let mut out = String::from("## PostgreSQL: the cost of sharding's routing (keyed reads)\n\n");
-    out.push_str(
-        "Written by `refract bench pg-shard` (lab/src/bench/pgshard/); do not edit by hand.\n\n",
-    );
+    out.push_str("Written by `refract bench pg-shard` (lab/src/bench/pgshard/); do not edit by hand.\n\n");
     header(&mut out, r);
     out.push_str(&table(&r.cells));
     out.push('\n');
@@ -123,7 +121,7 @@ pub fn render(r: &Results) -> String {
     }
     out.push('\n');
     out.push_str(&cpu_table(&r.cells));
-    details(&mut out, r);
+    details(&mut out, &r.routes, &r.configs);
     out
 }
 
@@ -258,18 +256,19 @@ fn cpu_table(cells: &[Cell]) -> String {
     s
 }
 
-/// Where the keyed reads went, and both configs.
-fn details(out: &mut String, r: &Results) {
-    let _ = write!(
-        out,
-        "\nWhere keyed reads go through `sharded` (`/* refract: explain */`):\n\n```text\n{}```\n",
-        r.routes
-    );
-    for (name, config) in &r.configs {
-        let _ = write!(
+/// Where the keyed reads went, and where both configs come from (named, not embedded: the
+/// page's header has the commit).
+fn details(out: &mut String, routes: &str, configs: &[(String, String)]) {
+    let _ =
+        write!(out, "\nWhere keyed reads go through `sharded` (`/* refract: explain */`):\n\n```text\n{}```\n", routes);
+    let names: Vec<String> = configs.iter().map(|(n, _)| format!("`{n}`")).collect();
+    if !names.is_empty() {
+        let _ = writeln!(
             out,
-            "\n<details><summary>refract {name}: config as run</summary>\n\n```toml\n{}\n```\n</details>\n",
-            config.trim_end()
+            "\nConfigurations ({}): generated for each run by `config` in `lab/src/bench/pgshard/mod.rs` \
+             (on ports chosen at start); `sharded` has two shards, `s0` and `s1`, over the one server, \
+             and `pgbench_accounts` sharded by `aid` (hash, integer).",
+            names.join(", ")
         );
     }
 }
@@ -307,5 +306,13 @@ mod tests {
         assert!(verdict(e(0.80, 0.88)).starts_with("not within 10 %"));
         assert!(verdict(e(0.86, 0.97)).starts_with("undecided"));
         assert!(verdict(None).starts_with("no estimate"));
+    }
+
+    #[test]
+    fn configs_are_named_not_embedded() {
+        let mut out = String::new();
+        details(&mut out, "aid = 1: read on shard s0\n", &[("sharded".into(), "[postgres]".into())]);
+        assert!(out.contains("`config` in `lab/src/bench/pgshard/mod.rs`"), "{out}");
+        assert!(!out.contains("```toml"), "configs are named, not embedded: {out}");
     }
 }

@@ -5,15 +5,17 @@
 //! `session` wires it into the client session; `view`: `GET /pg/shards`.
 
 mod across;
+mod batch;
 mod copy;
 mod fanout;
 mod overrides;
 mod route;
 mod session;
+mod transaction;
 mod twophase;
 mod txread;
 
-pub(crate) use session::Placed;
+pub(crate) use batch::Placed;
 pub(crate) use twophase::recover;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};

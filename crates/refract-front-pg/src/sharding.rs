@@ -4,13 +4,13 @@
 //! several shards runs there (`fanout`: scatter-gather reads, writes over several shards);
 //! `session` wires it into the client session; `view`: `GET /pg/shards`.
 
-mod across;
 mod batch;
 mod copy;
 mod fanout;
 mod overrides;
 mod route;
 mod session;
+mod several;
 mod transaction;
 mod twophase;
 mod txread;

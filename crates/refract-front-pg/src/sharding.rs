@@ -82,7 +82,7 @@ pub(crate) struct Sharding {
     pub stats: Vec<ShardStats>,
     /// Statements answered from several shards.
     pub scatters: AtomicU64,
-    /// Statements refused because they cannot be answered exactly across shards.
+    /// Statements refused because they cannot be answered exactly over several shards.
     pub refused: AtomicU64,
     /// The turn of reads that any shard answers (replicated tables only).
     turn: AtomicUsize,
@@ -257,7 +257,7 @@ impl Sharding {
         }
     }
 
-    /// Counts a statement refused as not answerable exactly across shards.
+    /// Counts a statement refused as not answerable exactly over several shards.
     pub(crate) fn count_refused(&self) {
         self.refused.fetch_add(1, Relaxed);
         self.metrics.pg_shard_refused();

@@ -1,5 +1,5 @@
 //! Where an extended batch runs in a sharded cluster ([`Placed`]): bound on the one shard its
-//! statements name, run by refract across shards, or refused with the reason.
+//! statements name, run by refract over several shards, or refused with the reason.
 
 use super::route::{route, Target};
 use super::Sharding;
@@ -17,8 +17,8 @@ use std::collections::HashMap;
 pub(super) enum BatchShard {
     /// Run the batch on this shard.
     At(usize),
-    /// No one shard runs it: refract does (`across.rs`).
-    Across,
+    /// No one shard runs it: refract does (`several.rs`).
+    Several,
     /// Refused: SQLSTATE and message.
     Refused(&'static str, String),
 }
@@ -27,8 +27,8 @@ pub(super) enum BatchShard {
 pub(crate) enum Placed {
     /// Bound on its shard (or the binding's error): the caller runs it there.
     Bound(Result<(), PgError>),
-    /// refract runs it across shards (`Session::run_across`).
-    Across,
+    /// refract runs it over several shards (`Session::run_several`).
+    Several,
     /// Answered here (refused).
     Answered(Result<(), PgError>),
 }
@@ -36,7 +36,7 @@ pub(crate) enum Placed {
 impl Session {
     /// Where an extended batch runs in a sharded cluster: bound on the one shard its
     /// statements name (moving an open transaction there when two-phase commit allows it, as
-    /// a simple query's would), run by refract across shards outside a transaction (or to end
+    /// a simple query's would), run by refract over several shards outside a transaction (or to end
     /// a transaction open on several), or refused with the reason.
     pub(crate) async fn place_batch(
         &mut self,
@@ -54,13 +54,13 @@ impl Session {
         let binds = msgs.iter().any(|m| matches!(m, FrontendMessage::Bind(_) | FrontendMessage::Execute { .. }));
         if self.bound.is_none() && self.phase().tx() == TxStatus::Failed && synced {
             // A transaction refract failed (and rolled back): answered here up to its end.
-            return Placed::Across;
+            return Placed::Several;
         }
         if !binds && self.bound.is_none() {
             // Only Parse, Describe, Close: answered without binding a shard, so that a
             // statement prepared ahead (asyncpg, pgx) or inside a transaction not yet on a
             // shard does not tie the session to one.
-            return Placed::Across;
+            return Placed::Several;
         }
         if !self.parked.is_empty() && self.batch_sets_savepoints(msgs) {
             let why = "savepoints are not supported in a transaction on several shards";
@@ -87,12 +87,12 @@ impl Session {
                 sh.count_statement(&[shard]);
                 return Placed::Bound(self.bind_shard(shard, route_class, Some(key), tables).await);
             }
-            BatchShard::Across if !synced => (
+            BatchShard::Several if !synced => (
                 sqlstate::FEATURE_NOT_SUPPORTED,
                 "this batch needs several shards, and refract runs such a batch when it ends with Sync (not Flush)"
                     .to_owned(),
             ),
-            BatchShard::Across => return Placed::Across,
+            BatchShard::Several => return Placed::Several,
             BatchShard::Refused(code, why) => (code, why),
         };
         Placed::Answered(self.refuse_batch(sh, refused.0, &refused.1, synced).await)
@@ -145,7 +145,7 @@ impl Session {
 
     /// Extended protocol: the one shard every statement the batch binds runs on (a batch that
     /// only parses or describes, or binds session statements, runs where the session is, or on
-    /// any shard); `Across` when they need several shards, or different ones, or end a
+    /// any shard); `Several` when they need several shards, or different ones, or end a
     /// transaction open on several.
     pub(super) fn shard_of_batch(&self, sh: &Sharding, msgs: &[FrontendMessage], read: bool) -> BatchShard {
         if let Some(refused) = self.batch_setting(msgs) {
@@ -153,7 +153,7 @@ impl Session {
         }
         let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut at: Option<usize> = None;
-        let mut across = false;
+        let mut several = false;
         for m in msgs {
             let FrontendMessage::Parse { name, query, .. } = m else {
                 let FrontendMessage::Bind(b) = m else { continue };
@@ -167,7 +167,7 @@ impl Session {
                 if c.statements.iter().all(|s| !matches!(s, Statement::Read | Statement::Write)) {
                     // A session statement runs where the session is; the end of a transaction
                     // on several shards is refract's.
-                    across |= !self.parked.is_empty()
+                    several |= !self.parked.is_empty()
                         && matches!(c.statements.as_slice(), [Statement::Commit | Statement::Rollback]);
                     continue;
                 }
@@ -180,18 +180,18 @@ impl Session {
                     Target::Refuse(why) => return BatchShard::Refused(sqlstate::FEATURE_NOT_SUPPORTED, why),
                     Target::Fail(code, why) => return BatchShard::Refused(code, why),
                     _ => {
-                        across = true;
+                        several = true;
                         continue;
                     }
                 };
-                across |= at.is_some_and(|a| a != shard);
+                several |= at.is_some_and(|a| a != shard);
                 at = Some(shard);
                 continue;
             };
             parsed.insert(name, query);
         }
-        if across {
-            return BatchShard::Across;
+        if several {
+            return BatchShard::Several;
         }
         let here = self.bound.as_ref().map(|_| self.shard);
         BatchShard::At(at.or(here).or(self.shard_override).unwrap_or_else(|| sh.any_shard()))

@@ -29,7 +29,7 @@ pub(crate) enum Target {
     Split(Vec<(usize, String)>),
     /// A write of replicated tables (or DDL): every shard, the answer of one copy.
     Copies,
-    /// Not answered exactly across shards: SQLSTATE 0A000 and the reason.
+    /// Not answered exactly over several shards: SQLSTATE 0A000 and the reason.
     Refuse(String),
     /// Refused as PostgreSQL would refuse it (SQLSTATE, message).
     Fail(&'static str, String),
@@ -39,7 +39,7 @@ pub(crate) enum Target {
     /// `COPY table TO STDOUT` of a sharded table: every shard's rows, one after the other.
     CopyOut,
     /// A query of several statements that no one shard runs: each runs where it would alone,
-    /// in one transaction per shard committed together (`across.rs`).
+    /// in one transaction per shard committed together (`several.rs`).
     Statements,
 }
 

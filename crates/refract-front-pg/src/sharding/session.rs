@@ -66,7 +66,7 @@ impl Session {
             Target::Refuse(why) => return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await,
             Target::Fail(code, why) => return self.refuse_sharded(sh, code, &why).await,
             Target::Scatter(shards, plan) if in_tx => return self.scatter_tx_simple(sh, &shards, &plan).await,
-            Target::Statements if !in_tx && self.bound.is_none() => return self.run_across_simple(sh, sql).await,
+            Target::Statements if !in_tx && self.bound.is_none() => return self.run_several_simple(sh, sql).await,
             Target::Statements => {
                 let why = "a query of several statements on several shards runs outside a transaction only: send them one at a time";
                 return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, why).await;

@@ -16,6 +16,17 @@ use refract_pg::notice::sqlstate;
 use refract_pg::scatter::Placement;
 use refract_pg::{BackendMessage, FrontendMessage, TxStatus};
 
+/// Which description messages of a shard's answer reach the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// None: refract answered the client's Describe itself, or the client sent none.
+    Nothing,
+    /// ParameterDescription and RowDescription, not NoData (a simple Query's answer has none).
+    Rows,
+    /// Every description message, NoData too.
+    All,
+}
+
 impl Session {
     /// Execute: the portal's statement on its shards.
     pub(super) async fn execute_here(
@@ -181,21 +192,20 @@ impl Session {
         described: bool,
     ) -> Result<(), PgError> {
         let mut legs = self.legs_here(run, &[shard], read).await?;
-        let relayed = self.relay_leg(&mut legs[0], request, described, run.owes()).await;
+        let shown = match (described, run.owes()) {
+            (false, _) => Shown::Nothing,
+            (true, false) => Shown::Rows,
+            (true, true) => Shown::All,
+        };
+        let relayed = self.relay_leg(&mut legs[0], request, shown).await;
         run.legs.append(&mut legs);
         run.failed |= relayed?;
         Ok(())
     }
 
-    /// See [`Session::relay_on`] (`no_data`: NoData is relayed too); returns whether the
-    /// client got an error.
-    pub(super) async fn relay_leg(
-        &mut self,
-        leg: &mut Leg,
-        request: &Bytes,
-        described: bool,
-        no_data: bool,
-    ) -> Result<bool, PgError> {
+    /// See [`Session::relay_on`] (`shown`: which description messages reach the client);
+    /// returns whether the client got an error.
+    pub(super) async fn relay_leg(&mut self, leg: &mut Leg, request: &Bytes, shown: Shown) -> Result<bool, PgError> {
         leg.guard.wire.send(request).await?;
         let mut failed = false;
         loop {
@@ -203,8 +213,8 @@ impl Session {
             match tag {
                 b'1' | b'2' => {}
                 b'Z' => return Ok(failed),
-                b't' | b'T' | b'n' if !described => {}
-                b'n' if !no_data => {}
+                b't' | b'T' | b'n' if shown == Shown::Nothing => {}
+                b'n' if shown == Shown::Rows => {}
                 b'C' => {
                     if let BackendMessage::CommandComplete(t) = BackendMessage::decode(tag, &frame[5..])? {
                         self.advance(Event::Completed(&t));

@@ -1,6 +1,22 @@
 //! One client session: reads its messages, routes each statement (or extended batch) to a
 //! server connection bound for the statement or transaction, relays the answers verbatim,
 //! and tracks the session state that has to follow the client from server to server.
+//!
+//! # Layout
+//! - this file: [`Session`] (what a client session holds) and its message loop.
+//! - `simple`: simple queries and the FunctionCall fast path; `batch`: extended-protocol
+//!   batches, rewritten for per-server prepared statements; `bind`: large Bind messages
+//!   relayed in pieces; `extended`: SETs run through the extended protocol.
+//! - `bound`: the server connection the session is bound to, and binding one; `relay`: the
+//!   server's answers relayed up to ReadyForQuery (COPY too), the sample booked.
+//! - `phase`: where the session stands in the protocol (one transition function).
+//! - `held`: the session state refract keeps (pins, LISTEN channels, SETs); `pin`: pinning a
+//!   transaction-mode client while that state lasts; `reset`: giving the connection back.
+//! - `names`: the unnamed statement and SQL-prepared names on shared connections.
+//! - `listen`: a client's LISTEN/UNLISTEN answered by refract; `notify`: the one listener
+//!   connection to the primary in transaction mode.
+//! - `large`: large DataRow / CopyData relayed in pieces; `unreadable`: text that is not UTF-8.
+//! - `handover`: a large result written to the client by the server's agent.
 
 pub(crate) mod batch;
 pub(crate) mod bind;

@@ -3,6 +3,17 @@
 //! ranges, or lists), where each statement goes (`route`), and how a statement that needs
 //! several shards runs there (`fanout`: scatter-gather reads, writes over several shards);
 //! `session` wires it into the client session; `view`: `GET /pg/shards`.
+//!
+//! # Layout
+//! - this file: [`Sharding`], the rules (which shard holds a key), and `view`.
+//! - `route` (and `route/copy`): where one statement goes; pure, no I/O.
+//! - `session`: a simple Query in a sharded session; `batch`: where an extended batch runs;
+//!   `transaction`: a transaction's BEGIN, its moves between shards, its end on each.
+//! - `fanout`: a statement on several shards outside a transaction; `txread`: a read over
+//!   several shards inside one; `copy`: COPY over several shards.
+//! - `several` (and `several/execute`): a batch no one shard can run, answered by refract.
+//! - `overrides`: `SET refract.shard` and the shard comment; `twophase`: two-phase commit and
+//!   the decision log's recovery.
 
 mod batch;
 mod copy;

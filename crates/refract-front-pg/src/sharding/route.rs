@@ -3,6 +3,9 @@
 //! scatter-gather plan (`refract_pg::scatter`) for a read over several shards, an INSERT split
 //! by its rows' keys, or a refusal that says why. No I/O: the session runs the answer (the
 //! rows of an INSERT are counted per shard here, when they are placed).
+//!
+//! # Layout
+//! - `copy`: where a COPY naming a sharded table goes.
 
 mod copy;
 

@@ -16,6 +16,9 @@
 //!   PostgreSQL's implicit transaction of a batch, over several shards.
 //!
 //! After an error the rest of the batch is skipped up to its Sync, as PostgreSQL does.
+//!
+//! # Layout
+//! - `execute`: an Execute of the batch run on its shards.
 
 mod execute;
 

@@ -1,4 +1,4 @@
-//! The adaptive concurrency limit of a PostgreSQL server (`refract-front-pg/src/baseline.rs`,
+//! The adaptive concurrency limit of a PostgreSQL server (`refract-front-pg/src/admit/baseline.rs`,
 //! `Server::learn`), against a real primary and replica with `pool_size = 8`: statements that
 //! saturate the server's CPU bring the replica's limit (read from `/pg/servers`) below the pool
 //! size; statements of very different costs that do not queue (`pg_sleep` beside `SELECT 1`)

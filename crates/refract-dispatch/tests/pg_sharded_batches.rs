@@ -1,5 +1,5 @@
 //! Extended-protocol batches over several shards (docs/sharding.md "Extended protocol",
-//! `sharding/across.rs`), against real PostgreSQL: refract over two shards (customers hash
+//! `sharding/several.rs`), against real PostgreSQL: refract over two shards (customers hash
 //! sharded by `id`, products replicated, two-phase commit configured) beside one plain
 //! PostgreSQL loaded alike. Each batch goes to both; the answers must be the same message by
 //! message (binary results byte for byte), and rows written must sit on the shard

@@ -20,6 +20,12 @@
 //! (query_canceled, as `statement_timeout` gives) when the statement could not run before its
 //! deadline. The deadline is the session's `statement_timeout` (set by SET or in the startup
 //! packet), else `[overload] default_timeout_ms`, else none.
+//!
+//! # Layout
+//! - this file: each server's admission (limit and deadline queue).
+//! - `permit`: the permit a session holds for one unit of work.
+//! - `baseline`: each server's no-load time per kind of statement, which its limit reads.
+//! - `lru`: the bounded table kept per kind of statement (also by `client/startup.rs`).
 
 pub(crate) mod baseline;
 pub(crate) mod lru;

@@ -3,39 +3,23 @@
 //! or a replica (`docs/postgres.md`).
 //!
 //! # Layout
-//! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs.
-//! - `admit`: admission control (adaptive limit, deadline queue) before a server connection;
-//!   `baseline`: each server's no-load time per kind of statement, which its limit reads;
-//!   `lru`: the bounded table both keep per kind of statement (and `startup` per set of
-//!   startup settings).
+//! Folders are layers, each a `foo.rs` beside `foo/` whose `//!` lists its files:
+//! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs (this file).
+//! - `client/`: login (startup, SSLRequest and TLS, authentication), the ParameterStatus
+//!   greeting, what the startup settings become, cancel keys, the client's framed socket, the
+//!   connected clients.
+//! - `session.rs`, `session/`: the per-client loop: simple queries, extended batches, binding a
+//!   server connection and relaying its answers, the protocol phase, what the session holds
+//!   (pins, SETs, prepared names, LISTEN), large messages, reset, its side of the hand-over.
+//! - `server.rs`, `server/`: one server connection; the servers (members, health, lag, the
+//!   choice of one), pools, probes, partial replicas, which statements answer small.
+//! - `admit.rs`, `admit/`: admission control (adaptive limit, deadline queue) before a server
+//!   connection, its permits, the no-load baselines its limit reads.
+//! - `sharding.rs`, `sharding/`: a sharded cluster: the rules (which shard holds a key), each
+//!   statement's shards, scatter-gather reads and writes over several shards, `/pg/shards`.
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
-//! - `login`: startup, SSLRequest (TLS with rustls), CancelRequest and client authentication;
-//!   `greeting`: the ParameterStatus set at login, the primary's for the client's settings;
-//!   `startup`: what the client's startup settings become (SETs replayed, greetings kept).
-//! - `session`: the per-client loop: simple queries, COPY, routing, binding and release.
-//! - `batch`: extended-protocol batches, rewritten for per-server prepared statements.
-//! - `large`: large DataRow / CopyData relayed in pieces, never held whole.
-//! - `handover`: a large result written to the client by the server's agent (the client's
-//!   socket lent to it; the agent's digest replayed muted), or relayed.
-//! - `bind`: large Bind messages relayed in pieces, as a dispatch point of their batch.
-//! - `unreadable`: text that is not UTF-8 (LATIN1, WIN1252 ...): relayed as sent, classified
-//!   conservatively.
-//! - `names`: the unnamed statement and SQL-prepared names, mirrored onto shared connections.
-//! - `partial`: partial replicas (the tables each holds) and the shares of a class of reads.
-//! - `servers`: servers, health, lag, the choice of one; `pool`: connections per server;
-//!   `sizes`: which kinds of statement answer small (they go straight to the server, not
-//!   through its agent).
-//! - `server`: one server connection; `wire`: framed sockets (plain or TLS); `cancel`: cancel keys.
-//! - `reset`: giving a server connection back (`DISCARD ALL` after a session-mode client).
-//! - `held`: the session state refract keeps for a client (pins, LISTEN channels, SETs).
-//! - `pin`: pinning a transaction-mode client to its connection while session state lasts.
-//! - `notify`: LISTEN/NOTIFY in transaction mode (one listener connection to the primary);
-//!   `listen`: a client's LISTEN/UNLISTEN answered by refract, its notifications delivered.
-//! - `extended`: SETs run through the extended protocol, tracked at Sync.
-//! - `sharding`: a sharded cluster: the rules (which shard holds a key), each statement's
-//!   shards, scatter-gather reads and writes over several shards, `/pg/shards`.
 //! - `shared`: what every session shares (kept by the [`PgFront`]).
-//! - `clients`: the connected clients; `status`: the admin views (`/pg/*`) and pool gauges.
+//! - `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
 mod admit;

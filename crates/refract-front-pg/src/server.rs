@@ -1,5 +1,11 @@
 //! [`ServerConn`]: one logged-in connection to a PostgreSQL server, with what refract has put
 //! on it (prepared statements, the SET state of the last client).
+//!
+//! # Layout
+//! - this file: [`ServerConn`], one server connection.
+//! - `servers`: the servers of a cluster (or shard), health, lag, the choice of one.
+//! - `pool`: connections per server; `sizes`: which kinds of statement answer small.
+//! - `probes`: health checks and lag polls; `partial`: the tables a partial replica holds.
 
 pub(crate) mod partial;
 pub(crate) mod pool;

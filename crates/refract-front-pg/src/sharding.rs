@@ -3,17 +3,30 @@
 //! ranges, or lists), where each statement goes (`route`), and how a statement that needs
 //! several shards runs there (`fanout`: scatter-gather reads, writes over several shards);
 //! `session` wires it into the client session; `view`: `GET /pg/shards`.
+//!
+//! # Layout
+//! - this file: [`Sharding`], the rules (which shard holds a key), and `view`.
+//! - `route` (and `route/copy`): where one statement goes; pure, no I/O.
+//! - `session`: a simple Query in a sharded session; `batch`: where an extended batch runs;
+//!   `transaction`: a transaction's BEGIN, its moves between shards, its end on each.
+//! - `fanout`: a statement on several shards outside a transaction; `txread`: a read over
+//!   several shards inside one; `copy`: COPY over several shards.
+//! - `several` (and `several/execute`): a batch no one shard can run, answered by refract.
+//! - `overrides`: `SET refract.shard` and the shard comment; `twophase`: two-phase commit and
+//!   the decision log's recovery.
 
-mod across;
+mod batch;
 mod copy;
 mod fanout;
 mod overrides;
 mod route;
 mod session;
+mod several;
+mod transaction;
 mod twophase;
 mod txread;
 
-pub(crate) use session::Placed;
+pub(crate) use batch::Placed;
 pub(crate) use twophase::recover;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};
@@ -80,7 +93,7 @@ pub(crate) struct Sharding {
     pub stats: Vec<ShardStats>,
     /// Statements answered from several shards.
     pub scatters: AtomicU64,
-    /// Statements refused because they cannot be answered exactly across shards.
+    /// Statements refused because they cannot be answered exactly over several shards.
     pub refused: AtomicU64,
     /// The turn of reads that any shard answers (replicated tables only).
     turn: AtomicUsize,
@@ -255,7 +268,7 @@ impl Sharding {
         }
     }
 
-    /// Counts a statement refused as not answerable exactly across shards.
+    /// Counts a statement refused as not answerable exactly over several shards.
     pub(crate) fn count_refused(&self) {
         self.refused.fetch_add(1, Relaxed);
         self.metrics.pg_shard_refused();

@@ -484,7 +484,7 @@ fn writes(s: &mut Suite, k: &Keys) {
 }
 
 /// Reads over several shards through the extended protocol (Parse/Bind/Describe/Execute with
-/// the values bound): refract runs the batch across the shards (`sharding/across.rs`).
+/// the values bound): refract runs the batch across the shards (`sharding/several.rs`).
 fn extended_reads(s: &mut Suite, k: &Keys) {
     let (a, b) = (k.a, k.b);
     s.ext("SELECT count(*) FROM customers", &[]);

@@ -1,4 +1,4 @@
-//! Partial replicas (issue 24 item 5), the PostgreSQL part: a replica that holds some of the
+//! Partial replicas, the PostgreSQL part: a replica that holds some of the
 //! tables (PostgreSQL logical replication subscribing to some of them) serves only the reads
 //! that name nothing else. [`Holds`] and [`Shares`] are the engine's (`refract_core::partial`,
 //! shared with the HTTP front end's Hyrise-R plans); what is PostgreSQL's is here.

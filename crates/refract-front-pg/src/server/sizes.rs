@@ -1,5 +1,5 @@
 //! [`Sizes`]: which kinds of statement are known to answer small, so that hybrid sends them
-//! straight to their server instead of through its agent (issue 23 item 3). The agent's hop
+//! straight to their server instead of through its agent. The agent's hop
 //! costs every statement it carries a little (measured: `pgbench -S` at 0.78× relay when every
 //! statement crossed it), and only a result that may grow past the hand-over threshold needs
 //! the agent.

@@ -141,7 +141,7 @@ impl Session {
             None => self.bind(route, Some(key), &tables).await,
             Some(sh) => match self.place_batch(&sh, &msgs, route, key, &tables, synced).await {
                 Placed::Bound(result) => result,
-                Placed::Across => return self.run_across(&sh, msgs).await,
+                Placed::Several => return self.run_several(&sh, msgs).await,
                 Placed::Answered(result) => return result,
             },
         };

@@ -4,8 +4,8 @@
 //! 0-based index. `SET`/`RESET`/`SHOW refract.shard` are answered here, never by a server;
 //! `RESET ALL` and `DISCARD ALL` run on the server as always and also clear the override.
 
+use super::batch::BatchShard;
 use super::route::Target;
-use super::session::BatchShard;
 use super::Sharding;
 use crate::error::PgError;
 use crate::session::Session;

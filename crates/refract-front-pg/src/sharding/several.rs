@@ -13,25 +13,30 @@
 //!   summed (one copy's for replicated tables);
 //! - a batch that writes runs in a transaction on each shard it reaches, ended at Sync on all
 //!   together (two-phase commit where possible) or rolled back on all after an error:
-//!   PostgreSQL's implicit transaction of a batch, across shards.
+//!   PostgreSQL's implicit transaction of a batch, over several shards.
 //!
 //! After an error the rest of the batch is skipped up to its Sync, as PostgreSQL does.
+//!
+//! # Layout
+//! - `execute`: an Execute of the batch run on its shards.
 
-use super::fanout::{end_block, written_on, Leg};
+mod execute;
+
+use self::execute::unit;
+
+use super::fanout::{end_block, Leg};
 use super::route::{route, Target};
 use super::Sharding;
 use crate::error::PgError;
-use crate::server::pool::Guard;
 use crate::session::phase::Event;
 use crate::session::{Session, FLUSH_AT};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use refract_pg::classify::{Route, Statement};
 use refract_pg::frontend::{Bind, Target as Of};
 use refract_pg::notice::sqlstate;
 use refract_pg::session::Origin;
 use refract_pg::{reply, BackendMessage, ErrorFields, FrontendMessage, TxStatus};
 use refract_shard::keyparam::Params;
-use refract_shard::scatter::Placement;
 use std::collections::HashMap;
 
 /// SQLSTATE `invalid_cursor_name`: no such portal.
@@ -62,7 +67,7 @@ struct Portal {
 }
 
 /// The batch's state.
-struct Across {
+struct Several {
     /// The connections on the shards the batch reached, kept to its Sync.
     legs: Vec<Leg>,
     /// The batch writes: each leg runs in a transaction block, ended at Sync.
@@ -76,7 +81,7 @@ struct Across {
     simple: bool,
 }
 
-impl Across {
+impl Several {
     /// Whether the client gets an answer refract owes for this extended-protocol message.
     fn owes(&self) -> bool {
         !self.simple
@@ -88,7 +93,7 @@ impl Session {
     /// `execute_batch`, for one): each statement as the unnamed statement and portal, described
     /// and executed, then Sync, answered as the simple protocol answers (no ParseComplete,
     /// BindComplete or NoData).
-    pub(crate) async fn run_across_simple(&mut self, sh: &Sharding, sql: &str) -> Result<(), PgError> {
+    pub(crate) async fn run_several_simple(&mut self, sh: &Sharding, sql: &str) -> Result<(), PgError> {
         let statements = match pg_query::split_with_parser(sql) {
             Ok(s) => s,
             Err(e) => {
@@ -119,11 +124,11 @@ impl Session {
     /// Runs `msgs` as described in the module header. They end with Sync, or with Flush when
     /// they only parse, describe and close (no connection stays behind: each request to a
     /// shard ends with its own Sync).
-    pub(crate) async fn run_across(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>) -> Result<(), PgError> {
+    pub(crate) async fn run_several(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>) -> Result<(), PgError> {
         self.run_batch_here(sh, msgs, false).await
     }
 
-    /// [`Session::run_across`]; `simple`: for a simple Query ([`Session::run_across_simple`]).
+    /// [`Session::run_several`]; `simple`: for a simple Query ([`Session::run_several_simple`]).
     async fn run_batch_here(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>, simple: bool) -> Result<(), PgError> {
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
         let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
@@ -132,7 +137,7 @@ impl Session {
         }
         let block = executes && !self.phase().in_transaction() && self.batch_route(&msgs) == Route::Write;
         let status = self.phase().tx();
-        let mut run = Across { legs: vec![], block, portals: HashMap::new(), failed: false, status, simple };
+        let mut run = Several { legs: vec![], block, portals: HashMap::new(), failed: false, status, simple };
         let mut lost = None;
         for (i, msg) in msgs.iter().enumerate() {
             if run.failed && !matches!(msg, FrontendMessage::Sync) {
@@ -213,7 +218,7 @@ impl Session {
     }
 
     /// Parse: registered for this session (its syntax checked by PostgreSQL's own parser).
-    fn parse_here(&mut self, run: &mut Across, name: &str, query: &str, param_types: &[u32]) {
+    fn parse_here(&mut self, run: &mut Several, name: &str, query: &str, param_types: &[u32]) {
         if !name.is_empty() && self.state.prepared.get(name).is_some() {
             let e = error(DUPLICATE_STATEMENT, format!("prepared statement \"{name}\" already exists"));
             return self.fail_here(run, e);
@@ -233,7 +238,7 @@ impl Session {
     }
 
     /// Bind: the portal routed by its values.
-    fn bind_here(&mut self, sh: &Sharding, run: &mut Across, b: &Bind) {
+    fn bind_here(&mut self, sh: &Sharding, run: &mut Several, b: &Bind) {
         let (query, param_types, read) = match self.statement_here(&b.statement) {
             Ok(s) => s,
             Err(e) => return self.fail_here(run, e),
@@ -294,7 +299,7 @@ impl Session {
     }
 
     /// Describe of a statement: one shard describes it (a connection the batch holds, if any).
-    async fn describe_statement(&mut self, sh: &Sharding, run: &mut Across, name: &str) -> Result<(), PgError> {
+    async fn describe_statement(&mut self, sh: &Sharding, run: &mut Several, name: &str) -> Result<(), PgError> {
         let (query, param_types, read) = match self.statement_here(name) {
             Ok(s) => s,
             Err(e) => {
@@ -315,7 +320,7 @@ impl Session {
     async fn describe_portal(
         &mut self,
         sh: &Sharding,
-        run: &mut Across,
+        run: &mut Several,
         name: &str,
         next: Option<&FrontendMessage>,
     ) -> Result<(), PgError> {
@@ -340,218 +345,16 @@ impl Session {
         self.relay_on(run, shard, read, &request, true).await
     }
 
-    /// Execute: the portal's statement on its shards.
-    async fn execute_here(
-        &mut self,
-        sh: &Sharding,
-        run: &mut Across,
-        name: &str,
-        max_rows: i32,
-    ) -> Result<(), PgError> {
-        let Some(portal) = run.portals.get(name) else {
-            self.fail_here(run, error(NO_PORTAL, format!("portal \"{name}\" does not exist")));
-            return Ok(());
-        };
-        let target = match &portal.runs {
-            Runs::End(commit) => {
-                let commit = *commit;
-                if portal.describe && run.owes() {
-                    self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
-                }
-                self.end_tx(sh, commit).await?;
-                run.status = TxStatus::Idle;
-                return Ok(());
-            }
-            Runs::Data(t) => t.clone(),
-        };
-        if max_rows > 0 {
-            let why = "refract: fetching part of a portal (Execute with a row limit) is not supported for a batch over several shards";
-            self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, why.into()));
-            return Ok(());
-        }
-        let (describe, read) = (portal.describe, !run.block);
-        let (query, types, bind) = (portal.query.clone(), portal.param_types.clone(), portal.bind.clone());
-        let in_tx = self.phase().in_transaction();
-        match target {
-            Target::Scatter(shards, plan) if in_tx => {
-                let formats = shard_formats(&bind.result_formats, plan.hidden);
-                let request = unit(&plan.sql, &types, &bind, &formats, true);
-                match self.scatter_in_tx(sh, &shards, &plan, &request, describe).await? {
-                    Err(why) => self.fail_tx_here(sh, run, why).await,
-                    Ok(failed) => {
-                        sh.count_statement(&shards);
-                        run.failed |= failed;
-                    }
-                }
-            }
-            _ if in_tx => {
-                let why = "inside a transaction, a batch refract runs across shards holds reads over several shards only: send statements that name their keys in batches of their own".to_owned();
-                self.fail_tx_here(sh, run, why).await;
-            }
-            Target::Scatter(shards, plan) => {
-                let formats = shard_formats(&bind.result_formats, plan.hidden);
-                sh.count_statement(&shards);
-                let request = unit(&plan.sql, &types, &bind, &formats, true);
-                let mut legs = self.legs_here(run, &shards, read).await?;
-                let mut guards: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();
-                let failed = self.scatter_read(sh, &mut guards, &plan, &request, describe).await;
-                drop(guards);
-                run.legs.append(&mut legs);
-                run.failed |= failed?;
-            }
-            Target::Shards(shards) if shards.len() > 1 => {
-                self.write_here(
-                    sh,
-                    run,
-                    &shards,
-                    Placement::Sharded,
-                    unit(&query, &types, &bind, &bind.result_formats, true),
-                    describe,
-                )
-                .await?;
-            }
-            Target::Copies => {
-                let shards: Vec<usize> = (0..sh.count()).collect();
-                self.write_here(
-                    sh,
-                    run,
-                    &shards,
-                    Placement::Replicated,
-                    unit(&query, &types, &bind, &bind.result_formats, true),
-                    describe,
-                )
-                .await?;
-            }
-            Target::Shards(shards) => {
-                sh.count_statement(&shards);
-                let request = unit(&query, &types, &bind, &bind.result_formats, describe);
-                self.relay_on(run, shards[0], read, &request, false).await?;
-            }
-            _ => {
-                // Any shard: one the batch holds, if any.
-                let shard = run.legs.first().map_or_else(|| sh.any_shard(), |l| l.shard);
-                sh.count_statement(&[shard]);
-                let request = unit(&query, &types, &bind, &bind.result_formats, describe);
-                self.relay_on(run, shard, read, &request, false).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A write on `shards`, answered once (counts summed, or one copy's).
-    async fn write_here(
-        &mut self,
-        sh: &Sharding,
-        run: &mut Across,
-        shards: &[usize],
-        placement: Placement,
-        request: Bytes,
-        describe: bool,
-    ) -> Result<(), PgError> {
-        sh.count_statement(shards);
-        let mut legs = self.legs_here(run, shards, false).await?;
-        let requests = vec![request; legs.len()];
-        let got = written_on(&mut legs, &requests).await;
-        let n = legs.len();
-        run.legs.append(&mut legs);
-        let got = got?;
-        if describe && got.description.is_none() && got.error.is_none() && run.owes() {
-            self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
-        }
-        run.failed |= self.written(got, placement, n, describe);
-        Ok(())
-    }
-
-    /// The batch's connections on `shards` (opened where missing: admitted, the session's SETs,
-    /// BEGIN when the batch writes), taken out of `run` in shard order.
-    async fn legs_here(&mut self, run: &mut Across, shards: &[usize], read: bool) -> Result<Vec<Leg>, PgError> {
-        let mut out = Vec::with_capacity(shards.len());
-        for &s in shards {
-            match run.legs.iter().position(|l| l.shard == s) {
-                Some(at) => out.push(run.legs.remove(at)),
-                None => {
-                    let mut leg = self.legs(&[s], read, &[]).await?;
-                    if run.block {
-                        for l in leg.iter_mut() {
-                            l.guard.query("BEGIN").await?;
-                        }
-                    }
-                    out.append(&mut leg);
-                }
-            }
-        }
-        for l in out.iter_mut() {
-            l.guard.unnamed = None; // each request parses the unnamed statement
-        }
-        Ok(out)
-    }
-
-    /// Sends `request` (ending with Sync) to the batch's connection on `shard` and relays its
-    /// answer to the client up to ReadyForQuery, leaving out ParseComplete and BindComplete
-    /// (refract answered the client's own), and the description unless the request asked for
-    /// it (`described`: every description message is relayed).
-    async fn relay_on(
-        &mut self,
-        run: &mut Across,
-        shard: usize,
-        read: bool,
-        request: &Bytes,
-        described: bool,
-    ) -> Result<(), PgError> {
-        let mut legs = self.legs_here(run, &[shard], read).await?;
-        let relayed = self.relay_leg(&mut legs[0], request, described, run.owes()).await;
-        run.legs.append(&mut legs);
-        run.failed |= relayed?;
-        Ok(())
-    }
-
-    /// See [`Session::relay_on`] (`no_data`: NoData is relayed too); returns whether the
-    /// client got an error.
-    async fn relay_leg(
-        &mut self,
-        leg: &mut Leg,
-        request: &Bytes,
-        described: bool,
-        no_data: bool,
-    ) -> Result<bool, PgError> {
-        leg.guard.wire.send(request).await?;
-        let mut failed = false;
-        loop {
-            let (tag, frame) = leg.guard.wire.recv().await?;
-            match tag {
-                b'1' | b'2' => {}
-                b'Z' => return Ok(failed),
-                b't' | b'T' | b'n' if !described => {}
-                b'n' if !no_data => {}
-                b'C' => {
-                    if let BackendMessage::CommandComplete(t) = BackendMessage::decode(tag, &frame[5..])? {
-                        self.advance(Event::Completed(&t));
-                    }
-                    self.out.extend_from_slice(&frame);
-                }
-                b'E' => {
-                    failed = true;
-                    self.advance(Event::QueryError);
-                    self.out.extend_from_slice(&frame);
-                }
-                _ => self.out.extend_from_slice(&frame),
-            }
-            if self.out.len() >= FLUSH_AT {
-                self.flush().await?;
-            }
-        }
-    }
-
     /// Refuses a statement inside a transaction: the transaction fails (rolled back on its
     /// shards now, as `Session::refuse_sharded` does) and the batch skips to its Sync.
-    async fn fail_tx_here(&mut self, sh: &Sharding, run: &mut Across, why: String) {
+    async fn fail_tx_here(&mut self, sh: &Sharding, run: &mut Several, why: String) {
         sh.count_refused();
         self.abort_on_shard().await;
         self.fail_here(run, error(sqlstate::FEATURE_NOT_SUPPORTED, format!("refract: {why}")));
     }
 
     /// Sends the client `e` and skips the batch to its Sync.
-    fn fail_here(&mut self, run: &mut Across, e: ErrorFields) {
+    fn fail_here(&mut self, run: &mut Several, e: ErrorFields) {
         run.failed = true;
         self.advance(Event::QueryError);
         self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
@@ -561,35 +364,4 @@ impl Session {
 /// An ErrorResponse's fields.
 fn error(code: &str, message: String) -> ErrorFields {
     ErrorFields::new("ERROR", code, message)
-}
-
-/// The result formats to ask the shards for: the client's (none: all text; one: all in it),
-/// and when it gives one per column, the plan's hidden columns after them in text.
-fn shard_formats(client: &[i16], hidden: usize) -> Vec<i16> {
-    match client {
-        [] | [_] => client.to_vec(),
-        per_column => per_column.iter().copied().chain(std::iter::repeat_n(0, hidden)).collect(),
-    }
-}
-
-/// The messages that run `query` as the unnamed statement and portal with `bind`'s values
-/// (and `result_formats`), describing the portal when `describe`, then Sync.
-fn unit(query: &str, param_types: &[u32], bind: &Bind, result_formats: &[i16], describe: bool) -> Bytes {
-    let mut out = BytesMut::new();
-    FrontendMessage::Parse { name: String::new(), query: query.to_owned(), param_types: param_types.to_vec() }
-        .encode(&mut out);
-    let b = Bind {
-        portal: String::new(),
-        statement: String::new(),
-        param_formats: bind.param_formats.clone(),
-        params: bind.params.clone(),
-        result_formats: result_formats.to_vec(),
-    };
-    FrontendMessage::Bind(b).encode(&mut out);
-    if describe {
-        FrontendMessage::Describe(Of::Portal, String::new()).encode(&mut out);
-    }
-    FrontendMessage::Execute { portal: String::new(), max_rows: 0 }.encode(&mut out);
-    FrontendMessage::Sync.encode(&mut out);
-    out.freeze()
 }

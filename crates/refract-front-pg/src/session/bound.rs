@@ -1,0 +1,272 @@
+//! [`Bound`]: the server connection a session is bound to, and binding one: the route of a
+//! statement, the server and kind of connection it takes, the SETs replayed before it, and
+//! the end of a failed server conversation.
+
+use super::phase::Event;
+use super::Session;
+use crate::admit::permit::Admitted;
+use crate::config::PoolMode;
+use crate::error::PgError;
+use crate::server::pool::Guard;
+use crate::server::servers::Server;
+use crate::server::sizes::Path;
+use bytes::BytesMut;
+use refract_pg::classify::{Classification, Route};
+use refract_pg::notice::sqlstate;
+use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
+use refract_vocab::RouteClass;
+use std::sync::Arc;
+
+/// A server connection bound to the session.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    pub guard: Guard,
+    pub server: Arc<Server>,
+    /// A write ran on the primary during this binding (read-your-writes needs its LSN).
+    pub wrote: bool,
+    /// The connection has been given this session's SET state (done once, at the first
+    /// statement of the binding; after that only the session itself changes it).
+    pub synced: bool,
+    /// A tracked SET/RESET/DISCARD ran during this binding: the connection's applied state is
+    /// the session's when the binding ends.
+    pub touched: bool,
+    /// Something changed parameters refract does not track (an extended-protocol SET, a
+    /// ParameterStatus after a non-SET statement): the next client starts with `RESET ALL`.
+    pub untracked: bool,
+    /// The admission permit of the unit of work running on it (`admit.rs`); `None` between
+    /// units of a session that keeps its connection (session mode, pinned).
+    pub(crate) admitted: Option<Admitted>,
+}
+
+/// Read-your-writes on one shard (or the one cluster).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Floor {
+    /// Reads need a replica past this WAL position.
+    pub min_lsn: Option<u64>,
+    /// A write committed and the primary's WAL position has not been polled since; its
+    /// position is that of the first poll with this sequence number or later.
+    pub pending_write: Option<u64>,
+}
+
+impl Session {
+    /// Ends a server conversation: a server failure costs the client its statement (and
+    /// transaction), not its session; a client failure ends the session. The server stays up:
+    /// one connection ending (`pg_terminate_backend`, `idle_in_transaction_session_timeout`, a
+    /// broken socket) says nothing of the others, and a server that is really gone fails the
+    /// next connect or probe, which mark it down. A connection the server ended with a FATAL
+    /// of its own is not a failure of the server either (for ejection).
+    pub(crate) async fn settle(&mut self, result: Result<(), PgError>) -> Result<(), PgError> {
+        let Err(e) = result else { return Ok(()) };
+        if e.side() == Side::Client {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "postgres server conversation failed");
+        self.shared.metrics.error("pg_server");
+        if let Some(b) = self.bound.take() {
+            if !b.guard.ended_by_server {
+                self.servers().failed(&b.server);
+            }
+            drop(b.guard); // not released: its state is unknown
+        }
+        // A transaction's other shards: dropped, so their servers roll back.
+        self.parked.clear();
+        self.tx_begin = None;
+        self.client.info.set_bound(None);
+        self.key.set(None);
+        if self.pool_mode == PoolMode::Session || self.held.pinned() {
+            // The session's server-side state (temp tables, locks, cursors) is gone with the
+            // connection: end the client session too, as PostgreSQL would, not silently go on.
+            let message = format!("refract: the server connection of this session failed: {e}");
+            let _ = self.flush().await;
+            let _ = self.wire.send(&reply::fatal(sqlstate::CONNECTION_FAILURE, &message)).await;
+            return Err(PgError::Closed(Side::Backend));
+        }
+        self.advance(Event::ServerLost);
+        self.state.params.end_transaction(false);
+        self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.flush().await
+    }
+
+    /// Where a classified query goes: `EXECUTE` of a prepared write makes it a write.
+    pub(crate) fn route(&self, c: &Classification) -> Route {
+        let mut route = c.target(self.state.route);
+        for name in c.executes() {
+            if !self.state.prepared.get(name).is_some_and(|p| p.read) && c.hint.is_none() {
+                route = Route::Write;
+            }
+        }
+        route
+    }
+
+    /// Binds a server connection for `route` unless one is bound already; the statement or
+    /// batch it is for is of kind `key` (a fingerprint; `None`: not known), which chooses the
+    /// connection's kind ([`Session::path_for`]), and names `tables` (a read goes to a server
+    /// that holds them all: `partial.rs`; none or not known: a server that holds everything).
+    pub(crate) async fn bind(&mut self, route: Route, key: Option<u64>, tables: &[String]) -> Result<(), PgError> {
+        if self.bound.is_some() {
+            if route != Route::Write || !self.may_leave_replica() {
+                return self.admit_bound().await;
+            }
+            self.leave_replica().await?;
+        }
+        let path = self.path_for(key);
+        let servers = self.servers().clone();
+        let session_mode = self.pool_mode == PoolMode::Session;
+        let candidates: Vec<Arc<Server>> = if session_mode || route == Route::Write {
+            servers.primary().into_iter().collect()
+        } else {
+            let mut v = match self.replica_floor() {
+                Some(min) => servers.replicas_for_read(min, tables),
+                None => vec![],
+            };
+            v.extend(servers.primary());
+            v
+        };
+        if candidates.is_empty() {
+            let what = if route == Route::Write || session_mode {
+                "no primary server is available: writes are refused (reads go on on replicas)"
+            } else {
+                "no server is available"
+            };
+            return Err(PgError::Unavailable(format!("refract: {what}")));
+        }
+        let mut last = None;
+        let mut rest = candidates;
+        while !rest.is_empty() {
+            // Admission first: a unit that is refused or must wait holds no connection.
+            let (server, admitted) = self.admit(&rest).await?;
+            rest.retain(|s| !Arc::ptr_eq(s, &server));
+            match server.pool.get(path).await {
+                Ok(guard) => {
+                    self.key.set(Some(guard.key.clone()));
+                    let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
+                    server.member.counters.request(class);
+                    self.client.info.set_bound(Some(server.index));
+                    let admitted = Some(admitted);
+                    let b = Bound {
+                        guard,
+                        server,
+                        wrote: false,
+                        synced: false,
+                        touched: false,
+                        untracked: false,
+                        admitted,
+                    };
+                    self.bound = Some(b);
+                    return Ok(());
+                }
+                Err(e) => {
+                    if matches!(e, PgError::Io { .. } | PgError::Closed(_) | PgError::Server(_)) {
+                        server.mark_down();
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| PgError::Unavailable("refract: no server is available".into())))
+    }
+
+    /// The kind of connection a statement of kind `key` binds: straight to the server when
+    /// hybrid knows the kind answers small, else through the server's agent (if it has one).
+    /// In session mode the connection serves the whole session: through the agent.
+    fn path_for(&self, key: Option<u64>) -> Path {
+        match key {
+            Some(key) if self.pool_mode == PoolMode::Transaction => self.servers().path_for(key),
+            _ => Path::Agent,
+        }
+    }
+
+    /// Read-your-writes: the WAL position a replica must have replayed to serve this session's
+    /// reads (`Some(None)`: any replica); `None` while the position of its last write is not
+    /// known yet (no primary poll since it committed): the primary serves.
+    fn replica_floor(&mut self) -> Option<Option<u64>> {
+        if !self.shared.cfg.read_your_writes {
+            return Some(None);
+        }
+        let servers = self.servers().clone();
+        let floor = &mut self.floors[self.shard];
+        if let Some(seq) = floor.pending_write {
+            let lsn = servers.primary_lsn_since(seq);
+            if lsn.is_none() {
+                servers.want_fresh_lsn();
+                return None;
+            }
+            floor.min_lsn = floor.min_lsn.max(lsn);
+            floor.pending_write = None;
+        }
+        Some(floor.min_lsn)
+    }
+
+    /// Tells the client refract could not run its statement (ErrorResponse, then
+    /// ReadyForQuery if it synced).
+    pub(crate) async fn refuse(&mut self, e: PgError, synced: bool) -> Result<(), PgError> {
+        let (code, kind) = match e {
+            PgError::Timeout(_) => (sqlstate::TOO_MANY_CONNECTIONS, "pg_unavailable"),
+            // Counted as the HTTP path counts its refusals.
+            PgError::Refused { sqlstate, .. } => (sqlstate, "overloaded"),
+            _ => (sqlstate::CONNECTION_FAILURE, "pg_unavailable"),
+        };
+        self.shared.metrics.error(kind);
+        self.out.extend_from_slice(&reply::error(code, &e.to_string()));
+        self.advance(Event::Refused { synced });
+        if synced {
+            self.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
+        }
+        self.flush().await
+    }
+
+    /// The bound server connection.
+    pub(crate) fn conn(&mut self) -> Result<&mut Guard, PgError> {
+        match self.bound.as_mut() {
+            Some(b) => Ok(&mut b.guard),
+            None => Err(PgError::Unavailable("internal: no server bound".into())),
+        }
+    }
+
+    /// At the first statement of a binding: appends to `out` a Query with the SET/RESET
+    /// statements that give the bound connection this session's parameters (only those that
+    /// differ from what it carries), to be sent in the same write as the client's message;
+    /// returns whether it did (then [`Session::drain_prefix`] must consume the answers).
+    pub(crate) fn params_prefix(&mut self, out: &mut BytesMut) -> Result<bool, PgError> {
+        let Some(b) = self.bound.as_mut() else {
+            return Err(PgError::Unavailable("internal: no server bound".into()));
+        };
+        if b.synced {
+            return Ok(false);
+        }
+        b.synced = true;
+        let params = &self.state.params;
+        let Some(sql) = b.guard.params_sql(params) else { return Ok(false) };
+        b.guard.unnamed = None; // dropped by the SET query
+        b.guard.applied = Some(params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect());
+        FrontendMessage::Query(sql).encode(out);
+        Ok(true)
+    }
+
+    /// Consumes (and drops) the answers to a [`Session::params_prefix`] Query, up to its
+    /// ReadyForQuery. A failure leaves the connection's parameters unknown.
+    pub(crate) async fn drain_prefix(&mut self) -> Result<(), PgError> {
+        loop {
+            let (tag, frame) = self.server_frame().await?;
+            match tag {
+                b'Z' => return Ok(()),
+                b'E' => {
+                    let e = BackendMessage::decode(tag, &frame[5..]).ok();
+                    tracing::debug!(error = ?e, "replaying SET state failed");
+                    self.conn()?.applied = None;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A RESET of a startup parameter ran on the connection: the server went back to the
+/// connection's own startup value, so the client's SETs are applied again (`RESET ALL` and
+/// them) before its next statement on it, and its next client starts with `RESET ALL` too.
+pub(crate) fn resync_startup(b: &mut Bound) {
+    b.synced = false;
+    b.untracked = true;
+    b.guard.applied = None;
+}

@@ -1,0 +1,245 @@
+//! Relaying a server's answers to the client up to ReadyForQuery: each message observed for
+//! the session state it changes, COPY in both directions, flushing, and the sample of the
+//! statement's time booked for its server's limit.
+
+use super::phase::{CopyDir, Event};
+use super::{Session, FLUSH_AT};
+use crate::client::wire::Frame;
+use crate::config::{PgRole, PoolMode};
+use crate::error::PgError;
+use crate::server::servers::metrics_name;
+use crate::server::sizes::Path;
+use bytes::BytesMut;
+use refract_pg::classify::Classification;
+use refract_pg::frame::{self, Limits};
+use refract_pg::hybrid;
+use refract_pg::{BackendMessage, Side, TxStatus};
+use std::time::Instant;
+
+/// When a statement (or batch) went to its server, for its sample at ReadyForQuery.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sent {
+    at: Instant,
+    /// The client wire's byte count then.
+    relayed: u64,
+    /// Its kind (`refract_pg::classify::fingerprint`).
+    key: u64,
+}
+
+impl Session {
+    /// Relays the server's answers until ReadyForQuery; returns whether an error came.
+    /// `untracked_status`: a ParameterStatus means an untracked parameter change.
+    pub(super) async fn relay_until_ready(&mut self, untracked_status: bool) -> Result<bool, PgError> {
+        let mut failed = false;
+        loop {
+            let (tag, frame) = self.server_frame().await?;
+            self.note_copy(tag);
+            match tag {
+                hybrid::WANT => {
+                    self.at_want(self.held.failed_prepares.is_empty()).await?;
+                    continue;
+                }
+                b'E' => {
+                    failed = true;
+                    self.advance(Event::QueryError);
+                    if let Some(error) = self.prepare_error_for(&frame) {
+                        self.out.extend_from_slice(&error);
+                        continue;
+                    }
+                }
+                b'S' if untracked_status => self.note_untracked(),
+                b'C' | b'Z' => self.observe(tag, &frame, false)?,
+                b'G' => {
+                    self.out.extend_from_slice(&frame);
+                    self.flush().await?;
+                    self.copy_in().await?;
+                    continue;
+                }
+                _ => {}
+            }
+            self.out.extend_from_slice(&frame);
+            if tag == b'Z' {
+                self.flush().await?;
+                return Ok(failed);
+            }
+            if self.out.len() >= FLUSH_AT {
+                self.flush().await?;
+            }
+        }
+    }
+
+    /// Feeds CommandComplete / ReadyForQuery to the phase; `sync`: a ReadyForQuery answers
+    /// a Sync (else a simple Query). Called before the message is added to `out`.
+    pub(crate) fn observe(&mut self, tag: u8, frame: &[u8], sync: bool) -> Result<(), PgError> {
+        match BackendMessage::decode(tag, &frame[5..])? {
+            BackendMessage::CommandComplete(tag) => self.advance(Event::Completed(&tag)),
+            BackendMessage::ReadyForQuery(status) if sync => self.advance(Event::Synced(status)),
+            BackendMessage::ReadyForQuery(status) => self.advance(Event::Ready(status)),
+            _ => {}
+        }
+        if tag == b'Z' {
+            self.client.info.set_state(self.ready_state());
+            if self.held.schema_changed && self.phase.tx() == TxStatus::Idle {
+                // Its transaction ended: Parses from now on see what it committed (or not).
+                self.held.schema_changed = false;
+                self.shared.new_schema_epoch();
+            }
+            self.note_ready();
+        }
+        Ok(())
+    }
+
+    /// A statement ran (or tried to) that may have changed the schema: server statements
+    /// prepared before it are not reused for Parses after it, nor after its transaction ends.
+    pub(crate) fn note_schema(&mut self, c: &Classification) {
+        if c.changes_schema {
+            self.shared.new_schema_epoch();
+            self.held.schema_changed = true;
+        }
+    }
+
+    /// Feeds the server's COPY OUT / COPY BOTH start and its CopyDone to the phase (COPY IN
+    /// is `copy_in`'s).
+    pub(crate) fn note_copy(&mut self, tag: u8) {
+        match tag {
+            b'H' => self.advance(Event::CopyStart(CopyDir::Out)),
+            b'W' => self.advance(Event::CopyStart(CopyDir::Both)),
+            b'c' => self.advance(Event::CopyEnd),
+            _ => {}
+        }
+    }
+
+    /// After a hand-over: what the agent delivered is read next, muted.
+    pub(crate) fn replay_delivered(&mut self, delivered: bytes::Bytes) {
+        self.replay = Some(BytesMut::from(&delivered[..]));
+    }
+
+    /// The next message from the bound server; flushes to the client before waiting.
+    pub(crate) async fn server_frame(&mut self) -> Result<Frame, PgError> {
+        if let Some(r) = self.replay.as_mut() {
+            if let Some(h) = frame::peek(r, Side::Backend, &Limits::default())? {
+                return Ok((h.tag, r.split_to(h.total).freeze()));
+            }
+            // What was gathered for the client meanwhile, it has from the agent.
+            self.replay = None;
+            self.out.clear();
+        }
+        loop {
+            let conn = self.conn()?;
+            if let Some(f) = conn.wire.next_frame()? {
+                if f.0 == b'E' && is_fatal(&f.1) {
+                    conn.ended_by_server = true;
+                }
+                return Ok(f);
+            }
+            self.flush().await?;
+            if !self.stream_from_server().await? {
+                self.conn()?.wire.fill().await?;
+            }
+        }
+    }
+
+    /// COPY FROM STDIN: the client's CopyData go to the server until CopyDone or CopyFail.
+    pub(crate) async fn copy_in(&mut self) -> Result<(), PgError> {
+        self.advance(Event::CopyStart(CopyDir::In));
+        let mut buf = BytesMut::new();
+        loop {
+            let Some((tag, frame)) = self.wire.next_frame()? else {
+                if !buf.is_empty() {
+                    self.conn()?.wire.send(&buf).await?;
+                    buf.clear();
+                }
+                if !self.stream_to_server().await? {
+                    self.wire.fill().await?;
+                }
+                continue;
+            };
+            buf.extend_from_slice(&frame);
+            if tag == b'c' || tag == b'f' {
+                self.advance(Event::CopyEnd);
+                return self.conn()?.wire.send(&buf).await;
+            }
+            if buf.len() >= FLUSH_AT {
+                self.conn()?.wire.send(&buf).await?;
+                buf.clear();
+            }
+        }
+    }
+
+    /// Writes pending bytes to the client (a listening client's notifications put before the
+    /// ReadyForQuery that ends a transaction first).
+    pub(crate) async fn flush(&mut self) -> Result<(), PgError> {
+        if let Some(r) = &self.replay {
+            // Replaying what the agent delivered: the client has it.
+            if r.is_empty() {
+                self.replay = None;
+            }
+            self.out.clear();
+            self.held.ready_at = None; // its notifications stay queued for later
+            return Ok(());
+        }
+        self.notifications_before_ready().await;
+        if !self.out.is_empty() {
+            self.wire.send(&self.out).await?;
+            self.out.clear();
+            if self.out.capacity() > crate::client::wire::KEEP_CAPACITY {
+                self.out = BytesMut::new(); // grown for one large message: give it back
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a statement (or batch) of kind `key` about to go to the server.
+    pub(crate) fn sent(&self, key: u64) -> Sent {
+        Sent { at: Instant::now(), relayed: self.wire.sent(), key }
+    }
+
+    /// Books a statement (or batch) `sent` whose ReadyForQuery came: the server answered,
+    /// whatever the answer (an SQL error is the client's), so it counts as served, with its
+    /// latency, for the engine's balancing and outlier check. Its time is also a sample for the
+    /// server's adaptive limit (`Server::learn`), unless it `failed` (an error or a cancel
+    /// ends a statement at any time: its time says nothing about the server's queue) or its
+    /// answer was too large to have left without the client reading it.
+    pub(crate) fn book(&self, sent: Sent, failed: bool) {
+        if let Some(b) = &self.bound {
+            let took = sent.at.elapsed();
+            b.server.book(took, true);
+            let answered = self.wire.sent() - sent.relayed;
+            if !failed && answered <= SAMPLE_MAX_RELAYED {
+                b.server.learn(sent.key, took);
+            }
+            let left_open = self.phase.tx() != TxStatus::Idle;
+            self.servers().observe_size(sent.key, answered, left_open, failed);
+            if b.guard.path() == Path::Agent && b.server.agent.is_some() {
+                self.shared.metrics.handover_forwarded(&metrics_name(&b.server.name));
+            }
+        }
+    }
+
+    /// After ReadyForQuery: note a write, and in transaction mode release the connection when
+    /// no transaction is open.
+    pub(crate) async fn after_ready(&mut self, wrote: bool) -> Result<(), PgError> {
+        if let Some(b) = self.bound.as_mut() {
+            b.wrote |= wrote && b.server.role == PgRole::Primary;
+        }
+        if self.phase.tx() == TxStatus::Idle {
+            self.unit_done();
+        }
+        if self.phase.tx() == TxStatus::Idle && self.pool_mode == PoolMode::Transaction && !self.keep_pinned().await {
+            self.release().await;
+        }
+        Ok(())
+    }
+}
+
+/// A statement whose answer to the client was larger than this (about a socket buffer) is no
+/// sample for its server's limit: its time includes the client's reading of it.
+const SAMPLE_MAX_RELAYED: u64 = 64 * 1024;
+
+/// Whether an ErrorResponse frame is a FATAL or PANIC: the server ends the connection after it.
+fn is_fatal(frame: &[u8]) -> bool {
+    match BackendMessage::decode(b'E', frame.get(5..).unwrap_or_default()) {
+        Ok(BackendMessage::ErrorResponse(e)) => matches!(e.severity(), Some("FATAL" | "PANIC")),
+        _ => false,
+    }
+}

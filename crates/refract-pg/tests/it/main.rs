@@ -1,0 +1,1 @@
+//! refract-pg's integration tests, one binary (the modules are listed in the next commit).

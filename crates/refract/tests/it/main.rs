@@ -1,0 +1,1 @@
+//! refract's integration tests, one binary (the modules are listed in the next commit).

@@ -1,5 +1,5 @@
 """Shared by the sharded driver suites (sharded_*.py, run by
-crates/refract-dispatch/tests/pg_sharded_drivers.rs).
+crates/refract-dispatch/tests/it/pg_sharded_drivers.rs).
 
 Usage: sharded_SUITE.py REFRACT_PORT ORACLE_PORT SHARD_PORT...: refract in front of the shards
 (customers sharded by `id`, orders by `customer_id`, both hash; products replicated) and one

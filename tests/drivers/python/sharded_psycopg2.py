@@ -1,5 +1,5 @@
 """psycopg2 through sharded refract, compared with one plain PostgreSQL (run by
-crates/refract-dispatch/tests/pg_sharded_drivers.rs; see sharded_harness.py).
+crates/refract-dispatch/tests/it/pg_sharded_drivers.rs; see sharded_harness.py).
 
 Usage: sharded_psycopg2.py REFRACT_PORT ORACLE_PORT SHARD_PORT... psycopg2 with its defaults:
 parameters are interpolated on the client and every statement is a simple Query; connections

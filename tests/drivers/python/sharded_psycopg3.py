@@ -1,5 +1,5 @@
 """psycopg 3 through sharded refract, compared with one plain PostgreSQL (run by
-crates/refract-dispatch/tests/pg_sharded_drivers.rs; see sharded_harness.py).
+crates/refract-dispatch/tests/it/pg_sharded_drivers.rs; see sharded_harness.py).
 
 Usage: sharded_psycopg3.py REFRACT_PORT ORACLE_PORT SHARD_PORT... psycopg 3 with its defaults:
 a statement with parameters goes through the extended protocol (the unnamed statement, named

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::hand_off;
 use refract_agent::{serve, AgentConfig, NOT_YET};

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::hand_off;
 use refract_agent::{serve_with, LocalOptions};

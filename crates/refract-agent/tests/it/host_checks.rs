@@ -170,7 +170,7 @@ fn a_guard_that_cannot_attach_is_named_with_its_fix() {
             Command::new("setpriv")
                 .args(["--inh-caps=-all", "--bounding-set=-all", "--"])
                 .arg(exe)
-                .args(["--exact", "guard_probe_child", "--nocapture", "--test-threads=1"])
+                .args(["--exact", "host_checks::guard_probe_child", "--nocapture", "--test-threads=1"])
                 .env(PROBE_ENV, "1")
                 .output()
                 .unwrap()

@@ -45,7 +45,7 @@ fn peer_child() {
 /// Runs [`peer_child`] as uid 65534 against `path`; its exit code.
 fn peer_as_nobody(path: &Path) -> i32 {
     let status = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "peer_child", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "peer::peer_child", "--nocapture", "--test-threads=1"])
         .env(PEER_ENV, path)
         .uid(NOBODY)
         .gid(NOBODY)

@@ -1,1 +1,5 @@
-//! refract-blob's integration tests, one binary (the modules are listed in the next commit).
+//! refract-blob's integration tests, one test binary: deferred results.
+//! Run: `cargo test --profile ci -p refract-blob --test it`.
+#![allow(clippy::unwrap_used)]
+
+mod defer;

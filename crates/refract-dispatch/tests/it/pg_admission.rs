@@ -3,7 +3,7 @@
 //! transaction on the primary fills its slot and one waiting statement fills its queue.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{Client, Fixture};
 use refract_pg::testkit::{PASSWORD, USER};

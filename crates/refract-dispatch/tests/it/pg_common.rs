@@ -32,12 +32,51 @@ pub struct Fixture {
     pub cluster: PgCluster,
 }
 
-static SHARED: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
+/// Where a shared fixture is kept while tests hold it.
+type Slot = &'static Mutex<Weak<Fixture>>;
 
-/// The fixture shared by the tests of one binary that run at the same time (started once
-/// while any test holds it; stopped when the last lets go).
+/// One slot per test file (module) of this binary.
+static SHARED: Mutex<Vec<(&'static str, Slot)>> = Mutex::new(Vec::new());
+
+/// The fixture shared by the tests of the caller's file that run at the same time (started
+/// once while any test holds it; stopped when the last lets go).
+#[track_caller]
 pub fn shared() -> Arc<Fixture> {
-    shared_in(&SHARED, "")
+    let file = std::panic::Location::caller().file();
+    let slot = {
+        let mut slots = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        match slots.iter().find(|(f, _)| *f == file) {
+            Some((_, slot)) => *slot,
+            None => {
+                let slot: Slot = Box::leak(Box::new(Mutex::new(Weak::new())));
+                slots.push((file, slot));
+                slot
+            }
+        }
+    };
+    shared_in(slot, "")
+}
+
+/// For a test that measures this process (its peak memory): whether to run the test's body
+/// here. In the test binary, it re-runs `test` (of the caller's file) alone in a child process
+/// of its own, prints what the child printed, asserts that it passed and returns false; in that
+/// child (`RF_ALONE` set) it returns true.
+#[track_caller]
+pub fn alone(test: &str) -> bool {
+    if std::env::var_os("RF_ALONE").is_some() {
+        return true;
+    }
+    let file = std::path::Path::new(std::panic::Location::caller().file());
+    let module = file.file_stem().and_then(|m| m.to_str()).unwrap_or_default();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &format!("{module}::{test}"), "--nocapture", "--test-threads=1"])
+        .env("RF_ALONE", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    eprintln!("{text}");
+    assert!(out.status.success() && text.contains("1 passed"), "{test} in a process of its own:\n{text}");
+    false
 }
 
 /// The fixture with `extra` lines in `[postgres]` kept in `slot`, shared the same way (a test

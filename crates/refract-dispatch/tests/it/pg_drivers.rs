@@ -15,7 +15,7 @@
 //! that what they assert is PostgreSQL's own behaviour.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::Fixture;
 use std::io::Read;

@@ -3,7 +3,7 @@
 //! FATAL.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use bytes::BytesMut;
 use pg_common::{columns, raw_message, shared, Client};

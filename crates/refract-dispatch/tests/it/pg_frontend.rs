@@ -2,7 +2,7 @@
 //! SET replay, prepared statements in transaction mode, COPY, cancel, errors, bad input.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use bytes::BytesMut;
 use pg_common::{shared, Client};
@@ -432,7 +432,7 @@ fn psycopg2_routes_parameters_transactions_and_errors() {
         return;
     }
     let f = shared();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pg_common/psycopg_check.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/pg_common/psycopg_check.py");
     let ports = [f.port, f.cluster.primary.port, f.cluster.replica().port].map(|p| p.to_string());
     let out = std::process::Command::new("python3").arg(script).args(&ports).output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

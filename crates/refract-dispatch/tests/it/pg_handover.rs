@@ -6,7 +6,7 @@
 //! transaction status; the session goes on after it.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::agent::{self, Agent};
 use pg_common::{Answer, Client};

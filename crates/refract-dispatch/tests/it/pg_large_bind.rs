@@ -3,7 +3,7 @@
 //! client served meanwhile, and a client that leaves in the middle of one.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use md5::{Digest, Md5};
 use pg_common::{Client, Fixture};
@@ -86,6 +86,9 @@ fn run_others(addr: std::net::SocketAddr, done: Arc<AtomicBool>) -> usize {
 /// statements meanwhile.
 #[test]
 fn a_50_mib_bytea_parameter_is_streamed_to_the_server_in_bounded_memory() {
+    if !pg_common::alone("a_50_mib_bytea_parameter_is_streamed_to_the_server_in_bounded_memory") {
+        return;
+    }
     let f = Fixture::start("");
     f.psql(&["CREATE TABLE t_big_bind (id int, v bytea)"]).unwrap();
     let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();

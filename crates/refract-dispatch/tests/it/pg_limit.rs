@@ -6,7 +6,7 @@
 //! first loads the machine's CPU).
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{Client, Fixture};
 use refract_pg::frontend::Bind;

@@ -4,7 +4,7 @@
 //! engine's `[balance]` (a slow replica gets few; `read_from_primary` lets the primary serve).
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{until, Client, Fixture};
 use refract_pg::testkit::{PASSWORD, USER};

@@ -6,7 +6,7 @@
 //! writes on any of them.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{until, Client, Fixture};
 use refract_pg::testkit::{PgCluster, PASSWORD, USER};

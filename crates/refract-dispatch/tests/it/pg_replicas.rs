@@ -2,7 +2,7 @@
 //! test, in steps, because each step changes the cluster (replay paused, primary killed).
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{Client, Fixture};
 use refract_pg::testkit::{PASSWORD, USER};

@@ -17,8 +17,7 @@
 //! make it the larger documented run (docs/postgres.md, *Results identical to PostgreSQL*).
 #![allow(clippy::unwrap_used)]
 
-#[path = "pg_common/agent.rs"]
-mod agent;
+use crate::pg_common::agent;
 
 use agent::Agent;
 use bytes::{Bytes, BytesMut};

@@ -9,7 +9,7 @@
 //! (the bug) or waits for the pinned connection and gets `53300` (pinning).
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{Answer, Client, Fixture};
 use refract_pg::frontend::Bind;

@@ -1,7 +1,7 @@
 //! Sharding through refract (issue 24, docs/sharding.md), against real PostgreSQL: the same
 //! schema and data loaded through refract over 2 and over 3 shards (customers by `id`, orders
 //! by `customer_id`, both hash; products replicated) and into one plain PostgreSQL directly.
-//! Every statement of the suite (tests/pg_sharded_cases) runs on both: the same columns, rows
+//! Every statement of the suite (tests/it/pg_sharded_cases.rs) runs on both: the same columns, rows
 //! (in order where the ORDER BY fixes it, as a multiset otherwise), CommandComplete tags,
 //! SQLSTATE when the plain server fails, and transaction status. Statements refract cannot
 //! answer exactly are refused with 0A000 and a reason. Afterwards the tables are compared
@@ -10,8 +10,8 @@
 //! A last test checks `/* refract: explain */` and `GET /pg/shards`.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
-mod pg_sharded_cases;
+use crate::pg_common;
+use crate::pg_sharded_cases;
 
 use bytes::Bytes;
 use pg_common::{shard_config, until, Client, Fixture, ADMIN_TOKEN};

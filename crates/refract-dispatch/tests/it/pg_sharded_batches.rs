@@ -7,8 +7,8 @@
 //! one of its statements fails, none of its writes stays, on any shard.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
-mod pg_sharded_cases;
+use crate::pg_common;
+use crate::pg_sharded_cases;
 
 use bytes::Bytes;
 use pg_common::{shard_config, until, Client, Fixture};

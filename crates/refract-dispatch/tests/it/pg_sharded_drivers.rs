@@ -18,7 +18,7 @@
 //! skipped when not built (required with `REFRACT_DRIVERS=all`).
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{shard_config, until, Client, Fixture};
 use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};

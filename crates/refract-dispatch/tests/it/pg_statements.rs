@@ -5,7 +5,7 @@
 //! connection to the primary).
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use bytes::Bytes;
 use pg_common::{Answer, Client, Fixture};

@@ -3,7 +3,7 @@
 //! `tls_required` refusing unencrypted clients with `28000`.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use pg_common::{Client, Fixture};
 use std::io::{Read, Write};

@@ -3,7 +3,7 @@
 //! encodings, and the login timeout.
 #![allow(clippy::unwrap_used)]
 
-mod pg_common;
+use crate::pg_common;
 
 use bytes::BytesMut;
 use md5::{Digest, Md5};
@@ -252,6 +252,9 @@ fn stream_one_value(addr: SocketAddr, sql: &str) -> (usize, String) {
 /// process (refract runs in it) grows by less than 64 MiB, and gives it back after.
 #[test]
 fn four_200_mib_rows_at_once_go_through_in_bounded_memory() {
+    if !pg_common::alone("four_200_mib_rows_at_once_go_through_in_bounded_memory") {
+        return;
+    }
     let f = shared();
     const ROW: usize = 200 * 1024 * 1024;
     let value = |i: usize| format!("repeat(md5('client {i}'), {})", ROW / 32);
@@ -283,6 +286,9 @@ fn four_200_mib_rows_at_once_go_through_in_bounded_memory() {
 /// it: both directions stream in bounded memory, the line arrives intact.
 #[test]
 fn a_100_mib_copy_line_goes_both_ways_in_bounded_memory() {
+    if !pg_common::alone("a_100_mib_copy_line_goes_both_ways_in_bounded_memory") {
+        return;
+    }
     let f = shared();
     const LINE: usize = 100 * 1024 * 1024;
     const PATTERN: &str = "0123456789abcdef";

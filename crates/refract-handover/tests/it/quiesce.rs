@@ -3,7 +3,7 @@
 //! TCP counters are this test's alone).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

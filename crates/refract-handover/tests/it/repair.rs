@@ -1,7 +1,7 @@
 //! Snapshot → restore round trips on loopback inside throw-away network namespaces.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

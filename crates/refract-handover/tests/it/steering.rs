@@ -1,7 +1,7 @@
 //! FREEZE / STEER / guard in a namespace lab: a whole hand-off to an agent host and back.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};

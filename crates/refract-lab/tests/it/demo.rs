@@ -7,7 +7,7 @@
 //! built refract binary (`$REFRACT_BIN`, else `refract` in this test's target directory);
 //! without them, or not as root, it says why and passes.
 
-mod common;
+use crate::common;
 
 use common::{lab_in_use, refract_bin, skip, Down};
 use refract_lab::demo::{self, pg};

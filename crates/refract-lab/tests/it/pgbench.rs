@@ -6,7 +6,7 @@
 //! binary (`$REFRACT_BIN`, else `refract` in this test's target directory, which
 //! `cargo test --workspace` builds); without them it says why and passes.
 
-mod common;
+use crate::common;
 
 use common::{refract_bin, skip};
 use refract_lab::bench::pgbench::report::{replica_share, MARKER, SECTION};

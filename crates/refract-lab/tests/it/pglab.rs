@@ -10,7 +10,7 @@
 //! (`$REFRACT_BIN`, else `refract` in this test's target directory, which `cargo test
 //! --workspace` builds); without them, or not as root, it says why and passes.
 
-mod common;
+use crate::common;
 
 use common::{lab_in_use, refract_bin, skip, Down};
 use refract_lab::fabric::{self, congestion};

@@ -1,7 +1,7 @@
 //! The admin listener: runtime membership, drain, metrics, and who may use it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

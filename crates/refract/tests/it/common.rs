@@ -384,7 +384,9 @@ pub fn check_pipelined_write(c: &mut Client, admin: SocketAddr, b1: &Proc, b2: &
 /// a printed reason): the test binary re-runs just `test` under `unshare --net`, where
 /// `RF_IN_NETNS` says to prepare the namespace (lo up, `vip` on lo, the ARP sysctls an agent
 /// host needs) and go. The namespace dies with the process and its children.
+#[track_caller]
 pub fn in_netns(test: &str, vip: &str, scenario: fn()) {
+    let test = &qualified(test);
     if !is_root() {
         let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root (network namespace, TCP_REPAIR, eBPF)");
         return;
@@ -403,6 +405,15 @@ pub fn in_netns(test: &str, vip: &str, scenario: fn()) {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && text.contains("1 passed"), "in the namespace:\n{text}");
+}
+
+/// `test` as the harness of this one test binary names it: `module::test`, the module being the
+/// file the (tracked) caller is in.
+#[track_caller]
+pub fn qualified(test: &str) -> String {
+    let file = std::path::Path::new(std::panic::Location::caller().file());
+    let module = file.file_stem().and_then(|m| m.to_str()).unwrap_or_default();
+    format!("{module}::{test}")
 }
 
 fn is_root() -> bool {

@@ -2,7 +2,7 @@
 //! address or the line, and exit code 1: never a panic (134), never a half-started process.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::net::{SocketAddr, TcpListener};
 use std::process::Command;

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 //! timeouts. After each, the dispatcher must keep serving other clients.
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::time::Duration;

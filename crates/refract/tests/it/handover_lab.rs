@@ -12,7 +12,7 @@
 //! "relay instead" cases: a full steering map and a flow that is not quiescent.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{Client, Proc, Response, TOKEN};
 use refract_blob::pattern;
@@ -265,7 +265,7 @@ fn run_client(lab: &Lab, test: &str, agent_pid: u32) -> String {
     let out = Command::new("ip")
         .args(["netns", "exec", &lab.ns("c")])
         .arg(me)
-        .args(["--exact", test, "--nocapture", "--include-ignored"])
+        .args(["--exact", &format!("handover_lab::{test}"), "--nocapture", "--include-ignored"])
         .env("RF_LAB_CLIENT", "1")
         .env("RF_AGENT_PID", agent_pid.to_string())
         .output()

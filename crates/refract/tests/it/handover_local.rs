@@ -5,7 +5,7 @@
 //! every body is checked byte for byte against the blob pattern.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{blob, check_pipelined_write, direct, dispatcher, metric, wait_metric, writes, Client, Proc, Response};
 use refract_blob::pattern;

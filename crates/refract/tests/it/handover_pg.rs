@@ -6,7 +6,7 @@
 //! reads exactly what PostgreSQL gives it directly, and the session goes on.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{dispatcher_with, free_port, metric, wait_metric, Proc};
 use refract_pg::testkit::{self, PgCluster, PASSWORD, USER};

@@ -7,7 +7,7 @@
 //! back relayed, large ones move the connection; with the agent killed, everything is relayed.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{
     blob, check_pipelined_write, config, direct, dispatcher_with, free_port, metric, wait_metric, writes, Client,

@@ -3,7 +3,7 @@
 //! after they close.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

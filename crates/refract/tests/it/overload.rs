@@ -2,7 +2,7 @@
 //! its backend slot (or its place in the queue), bad priorities are refused.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! when configured; other reads are balanced as before.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::collections::BTreeMap;
 

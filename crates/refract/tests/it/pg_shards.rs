@@ -12,7 +12,7 @@
 //! the write on a second shard is refused with the reason.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{bin, free_port, wait_listening};
 use refract_pg::partition::{remainder, Key};

@@ -3,7 +3,7 @@
 //! a TableLoad on all, `x-refract-route` honoured, pipelined responses in order, `Expect:
 //! 100-continue` answered.
 
-mod common;
+use crate::common;
 use common::*;
 use refract_blob::pattern;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! the last responses `connection: close`, and exits 3 when the drain timed out.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use refract_blob::pattern;
 use std::io::{Read, Write};

@@ -6,7 +6,7 @@
 //! backends must have seen exactly the requests refract routed, byte for byte: no second request
 //! hidden in a body, no chunk extension, an origin-form target.
 
-mod common;
+use crate::common;
 
 use common::{dispatcher, Client, Dispatcher};
 use std::io::{Read, Write};

@@ -1,7 +1,7 @@
 //! Large results stream through the dispatcher with bounded memory.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use refract_blob::pattern;
 use std::io::Read;

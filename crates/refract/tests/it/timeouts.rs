@@ -7,7 +7,7 @@
 //! keeps coming, a stalled one gets 408; an idle keep-alive connection is closed silently.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use refract_blob::pattern;
 use std::io::{Read, Write};
@@ -514,7 +514,7 @@ fn clients_that_stop_reading_cost_other_clients_nothing() {
 
 /// The conformance scenario as reported, 45 s, stalled readers from another address than the
 /// probes and from the same one (about 2 minutes:
-/// `cargo test --profile ci -p refract --test timeouts for_45_s -- --ignored --nocapture`).
+/// `cargo test --profile ci -p refract --test it timeouts::for_45_s -- --ignored --nocapture`).
 #[test]
 #[ignore = "the full 45 s scenario, twice (about 2 minutes)"]
 fn clients_that_stop_reading_cost_other_clients_nothing_for_45_s() {

@@ -22,7 +22,6 @@
 //! - [`session`]: SET parameters, prepared statements and transaction state to carry across servers.
 //! - [`shardkey`]: which key values a statement touches in each sharded table (from its parse tree).
 //! - [`scatter`]: a SELECT over every shard answered exactly (plan, streaming merge) or refused.
-//! - `testkit` (feature `testkit`): a real PostgreSQL primary and streaming replicas for tests.
 //! - [`error`]: the crate's error type.
 
 pub mod auth;
@@ -42,8 +41,6 @@ pub mod session;
 pub mod shardkey;
 pub mod startup;
 pub mod stream;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod text;
 mod wire;
 

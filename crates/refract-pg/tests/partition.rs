@@ -6,7 +6,7 @@
 
 use refract_pg::keyparam::Params;
 use refract_pg::partition::{remainder, Key, KeyType};
-use refract_pg::testkit::PgCluster;
+use refract_testkit::PgCluster;
 
 /// Deterministic test values: a small LCG.
 struct Lcg(u64);

@@ -16,8 +16,8 @@ use refract_pg::frontend::{Bind, Target};
 use refract_pg::partition::{remainder, Key};
 use refract_pg::scatter::{self, write_tag, Decision, Gather, Options, Placement, Plan, Row, Step};
 use refract_pg::startup::PROTOCOL_3_0;
-use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
+use refract_testkit::{PgCluster, PgServer, PASSWORD, USER};
 
 /// A minimal blocking client built from refract-pg's codec, on one database.
 struct Conn {

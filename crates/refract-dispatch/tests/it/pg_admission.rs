@@ -6,8 +6,8 @@
 use crate::pg_common;
 
 use pg_common::{Client, Fixture};
-use refract_pg::testkit::{PASSWORD, USER};
 use refract_pg::TxStatus;
+use refract_testkit::{PASSWORD, USER};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 

@@ -10,8 +10,8 @@ use refract_dispatch::config;
 use refract_dispatch::{run_sharded, Ctx};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
-use refract_pg::testkit::{self, PgCluster, DATABASE, PASSWORD, USER};
 use refract_pg::{BackendMessage, ErrorFields, FrontendMessage, Limits, Startup, StartupPacket, TxStatus};
+use refract_testkit::{self as testkit, cluster, Cluster, PgCluster, PgServer, Start, DATABASE, PASSWORD, USER};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Output, Stdio};
@@ -24,12 +24,96 @@ pub struct Fixture {
     pub port: u16,
     /// refract's admin port.
     pub admin: u16,
-    ctx: Arc<Ctx>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Declared first: stopped before the agents and the servers.
+    refract: Refract,
     /// The agents in front of the servers ([`Fixture::start_hybrid`]; none otherwise).
     pub agents: Vec<agent::Agent>,
     /// Declared last: stopped after refract.
     pub cluster: PgCluster,
+}
+
+/// refract as the binary runs it (two event loops, each with its own PostgreSQL listener on
+/// the same port), in this process; stopped when dropped.
+pub struct Refract {
+    ctx: Arc<Ctx>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Refract {
+    /// Starts refract with the config `text`; returns once it accepts on `port`.
+    pub fn start(text: &str, port: u16) -> Refract {
+        let cfg = config::parse(text).unwrap();
+        refract_core::shard::set_count(SHARDS);
+        let ctx = Ctx::new(cfg);
+        let run = ctx.clone();
+        let thread = std::thread::spawn(move || run_sharded(run, SHARDS).unwrap());
+        wait_listening(port);
+        Refract { ctx, thread: Some(thread) }
+    }
+}
+
+impl Drop for Refract {
+    fn drop(&mut self) {
+        self.ctx.stop.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// This kit for the test kit's builder: agents and refract in this process.
+pub struct InProcess<'a> {
+    /// Lines in `[listen]`.
+    pub listen: &'a str,
+}
+
+impl Start for InProcess<'_> {
+    type Agent = agent::Agent;
+    type Dispatcher = (u16, u16, Refract);
+
+    fn agent(&self, _: &str, server: &PgServer) -> agent::Agent {
+        agent::Agent::start(server.addr(), agent::sock_path("fixture"))
+    }
+
+    /// refract with `extra` lines in `[postgres]` in front of the primary and the replica
+    /// (through their agents, in hybrid hand-over, when there are agents): (port, admin, it).
+    fn dispatcher(&self, extra: &str, pg: &PgCluster, agents: &[(String, agent::Agent)]) -> (u16, u16, Refract) {
+        launch(self.listen, extra, &servers(pg, agents))
+    }
+}
+
+/// The `[[postgres.server]]` tables of the primary and the replica of `pg`, through `agents`
+/// (hybrid hand-over, threshold 64 KiB) when there are.
+fn servers(pg: &PgCluster, agents: &[(String, agent::Agent)]) -> String {
+    let through = |i: usize| agents.get(i).map_or(String::new(), |(_, a)| format!("through = \"{}\"", a.through));
+    let (through_primary, through_replica) = (through(0), through(1));
+    let handover = match agents {
+        [(_, p), (_, r)] => format!(
+            "[handover]\nmode = \"hybrid\"\npostgres_threshold = 65536\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
+            p.sock.display(),
+            r.sock.display()
+        ),
+        _ => String::new(),
+    };
+    format!(
+        r#"
+[[postgres.server]]
+name = "primary"
+addr = "{}"
+{through_primary}
+role = "primary"
+
+[[postgres.server]]
+name = "replica"
+addr = "{}"
+{through_replica}
+role = "replica"
+
+{handover}
+"#,
+        pg.primary.addr(),
+        pg.replica().addr()
+    )
 }
 
 /// Where a shared fixture is kept while tests hold it.
@@ -139,100 +223,20 @@ impl Fixture {
     }
 
     fn start_in(listen: &str, extra: &str, hybrid: bool) -> Fixture {
-        let cluster = PgCluster::start().expect("PostgreSQL test cluster");
-        let agents: Vec<agent::Agent> = if hybrid {
-            let servers = [cluster.primary.addr(), cluster.replica().addr()];
-            servers.iter().map(|s| agent::Agent::start(*s, agent::sock_path("fixture"))).collect()
-        } else {
-            vec![]
-        };
-        let through = |i: usize| agents.get(i).map_or(String::new(), |a| format!("through = \"{}\"", a.through));
-        let (through_primary, through_replica) = (through(0), through(1));
-        let handover = match agents.as_slice() {
-            [p, r] => format!(
-                "[handover]\nmode = \"hybrid\"\npostgres_threshold = 65536\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
-                p.sock.display(),
-                r.sock.display()
-            ),
-            _ => String::new(),
-        };
-        let servers = format!(
-            r#"
-[[postgres.server]]
-name = "primary"
-addr = "{}"
-{through_primary}
-role = "primary"
-
-[[postgres.server]]
-name = "replica"
-addr = "{}"
-{through_replica}
-role = "replica"
-
-{handover}
-"#,
-            cluster.primary.addr(),
-            cluster.replica().addr()
-        );
-        Fixture::launch(cluster, agents, listen, extra, &servers)
+        let mut build = cluster().primary().replica();
+        if hybrid {
+            build = build.agent("primary").agent("replica");
+        }
+        let Cluster { dispatcher, agents, pg: cluster } = build.dispatcher(extra).with(InProcess { listen }).run();
+        let (port, admin, refract) = dispatcher.expect("a dispatcher");
+        Fixture { port, admin, refract, agents: agents.into_iter().map(|(_, a)| a).collect(), cluster }
     }
 
     /// refract in front of `cluster` with `servers` (the `[[postgres.server]]` tables and what
     /// follows them) and `extra` lines in `[postgres]`.
     pub fn start_servers(cluster: PgCluster, extra: &str, servers: &str) -> Fixture {
-        Fixture::launch(cluster, vec![], "", extra, servers)
-    }
-
-    fn launch(cluster: PgCluster, agents: Vec<agent::Agent>, listen: &str, extra: &str, servers: &str) -> Fixture {
-        let (port, admin) = (free_port(), free_port());
-        // `extra` may set its own health interval.
-        let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
-        let text = format!(
-            r#"
-[listen]
-http = "127.0.0.1:0"
-admin = "127.0.0.1:{admin}"
-{listen}
-
-[admin]
-token = "{ADMIN_TOKEN}"
-
-[postgres]
-listen = "127.0.0.1:{port}"
-server_user = "{USER}"
-server_password = "{PASSWORD}"
-{health}
-{extra}
-
-[[postgres.user]]
-name = "{USER}"
-password = "{PASSWORD}"
-
-[[postgres.user]]
-name = "md5user"
-password = "md5pass"
-auth = "md5"
-
-[[postgres.user]]
-name = "trusted"
-auth = "trust"
-
-[[postgres.user]]
-name = "sessionuser"
-password = "sessionpass"
-pool_mode = "session"
-
-{servers}
-"#
-        );
-        let cfg = config::parse(&text).unwrap();
-        refract_core::shard::set_count(SHARDS);
-        let ctx = Ctx::new(cfg);
-        let run = ctx.clone();
-        let thread = std::thread::spawn(move || run_sharded(run, SHARDS).unwrap());
-        wait_listening(port);
-        Fixture { port, admin, ctx, thread: Some(thread), agents, cluster }
+        let (port, admin, refract) = launch("", extra, servers);
+        Fixture { port, admin, refract, agents: vec![], cluster }
     }
 
     /// refract's address.
@@ -339,13 +343,51 @@ fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String, String> {
     }
 }
 
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.ctx.stop.cancel();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// refract with `listen` lines in `[listen]`, `extra` lines in `[postgres]` and `servers`
+/// (the `[[postgres.server]]` tables and what follows them): (port, admin, it).
+fn launch(listen: &str, extra: &str, servers: &str) -> (u16, u16, Refract) {
+    let (port, admin) = (free_port(), free_port());
+    // `extra` may set its own health interval.
+    let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
+    let text = format!(
+        r#"
+[listen]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:{admin}"
+{listen}
+
+[admin]
+token = "{ADMIN_TOKEN}"
+
+[postgres]
+listen = "127.0.0.1:{port}"
+server_user = "{USER}"
+server_password = "{PASSWORD}"
+{health}
+{extra}
+
+[[postgres.user]]
+name = "{USER}"
+password = "{PASSWORD}"
+
+[[postgres.user]]
+name = "md5user"
+password = "md5pass"
+auth = "md5"
+
+[[postgres.user]]
+name = "trusted"
+auth = "trust"
+
+[[postgres.user]]
+name = "sessionuser"
+password = "sessionpass"
+pool_mode = "session"
+
+{servers}
+"#
+    );
+    (port, admin, Refract::start(&text, port))
 }
 
 /// A blocking client made of refract-pg's codec.
@@ -538,7 +580,7 @@ pub fn columns(body: &[u8]) -> Vec<Option<Vec<u8>>> {
 /// The `[[postgres.shard]]` sections of shards `names` (shard i on `servers[i]`, one primary
 /// each, named `NAME-primary`) and a `[[postgres.sharded_table]]` per `(table, key)`, hash on
 /// an integer key.
-pub fn shard_config(names: &[&str], servers: &[&testkit::PgServer], tables: &[(&str, &str)]) -> String {
+pub fn shard_config(names: &[&str], servers: &[&PgServer], tables: &[(&str, &str)]) -> String {
     let mut out = String::new();
     for (name, s) in names.iter().zip(servers) {
         out += &format!(

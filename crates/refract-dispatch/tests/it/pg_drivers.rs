@@ -289,10 +289,10 @@ fn psql_digest(port: u16, mib: u64) -> String {
     use md5::{Digest, Md5};
     let sql =
         format!("select n, md5(n::text), repeat('x', {RESULT_WIDTH}) from generate_series(1, {}) n", result_rows(mib));
-    let mut child = Command::new(refract_pg::testkit::tool("psql").unwrap())
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", refract_pg::testkit::USER])
-        .args(["-d", refract_pg::testkit::DATABASE, "-XAtq", "-F", "|", "-v", "ON_ERROR_STOP=1", "-c", &sql])
-        .env("PGPASSWORD", refract_pg::testkit::PASSWORD)
+    let mut child = Command::new(refract_testkit::tool("psql").unwrap())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", refract_testkit::USER])
+        .args(["-d", refract_testkit::DATABASE, "-XAtq", "-F", "|", "-v", "ON_ERROR_STOP=1", "-c", &sql])
+        .env("PGPASSWORD", refract_testkit::PASSWORD)
         .env("PGCONNECT_TIMEOUT", "10")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -8,8 +8,8 @@ use crate::pg_common;
 use bytes::BytesMut;
 use pg_common::{columns, raw_message, shared, Client};
 use refract_pg::auth::{ClientAuth, ClientStep};
-use refract_pg::testkit::{DATABASE, PASSWORD, USER};
 use refract_pg::BackendMessage;
+use refract_testkit::{DATABASE, PASSWORD, USER};
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 

@@ -7,8 +7,8 @@ use crate::pg_common;
 use bytes::BytesMut;
 use pg_common::{shared, Client};
 use refract_pg::frontend::{Bind, Target};
-use refract_pg::testkit::{PASSWORD, USER};
 use refract_pg::FrontendMessage;
+use refract_testkit::{PASSWORD, USER};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 

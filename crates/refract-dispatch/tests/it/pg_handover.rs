@@ -9,21 +9,20 @@
 use crate::pg_common;
 
 use pg_common::agent::{self, Agent};
-use pg_common::{Answer, Client};
-use refract_dispatch::{config, run_sharded, Ctx};
+use pg_common::{Answer, Client, Refract};
 use refract_pg::frontend::Bind;
-use refract_pg::testkit::{PgCluster, PASSWORD, USER};
 use refract_pg::FrontendMessage;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use refract_testkit::{PgCluster, PASSWORD, USER};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 /// refract with hybrid hand-over in front of the cluster's primary, through an agent.
 struct Hybrid {
+    /// Declared first: stopped before the agent and the cluster.
+    _refract: Refract,
     port: u16,
     admin: u16,
     agent: Agent,
-    _ctx: Arc<Ctx>,
     cluster: PgCluster,
 }
 
@@ -76,17 +75,8 @@ agents = {{ primary = "unix:{}" }}
             cluster.primary.addr(),
             sock.display()
         );
-        let cfg = config::parse(&text).unwrap();
-        refract_core::shard::set_count(2);
-        let ctx = Ctx::new(cfg);
-        let run = ctx.clone();
-        std::thread::spawn(move || run_sharded(run, 2).unwrap());
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "refract never listened");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Hybrid { port, admin, agent, _ctx: ctx, cluster }
+        let _refract = Refract::start(&text, port);
+        Hybrid { _refract, port, admin, agent, cluster }
     }
 
     fn client(&self) -> Client {

@@ -7,8 +7,8 @@ use crate::pg_common;
 
 use md5::{Digest, Md5};
 use pg_common::{Client, Fixture};
-use refract_pg::testkit::{PASSWORD, USER};
 use refract_pg::FrontendMessage;
+use refract_testkit::{PASSWORD, USER};
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};

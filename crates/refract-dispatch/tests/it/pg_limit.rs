@@ -10,8 +10,8 @@ use crate::pg_common;
 
 use pg_common::{Client, Fixture};
 use refract_pg::frontend::Bind;
-use refract_pg::testkit::{PASSWORD, USER};
 use refract_pg::FrontendMessage;
+use refract_testkit::{PASSWORD, USER};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;

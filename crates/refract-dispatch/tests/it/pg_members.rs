@@ -7,7 +7,7 @@
 use crate::pg_common;
 
 use pg_common::{until, Client, Fixture};
-use refract_pg::testkit::{PASSWORD, USER};
+use refract_testkit::{PASSWORD, USER};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 use crate::pg_common;
 
 use pg_common::{until, Client, Fixture};
-use refract_pg::testkit::{PgCluster, PASSWORD, USER};
+use refract_testkit::{PgCluster, PASSWORD, USER};
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 use crate::pg_common;
 
 use pg_common::{Client, Fixture};
-use refract_pg::testkit::{PASSWORD, USER};
+use refract_testkit::{PASSWORD, USER};
 use std::time::{Duration, Instant};
 
 /// Polls `sql` in fresh sessions until it gives `want`.

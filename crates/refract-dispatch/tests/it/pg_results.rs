@@ -17,18 +17,16 @@
 //! make it the larger documented run (docs/postgres.md, *Results identical to PostgreSQL*).
 #![allow(clippy::unwrap_used)]
 
-use crate::pg_common::agent;
+use crate::pg_common::{agent, Refract};
 
 use agent::Agent;
 use bytes::{Bytes, BytesMut};
 use md5::{Digest, Md5};
-use refract_dispatch::config;
-use refract_dispatch::{run_sharded, Ctx};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::startup::PROTOCOL_3_0;
-use refract_pg::testkit::{PgCluster, DATABASE, PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
+use refract_testkit::{PgCluster, DATABASE, PASSWORD, USER};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -57,8 +55,7 @@ struct Dispatcher {
     port: u16,
     /// Its admin port on 127.0.0.1.
     admin: u16,
-    ctx: Arc<Ctx>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _refract: Refract,
 }
 
 impl Dispatcher {
@@ -78,15 +75,6 @@ impl Dispatcher {
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         assert!(out.starts_with("HTTP/1.1 200"), "POST {path}: {out}");
-    }
-}
-
-impl Drop for Dispatcher {
-    fn drop(&mut self) {
-        self.ctx.stop.cancel();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -162,18 +150,9 @@ role = "replica"
 {handover}
 "#
     );
-    let cfg = config::parse(&text).unwrap();
     // Two event loops, as `[listen] workers = 2` runs them.
-    refract_core::shard::set_count(2);
-    let ctx = Ctx::new(cfg);
-    let run = ctx.clone();
-    let thread = std::thread::spawn(move || run_sharded(run, 2).unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
-        assert!(Instant::now() < deadline, "refract never listened on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Dispatcher { port, admin, ctx, thread: Some(thread) }
+    let _refract = Refract::start(&text, port);
+    Dispatcher { port, admin, _refract }
 }
 
 /// Results past this many bytes are handed over by the hybrid refract under test.

@@ -13,8 +13,8 @@ use crate::pg_common;
 
 use pg_common::{Answer, Client, Fixture};
 use refract_pg::frontend::Bind;
-use refract_pg::testkit::{PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage};
+use refract_testkit::{PASSWORD, USER};
 use std::time::{Duration, Instant};
 
 /// One connection per server; a checkout gives up quickly.

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use pg_common::{shard_config, until, Client, Fixture};
 use pg_sharded_cases::shard_of;
 use refract_pg::frontend::{Bind, Target};
-use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage, TxStatus};
+use refract_testkit::{PgCluster, PgServer, PASSWORD, USER};
 
 /// SQLSTATE `feature_not_supported`: what refract answers for what it does not run.
 const REFUSED: &str = "0A000";

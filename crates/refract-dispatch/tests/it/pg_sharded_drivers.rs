@@ -21,7 +21,7 @@
 use crate::pg_common;
 
 use pg_common::{shard_config, until, Client, Fixture};
-use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};
+use refract_testkit::{PgCluster, PgServer, PASSWORD, USER};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -10,8 +10,8 @@ use crate::pg_common;
 use bytes::Bytes;
 use pg_common::{Answer, Client, Fixture};
 use refract_pg::frontend::{Bind, Target};
-use refract_pg::testkit::{self, DATABASE, PASSWORD, USER};
 use refract_pg::FrontendMessage;
+use refract_testkit::{self as testkit, DATABASE, PASSWORD, USER};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 

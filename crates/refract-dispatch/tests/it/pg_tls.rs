@@ -72,7 +72,7 @@ fn tls_is_offered_and_used_by_psql() {
     let sleeper = {
         let port = f.port;
         std::thread::spawn(move || {
-            let mut cmd = Command::new(refract_pg::testkit::tool("psql").unwrap());
+            let mut cmd = Command::new(refract_testkit::tool("psql").unwrap());
             let conninfo = format!("host=127.0.0.1 port={port} user=refract dbname=postgres sslmode=require");
             cmd.arg(conninfo).args(["-XAtq", "-c", "SELECT pg_sleep(3)"]).env("PGPASSWORD", "refract");
             cmd.output().unwrap()
@@ -97,7 +97,7 @@ fn tls_required_refuses_plaintext_clients() {
     let f = Fixture::start(&format!("{}\ntls_required = true", tls_lines(&cert, &key)));
     let refused = f.psql_conninfo("sslmode=disable", &["SELECT 1"]).unwrap_err();
     assert!(refused.contains("TLS is required"), "{refused}");
-    let err = Client::connect(f.addr(), refract_pg::testkit::USER, refract_pg::testkit::PASSWORD).err().unwrap();
+    let err = Client::connect(f.addr(), refract_testkit::USER, refract_testkit::PASSWORD).err().unwrap();
     assert_eq!(err.code(), Some("28000"));
     assert_eq!(f.psql_conninfo("sslmode=require", &["SELECT 'encrypted'"]).unwrap(), "encrypted");
     // libpq's default (prefer) tries TLS first, so it gets in too.

@@ -9,8 +9,8 @@ use bytes::BytesMut;
 use md5::{Digest, Md5};
 use pg_common::{columns, raw_message, Client, Fixture};
 use refract_pg::auth::{ClientAuth, ClientStep};
-use refract_pg::testkit::{DATABASE, PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage, Startup, StartupPacket};
+use refract_testkit::{DATABASE, PASSWORD, USER};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, Weak};
@@ -303,7 +303,7 @@ fn a_100_mib_copy_line_goes_both_ways_in_bounded_memory() {
     let copy = format!(
         "yes {PATTERN} | tr -d '\\n' | head -c {LINE} | {{ cat; echo; }} | {} -h 127.0.0.1 -p {} -U {USER} -d {DATABASE} \
          -XAtq -v ON_ERROR_STOP=1 -c 'COPY t_big_copy FROM STDIN'",
-        refract_pg::testkit::tool("psql").unwrap().display(),
+        refract_testkit::tool("psql").unwrap().display(),
         f.port
     );
     let status = std::process::Command::new("sh").args(["-c", &copy]).env("PGPASSWORD", PASSWORD).status().unwrap();

@@ -16,7 +16,7 @@ use refract_lab::support::sh;
 
 fn skip_reason() -> Option<String> {
     for tool in ["initdb", "pgbench", "psql"] {
-        match refract_pg::testkit::tool(tool) {
+        match refract_testkit::tool(tool) {
             Ok(p) if p.exists() => {}
             _ => return Some(format!("PostgreSQL's {tool} is not installed")),
         }

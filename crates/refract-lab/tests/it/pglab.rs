@@ -31,7 +31,7 @@ fn skip_reason() -> Option<String> {
         }
     }
     for tool in ["initdb", "pg_ctl", "pg_basebackup", "psql", "pgbench"] {
-        if !refract_pg::testkit::tool(tool).is_ok_and(|p| p.exists()) {
+        if !refract_testkit::tool(tool).is_ok_and(|p| p.exists()) {
             return Some(format!("PostgreSQL's {tool} is not installed"));
         }
     }
@@ -81,7 +81,7 @@ fn python_with_psycopg2() -> Option<&'static str> {
 fn clients_connect() {
     let script = tempfile::NamedTempFile::new().expect("script");
     std::fs::write(script.path(), "SELECT 1;\n").expect("write script");
-    let pgbench = refract_pg::testkit::tool("pgbench").expect("pgbench").to_string_lossy().into_owned();
+    let pgbench = refract_testkit::tool("pgbench").expect("pgbench").to_string_lossy().into_owned();
     let file = script.path().to_string_lossy().into_owned();
     let args =
         ["-n", "-h", "198.18.0.100", "-p", "6432", "-U", "refract", "-f", &file, "-t", "20", "-c", "2", "postgres"];
@@ -105,7 +105,7 @@ fn clients_connect() {
 
 /// The md5 of psql's unaligned output of `sql` at `addr`, run in rf-c1.
 fn psql_md5(addr: &str, sql: &str) -> String {
-    let psql = refract_pg::testkit::tool("psql").expect("psql").to_string_lossy().into_owned();
+    let psql = refract_testkit::tool("psql").expect("psql").to_string_lossy().into_owned();
     let (host, port) = addr.rsplit_once(':').expect("IP:PORT");
     let script = format!(
         "set -o pipefail; PGPASSWORD=refract {psql} -XAt -v ON_ERROR_STOP=1 -h {host} -p {port} -U refract \

@@ -492,10 +492,9 @@ mod tests {
 
     /// The binary form is byte for byte what PostgreSQL's `numeric_send` (the function behind
     /// binary result format) gives for the same values.
-    #[cfg(feature = "testkit")]
     #[test]
     fn binary_matches_a_real_server() {
-        let cluster = crate::testkit::PgCluster::start_with_replicas(0).expect("start PostgreSQL");
+        let cluster = refract_testkit::PgCluster::start_with_replicas(0).expect("start PostgreSQL");
         let list = VALUES.iter().map(|v| format!("'{v}'")).collect::<Vec<_>>().join(",");
         let sql = format!(
             "SELECT string_agg(encode(numeric_send(x::numeric), 'hex'), ',' ORDER BY i) \

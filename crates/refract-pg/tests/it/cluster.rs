@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use refract_pg::testkit::PgCluster;
+use refract_testkit::PgCluster;
 
 #[test]
 fn replica_sees_writes_on_the_primary() {

@@ -105,7 +105,7 @@ fn psql(method: AuthMethod, credential: Credential, password: &str) -> Result<St
         stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         serve(stream, method, credential);
     });
-    let out = Command::new(refract_pg::testkit::tool("psql").unwrap())
+    let out = Command::new(refract_testkit::tool("psql").unwrap())
         .args(["-h", "127.0.0.1", "-p", &port, "-U", "alice", "-d", "db", "-XAtq", "-c", "SELECT 'whatever'"])
         .env("PGPASSWORD", password)
         .env("PGSSLMODE", "prefer")

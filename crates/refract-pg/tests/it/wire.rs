@@ -10,8 +10,8 @@ use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{ClientAuth, ClientStep, ScramVerifier};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::startup::PROTOCOL_3_0;
-use refract_pg::testkit::{PgCluster, PgServer, DATABASE, PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Startup, StartupPacket, TxStatus};
+use refract_testkit::{PgCluster, PgServer, DATABASE, PASSWORD, USER};
 
 /// A minimal blocking client built only from refract-pg's codec.
 struct Conn {

@@ -9,7 +9,7 @@
 use crate::common;
 
 use common::{dispatcher_with, free_port, metric, wait_metric, Proc};
-use refract_pg::testkit::{self, PgCluster, PASSWORD, USER};
+use refract_testkit::{self as testkit, PgCluster, PASSWORD, USER};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -16,7 +16,7 @@ use crate::common;
 
 use common::{bin, free_port, wait_listening};
 use refract_pg::partition::{remainder, Key};
-use refract_pg::testkit::{self, PgCluster, PgServer, PASSWORD, USER};
+use refract_testkit::{self as testkit, PgCluster, PgServer, PASSWORD, USER};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -21,7 +21,7 @@ use crate::bench::pgbench::targets::{self as targets, Setup as TargetContext, Ta
 use crate::report::environment::Environment;
 use crate::support::{interrupt, sh};
 use anyhow::{anyhow, bail, Context, Result};
-use refract_pg::testkit::{self, PgCluster, PgServer};
+use refract_testkit::{self as testkit, PgCluster, PgServer};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@ use crate::bench::pgbench::run::{run_as, tempdir};
 use crate::bench::pgbench::targets::{self, Placement, Setup};
 use crate::support::interrupt;
 use anyhow::{anyhow, Context, Result};
-use refract_pg::testkit::{self, PgCluster};
+use refract_testkit::{self as testkit, PgCluster};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 

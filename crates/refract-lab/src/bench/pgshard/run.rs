@@ -19,7 +19,7 @@ use crate::bench::pgbench::targets::{self, Setup, Target};
 use crate::report::environment::Environment;
 use crate::support::{interrupt, sh};
 use anyhow::{anyhow, bail, Context, Result};
-use refract_pg::testkit::{self, PgCluster, PgServer};
+use refract_testkit::{self as testkit, PgCluster, PgServer};
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;

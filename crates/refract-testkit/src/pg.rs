@@ -1,6 +1,6 @@
-//! A test kit that runs real PostgreSQL: a primary and streaming replicas on free loopback
-//! ports in a temporary directory, removed on drop. Behind the `testkit` feature; for tests
-//! and demos only (it starts processes and probes ports, which the codec proper never does).
+//! Real PostgreSQL for tests: a primary and streaming replicas on free loopback ports in a
+//! temporary directory, removed on drop; for tests and the lab only (it starts processes and
+//! probes ports).
 //!
 //! PostgreSQL refuses to run as root, so when the tests run as root the servers run as an
 //! unprivileged user (`nobody`, or `$REFRACT_PG_RUN_AS`) through `runuser`, and the directory

@@ -4,6 +4,7 @@
 //! foreign backends are refused without touching the client.
 #![allow(clippy::unwrap_used)]
 
+use crate::common;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -51,18 +52,7 @@ async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).unwrap();
-    tokio::spawn(serve_local(
-        l,
-        LocalOptions {
-            backend,
-            backend_socket: None,
-            pass_socket: false,
-            backend_timeout: Duration::from_secs(5),
-            write_stall: Duration::from_secs(30),
-            guard: None,
-            pg: Default::default(),
-        },
-    ));
+    tokio::spawn(serve_local(l, common::local_options(backend)));
     path
 }
 

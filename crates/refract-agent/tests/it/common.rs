@@ -1,8 +1,10 @@
 //! Fixtures shared by the agent's tests.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::time::Duration;
 
+use refract_agent::LocalOptions;
 use refract_handover::{FlowKey, Msg, RepairWindow, Serving, SockOpts, Socket, TcpOptions, TcpState, Transfer};
 
 /// A `HandOff` of connection `conn` at `epoch` for the flow 198.18.2.1:40000 → VIP
@@ -31,4 +33,18 @@ pub fn hand_off(conn: u64, epoch: u64, recv_queue: &[u8]) -> Msg {
     let flow = FlowKey::new(client, vip);
     let socket = Socket::Repair { flow, tcp_state };
     Msg::HandOff(Box::new(Transfer { conn, epoch, socket, pending: vec![], serving: Serving::default(), sent: 0 }))
+}
+
+/// The agent's options in these tests: `backend` over TCP, no passed socket, no guard, a 5 s
+/// backend timeout and a 30 s write stall.
+pub fn local_options(backend: SocketAddr) -> LocalOptions {
+    LocalOptions {
+        backend,
+        backend_socket: None,
+        pass_socket: false,
+        backend_timeout: Duration::from_secs(5),
+        write_stall: Duration::from_secs(30),
+        guard: None,
+        pg: Default::default(),
+    }
 }

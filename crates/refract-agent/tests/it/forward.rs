@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::common;
 
 use common::hand_off;
-use refract_agent::{serve_with, LocalOptions};
+use refract_agent::serve_with;
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
 use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey};
 use refract_handover::Msg;
@@ -33,15 +33,7 @@ async fn setup(delay_ms: u64) -> ControlChannel {
     tokio::spawn(blob_serve(l, BlobServer::new("b".into(), delay_ms, 0)));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let local = LocalOptions {
-        backend,
-        backend_socket: None,
-        pass_socket: false,
-        backend_timeout: Duration::from_secs(5),
-        write_stall: Duration::from_secs(30),
-        guard: None,
-        pg: Default::default(),
-    };
+    let local = common::local_options(backend);
     tokio::spawn(serve_with(l, ControlKey::try_new(KEY).unwrap(), opts(), Some(local)));
     ControlChannel::connect(addr, &ControlKey::try_new(KEY).unwrap(), opts()).await.unwrap()
 }

@@ -7,12 +7,13 @@
 //! sits on `lo` as it sits on an agent host's interface.
 #![allow(clippy::unwrap_used)]
 
+use crate::common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use refract_agent::{serve_with, LocalOptions};
+use refract_agent::serve_with;
 use refract_blob::{pattern, serve as blob_serve, BlobServer};
 use refract_handover::control::{ChannelOptions, ControlChannel, ControlKey};
 use refract_handover::{discard, restore, snapshot, FlowKey, Guard, Msg, Serving, Socket, Transfer};
@@ -90,15 +91,7 @@ async fn scenario() {
         dead_after: Duration::from_secs(5),
         ..Default::default()
     };
-    let backend_opts = LocalOptions {
-        backend,
-        backend_socket: None,
-        pass_socket: false,
-        backend_timeout: Duration::from_secs(5),
-        write_stall: Duration::from_secs(30),
-        guard: None,
-        pg: Default::default(),
-    };
+    let backend_opts = common::local_options(backend);
     tokio::spawn(serve_with(cl, ControlKey::try_new(KEY).unwrap(), opts, Some(backend_opts)));
 
     // The client (blocking, on its own thread) and the dispatcher's accepted socket.

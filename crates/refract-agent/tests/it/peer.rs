@@ -5,13 +5,14 @@
 //! otherwise). The agent's own uid still forwards.
 #![allow(clippy::unwrap_used)]
 
+use crate::common;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use refract_agent::{bind_local, serve_local, LocalOptions};
+use refract_agent::{bind_local, serve_local};
 use refract_handover::local::LocalLink;
 use refract_handover::Msg;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -74,15 +75,7 @@ async fn agent(tag: &str) -> (PathBuf, tokio::sync::mpsc::UnboundedReceiver<()>)
     let (backend, rx) = recording_backend().await;
     let path = std::env::temp_dir().join(format!("rf-agent-peer-{}-{tag}.sock", std::process::id()));
     let l = bind_local(&path, None).unwrap();
-    let opts = LocalOptions {
-        backend,
-        backend_socket: None,
-        pass_socket: false,
-        backend_timeout: Duration::from_secs(5),
-        write_stall: Duration::from_secs(30),
-        guard: None,
-        pg: Default::default(),
-    };
+    let opts = common::local_options(backend);
     tokio::spawn(serve_local(l, opts));
     (path, rx)
 }

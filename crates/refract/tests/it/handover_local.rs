@@ -7,7 +7,9 @@
 
 use crate::common;
 
-use common::{blob, check_pipelined_write, direct, dispatcher, metric, wait_metric, writes, Client, Proc, Response};
+use common::{
+    blob, check_pipelined_write, direct, dispatcher, metric, wait_metric, writes, Client, Dispatcher, Proc, Response,
+};
 use refract_blob::pattern;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -32,6 +34,27 @@ fn agent(dir: &Path, backend: std::net::SocketAddr) -> (Proc, PathBuf) {
         std::thread::sleep(Duration::from_millis(20));
     }
     (Proc { child, addr: backend }, sock)
+}
+
+/// What most tests here start from: blob servers b1 (the primary) and b2 (a replica), an
+/// agent in front of b2 with its socket in `dir`, and a dispatcher with `extra(the socket)`.
+/// Fields in drop order (the dispatcher first); bind `dir` too (`dir: _dir`): the socket lives
+/// there.
+struct Rig {
+    d: Dispatcher,
+    agent: Proc,
+    b2: Proc,
+    b1: Proc,
+    dir: tempfile::TempDir,
+}
+
+fn rig(extra: impl FnOnce(&Path) -> String) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let (agent, sock) = agent(dir.path(), b2.addr);
+    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
+    let d = dispatcher(&backends, &extra(&sock));
+    Rig { d, agent, b2, b1, dir }
 }
 
 fn get(bytes: u64, seed: u64) -> String {
@@ -69,13 +92,9 @@ fn hybrid_extra(sock: &Path) -> String {
 /// A large read with a write pipelined behind it: the agent serves the read, asks about the
 /// write (`Next`), hands it back (`Return`), and the dispatcher sends it to the primary.
 fn pipelined_write_goes_to_the_primary(mode: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (_agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let extra =
-        format!("[handover]\nmode = \"{mode}\"\nthreshold = 65536\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display());
-    let d = dispatcher(&backends, &extra);
+    let Rig { dir: _dir, b1, b2, agent: _agent, d } = rig(|sock: &Path| {
+        format!("[handover]\nmode = \"{mode}\"\nthreshold = 65536\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
+    });
     let mut c = Client::connect(d.proc.addr);
     check_pipelined_write(&mut c, d.admin, &b1, &b2);
 }
@@ -93,13 +112,10 @@ fn a_pipelined_write_behind_a_large_read_goes_to_the_primary_hybrid() {
 #[test]
 fn consecutive_large_reads_stay_at_the_agent() {
     const N: u64 = 20;
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (_agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let agents = format!("agents = {{ b2 = \"unix:{}\" }}", sock.display());
-    let d =
-        dispatcher(&backends, &format!("[handover]\nmode = \"hybrid\"\nthreshold = 65536\nidle_ms = 1000\n{agents}\n"));
+    let Rig { dir: _dir, b1, b2, agent: _agent, d } = rig(|sock: &Path| {
+        let agents = format!("agents = {{ b2 = \"unix:{}\" }}", sock.display());
+        format!("[handover]\nmode = \"hybrid\"\nthreshold = 65536\nidle_ms = 1000\n{agents}\n")
+    });
     let mut c = Client::connect(d.proc.addr);
     let started = Instant::now();
     for seed in 0..N {
@@ -118,11 +134,7 @@ fn consecutive_large_reads_stay_at_the_agent() {
 
 #[test]
 fn hybrid_hands_over_only_large_results() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (_agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &hybrid_extra(&sock));
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(hybrid_extra);
     let mut c = Client::connect(d.proc.addr);
     let mut sent_direct = 0;
     // Small: relayed through the agent and the dispatcher. At the threshold: handed over.
@@ -162,11 +174,7 @@ fn hybrid_hands_over_only_large_results() {
 
 #[test]
 fn hybrid_sends_reads_known_to_be_small_straight_to_the_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (_agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &hybrid_extra(&sock));
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(hybrid_extra);
     let forwarded = || metric(d.admin, r#"refract_handover_forwarded_total{backend="b2"}"#);
     let mut c = Client::connect(d.proc.addr);
     // A small read: through the agent once (its size is not known yet), then straight to b2.
@@ -189,11 +197,7 @@ fn hybrid_sends_reads_known_to_be_small_straight_to_the_backend() {
 
 #[test]
 fn hybrid_without_its_agent_relays() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &hybrid_extra(&sock));
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(hybrid_extra);
     let mut c = Client::connect(d.proc.addr);
     c.send(get(2 << 20, 1).as_bytes());
     check(&c.read_response(false).unwrap(), 2 << 20, 1, Some("1"));
@@ -207,11 +211,7 @@ fn hybrid_without_its_agent_relays() {
 
 #[test]
 fn reads_go_through_the_agent_and_the_connection_comes_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (_agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &handover_extra(&sock));
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(handover_extra);
     let mut c = Client::connect(d.proc.addr);
     let mut sent_direct = 0;
 
@@ -273,11 +273,7 @@ fn an_unreachable_agent_means_relay() {
 
 #[test]
 fn an_agent_killed_between_hand_overs_means_relay() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &handover_extra(&sock));
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(handover_extra);
     let mut c = Client::connect(d.proc.addr);
     c.send(get(100, 1).as_bytes());
     check(&c.read_response(false).unwrap(), 100, 1, Some("1"));
@@ -306,11 +302,7 @@ fn read_until_cut(c: &mut Client, first: &[u8]) -> (u16, usize) {
 
 #[test]
 fn an_agent_killed_mid_stream_cuts_only_that_client() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &handover_extra(&sock));
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(handover_extra);
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let big = 256u64 << 20;
@@ -332,11 +324,7 @@ fn an_agent_killed_mid_stream_cuts_only_that_client() {
 
 #[test]
 fn a_client_gone_mid_stream_leaves_the_agent_serving() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (_agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &handover_extra(&sock));
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(handover_extra);
     let mut c = Client::connect(d.proc.addr);
     c.send(get(256 << 20, 1).as_bytes());
     let mut first = [0u8; 1];
@@ -353,14 +341,12 @@ fn a_client_gone_mid_stream_leaves_the_agent_serving() {
 
 #[test]
 fn clients_idle_at_a_killed_agent_come_back_to_the_dispatcher() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    // The agent waits up to 1 s for each client's next request: both are idle there when it dies.
-    let extra =
-        format!("[handover]\nmode = \"always\"\nidle_ms = 1000\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display());
-    let d = dispatcher(&backends, &extra);
+    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(|sock: &Path| {
+        // The agent waits up to 1 s for each client's next request: both are idle there when it dies.
+        let extra =
+            format!("[handover]\nmode = \"always\"\nidle_ms = 1000\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display());
+        extra
+    });
     let mut clients = [Client::connect(d.proc.addr), Client::connect(d.proc.addr)];
     for (i, c) in clients.iter_mut().enumerate() {
         c.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

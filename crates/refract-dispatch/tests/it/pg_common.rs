@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod agent;
+pub mod drivers;
 
 use bytes::BytesMut;
 use refract_dispatch::config;

@@ -16,10 +16,11 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::pg_common;
+use pg_common::drivers::{self, drain, drivers_dir, flag, python, target_dir, Ran};
 
 use pg_common::Fixture;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -74,25 +75,6 @@ fn hybrid_fixture() -> Arc<Fixture> {
     f
 }
 
-/// The repository (two levels above this crate).
-fn repo() -> PathBuf {
-    let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
-    krate.ancestors().nth(2).unwrap_or(krate).to_path_buf()
-}
-
-fn drivers_dir() -> PathBuf {
-    repo().join("tests/drivers")
-}
-
-/// Where build outputs live: `$CARGO_TARGET_DIR`, else the repository's `target/`.
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("target"))
-}
-
-fn flag(name: &str, value: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == value)
-}
-
 /// What a suite needs before it can run.
 enum Needs {
     /// The Python venv (required unless `REFRACT_DRIVERS_OPTIONAL=1`).
@@ -118,12 +100,6 @@ fn ready(driver: &str, needs: &Needs) -> bool {
     false
 }
 
-/// The venv's interpreter.
-fn python() -> PathBuf {
-    let venv = std::env::var_os("REFRACT_PYENV").map(PathBuf::from).unwrap_or_else(|| target_dir().join("pyenv"));
-    venv.join("bin/python")
-}
-
 /// Runs `cmd PORT` (refract's port, or the primary's with `REFRACT_DRIVERS_TARGET=direct`)
 /// and asserts that it passed every check in `expected`.
 fn run_suite(driver: &str, needs: Needs, mut cmd: Command, expected: &[&str]) {
@@ -133,30 +109,8 @@ fn run_suite(driver: &str, needs: Needs, mut cmd: Command, expected: &[&str]) {
     let f = fixture();
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let port = if flag("REFRACT_DRIVERS_TARGET", "direct") { f.cluster.primary.port } else { f.port };
-    let started = Instant::now();
-    let mut child = cmd
-        .arg(port.to_string())
-        .current_dir(drivers_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{driver}: cannot start {cmd:?}: {e}"));
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if started.elapsed() > SUITE_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
-    println!("{driver} suite ({:.1} s):\n{stdout}", started.elapsed().as_secs_f64());
+    cmd.arg(port.to_string());
+    let Ran { status, stdout, stderr } = drivers::run(driver, cmd, SUITE_TIMEOUT);
     let report = format!("{driver} suite:\n{stdout}\n--- stderr:\n{stderr}");
     let Some(status) = status else { panic!("{driver}: killed after {SUITE_TIMEOUT:?}\n{report}") };
     let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
@@ -167,15 +121,6 @@ fn run_suite(driver: &str, needs: Needs, mut cmd: Command, expected: &[&str]) {
     let absent: Vec<&&str> = expected.iter().filter(|name| !passed.contains(name)).collect();
     assert!(absent.is_empty(), "{driver}: checks not reported ok: {absent:?}\n{report}");
     assert_eq!(stdout.lines().last(), Some("done"), "{report}");
-}
-
-/// Reads a child's pipe to the end on a thread.
-fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
 }
 
 fn python_suite(driver: &str, script: &str, expected: &[&str]) {

@@ -19,14 +19,14 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::pg_common;
+use pg_common::drivers::{self, drivers_dir, flag, python, target_dir, Ran};
 
 use pg_common::{shard_config, until, Client, Fixture};
 use refract_testkit::{PgCluster, PgServer, PASSWORD, USER};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The checks every suite runs, in order (each compares refract with the oracle).
 const CHECKS: &[&str] = &[
@@ -112,31 +112,6 @@ fn fixture() -> Arc<Sharded> {
     f
 }
 
-/// The repository (two levels above this crate).
-fn repo() -> PathBuf {
-    let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
-    krate.ancestors().nth(2).unwrap_or(krate).to_path_buf()
-}
-
-fn drivers_dir() -> PathBuf {
-    repo().join("tests/drivers")
-}
-
-/// Where build outputs live: `$CARGO_TARGET_DIR`, else the repository's `target/`.
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("target"))
-}
-
-fn flag(name: &str, value: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == value)
-}
-
-/// The venv's interpreter.
-fn python() -> PathBuf {
-    let venv = std::env::var_os("REFRACT_PYENV").map(PathBuf::from).unwrap_or_else(|| target_dir().join("pyenv"));
-    venv.join("bin/python")
-}
-
 /// Whether `path` (what the suite needs) exists; panics when it is `required` and does not.
 fn ready(driver: &str, path: &Path, required: bool, how: &str) -> bool {
     if path.exists() {
@@ -179,29 +154,7 @@ fn run_suite(driver: &str, mut cmd: Command, checks: &[&str]) {
     let cluster = &f.fixture.cluster;
     cmd.arg(f.fixture.port.to_string()).arg(cluster.primary.port.to_string());
     cmd.args(cluster.standalone.iter().map(|s| s.port.to_string()));
-    let started = Instant::now();
-    let mut child = cmd
-        .current_dir(drivers_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{driver}: cannot start {cmd:?}: {e}"));
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if started.elapsed() > SUITE_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
-    println!("{driver} suite ({:.1} s):\n{stdout}", started.elapsed().as_secs_f64());
+    let Ran { status, stdout, stderr } = drivers::run(driver, cmd, SUITE_TIMEOUT);
     let report = format!("{driver} suite:\n{stdout}\n--- stderr:\n{stderr}");
     let Some(status) = status else { panic!("{driver}: killed after {SUITE_TIMEOUT:?}\n{report}") };
     assert_eq!(stdout.lines().last(), Some("done"), "{driver}: the suite did not finish\n{report}");
@@ -249,15 +202,6 @@ fn driver_key(driver: &str) -> &str {
         "pgx v5" => "pgx",
         other => other,
     }
-}
-
-/// Reads a child's pipe to the end on a thread.
-fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
 }
 
 fn python_suite(driver: &str, script: &str, checks: &[&str]) {

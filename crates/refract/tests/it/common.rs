@@ -52,6 +52,52 @@ pub fn wait_listening(addr: SocketAddr) {
     }
 }
 
+/// Writes `text` as `agent.toml` in `dir` and starts `refract agent` with it (log level warn),
+/// as [`Proc`] at `addr`; the caller waits for what it listens on.
+pub fn start_agent(dir: &std::path::Path, text: &str, addr: SocketAddr) -> Proc {
+    let cfg = dir.join("agent.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let child = Command::new(bin())
+        .args(["agent", "--config", cfg.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc { child, addr }
+}
+
+/// `GET /blob` of `bytes` bytes made from `seed`.
+pub fn blob_get(bytes: u64, seed: u64) -> String {
+    format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
+}
+
+/// A blob response: 200, `bytes` long, byte for byte the pattern of `seed`, its
+/// `x-refract-handover` tag `via` (the epoch it was handed over at; `None`: relayed).
+pub fn check_blob(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.body.len() as u64, bytes);
+    assert_eq!(refract_blob::pattern::first_mismatch(&r.body, 0, seed), None, "body differs");
+    assert_eq!(r.header("x-refract-handover").as_deref(), via, "{}", r.head);
+}
+
+/// One keep-alive connection through an agent in `always` mode that hands back at once: a 3 MiB
+/// read handed over (epoch 1), a write relayed, a small read handed over (epoch 3), then three
+/// pipelined reads riding with one hand-over (epoch 5).
+pub fn check_always_session(c: &mut Client) {
+    c.send(blob_get(3 << 20, 5).as_bytes());
+    check_blob(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
+    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
+    let w = c.read_response(false).unwrap();
+    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
+    c.send(blob_get(1000, 2).as_bytes());
+    check_blob(&c.read_response(false).unwrap(), 1000, 2, Some("3"));
+    let sizes = [(70_000u64, 1u64), (0, 0), (1 << 20, 250)];
+    c.send(sizes.iter().map(|&(n, s)| blob_get(n, s)).collect::<String>().as_bytes());
+    for (n, s) in sizes {
+        check_blob(&c.read_response(false).unwrap(), n, s, Some("5"));
+    }
+}
+
 /// Starts a blob server on `port` (0 = any free port).
 pub fn blob_at(name: &str, port: u16, extra: &[&str]) -> Proc {
     let port = if port == 0 { free_port() } else { port };

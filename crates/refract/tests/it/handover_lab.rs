@@ -13,8 +13,9 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::{blob_get as get, check_blob as check};
 
-use common::{Client, Proc, Response, TOKEN};
+use common::{Client, Proc, TOKEN};
 use refract_blob::pattern;
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -113,33 +114,11 @@ impl Drop for Lab {
     }
 }
 
-fn get(bytes: u64, seed: u64) -> String {
-    format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
-}
-
-fn check(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
-    assert_eq!(r.status, 200, "{}", r.head);
-    assert_eq!(r.body.len() as u64, bytes);
-    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None, "body differs");
-    assert_eq!(r.header("x-refract-handover").as_deref(), via, "{}", r.head);
-}
-
 /// The client's side, run by this test binary inside `c`'s namespace.
 fn client() {
     let mut c = Client::connect(format!("{VIP}:8080").parse().unwrap());
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c.send(get(3 << 20, 5).as_bytes());
-    check(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
-    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
-    let w = c.read_response(false).unwrap();
-    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
-    c.send(get(1000, 2).as_bytes());
-    check(&c.read_response(false).unwrap(), 1000, 2, Some("3"));
-    let sizes = [(70_000u64, 1u64), (0, 0), (1 << 20, 250)];
-    c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
-    for (n, s) in sizes {
-        check(&c.read_response(false).unwrap(), n, s, Some("5"));
-    }
+    common::check_always_session(&mut c);
 }
 
 /// Negative control, run inside `c`: without STEER the client's ACKs reach the dispatcher's

@@ -6,34 +6,25 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::{blob_get as get, check_blob as check};
 
-use common::{
-    blob, check_pipelined_write, direct, dispatcher, metric, wait_metric, writes, Client, Dispatcher, Proc, Response,
-};
+use common::{blob, check_pipelined_write, direct, dispatcher, metric, wait_metric, writes, Client, Dispatcher, Proc};
 use refract_blob::pattern;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Starts `refract agent` with a same-host socket in `dir`, in front of `backend`.
 fn agent(dir: &Path, backend: std::net::SocketAddr) -> (Proc, PathBuf) {
     let sock = dir.join("agent.sock");
-    let cfg = dir.join("agent.toml");
     let text =
         format!("backend = \"{backend}\"\nlocal = \"{}\"\nkey = \"test key of sixteen+ bytes\"\n", sock.display());
-    std::fs::write(&cfg, text).unwrap();
-    let child = Command::new(common::bin())
-        .args(["agent", "--config", cfg.to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let agent = common::start_agent(dir, &text, backend);
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
         assert!(Instant::now() < deadline, "agent never listened on {}", sock.display());
         std::thread::sleep(Duration::from_millis(20));
     }
-    (Proc { child, addr: backend }, sock)
+    (agent, sock)
 }
 
 /// What most tests here start from: blob servers b1 (the primary) and b2 (a replica), an
@@ -55,17 +46,6 @@ fn rig(extra: impl FnOnce(&Path) -> String) -> Rig {
     let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
     let d = dispatcher(&backends, &extra(&sock));
     Rig { d, agent, b2, b1, dir }
-}
-
-fn get(bytes: u64, seed: u64) -> String {
-    format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
-}
-
-fn check(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
-    assert_eq!(r.status, 200, "{}", r.head);
-    assert_eq!(r.body.len() as u64, bytes);
-    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None, "body differs");
-    assert_eq!(r.header("x-refract-handover").as_deref(), via, "{}", r.head);
 }
 
 /// A write, relayed by the dispatcher: once it is answered, the agent has handed the

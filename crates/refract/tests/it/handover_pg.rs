@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use common::{dispatcher_with, free_port, metric, wait_metric, Proc};
+use common::{dispatcher_with, free_port, metric, wait_metric};
 use refract_testkit::{self as testkit, PgCluster, PASSWORD, USER};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -37,24 +37,13 @@ fn scenario() {
     let dir = tempfile::tempdir().unwrap();
     let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let through: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let cfg = dir.path().join("agent.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "backend = \"{server}\"\npostgres_listen = \"{through}\"\ncontrol = \"{control}\"\nvip = \"{VIP}\"\n\
-             interface = \"lo\"\nkey = \"{KEY}\"\nmap_capacity = 64\n"
-        ),
-    )
-    .unwrap();
-    let child = Command::new(common::bin())
-        .args(["agent", "--config", cfg.to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let text = format!(
+        "backend = \"{server}\"\npostgres_listen = \"{through}\"\ncontrol = \"{control}\"\nvip = \"{VIP}\"\n\
+         interface = \"lo\"\nkey = \"{KEY}\"\nmap_capacity = 64\n"
+    );
+    let _agent = common::start_agent(dir.path(), &text, control);
     common::wait_listening(control);
     common::wait_listening(through);
-    let _agent = Proc { child, addr: control };
 
     let key_file = dir.path().join("control.key");
     std::fs::write(&key_file, format!("{KEY}\n")).unwrap();

@@ -8,45 +8,27 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::{blob_get as get, check_blob as check};
 
 use common::{
     blob, check_pipelined_write, config, direct, dispatcher_with, free_port, metric, wait_metric, writes, Client,
-    Dispatcher, Proc, Response,
+    Dispatcher, Proc,
 };
-use refract_blob::pattern;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const VIP: &str = "198.18.5.100";
 const KEY: &str = "tcp hand-over test key, 16+ bytes";
 
-fn get(bytes: u64, seed: u64) -> String {
-    format!("GET /blob?bytes={bytes}&seed={seed} HTTP/1.1\r\nhost: t\r\n\r\n")
-}
-
-fn check(r: &Response, bytes: u64, seed: u64, via: Option<&str>) {
-    assert_eq!(r.status, 200, "{}", r.head);
-    assert_eq!(r.body.len() as u64, bytes);
-    assert_eq!(pattern::first_mismatch(&r.body, 0, seed), None, "body differs");
-    assert_eq!(r.header("x-refract-handover").as_deref(), via, "{}", r.head);
-}
-
 fn agent(dir: &std::path::Path, backend: SocketAddr, control: SocketAddr) -> Proc {
-    let cfg = dir.join("agent.toml");
     let text = format!(
         "backend = \"{backend}\"\ncontrol = \"{control}\"\nvip = \"{VIP}\"\ninterface = \"lo\"\nkey = \"{KEY}\"\nmap_capacity = 64\n"
     );
-    std::fs::write(&cfg, text).unwrap();
-    let child = Command::new(common::bin())
-        .args(["agent", "--config", cfg.to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let agent = common::start_agent(dir, &text, control);
     common::wait_listening(control);
-    Proc { child, addr: control }
+    agent
 }
 
 /// A dispatcher on `VIP:8080` whose reads go to `b2`, fronted by the agent at `control`, in
@@ -78,18 +60,7 @@ fn scenario() {
     let d = dispatcher(dir.path(), &b1, &b2, control, "always", "idle_ms = 0\n");
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c.send(get(3 << 20, 5).as_bytes());
-    check(&c.read_response(false).unwrap(), 3 << 20, 5, Some("1"));
-    c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
-    let w = c.read_response(false).unwrap();
-    assert_eq!((w.status, w.header("x-refract-handover")), (200, None), "{}", w.head);
-    c.send(get(1000, 2).as_bytes());
-    check(&c.read_response(false).unwrap(), 1000, 2, Some("3"));
-    let sizes = [(70_000u64, 1u64), (0, 0), (1 << 20, 250)];
-    c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
-    for (n, s) in sizes {
-        check(&c.read_response(false).unwrap(), n, s, Some("5"));
-    }
+    common::check_always_session(&mut c);
 }
 
 /// Hybrid, threshold 64 KiB, on one keep-alive connection: small results relayed through the

@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! - [`pg`]: a PostgreSQL primary, streaming replicas and servers of their own ([`PgCluster`]),
-//!   the installation's programs ([`tool`]), the login every server has ([`USER`]).
+//!   the installation's programs ([`tool`]), the login every server has ([`USER`]), refract's
+//!   `[postgres]` section in front of them ([`postgres_section`]).
 //! - [`cluster`]: the builder ([`cluster()`]): which servers, which agents in front of which,
 //!   which dispatcher config; what starts an agent or a dispatcher is the test's ([`Start`]).
 
@@ -13,4 +14,4 @@ pub mod cluster;
 pub mod pg;
 
 pub use cluster::{cluster, Cluster, ClusterBuilder, ServersOnly, Start};
-pub use pg::{tool, PgCluster, PgServer, DATABASE, PASSWORD, USER};
+pub use pg::{postgres_section, tool, PgCluster, PgServer, DATABASE, PASSWORD, USER};

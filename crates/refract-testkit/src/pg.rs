@@ -35,6 +35,16 @@ log_min_messages = warning
 max_prepared_transactions = 20
 ";
 
+/// refract's `[postgres]` section in front of this kit's servers: clients at `listen`, the
+/// kit's login towards the servers and for clients ([`USER`] / [`PASSWORD`]), `extra` lines in
+/// the section. More `[[postgres.user]]` and `[[postgres.server]]` tables may follow.
+pub fn postgres_section(listen: &str, extra: &str) -> String {
+    format!(
+        "[postgres]\nlisten = \"{listen}\"\nserver_user = \"{USER}\"\nserver_password = \"{PASSWORD}\"\n{extra}\n\n\
+         [[postgres.user]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n"
+    )
+}
+
 /// The path of a PostgreSQL client or server program (`psql`, `pgbench`, ...) of the kit's
 /// installation.
 pub fn tool(name: &str) -> io::Result<PathBuf> {

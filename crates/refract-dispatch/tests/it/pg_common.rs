@@ -1,4 +1,4 @@
-//! Shared by the `pg_*` tests: a real primary + replica (refract-pg's test kit), refract in
+//! Shared by the `pg_*` tests: a real primary + replica (refract-testkit), refract in
 //! front of them as the binary runs it (two per-core event loops, each with its own PostgreSQL
 //! listener on the same port), psql/pgbench runners and a tiny raw client.
 #![allow(dead_code, clippy::unwrap_used)]
@@ -12,7 +12,9 @@ use refract_dispatch::{run_sharded, Ctx};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::{BackendMessage, ErrorFields, FrontendMessage, Limits, Startup, StartupPacket, TxStatus};
-use refract_testkit::{self as testkit, cluster, Cluster, PgCluster, PgServer, Start, DATABASE, PASSWORD, USER};
+use refract_testkit::{
+    self as testkit, cluster, postgres_section, Cluster, PgCluster, PgServer, Start, DATABASE, PASSWORD, USER,
+};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Output, Stdio};
@@ -350,6 +352,7 @@ fn launch(listen: &str, extra: &str, servers: &str) -> (u16, u16, Refract) {
     let (port, admin) = (free_port(), free_port());
     // `extra` may set its own health interval.
     let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
+    let postgres = postgres_section(&format!("127.0.0.1:{port}"), &format!("{health}\n{extra}"));
     let text = format!(
         r#"
 [listen]
@@ -360,17 +363,7 @@ admin = "127.0.0.1:{admin}"
 [admin]
 token = "{ADMIN_TOKEN}"
 
-[postgres]
-listen = "127.0.0.1:{port}"
-server_user = "{USER}"
-server_password = "{PASSWORD}"
-{health}
-{extra}
-
-[[postgres.user]]
-name = "{USER}"
-password = "{PASSWORD}"
-
+{postgres}
 [[postgres.user]]
 name = "md5user"
 password = "md5pass"

@@ -12,7 +12,7 @@ use pg_common::agent::{self, Agent};
 use pg_common::{Answer, Client, Refract};
 use refract_pg::frontend::Bind;
 use refract_pg::FrontendMessage;
-use refract_testkit::{PgCluster, PASSWORD, USER};
+use refract_testkit::{postgres_section, PgCluster, PASSWORD, USER};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ impl Hybrid {
         let agent = Agent::start(cluster.primary.addr(), agent::sock_path("handover"));
         let (through, sock) = (agent.through, agent.sock.clone());
         let (port, admin) = (free_port(), free_port());
+        let postgres = postgres_section(&format!("127.0.0.1:{port}"), &format!("health_interval_ms = 200\n{extra}"));
         let text = format!(
             r#"
 [listen]
@@ -50,17 +51,7 @@ admin = "127.0.0.1:{admin}"
 [admin]
 token = "t0ken-for-the-pg-handover-test"
 
-[postgres]
-listen = "127.0.0.1:{port}"
-server_user = "{USER}"
-server_password = "{PASSWORD}"
-health_interval_ms = 200
-{extra}
-
-[[postgres.user]]
-name = "{USER}"
-password = "{PASSWORD}"
-
+{postgres}
 [[postgres.server]]
 name = "primary"
 addr = "{}"

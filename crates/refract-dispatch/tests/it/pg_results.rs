@@ -26,7 +26,7 @@ use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::startup::PROTOCOL_3_0;
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
-use refract_testkit::{PgCluster, DATABASE, PASSWORD, USER};
+use refract_testkit::{postgres_section, PgCluster, DATABASE, PASSWORD, USER};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -105,6 +105,7 @@ fn refract_under_test(
         )
     });
     let (through_primary, through_replica) = (through(0), through(1));
+    let postgres = postgres_section(&format!("127.0.0.1:{port}"), &format!("health_interval_ms = 200\n{extra}"));
     let text = format!(
         r#"
 [listen]
@@ -124,17 +125,7 @@ read_from_primary = true
 [overload]
 min_concurrency = 20
 
-[postgres]
-listen = "127.0.0.1:{port}"
-server_user = "{USER}"
-server_password = "{PASSWORD}"
-health_interval_ms = 200
-{extra}
-
-[[postgres.user]]
-name = "{USER}"
-password = "{PASSWORD}"
-
+{postgres}
 [[postgres.server]]
 name = "primary"
 addr = "{primary}"

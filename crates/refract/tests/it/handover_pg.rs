@@ -1,5 +1,5 @@
 //! The PostgreSQL result hand-over across hosts (TCP_REPAIR over the control channel), in a
-//! throw-away network namespace (root only): a real PostgreSQL server (refract-pg's test kit),
+//! throw-away network namespace (root only): a real PostgreSQL server (refract-testkit),
 //! the agent in front of it and the dispatcher are the real binary on one kernel, the agent's
 //! guard on `lo` drops the client's segments during the two gaps. A large result is handed
 //! over at the agent's `WANT`, restored there, written to the client and handed back; psql
@@ -9,7 +9,7 @@
 use crate::common;
 
 use common::{dispatcher_with, free_port, metric, wait_metric};
-use refract_testkit::{self as testkit, PgCluster, PASSWORD, USER};
+use refract_testkit::{self as testkit, postgres_section, PgCluster, PASSWORD, USER};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,6 +49,7 @@ fn scenario() {
     std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
     let http: SocketAddr = format!("{VIP}:8080").parse().unwrap();
     let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let postgres = postgres_section(&format!("{VIP}:6432"), "");
     let text = format!(
         r#"
 [listen]
@@ -58,15 +59,7 @@ admin = "{admin}"
 [admin]
 insecure_loopback = true
 
-[postgres]
-listen = "{VIP}:6432"
-server_user = "{USER}"
-server_password = "{PASSWORD}"
-
-[[postgres.user]]
-name = "{USER}"
-password = "{PASSWORD}"
-
+{postgres}
 [[postgres.server]]
 name = "primary"
 addr = "{server}"

@@ -24,7 +24,7 @@ pub fn run(args: PgOverloadArgs) -> Result<()> {
         None => std::env::current_exe().context("locating this binary")?,
     };
     let pgbench = testkit::tool("pgbench")?;
-    step(started, "starting a PostgreSQL primary and streaming replica (refract-pg test kit)");
+    step(started, "starting a PostgreSQL primary and streaming replica (refract-testkit)");
     let cluster = PgCluster::start().map_err(|e| anyhow!("starting PostgreSQL: {e}"))?;
     let run_as = run_as()?;
     let work = tempdir(&run_as)?;

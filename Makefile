@@ -32,7 +32,7 @@ lint: deps
 	@# The data-path-only binary (README, "Running it"): it compiles, and links no lab,
 	@# plotters, ctrlc or PostgreSQL test kit.
 	$(CARGO) clippy --profile ci -p refract --no-default-features -- -D warnings
-	@if $(CARGO) tree -p refract --no-default-features -e normal,features | grep -E 'plotters|ctrlc|refract-lab|feature "testkit"'; then \
+	@if $(CARGO) tree -p refract --no-default-features -e normal,features | grep -E 'plotters|ctrlc|refract-lab|refract-testkit'; then \
 	  echo "lint: refract --no-default-features pulls in the lab (above)"; exit 1; fi
 	cd fuzz && $(CARGO) fmt -- --check && $(CARGO) clippy --release --all-targets --target-dir ../target -- -D warnings
 	@# The layering (docs/architecture.md): the engine names no protocol, no hand-over and no
@@ -48,7 +48,7 @@ lint: deps
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.
-# The Python driver suites (crates/refract-dispatch/tests/pg_drivers.rs) need their venv first.
+# The Python driver suites (crates/refract-dispatch/tests/it/pg_drivers.rs) need their venv first.
 # Built in the `ci` profile (Cargo.toml): release optimisation without LTO, so the tests run
 # optimised code without re-linking every dependency with LTO once per test binary.
 # Then PostgreSQL's own regression suite through refract (`make conformance`).
@@ -80,7 +80,7 @@ fmt:
 clean:
 	$(CARGO) clean
 
-# Every driver suite of crates/refract-dispatch/tests/pg_drivers.rs (psycopg 3, psycopg2, asyncpg,
+# Every driver suite of crates/refract-dispatch/tests/it/pg_drivers.rs (psycopg 3, psycopg2, asyncpg,
 # SQLAlchemy, pgx v5, node-postgres, pgjdbc) through refract, and of pg_sharded_drivers.rs
 # (asyncpg, psycopg 3, psycopg2, pgx v5 through sharded refract); installs the drivers first
 # (PyPI, Go module proxy, npm, Maven Central; needs go, node/npm, mvn, JDK 17). See
@@ -88,8 +88,8 @@ clean:
 .PHONY: test-drivers
 test-drivers:
 	tests/drivers/setup-all.sh
-	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-dispatch --test pg_drivers -- --nocapture
-	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-dispatch --test pg_sharded_drivers -- --nocapture
+	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-dispatch --test it pg_drivers:: -- --nocapture
+	REFRACT_DRIVERS=all $(CARGO) test --release -p refract-dispatch --test it pg_sharded_drivers:: -- --nocapture
 
 # Coverage-guided fuzzing of the decoders under AFL++ (cargo-afl, stable Rust; installed if
 # missing): every target in fuzz/ for FUZZ_SECONDS each, then executions and findings per

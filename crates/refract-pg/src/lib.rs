@@ -18,7 +18,6 @@
 //! - [`classify`]: read or write, and session statements, by PostgreSQL's parser; cached.
 //! - [`reply`]: encoders for what refract answers itself (errors, auth requests, login).
 //! - [`session`]: SET parameters, prepared statements and transaction state to carry across servers.
-//! - `testkit` (feature `testkit`): a real PostgreSQL primary and streaming replicas for tests.
 //! - [`error`]: the crate's error type.
 
 pub mod auth;
@@ -33,8 +32,6 @@ pub mod reply;
 pub mod session;
 pub mod startup;
 pub mod stream;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod text;
 mod wire;
 

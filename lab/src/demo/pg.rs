@@ -23,7 +23,7 @@ const PG_TOOLS: [&str; 4] = ["initdb", "pg_ctl", "pg_basebackup", "psql"];
 /// Why the section cannot run on this machine, if it cannot: a program the PostgreSQL lab
 /// needs is missing.
 pub fn unavailable() -> Option<String> {
-    let installed = |t: &str| refract_pg::testkit::tool(t).ok().filter(|p| p.exists());
+    let installed = |t: &str| refract_testkit::tool(t).ok().filter(|p| p.exists());
     let others = [("runuser", sh::have("runuser")), (pgbouncer::BINARY, Path::new(pgbouncer::BINARY).exists())];
     missing(installed, &others)
 }

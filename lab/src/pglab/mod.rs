@@ -16,7 +16,7 @@ use crate::fabric::topology::{C1, DISPATCHER};
 use crate::support::{interrupt, sh, state};
 use anyhow::{bail, Context, Result};
 use layout::{pg_dir, pgbouncer_addr, PgDispatcher, SERVERS};
-use refract_pg::testkit::{DATABASE, PASSWORD, USER};
+use refract_testkit::{DATABASE, PASSWORD, USER};
 use server::Pg;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -163,7 +163,7 @@ pub fn stop() {
 
 /// `psql -XAtq -c SQL` from namespace `ns` to `IP:PORT` as the lab user; trimmed output.
 pub fn psql(ns: &str, addr: &str, sql: &str) -> Result<String> {
-    let psql = refract_pg::testkit::tool("psql").context("finding psql")?;
+    let psql = refract_testkit::tool("psql").context("finding psql")?;
     let (host, port) = addr.rsplit_once(':').with_context(|| format!("{addr} is no IP:PORT"))?;
     let args = ["-h", host, "-p", port, "-U", USER, "-d", DATABASE, "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql];
     let mut c = sh::cmd(Some(ns), &psql.to_string_lossy(), &args);

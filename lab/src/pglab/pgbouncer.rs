@@ -5,7 +5,7 @@
 
 use crate::fabric::topology::DISPATCHER;
 use crate::pglab::layout::{pg_dir, Server, PGBOUNCER_PORT};
-use refract_pg::testkit::{DATABASE, PASSWORD, USER};
+use refract_testkit::{DATABASE, PASSWORD, USER};
 use std::path::PathBuf;
 
 /// Debian's PgBouncer.

@@ -11,7 +11,7 @@ use crate::fabric::topology::{B1, PREFIX};
 use crate::pglab::layout::{pg_dir, Server, PG_PORT};
 use crate::support::{sh, state};
 use anyhow::{Context, Result};
-use refract_pg::testkit::{self, PASSWORD, USER};
+use refract_testkit::{self as testkit, PASSWORD, USER};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,4 +1,4 @@
-// pgx v5 through refract (run by crates/refract-core/tests/pg_drivers.rs; built by
+// pgx v5 through refract (run by crates/refract-dispatch/tests/it/pg_drivers.rs; built by
 // tests/drivers/setup-all.sh). Usage: pgx-suite PORT. Prints `ok NAME` or `FAIL NAME: reason`
 // per check, then `done`; exits 1 when a check failed. Every check asserts what a direct
 // connection to PostgreSQL gives, and runs under a time limit.

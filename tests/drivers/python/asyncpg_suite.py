@@ -1,4 +1,4 @@
-"""asyncpg through refract (run by crates/refract-dispatch/tests/pg_drivers.rs).
+"""asyncpg through refract (run by crates/refract-dispatch/tests/it/pg_drivers.rs).
 
 Usage: asyncpg_suite.py PORT. asyncpg always uses the extended protocol for statements with
 or without parameters (except `execute()` without arguments, a simple Query); with its

@@ -1,7 +1,7 @@
 """Shared by the Python driver suites: connection settings, checks, bounded waits.
 
 Every suite is run as `python SUITE.py PORT` (refract's PostgreSQL port; user/password/database
-of refract-pg's test kit) and prints one line per check, `ok NAME` or `FAIL NAME: reason`, then
+of refract-testkit) and prints one line per check, `ok NAME` or `FAIL NAME: reason`, then
 `done`; it exits non-zero when any check failed. Each check runs with a time limit, so a hung
 driver is a failed check, never a hung suite.
 """

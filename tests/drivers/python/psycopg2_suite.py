@@ -1,4 +1,4 @@
-"""psycopg2 through refract (run by crates/refract-dispatch/tests/pg_drivers.rs).
+"""psycopg2 through refract (run by crates/refract-dispatch/tests/it/pg_drivers.rs).
 
 Usage: psycopg2_suite.py PORT. psycopg2 interpolates parameters on the client and sends every
 statement as a simple Query; its only server-side prepared statements are SQL PREPARE/EXECUTE,

@@ -1,4 +1,4 @@
-"""psycopg 3 through refract (run by crates/refract-dispatch/tests/pg_drivers.rs).
+"""psycopg 3 through refract (run by crates/refract-dispatch/tests/it/pg_drivers.rs).
 
 Usage: psycopg3_suite.py PORT. Every check asserts what a direct connection to PostgreSQL
 gives; see harness.py for the output format.

@@ -1,5 +1,5 @@
 """asyncpg through sharded refract, compared with one plain PostgreSQL (run by
-crates/refract-dispatch/tests/pg_sharded_drivers.rs; see sharded_harness.py).
+crates/refract-dispatch/tests/it/pg_sharded_drivers.rs; see sharded_harness.py).
 
 Usage: sharded_asyncpg.py REFRACT_PORT ORACLE_PORT SHARD_PORT... asyncpg with its defaults:
 every statement with or without arguments through the extended protocol as a named prepared

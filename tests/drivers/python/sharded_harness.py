@@ -1,5 +1,5 @@
 """Shared by the sharded driver suites (sharded_*.py, run by
-crates/refract-dispatch/tests/pg_sharded_drivers.rs).
+crates/refract-dispatch/tests/it/pg_sharded_drivers.rs).
 
 Usage: sharded_SUITE.py REFRACT_PORT ORACLE_PORT SHARD_PORT...: refract in front of the shards
 (customers sharded by `id`, orders by `customer_id`, both hash; products replicated) and one
@@ -254,3 +254,151 @@ def tables_equal(query):
             problems.append(f"products on shard {i}: {show(copy)}, PostgreSQL {show(products)}")
     if problems:
         raise AssertionError(" | ".join(problems))
+
+
+# Checks in the format paramstyle (`%s`), the same for psycopg2 and psycopg 3 (each suite imports
+# them and lists them among its checks; asyncpg's own use `$1`). `s` is the suite's session pair.
+
+
+def dsn(port):
+    return f"host={h.HOST} port={port} user={h.USER} password={h.PASSWORD} dbname={h.DATABASE} connect_timeout=10"
+
+
+SELECT_CUSTOMER = "SELECT id, name, city, score, balance FROM customers WHERE id = %s"
+
+
+def keyed_read(s):
+    for shard in (0, 1):
+        k = key_on(shard, 1)
+        s.rows(f"id {k} (shard {shard})", SELECT_CUSTOMER, (k,))
+    s.rows("absent id", SELECT_CUSTOMER, (100000,))
+
+
+def any_array(s):
+    keys = keys_on_both(3, 6) + [100000]
+    s.rows("= ANY", "SELECT id, name, score FROM customers WHERE id = ANY(%s) ORDER BY id", (keys,))
+    s.rows("orders = ANY", "SELECT id, customer_id, qty FROM orders WHERE customer_id = ANY(%s) ORDER BY id", (keys,))
+
+
+def scatter_count(s):
+    s.rows("count(*)", "SELECT count(*) FROM customers")
+    s.rows("count with a parameter", "SELECT count(*) FROM orders WHERE qty >= %s", (3,))
+
+
+def scatter_where(s):
+    s.rows("balance > %s", "SELECT id, name, balance FROM customers WHERE balance > %s", (0,), ordered=False)
+    s.rows("count balance > %s", "SELECT count(*) FROM customers WHERE balance > %s", (0,))
+
+
+def scatter_order_limit(s):
+    sql = "SELECT id, name, score FROM customers WHERE score > %s ORDER BY score DESC, id LIMIT 7 OFFSET 2"
+    s.rows("ORDER BY LIMIT OFFSET", sql, (-20,))
+    s.rows("ORDER BY name LIMIT", "SELECT name, id FROM customers WHERE id > %s ORDER BY name DESC LIMIT 5", (10,))
+
+
+def group_by_aggregates(s):
+    sql = "SELECT city, count(*), sum(score), min(score), max(score) FROM customers WHERE id > %s GROUP BY city ORDER BY city"
+    s.rows("GROUP BY city", sql, (5,))
+    sql = "SELECT count(*), sum(qty), min(customer_id), max(customer_id) FROM orders WHERE qty > %s"
+    s.rows("whole-table aggregates", sql, (2,))
+
+
+def group_by_avg(s):
+    sql = "SELECT city, avg(score), avg(balance), sum(balance) FROM customers WHERE id > %s GROUP BY city ORDER BY city"
+    s.rows("avg", sql, (5,))
+
+
+def distinct(s):
+    s.rows("DISTINCT", "SELECT DISTINCT city FROM customers WHERE score > %s ORDER BY city", (0,))
+    s.rows("DISTINCT 2", "SELECT DISTINCT qty, customer_id %% 3 AS m FROM orders WHERE qty < %s", (5,), ordered=False)
+
+
+def colocated_join(s):
+    sql = (
+        "SELECT c.id AS cid, c.name, o.id AS oid, o.qty FROM customers c JOIN orders o ON o.customer_id = c.id "
+        "WHERE o.qty > %s ORDER BY oid"
+    )
+    s.rows("join on the key", sql, (4,))
+    sql = "SELECT c.name, o.id, o.qty FROM customers c JOIN orders o ON o.customer_id = c.id WHERE c.id = %s ORDER BY o.id"
+    s.rows("keyed join", sql, (key_on(1, 1),))
+
+
+def replicated_read(s):
+    s.rows("products", "SELECT id, name, price FROM products WHERE price > %s ORDER BY id", (10,))
+    s.rows("product by id", "SELECT name FROM products WHERE id = %s", (3,))
+
+
+INSERT_CUSTOMER = "INSERT INTO customers (id, name, city, score, balance) VALUES (%s, %s, %s, %s, %s)"
+
+
+def insert_one(s):
+    keys = keys_on_both(1000, 2)
+    for k in keys:
+        s.run(f"insert {k} (shard {shard_of(k)})", INSERT_CUSTOMER, (k, f"n{k}", "Zug", k % 50, None))
+    for k in keys:
+        s.rows(f"read {k}", SELECT_CUSTOMER, (k,))
+
+
+def insert_many(s):
+    keys = span(2000, 200)
+    s.many("executemany", INSERT_CUSTOMER, [(k, f"m{k}", "Chur", k % 100, None) for k in keys])
+    s.rows("count", "SELECT count(*), sum(score) FROM customers WHERE id BETWEEN %s AND %s", (2000, 2199))
+    s.rows("keyed", SELECT_CUSTOMER, (2001,))
+
+
+def keyed_update(s):
+    for k in keys_on_both(10, 2):
+        s.run(f"update {k}", "UPDATE customers SET score = score + %s, name = %s WHERE id = %s", (5, f"u{k}", k))
+        s.rows(f"read {k}", SELECT_CUSTOMER, (k,))
+    s.run("update absent", "UPDATE customers SET score = 0 WHERE id = %s", (100000,))
+
+
+def keyed_delete(s):
+    for k in keys_on_both(40, 2):
+        s.run(f"delete {k}", "DELETE FROM customers WHERE id = %s", (k,))
+        s.rows(f"read {k}", SELECT_CUSTOMER, (k,))
+    s.run("delete absent", "DELETE FROM customers WHERE id = %s", (100000,))
+
+
+def replicated_write(s):
+    s.run("insert", "INSERT INTO products (id, name, price) VALUES (%s, %s, %s)", (100, "new", 1.5))
+    s.run("update", "UPDATE products SET price = price * %s WHERE id <= %s", (2, 3))
+    s.run("delete", "DELETE FROM products WHERE id = %s", (4,))
+    s.rows("read", "SELECT id, name, price FROM products ORDER BY id")
+
+
+def tx_one_shard_commit(s):
+    k = key_on(0, 3000)
+    s.run("insert", INSERT_CUSTOMER, (k, "t1", "Bern", 1, None))
+    s.run("update", "UPDATE customers SET score = score + %s WHERE id = %s", (10, k))
+    s.rows("read inside", SELECT_CUSTOMER, (k,))
+    s.end("commit", True)
+    s.rows("after commit", SELECT_CUSTOMER, (k,))
+    s.end("commit the read", True)
+
+
+def tx_one_shard_rollback(s):
+    k = key_on(1, 3100)
+    s.run("insert", INSERT_CUSTOMER, (k, "t2", "Bern", 1, None))
+    s.rows("read inside", SELECT_CUSTOMER, (k,))
+    s.end("rollback", False)
+    s.rows("after rollback", SELECT_CUSTOMER, (k,))
+    s.end("commit the read", True)
+
+
+def tx_scatter_read(s):
+    a, b = keys_on_both(3400, 2)
+    s.run("insert shard 0", INSERT_CUSTOMER, (a, "z0", "Zug", 3, None))
+    s.run("insert shard 1", INSERT_CUSTOMER, (b, "z1", "Zug", 4, None))
+    sql = "SELECT count(*), sum(score) FROM customers WHERE id BETWEEN %s AND %s"
+    s.rows("scatter inside", sql, (3400, 3499))
+    s.rows("scatter rows inside", "SELECT id, name FROM customers WHERE id >= %s ORDER BY id", (3400,))
+    s.end("commit", True)
+    s.rows("after commit", "SELECT count(*) FROM customers WHERE id BETWEEN %s AND %s", (3400, 3499))
+    s.end("commit the read", True)
+
+
+def unique_violation(s):
+    for k in keys_on_both(1, 2):
+        s.run(f"duplicate {k}", INSERT_CUSTOMER, (k, "dup", None, None, None))
+    s.rows("usable after", "SELECT 1")

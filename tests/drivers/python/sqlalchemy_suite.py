@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 through refract (run by crates/refract-dispatch/tests/pg_drivers.rs), on its
+"""SQLAlchemy 2 through refract (run by crates/refract-dispatch/tests/it/pg_drivers.rs), on its
 psycopg (3), psycopg2 and asyncpg dialects, with a pool of 20 connections used by 20 threads
 or tasks at once.
 

@@ -494,7 +494,7 @@ mod tests {
     /// binary result format) gives for the same values.
     #[test]
     fn binary_matches_a_real_server() {
-        let cluster = refract_pg::testkit::PgCluster::start_with_replicas(0).expect("start PostgreSQL");
+        let cluster = refract_testkit::PgCluster::start_with_replicas(0).expect("start PostgreSQL");
         let list = VALUES.iter().map(|v| format!("'{v}'")).collect::<Vec<_>>().join(",");
         let sql = format!(
             "SELECT string_agg(encode(numeric_send(x::numeric), 'hex'), ',' ORDER BY i) \

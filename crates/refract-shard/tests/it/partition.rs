@@ -4,9 +4,9 @@
 //! parameters (`= ANY($n)`) read alike in PostgreSQL's text and binary forms.
 #![allow(clippy::unwrap_used)]
 
-use refract_pg::testkit::PgCluster;
 use refract_shard::keyparam::Params;
 use refract_shard::partition::{remainder, Key, KeyType};
+use refract_testkit::PgCluster;
 
 /// Deterministic test values: a small LCG.
 struct Lcg(u64);

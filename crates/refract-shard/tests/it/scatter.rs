@@ -14,10 +14,10 @@ use bytes::BytesMut;
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::startup::PROTOCOL_3_0;
-use refract_pg::testkit::{PgCluster, PgServer, PASSWORD, USER};
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
 use refract_shard::partition::{remainder, Key};
 use refract_shard::scatter::{self, write_tag, Decision, Gather, Options, Placement, Plan, Row, Step};
+use refract_testkit::{PgCluster, PgServer, PASSWORD, USER};
 
 /// A minimal blocking client built from refract-pg's codec, on one database.
 struct Conn {

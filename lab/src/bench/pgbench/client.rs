@@ -37,7 +37,7 @@ impl Load {
     /// The arguments after `pgbench`, for a server on 127.0.0.1:`port`.
     pub fn args(&self, port: u16) -> Vec<String> {
         let mut v: Vec<String> = vec!["-h".into(), "127.0.0.1".into(), "-p".into(), port.to_string()];
-        v.extend(["-U", refract_pg::testkit::USER, "-n"].map(String::from));
+        v.extend(["-U", refract_testkit::USER, "-n"].map(String::from));
         v.extend(self.script.iter().cloned());
         v.extend([
             "-c".into(),
@@ -49,7 +49,7 @@ impl Load {
             "-M".into(),
             self.mode.clone(),
         ]);
-        v.push(refract_pg::testkit::DATABASE.into());
+        v.push(refract_testkit::DATABASE.into());
         v
     }
 
@@ -86,7 +86,7 @@ pub type Outcome = std::result::Result<Summary, String>;
 pub fn run(bin: &Path, load: &Load, port: u16) -> Result<Outcome> {
     let mut c = Command::new(bin);
     c.args(load.args(port))
-        .env("PGPASSWORD", refract_pg::testkit::PASSWORD)
+        .env("PGPASSWORD", refract_testkit::PASSWORD)
         .env("PGCONNECT_TIMEOUT", "10")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

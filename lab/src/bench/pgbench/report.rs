@@ -57,7 +57,7 @@ fn header(out: &mut String, r: &Results) {
          Load average (1/5/15 min) at the start {}, at the end {}: anything above the benchmark's own \
          load means other work shared the cores.\n\
          - **Versions:** {}; {}; {}; {}; refract {}\n\
-         - **Servers:** the refract-pg test kit's primary and streaming replica (`fsync = off`) with `{settings}`; \
+         - **Servers:** the refract-testkit's primary and streaming replica (`fsync = off`) with `{settings}`; \
          `pgbench -i -s {}` ({} accounts, in memory)\n\
          - **Load:** {}; each cell is the median of {} interleaved runs (the targets take turns, each round starting one later, so \
          drift in the machine's load hits all of them alike), after {}. TPS excludes connection time; \

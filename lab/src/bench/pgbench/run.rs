@@ -1,7 +1,7 @@
 //! `refract bench pgbench`: pgbench through refract, PgBouncer and pgpool-II, and directly
 //! against the primary, on one machine in one run.
 //!
-//! 1. A primary and a streaming replica from the refract-pg test kit, given room for every
+//! 1. A primary and a streaming replica from the refract-testkit, given room for every
 //!    pooler's connections (`max_connections`) and the data set (`shared_buffers`), then
 //!    `pgbench -i` on the primary and a wait until the replica has replayed it.
 //! 2. refract, PgBouncer and pgpool-II start on free loopback ports
@@ -21,7 +21,7 @@ use crate::bench::pgbench::targets::{self as targets, Setup as TargetContext, Ta
 use crate::report::environment::Environment;
 use crate::support::{interrupt, sh};
 use anyhow::{anyhow, bail, Context, Result};
-use refract_pg::testkit::{self, PgCluster, PgServer};
+use refract_testkit::{self as testkit, PgCluster, PgServer};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -51,7 +51,7 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
     let versions = versions(&pgbench);
     let env = Environment::detect();
 
-    step(started, "starting a PostgreSQL primary and streaming replica (refract-pg test kit)");
+    step(started, "starting a PostgreSQL primary and streaming replica (refract-testkit)");
     let cluster = PgCluster::start().map_err(|e| anyhow!("starting PostgreSQL: {e}"))?;
     let run_as = run_as()?;
     tune(&cluster, &run_as)?;

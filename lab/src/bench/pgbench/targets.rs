@@ -7,7 +7,7 @@
 
 use crate::support::sh;
 use anyhow::{bail, Context, Result};
-use refract_pg::testkit::{DATABASE, PASSWORD, USER};
+use refract_testkit::{DATABASE, PASSWORD, USER};
 use std::ffi::OsStr;
 use std::fmt::Write;
 use std::net::{Ipv4Addr, TcpListener};

@@ -57,7 +57,7 @@ pub fn measure(target: &str, bytes: u64) -> Result<f64> {
     let n = queries(bytes);
     let script = format!("\\timing on\n{}", format!("{};\n", query(bytes)).repeat(n as usize));
     let file = state::write("pg-large.sql", &script)?.to_string_lossy().into_owned();
-    let psql = refract_pg::testkit::tool("psql")?.to_string_lossy().into_owned();
+    let psql = refract_testkit::tool("psql")?.to_string_lossy().into_owned();
     let mut children = Vec::new();
     for (i, ns) in ["rf-c1", "rf-c2"].into_iter().enumerate() {
         let addr = addr(target, i)?;

@@ -81,7 +81,7 @@ fn pgbench_pairs(args: &PgLargeArgs, started: Instant) -> Result<Option<report::
     if args.pairs == 0 {
         return Ok(None);
     }
-    let bin = refract_pg::testkit::tool("pgbench")?.to_string_lossy().into_owned();
+    let bin = refract_testkit::tool("pgbench")?.to_string_lossy().into_owned();
     step(started, "pgbench -i -s 10 on the primary");
     pgbench(&bin, &layout::SERVERS[0].listen_addr(), &["-i", "-q", "-s", "10"])?;
     wait_replayed()?;

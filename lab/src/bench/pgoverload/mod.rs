@@ -1,5 +1,5 @@
 //! `refract bench pg-overload`: PostgreSQL past saturation. A primary and a streaming replica
-//! (the refract-pg test kit), statements of ~20 ms (`SELECT pg_sleep(0.02)`, a read); the
+//! (the refract-testkit), statements of ~20 ms (`SELECT pg_sleep(0.02)`, a read); the
 //! closed-loop capacity through refract by pgbench; then an open loop ([`openloop`]) at
 //! 0.5×, 1× and 3× that capacity through refract (shipped defaults, but the primary and the
 //! replica both serve reads: `[balance] read_from_primary`) and PgBouncer (transaction mode,

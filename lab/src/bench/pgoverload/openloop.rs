@@ -7,7 +7,7 @@
 
 use super::conn::PgConn;
 use crate::bench::loadgen::schedule::Schedule;
-use refract_pg::testkit::{DATABASE, PASSWORD, USER};
+use refract_testkit::{DATABASE, PASSWORD, USER};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -156,7 +156,7 @@ pub fn render(res: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "**Method.** A primary and a streaming replica (refract-pg test kit) on loopback; every statement is `{}` (a read). \
+        "**Method.** A primary and a streaming replica (refract-testkit) on loopback; every statement is `{}` (a read). \
          **Capacity: {:.0} statements/s**, by `{}` (a closed loop) through refract. Then an open loop at {} × that capacity, \
          {} s per point after a 1 s warm-up: Poisson arrivals from a seeded generator (every target sees the same arrivals), \
          each statement on an idle client connection or a new one (at most {}), latency from its scheduled start, as `pgbench -R` \

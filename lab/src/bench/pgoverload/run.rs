@@ -8,7 +8,7 @@ use crate::bench::pgbench::run::{run_as, tempdir};
 use crate::bench::pgbench::targets::{self, Placement, Setup};
 use crate::support::interrupt;
 use anyhow::{anyhow, Context, Result};
-use refract_pg::testkit::{self, PgCluster};
+use refract_testkit::{self as testkit, PgCluster};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ pub fn run(args: PgOverloadArgs) -> Result<()> {
         None => std::env::current_exe().context("locating this binary")?,
     };
     let pgbench = testkit::tool("pgbench")?;
-    step(started, "starting a PostgreSQL primary and streaming replica (refract-pg test kit)");
+    step(started, "starting a PostgreSQL primary and streaming replica (refract-testkit)");
     let cluster = PgCluster::start().map_err(|e| anyhow!("starting PostgreSQL: {e}"))?;
     let run_as = run_as()?;
     let work = tempdir(&run_as)?;

@@ -17,7 +17,7 @@ use crate::bench::pgbench::options::pick;
 use crate::bench::pgbench::targets::Placement;
 use anyhow::{Context, Result};
 use clap::Args;
-use refract_pg::testkit::{DATABASE, PASSWORD, USER};
+use refract_testkit::{DATABASE, PASSWORD, USER};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 

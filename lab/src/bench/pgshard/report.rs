@@ -143,7 +143,7 @@ fn header(out: &mut String, r: &Results) {
          - **Machine:** {} cores ({}), Linux {}, shared by the server, both refracts and pgbench over \
          loopback, and by other work: load average (1/5/15 min) {} at the start, {} at the end.\n\
          - **Versions:** {}; {}; refract {}\n\
-         - **Server:** the refract-pg test kit's (`fsync = off`) with `{settings}`; `pgbench -i -s {}` \
+         - **Server:** the refract-testkit's (`fsync = off`) with `{settings}`; `pgbench -i -s {}` \
          ({} accounts, in memory).\n\
          - **Load:** {}, where `{}` is `-S`'s keyed read: `\\set aid random(1, 100000 * :scale)` then \
          `SELECT abalance FROM pgbench_accounts WHERE aid = :aid;` (with `-M extended` the key travels \

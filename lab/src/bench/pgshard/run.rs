@@ -1,6 +1,6 @@
 //! The measurement of `bench pg-shard`:
 //!
-//! 1. One PostgreSQL server from the refract-pg test kit (no replica), with `bench pgbench`'s
+//! 1. One PostgreSQL server from the refract-testkit (no replica), with `bench pgbench`'s
 //!    server settings, and `pgbench -i` on it.
 //! 2. refract `unsharded` and refract `sharded` ([`config`](super::config)) on free loopback
 //!    ports, both running for the whole measurement; `/* refract: explain */` through the
@@ -19,7 +19,7 @@ use crate::bench::pgbench::targets::{self, Setup, Target};
 use crate::report::environment::Environment;
 use crate::support::{interrupt, sh};
 use anyhow::{anyhow, bail, Context, Result};
-use refract_pg::testkit::{self, PgCluster, PgServer};
+use refract_testkit::{self as testkit, PgCluster, PgServer};
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -43,7 +43,7 @@ pub fn measure(opts: &PgShardOptions) -> Result<Results> {
             bail!("{} does not exist (pgbench and psql: Debian's postgresql-client)", t.display());
         }
     }
-    step(started, "starting a PostgreSQL server (refract-pg test kit)");
+    step(started, "starting a PostgreSQL server (refract-testkit)");
     let cluster = PgCluster::start_with_replicas(0).map_err(|e| anyhow!("starting PostgreSQL: {e}"))?;
     let run_as = run_as()?;
     tune(&cluster.primary, &run_as)?;

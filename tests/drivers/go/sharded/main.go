@@ -1,5 +1,5 @@
 // pgx v5 through SHARDED refract, compared with one plain PostgreSQL (run by
-// crates/refract-dispatch/tests/pg_sharded_drivers.rs; built by tests/drivers/setup-all.sh).
+// crates/refract-dispatch/tests/it/pg_sharded_drivers.rs; built by tests/drivers/setup-all.sh).
 //
 // Usage: pgx-sharded-suite REFRACT_PORT ORACLE_PORT SHARD_PORT... pgx with its defaults
 // (QueryExecModeCacheStatement): a statement with arguments is prepared under a name of its

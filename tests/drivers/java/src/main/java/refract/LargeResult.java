@@ -1,5 +1,5 @@
 // One large result fetched by pgjdbc, digested client-side (run by
-// crates/refract-dispatch/tests/pg_drivers.rs; built into the suite's jar by
+// crates/refract-dispatch/tests/it/pg_drivers.rs; built into the suite's jar by
 // tests/drivers/setup-all.sh). Usage: java -cp target/pgjdbc-suite.jar refract.LargeResult PORT MIB.
 // Prints `rows N md5 HEX`, the MD5 of every row as the text `n|md5|xxx...` plus a newline (what
 // `psql -XAt -F '|'` prints), so it must equal psql's and the other drivers', through refract

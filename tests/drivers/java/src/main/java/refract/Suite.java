@@ -1,4 +1,4 @@
-// pgjdbc through refract (run by crates/refract-core/tests/pg_drivers.rs; built by
+// pgjdbc through refract (run by crates/refract-dispatch/tests/it/pg_drivers.rs; built by
 // tests/drivers/setup-all.sh). Usage: java -jar target/pgjdbc-suite.jar PORT. Prints `ok NAME`
 // or `FAIL NAME: reason` per check, then `done`; exits 1 when a check failed. Every check
 // asserts what a direct connection to PostgreSQL gives, and runs under a time limit.

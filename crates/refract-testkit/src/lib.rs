@@ -1,0 +1,17 @@
+//! refract's test kit, for the integration tests and the lab only (a dev-dependency
+//! everywhere but in `refract-lab`, which is behind `refract`'s `lab` feature): real
+//! PostgreSQL servers in a temporary directory and the one builder the tests start a cluster
+//! with, `cluster().primary().replica().agent(..).dispatcher(cfg).run()`.
+//!
+//! # Layout
+//! - [`pg`]: a PostgreSQL primary, streaming replicas and servers of their own ([`PgCluster`]),
+//!   the installation's programs ([`tool`]), the login every server has ([`USER`]), refract's
+//!   `[postgres]` section in front of them ([`postgres_section`]).
+//! - [`cluster`]: the builder ([`cluster()`]): which servers, which agents in front of which,
+//!   which dispatcher config; what starts an agent or a dispatcher is the test's ([`Start`]).
+
+pub mod cluster;
+pub mod pg;
+
+pub use cluster::{cluster, Cluster, ClusterBuilder, ServersOnly, Start};
+pub use pg::{postgres_section, tool, PgCluster, PgServer, DATABASE, PASSWORD, USER};

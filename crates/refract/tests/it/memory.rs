@@ -102,7 +102,10 @@ fn idle_keep_alive_connections_cost_at_most_2_kib_each_and_closing_them_returns_
     let reused = settled(&d.proc);
     drop(again);
     eprintln!("RSS: {after} B after close, {reused} B with {n} new ones");
-    // Tolerance: 5 % of what the connections took (page rounding, a backend connection more).
-    let tolerance = (during - base) / 20 + (256 << 10);
+    // Tolerance: a quarter of what the first ones took. jemalloc does not put the second
+    // round's buffers on the pages the first round's used (it returned those), and a fresh
+    // page holds the tail of a half-used one (seen: 2.2 MB more for the second 5000 on a
+    // loaded 2-core machine). A leak of what a connection holds shows as the whole of it again.
+    let tolerance = (during - base) / 4 + (256 << 10);
     assert!(reused <= during + tolerance, "{reused} B with the second {n}, {during} B with the first");
 }

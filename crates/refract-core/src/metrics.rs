@@ -45,6 +45,11 @@ struct ShardLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HandoverLabels {
     backend: String,
     result: String,
@@ -79,7 +84,7 @@ pub struct Metrics {
     pub bytes_to_client: Counter,
     /// Client connections accepted.
     pub connections: Counter,
-    open_connections: Family<ShardLabel, Gauge>,
+    open_connections: Family<WorkerLabel, Gauge>,
     /// Time the event loops spent busy polling (`[listen] busy_poll_us`).
     pub busy_poll_seconds: Counter<f64, AtomicU64>,
     backend_up: Family<BackendLabel, Gauge>,
@@ -155,10 +160,10 @@ impl Metrics {
         let dir = |d: &str| bytes.get_or_create(&DirectionLabel { direction: d.into() }).clone();
         let connections = Counter::default();
         reg.register("client_connections", "Client connections accepted", connections.clone());
-        let open_connections = Family::<ShardLabel, Gauge>::default();
+        let open_connections = Family::<WorkerLabel, Gauge>::default();
         reg.register(
             "client_connections_open",
-            "Open client connections (HTTP and PostgreSQL) per event loop",
+            "Open client connections (HTTP and PostgreSQL) per worker (event loop)",
             open_connections.clone(),
         );
         let busy_poll_seconds = Counter::<f64, AtomicU64>::default();
@@ -429,9 +434,9 @@ impl Metrics {
         self.pg_pinned_clients.set(n as i64);
     }
 
-    /// The gauge of open client connections on event loop `shard`.
-    pub fn open_connections(&self, shard: usize) -> Gauge {
-        self.open_connections.get_or_create(&ShardLabel { shard: shard.to_string() }).clone()
+    /// The gauge of open client connections on worker `worker`.
+    pub fn open_connections(&self, worker: usize) -> Gauge {
+        self.open_connections.get_or_create(&WorkerLabel { worker: worker.to_string() }).clone()
     }
 
     /// Counts a hand-over attempt for `backend`: `result` is `ok` or the reason it failed.

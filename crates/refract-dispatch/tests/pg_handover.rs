@@ -10,7 +10,7 @@ mod pg_common;
 
 use pg_common::agent::{self, Agent};
 use pg_common::{Answer, Client};
-use refract_dispatch::{config, run_sharded, Ctx};
+use refract_dispatch::{config, run_workers, Ctx};
 use refract_pg::frontend::Bind;
 use refract_pg::testkit::{PgCluster, PASSWORD, USER};
 use refract_pg::FrontendMessage;
@@ -77,10 +77,10 @@ agents = {{ primary = "unix:{}" }}
             sock.display()
         );
         let cfg = config::parse(&text).unwrap();
-        refract_core::shard::set_count(2);
+        refract_core::worker::set_count(2);
         let ctx = Ctx::new(cfg);
         let run = ctx.clone();
-        std::thread::spawn(move || run_sharded(run, 2).unwrap());
+        std::thread::spawn(move || run_workers(run, 2).unwrap());
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
             assert!(std::time::Instant::now() < deadline, "refract never listened");

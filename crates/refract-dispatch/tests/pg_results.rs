@@ -24,7 +24,7 @@ use agent::Agent;
 use bytes::{Bytes, BytesMut};
 use md5::{Digest, Md5};
 use refract_dispatch::config;
-use refract_dispatch::{run_sharded, Ctx};
+use refract_dispatch::{run_workers, Ctx};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::startup::PROTOCOL_3_0;
@@ -165,10 +165,10 @@ role = "replica"
     );
     let cfg = config::parse(&text).unwrap();
     // Two event loops, as `[listen] workers = 2` runs them.
-    refract_core::shard::set_count(2);
+    refract_core::worker::set_count(2);
     let ctx = Ctx::new(cfg);
     let run = ctx.clone();
-    let thread = std::thread::spawn(move || run_sharded(run, 2).unwrap());
+    let thread = std::thread::spawn(move || run_workers(run, 2).unwrap());
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
         assert!(Instant::now() < deadline, "refract never listened on {port}");

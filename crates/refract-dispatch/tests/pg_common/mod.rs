@@ -7,7 +7,7 @@ pub mod agent;
 
 use bytes::BytesMut;
 use refract_dispatch::config;
-use refract_dispatch::{run_sharded, Ctx};
+use refract_dispatch::{run_workers, Ctx};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::testkit::{self, PgCluster, DATABASE, PASSWORD, USER};
@@ -188,10 +188,10 @@ pool_mode = "session"
 "#
         );
         let cfg = config::parse(&text).unwrap();
-        refract_core::shard::set_count(SHARDS);
+        refract_core::worker::set_count(SHARDS);
         let ctx = Ctx::new(cfg);
         let run = ctx.clone();
-        let thread = std::thread::spawn(move || run_sharded(run, SHARDS).unwrap());
+        let thread = std::thread::spawn(move || run_workers(run, SHARDS).unwrap());
         wait_listening(port);
         Fixture { port, admin, ctx, thread: Some(thread), agents, cluster }
     }

@@ -21,11 +21,15 @@
 //! deadline. The deadline is the session's `statement_timeout` (set by SET or in the startup
 //! packet), else `[overload] default_timeout_ms`, else none.
 
+pub(crate) mod baseline;
+pub(crate) mod lru;
+pub(crate) mod permit;
+
+use self::permit::Admitted;
 use super::error::PgError;
-use super::permit::Admitted;
-use super::servers::Server;
 use super::session::Session;
 use crate::config::PgRole;
+use crate::server::servers::Server;
 use refract_core::overload::{Arrival, Priority, Refusal};
 use refract_pg::notice::sqlstate;
 use std::sync::Arc;
@@ -209,7 +213,7 @@ mod tests {
         let text = "listen = \"127.0.0.1:0\"\nserver_user = \"u\"\npool_size = 12\ncheckout_timeout_ms = 700\n\
                     [[server]]\nname = \"p\"\naddr = \"127.0.0.1:1\"\nrole = \"primary\"\n";
         let pg: PgConfig = toml::from_str(text).expect("[postgres]");
-        let adm = crate::servers::admission_config(&Overload::default(), &pg);
+        let adm = crate::server::servers::admission_config(&Overload::default(), &pg);
         assert_eq!(
             (adm.limit.initial, adm.limit.max),
             (12.0, 12.0),

@@ -39,44 +39,18 @@
 //! - `error`: the error type.
 
 mod admit;
-mod baseline;
-mod batch;
-mod bind;
-mod cancel;
-mod clients;
+mod client;
 pub mod config;
 mod error;
-mod extended;
-mod greeting;
-mod handover;
-mod held;
-mod large;
-mod listen;
-mod login;
-mod lru;
-mod names;
-mod notify;
-mod partial;
-mod permit;
-mod phase;
-mod pin;
-mod pool;
-mod probes;
-mod reset;
 mod server;
-mod servers;
 mod session;
 mod sharding;
 mod shared;
-mod sizes;
-mod startup;
 mod status;
-mod unreadable;
-mod wire;
 
 pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
 pub use error::PgError;
-pub use servers::ChangeError;
+pub use server::servers::ChangeError;
 
 /// A membership change from the admin API.
 pub enum Change<'a> {
@@ -199,10 +173,10 @@ impl Front for PgFront {
         let interval = Duration::from_millis(shared.cfg.health_interval_ms);
         for servers in &shared.shards {
             if shared.cfg.read_your_writes && servers.list().iter().any(|s| s.role == PgRole::Replica) {
-                tokio::spawn(probes::run_lsn_poll(servers.clone(), ctx.stop.clone()));
+                tokio::spawn(server::probes::run_lsn_poll(servers.clone(), ctx.stop.clone()));
             }
             let (min_idle, metrics, stop) = (shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone());
-            tokio::spawn(probes::run_health(servers.clone(), interval, min_idle, metrics, stop));
+            tokio::spawn(server::probes::run_health(servers.clone(), interval, min_idle, metrics, stop));
         }
         if let Some(Ok(log)) = shared.sharding.as_ref().map(|s| s.log.clone()) {
             tokio::spawn(sharding::recover(log, shared.shards.clone(), interval, ctx.stop.clone()));

@@ -1,8 +1,14 @@
 //! [`ServerConn`]: one logged-in connection to a PostgreSQL server, with what refract has put
 //! on it (prepared statements, the SET state of the last client).
 
+pub(crate) mod partial;
+pub(crate) mod pool;
+pub(crate) mod probes;
+pub(crate) mod servers;
+pub(crate) mod sizes;
+
 use super::error::PgError;
-use super::wire::Wire;
+use crate::client::wire::Wire;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::hybrid::HybridRequest;

@@ -2,20 +2,34 @@
 //! server connection bound for the statement or transaction, relays the answers verbatim,
 //! and tracks the session state that has to follow the client from server to server.
 
-use super::cancel::CancelKey;
-use super::clients::{ClientInfo, ClientState, Registration};
+pub(crate) mod batch;
+pub(crate) mod bind;
+pub(crate) mod extended;
+pub(crate) mod handover;
+pub(crate) mod held;
+pub(crate) mod large;
+pub(crate) mod listen;
+pub(crate) mod names;
+pub(crate) mod notify;
+pub(crate) mod phase;
+pub(crate) mod pin;
+pub(crate) mod reset;
+pub(crate) mod unreadable;
+
+use self::held::Held;
+use self::phase::{CopyDir, Event, Phase};
 use super::error::PgError;
-use super::held::Held;
-use super::login;
-use super::permit::Admitted;
-use super::phase::{CopyDir, Event, Phase};
-use super::pool::Guard;
-use super::servers::{metrics_name, Server};
 use super::shared::Shared;
-use super::sizes::Path;
-use super::startup::startup_sets;
-use super::wire::{Frame, Incoming, Wire};
+use crate::admit::permit::Admitted;
+use crate::client::cancel::CancelKey;
+use crate::client::clients::{ClientInfo, ClientState, Registration};
+use crate::client::login;
+use crate::client::startup::startup_sets;
+use crate::client::wire::{Frame, Incoming, Wire};
 use crate::config::{PgRole, PoolMode};
+use crate::server::pool::Guard;
+use crate::server::servers::{metrics_name, Server};
+use crate::server::sizes::Path;
 use bytes::BytesMut;
 use refract_pg::classify::{fingerprint, Classification, Route, Statement};
 use refract_pg::frame::{self, Limits};
@@ -251,7 +265,7 @@ impl Session {
     }
 
     /// The servers of the shard this session binds on (of the cluster when not sharded).
-    pub(super) fn servers(&self) -> &Arc<super::servers::Servers> {
+    pub(super) fn servers(&self) -> &Arc<crate::server::servers::Servers> {
         self.shared.shard_servers(self.shard)
     }
 
@@ -827,7 +841,7 @@ impl Session {
         if !self.out.is_empty() {
             self.wire.send(&self.out).await?;
             self.out.clear();
-            if self.out.capacity() > super::wire::KEEP_CAPACITY {
+            if self.out.capacity() > crate::client::wire::KEEP_CAPACITY {
                 self.out = BytesMut::new(); // grown for one large message: give it back
             }
         }

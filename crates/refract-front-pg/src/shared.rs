@@ -2,13 +2,13 @@
 //! pools and admission control, the classifier, cancel keys, the greetings, the clients, the LISTEN channels. Kept by the
 //! dispatcher's shared state (`ctx`) for the admin views, so it imports neither.
 
-use super::cancel::Cancels;
-use super::clients::Clients;
-use super::notify::Notifier;
-use super::servers::Servers;
 use super::sharding::Sharding;
-use super::startup::Greetings;
+use crate::client::cancel::Cancels;
+use crate::client::clients::Clients;
+use crate::client::startup::Greetings;
 use crate::config::PgConfig;
+use crate::server::servers::Servers;
+use crate::session::notify::Notifier;
 use refract_core::config::{Balance, Overload};
 use refract_core::metrics::Metrics;
 use refract_handover::config::HandoverConfig;

@@ -1,10 +1,10 @@
 //! The PostgreSQL front end as the admin listener shows it: `GET /pg/pools`, `/pg/clients`,
 //! `/pg/servers` (JSON), and the pool, client and lag gauges of `/metrics`.
 
-use super::clients::ClientState;
-use super::servers::Server;
 use super::shared::Shared;
+use crate::client::clients::ClientState;
 use crate::config::PgRole;
+use crate::server::servers::Server;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ pub(crate) fn clients_view(shared: &Shared) -> Value {
                 "pool_mode": c.pool_mode.as_str(),
                 "state": c.state().as_str(),
                 "server": bound,
-                "pinned": super::held::Pins(c.pinned()).names(),
+                "pinned": crate::session::held::Pins(c.pinned()).names(),
                 "tls": c.tls,
                 "shard": c.shard,
             })

@@ -9,7 +9,7 @@
 use super::fanout::Leg;
 use super::Sharding;
 use crate::error::PgError;
-use crate::phase::{CopyDir, Event};
+use crate::session::phase::{CopyDir, Event};
 use crate::session::{Session, FLUSH_AT};
 use bytes::BytesMut;
 use refract_pg::copyrows::{self, CopyFormat, Field, Force, Piece, RowError, Rows};

@@ -13,11 +13,11 @@
 use super::route::Target;
 use super::Sharding;
 use crate::error::PgError;
-use crate::phase::Event;
-use crate::pool::Guard;
-use crate::servers::Server;
+use crate::server::pool::Guard;
+use crate::server::servers::Server;
+use crate::server::sizes::Path;
+use crate::session::phase::Event;
 use crate::session::{Session, FLUSH_AT};
-use crate::sizes::Path;
 use bytes::Bytes;
 use pg_query::NodeEnum;
 use refract_pg::backend::FieldDescription;
@@ -32,7 +32,7 @@ pub(crate) struct Leg {
     pub(crate) shard: usize,
     pub(crate) guard: Guard,
     server: Arc<Server>,
-    admitted: crate::permit::Admitted,
+    admitted: crate::admit::permit::Admitted,
 }
 
 impl Leg {

@@ -8,7 +8,7 @@
 use super::route::{route, Target};
 use super::{twophase, Sharding};
 use crate::error::PgError;
-use crate::phase::Event;
+use crate::session::phase::Event;
 use crate::session::Bound;
 use crate::session::Session;
 use bytes::{Bytes, BytesMut};
@@ -165,7 +165,7 @@ impl Session {
             return;
         }
         let Some(server) = self.shared.shard_servers(0).primary() else { return };
-        let Ok(mut guard) = server.pool.get(crate::sizes::Path::Direct).await else { return };
+        let Ok(mut guard) = server.pool.get(crate::server::sizes::Path::Direct).await else { return };
         for t in unknown {
             let Some(key) = refract_pg::shardkey::Schema::key_of(sh, t) else { continue };
             let q = format!(
@@ -397,7 +397,8 @@ impl Session {
         }
         let outcome = match (&sh.log, commit) {
             (Ok(log), true) => {
-                let mut conns: Vec<&mut crate::pool::Guard> = all.iter_mut().map(|(_, b)| &mut b.guard).collect();
+                let mut conns: Vec<&mut crate::server::pool::Guard> =
+                    all.iter_mut().map(|(_, b)| &mut b.guard).collect();
                 twophase::commit(log, &mut conns).await
             }
             _ => rollback_all(&mut all).await,
@@ -635,9 +636,9 @@ async fn rollback_all(all: &mut [(usize, Bound)]) -> Result<Result<(), refract_p
 }
 
 /// `SHOW max_prepared_transactions` on a primary of `servers`.
-async fn ask_prepared(servers: &crate::servers::Servers) -> Result<Option<String>, PgError> {
+async fn ask_prepared(servers: &crate::server::servers::Servers) -> Result<Option<String>, PgError> {
     let primary = servers.primary().ok_or_else(|| PgError::Unavailable("no primary".into()))?;
-    let mut g = primary.pool.get(crate::sizes::Path::Direct).await?;
+    let mut g = primary.pool.get(crate::server::sizes::Path::Direct).await?;
     let v = g.query_one("show max_prepared_transactions").await?;
     g.release();
     Ok(v)

@@ -7,9 +7,9 @@
 //! every shard or on none. One refract instance per cluster owns these ids.
 
 use crate::error::PgError;
-use crate::pool::Guard;
-use crate::servers::Servers;
-use crate::sizes::Path as ConnPath;
+use crate::server::pool::Guard;
+use crate::server::servers::Servers;
+use crate::server::sizes::Path as ConnPath;
 use refract_pg::{BackendMessage, ErrorFields, FrontendMessage};
 use std::collections::HashSet;
 use std::io::{BufRead, Write};

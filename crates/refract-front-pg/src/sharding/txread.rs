@@ -9,7 +9,7 @@
 
 use super::Sharding;
 use crate::error::PgError;
-use crate::pool::Guard;
+use crate::server::pool::Guard;
 use crate::session::{Bound, Session};
 use refract_pg::scatter::Plan;
 

@@ -11,10 +11,10 @@
 //! again wherever needed (`batch`); SQL-level ones keep the client's name on the server.
 
 use super::batch::{Expect, Kind, Made, Plan};
-use super::error::PgError;
-use super::server::ServerConn;
-use super::session::Session;
+use super::Session;
 use crate::config::PoolMode;
+use crate::error::PgError;
+use crate::server::ServerConn;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Classification, Statement};
 use refract_pg::frontend::Target;
@@ -41,7 +41,7 @@ impl Session {
     /// The server-side identity of a client statement under the session's current settings:
     /// the `search_path`, and for non-ASCII text the `client_encoding` too (the same bytes are
     /// other characters in another encoding, so the server would hold another statement).
-    pub(super) fn identity(&self, ps: &PreparedStatement) -> String {
+    pub(crate) fn identity(&self, ps: &PreparedStatement) -> String {
         let text = match &ps.origin {
             Origin::Protocol { query, .. } => query,
             Origin::Sql { text } => text,
@@ -54,7 +54,7 @@ impl Session {
     }
 
     /// The client's Parse of the unnamed statement, sent as is.
-    pub(super) fn parse_unnamed(
+    pub(crate) fn parse_unnamed(
         &mut self,
         plan: &mut Plan,
         ps: Arc<PreparedStatement>,
@@ -88,7 +88,7 @@ impl Session {
     }
 
     /// A Close of the unnamed statement: the client's (`own`, answered) or refract's (silent).
-    pub(super) fn close_unnamed(&mut self, plan: &mut Plan, own: bool) -> Result<(), PgError> {
+    pub(crate) fn close_unnamed(&mut self, plan: &mut Plan, own: bool) -> Result<(), PgError> {
         if own {
             self.state.prepared.close("");
         }
@@ -100,7 +100,7 @@ impl Session {
 
     /// Before a Bind or Describe of the unnamed statement: the server's must be the client's,
     /// parsed again if the server holds another (or none), or none if the client has none.
-    pub(super) fn use_unnamed(&mut self, plan: &mut Plan) -> Result<(), PgError> {
+    pub(crate) fn use_unnamed(&mut self, plan: &mut Plan) -> Result<(), PgError> {
         match self.state.prepared.get("").cloned() {
             Some(ps) if plan.unnamed.as_ref().is_some_and(|u| Arc::ptr_eq(u, &ps)) => Ok(()),
             Some(ps) => self.send_unnamed_parse(plan, ps, false, None),
@@ -110,7 +110,7 @@ impl Session {
 
     /// Before a Bind or Describe of a name the client has no statement under: whatever the
     /// server connection holds under that name (another client's SQL PREPARE) is closed first.
-    pub(super) fn close_missing(&mut self, plan: &mut Plan, name: &str) -> Result<(), PgError> {
+    pub(crate) fn close_missing(&mut self, plan: &mut Plan, name: &str) -> Result<(), PgError> {
         let conn = self.conn()?;
         conn.prepared.remove(name);
         conn.sql_prepared.remove(name);
@@ -120,7 +120,7 @@ impl Session {
     }
 
     /// A ParseComplete came for a message that prepares something.
-    pub(super) fn made(&mut self, made: Made) -> Result<(), PgError> {
+    pub(crate) fn made(&mut self, made: Made) -> Result<(), PgError> {
         let conn = self.conn()?;
         match made {
             Made::Global(g) | Made::Parse { global: Some(g), .. } => {
@@ -137,7 +137,7 @@ impl Session {
     /// not create its statement: the client keeps the one it had under that name, except that
     /// a failed Parse of the unnamed statement leaves none (the server dropped it first).
     /// Returns the error to relay in place of the server's, if refract owes its own.
-    pub(super) fn parse_failed(&mut self, expect: &std::collections::VecDeque<Expect>) -> Option<Bytes> {
+    pub(crate) fn parse_failed(&mut self, expect: &std::collections::VecDeque<Expect>) -> Option<Bytes> {
         let mut replacement = None;
         for (i, e) in expect.iter().enumerate() {
             let made = match e {
@@ -169,7 +169,7 @@ impl Session {
     /// server skips to Sync and fails an open transaction as PostgreSQL would, and the client
     /// gets PostgreSQL's error in place of the server's. In a failed transaction PostgreSQL
     /// answers `25P02` before it looks at the name; so does the stand-in, relayed as is.
-    pub(super) fn parse_duplicate(&mut self, plan: &mut Plan, name: &str) {
+    pub(crate) fn parse_duplicate(&mut self, plan: &mut Plan, name: &str) {
         let failed_tx = self.phase().tx() == TxStatus::Failed;
         let query = if failed_tx { "SELECT 1" } else { "refract: duplicate prepared statement" };
         let text = format!("prepared statement \"{name}\" already exists");
@@ -181,7 +181,7 @@ impl Session {
     /// Before a batch: SQL-prepared statements it binds or describes are put on the bound
     /// connection (a round trip each, after the session's SETs, which PREPARE resolves names
     /// with).
-    pub(super) async fn mirror_batch_names(&mut self, msgs: &[FrontendMessage]) -> Result<(), PgError> {
+    pub(crate) async fn mirror_batch_names(&mut self, msgs: &[FrontendMessage]) -> Result<(), PgError> {
         self.held.failed_prepares.clear();
         if self.pool_mode == PoolMode::Session {
             return Ok(()); // the client's own connection holds exactly its statements
@@ -254,7 +254,7 @@ impl Session {
     /// PREPAREs, EXECUTEs (also inside `CREATE TABLE AS` or `EXPLAIN`) or DEALLOCATEs, so PREPARE of a name the client has fails with
     /// `42P05` and EXECUTE or DEALLOCATE of one it has not with `26000`, on the server itself.
     /// Also notes that the query will drop the connection's unnamed statement.
-    pub(super) async fn before_query(&mut self, c: &Classification) -> Result<(), PgError> {
+    pub(crate) async fn before_query(&mut self, c: &Classification) -> Result<(), PgError> {
         self.conn()?.unnamed = None;
         self.held.failed_prepares.clear();
         if self.pool_mode == PoolMode::Session {
@@ -365,7 +365,7 @@ impl Session {
 
     /// The error to relay in place of a server's `frame`: a `26000` for a name whose
     /// statement refract could not prepare again is answered with the reason it could not.
-    pub(super) fn prepare_error_for(&self, frame: &Bytes) -> Option<Bytes> {
+    pub(crate) fn prepare_error_for(&self, frame: &Bytes) -> Option<Bytes> {
         if self.held.failed_prepares.is_empty() {
             return None;
         }
@@ -383,7 +383,7 @@ impl Session {
 
     /// An Execute (extended protocol) completed `st`: a SQL `PREPARE` or `DEALLOCATE` changes
     /// the client's statements and the connection's, as the same statement by simple query does.
-    pub(super) fn sql_name_executed(&mut self, st: &Statement) -> Result<(), PgError> {
+    pub(crate) fn sql_name_executed(&mut self, st: &Statement) -> Result<(), PgError> {
         if !matches!(st, Statement::Prepare { .. } | Statement::Deallocate { .. }) {
             return Ok(());
         }
@@ -408,7 +408,7 @@ impl Session {
     /// failure, names it touched are no longer known (they are closed and prepared again
     /// before the next statement); a failed `DEALLOCATE ALL` / `DISCARD ALL` may or may not
     /// have run, so the connection is not reused.
-    pub(super) fn sql_names_done(&mut self, c: &Classification, failed: bool) -> Result<(), PgError> {
+    pub(crate) fn sql_names_done(&mut self, c: &Classification, failed: bool) -> Result<(), PgError> {
         let ids: Vec<Option<String>> = c
             .statements
             .iter()
@@ -453,7 +453,7 @@ fn want_message(want: &Option<Arc<PreparedStatement>>, name: &str) -> bytes::Byt
 impl ServerConn {
     /// Runs refract's own messages, ending in `readies` ReadyForQuery, dropping the answers;
     /// returns the first error that came, if any.
-    pub(super) async fn silently(&mut self, out: &[u8], readies: usize) -> Result<Option<BackendMessage>, PgError> {
+    pub(crate) async fn silently(&mut self, out: &[u8], readies: usize) -> Result<Option<BackendMessage>, PgError> {
         self.wire.send(out).await?;
         let (mut left, mut error) = (readies, None);
         while left > 0 {

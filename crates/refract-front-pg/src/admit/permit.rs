@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// 20 ms statements, the `SELECT 1` of a readiness probe set the no-load latency to 0.1 ms and
 /// the limit fell to 1 (46 statements/s where PgBouncer served 142).
 #[derive(Debug)]
-pub(super) struct Admitted {
+pub(crate) struct Admitted {
     permit: Permit,
     /// Counts the unit in its server's in-flight requests while it runs: the balancer's cost
     /// (peak-EWMA latency × (in flight + 1)) weighs it, as it does an HTTP request.
@@ -24,12 +24,12 @@ pub(super) struct Admitted {
 
 impl Admitted {
     /// The permit of a unit that runs on `member`.
-    pub(super) fn new(permit: Permit, member: &Arc<Backend>) -> Self {
+    pub(crate) fn new(permit: Permit, member: &Arc<Backend>) -> Self {
         Admitted { permit, _inflight: member.begin() }
     }
 
     /// The unit ended with its ReadyForQuery.
-    pub(super) fn finish(self) {
+    pub(crate) fn finish(self) {
         self.permit.finish(Outcome::Ignore);
     }
 }

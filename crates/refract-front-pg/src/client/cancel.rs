@@ -6,7 +6,7 @@
 //! or `pg_cancel_backend` gets PostgreSQL's "not a PostgreSQL server process" warning rather
 //! than ending an unrelated backend that happens to have that id.
 
-use super::server::ServerKey;
+use crate::server::ServerKey;
 use rand::RngCore;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -17,16 +17,16 @@
 //! (down, or no connection free within `checkout_timeout_ms`) a kept answer serves whatever its
 //! age, else the servers' login values with the client's own on top, as the client spelt them.
 
-use super::server::ServerConn;
-use super::shared::Shared;
-use super::sizes::Path;
 use super::startup::{literal, startup_sets, Params, Refusal, TRACKED_PARAMS};
 use crate::error::PgError;
+use crate::server::sizes::Path;
+use crate::server::ServerConn;
+use crate::shared::Shared;
 use refract_pg::Startup;
 
 /// The ParameterStatus set for a client with `startup` (see the module's text); a refusal when
 /// the primary refuses one of its settings.
-pub(super) async fn greeting(shared: &Shared, startup: &Startup) -> Result<Params, Refusal> {
+pub(crate) async fn greeting(shared: &Shared, startup: &Startup) -> Result<Params, Refusal> {
     let sets: Vec<String> = startup_sets(startup).into_iter().map(|(_, sql)| sql).collect();
     let kept = shared.greetings.get(&sets);
     if let Some((params, true)) = kept {

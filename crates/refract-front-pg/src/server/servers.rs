@@ -5,11 +5,11 @@
 //! Replicas join and leave at run time ([`Servers::add`], [`Servers::remove`]); the probes are
 //! in `probes.rs`.
 
-use super::baseline::Baselines;
 use super::partial::{Holds, Shares};
 use super::pool::Pool;
-use super::server::{Login, Through};
 use super::sizes::{Path, Sizes};
+use super::{Login, Through};
+use crate::admit::baseline::Baselines;
 use crate::config::{PgConfig, PgRole, PgServerConfig};
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
@@ -36,24 +36,24 @@ pub struct Server {
     /// latency, its request counters (`pg:<name>`).
     pub member: Arc<Backend>,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
-    pub(super) lsn: AtomicU64,
+    pub(crate) lsn: AtomicU64,
     /// Replica: bytes behind the primary at the last poll.
-    pub(super) lag: AtomicU64,
+    pub(crate) lag: AtomicU64,
     /// Replica: replay delay in milliseconds at the last poll (see `probes::REPLICA_PROBE`).
-    pub(super) lag_ms: AtomicU64,
+    pub(crate) lag_ms: AtomicU64,
     /// When the last probe finished (Unix milliseconds; 0 = never).
-    pub(super) last_check: AtomicU64,
+    pub(crate) last_check: AtomicU64,
     /// How the probes log in: straight to the server (its pool may go through its agent).
-    pub(super) login: Arc<Login>,
+    pub(crate) login: Arc<Login>,
     addr: std::net::SocketAddr,
     /// Its agent, when results may be handed over (`[handover]` names one for it).
-    pub(super) agent: Option<AgentRoute>,
+    pub(crate) agent: Option<AgentRoute>,
     /// Its no-load time per kind of statement, for its adaptive limit ([`Server::learn`]).
     baselines: Mutex<Baselines>,
     /// The tables it holds (a partial replica holds some: `partial.rs`).
     holds: RwLock<Holds>,
     /// `holds` is configured (`tables`), not read from the server.
-    pub(super) holds_fixed: bool,
+    pub(crate) holds_fixed: bool,
 }
 
 /// The next server's [`Server::index`], over every shard's servers.
@@ -61,7 +61,7 @@ static NEXT_INDEX: AtomicUsize = AtomicUsize::new(0);
 
 /// How the session reaches a server's agent for a hand-over (`[handover]`).
 #[derive(Debug, Clone)]
-pub(super) struct AgentRoute {
+pub(crate) struct AgentRoute {
     /// `unix:/path` (same host) or its control listener (across hosts).
     pub addr: AgentAddr,
     /// The control key's file (across hosts).
@@ -102,7 +102,7 @@ impl Server {
     }
 
     /// What the health loop read from the server (ignored when `tables` is configured).
-    pub(super) fn set_holds(&self, holds: Holds) {
+    pub(crate) fn set_holds(&self, holds: Holds) {
         if self.holds_fixed {
             return;
         }
@@ -152,7 +152,7 @@ impl Server {
     /// Teaches its adaptive limit one statement (or batch) of kind `key` (a fingerprint) that
     /// took `took`, server time, read against that kind's baseline (`baseline.rs`). The first
     /// sample of a kind only sets its baseline.
-    pub(super) fn learn(&self, key: u64, took: Duration) {
+    pub(crate) fn learn(&self, key: u64, took: Duration) {
         let admission = &self.member.admission;
         let v = admission.view();
         let light = v.inflight * 2 < v.limit;
@@ -164,7 +164,7 @@ impl Server {
 
     /// Publishes its gauges (health loop and `/metrics` scrape time). Lives here, not in
     /// `status`, so that the health loop does not reach back into the admin views.
-    pub(super) fn publish(&self, metrics: &Metrics) {
+    pub(crate) fn publish(&self, metrics: &Metrics) {
         let name = metrics_name(&self.name);
         metrics.set_backend(&name, self.is_up(), self.pool.in_use());
         metrics.set_drained(&name, self.member.is_drained());
@@ -325,7 +325,7 @@ impl Servers {
 
     /// The path for a statement of kind `key` (a fingerprint): straight to the server when
     /// hybrid knows it answers small (`sizes.rs`), else through the agent (if it has one).
-    pub(super) fn path_for(&self, key: u64) -> Path {
+    pub(crate) fn path_for(&self, key: u64) -> Path {
         match &self.sizes {
             Some(sizes) => sizes.lock().unwrap_or_else(PoisonError::into_inner).path(key),
             None => Path::Agent,
@@ -334,7 +334,7 @@ impl Servers {
 
     /// Notes that a statement of kind `key` answered `bytes`, left a transaction open or not,
     /// `failed` or not (`Sizes::observe`).
-    pub(super) fn observe_size(&self, key: u64, bytes: u64, left_open: bool, failed: bool) {
+    pub(crate) fn observe_size(&self, key: u64, bytes: u64, left_open: bool, failed: bool) {
         if let Some(sizes) = &self.sizes {
             sizes.lock().unwrap_or_else(PoisonError::into_inner).observe(key, bytes, left_open, failed);
         }
@@ -408,17 +408,17 @@ impl Servers {
         self.demand.store(unix_ms(), Ordering::Relaxed);
     }
 
-    pub(super) fn fast_poll_wanted(&self) -> bool {
+    pub(crate) fn fast_poll_wanted(&self) -> bool {
         unix_ms().saturating_sub(self.demand.load(Ordering::Relaxed)) < DEMAND_FOR_MS
     }
 
     /// Numbers a primary poll about to be sent.
-    pub(super) fn begin_primary_poll(&self) -> u64 {
+    pub(crate) fn begin_primary_poll(&self) -> u64 {
         self.poll_started.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// Records a finished primary poll.
-    pub(super) fn record_primary_poll(&self, primary: &Server, seq: u64, lsn: u64) {
+    pub(crate) fn record_primary_poll(&self, primary: &Server, seq: u64, lsn: u64) {
         primary.lsn.fetch_max(lsn, Ordering::Relaxed);
         let mut polls = self.polls.lock().unwrap_or_else(PoisonError::into_inner);
         if polls.len() == POLLS_KEPT {
@@ -491,7 +491,7 @@ impl Servers {
     }
 
     /// Whether the primary takes reads beside the replicas (`[balance] read_from_primary`).
-    pub(super) fn read_from_primary(&self) -> bool {
+    pub(crate) fn read_from_primary(&self) -> bool {
         self.balance.read_from_primary
     }
 
@@ -508,12 +508,12 @@ impl Servers {
     }
 
     /// The engine's members, for its outlier check.
-    pub(super) fn members(&self) -> Vec<Arc<Backend>> {
+    pub(crate) fn members(&self) -> Vec<Arc<Backend>> {
         self.list().iter().map(|s| s.member.clone()).collect()
     }
 
     /// The `[overload]` the servers follow.
-    pub(super) fn overload(&self) -> &Overload {
+    pub(crate) fn overload(&self) -> &Overload {
         &self.overload
     }
 }
@@ -528,7 +528,7 @@ impl Servers {
 /// only new units wait (statements inside an open transaction never do); a floor at
 /// `pool_size` keeps the limit fixed. When `max_queue_wait_ms` is 0 the wait is bounded by
 /// `checkout_timeout_ms`, as the pool's was before admission.
-pub(super) fn admission_config(overload: &Overload, pg: &PgConfig) -> AdmissionConfig {
+pub(crate) fn admission_config(overload: &Overload, pg: &PgConfig) -> AdmissionConfig {
     let mut adm = overload.admission();
     let cap = pg.pool_size.max(1) as f64;
     adm.limit.max = adm.limit.max.min(cap);
@@ -540,6 +540,6 @@ pub(super) fn admission_config(overload: &Overload, pg: &PgConfig) -> AdmissionC
     adm
 }
 
-pub(super) fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

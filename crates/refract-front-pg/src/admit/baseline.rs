@@ -14,10 +14,10 @@ use super::lru::Lru;
 use std::time::Duration;
 
 /// Kinds of statement kept per server.
-pub(super) const CAPACITY: usize = 1024;
+pub(crate) const CAPACITY: usize = 1024;
 
 /// A kind's baseline is re-learned after this many of its samples.
-pub(super) const RELEARN_EVERY: u32 = 128;
+pub(crate) const RELEARN_EVERY: u32 = 128;
 
 /// One kind of statement.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +32,7 @@ struct Kind {
 
 /// The kinds of statement of one server.
 #[derive(Debug)]
-pub(super) struct Baselines {
+pub(crate) struct Baselines {
     kinds: Lru<Kind>,
 }
 
@@ -46,7 +46,7 @@ impl Baselines {
     /// Notes that a statement of kind `key` took `took` (`light`: few units were in flight);
     /// returns the kind's baseline to read it against, or `None` for a kind's first sample
     /// (which only sets its baseline: it says nothing about queueing).
-    pub(super) fn observe(&mut self, key: u64, took: Duration, light: bool) -> Option<Duration> {
+    pub(crate) fn observe(&mut self, key: u64, took: Duration, light: bool) -> Option<Duration> {
         let Some(k) = self.kinds.get_mut(key) else {
             self.kinds.insert(key, Kind { min: took, light_min: light.then_some(took), seen: 1 });
             return None;
@@ -68,7 +68,7 @@ impl Baselines {
 
     /// How many kinds are kept.
     #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.kinds.len()
     }
 }

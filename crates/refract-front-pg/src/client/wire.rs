@@ -2,7 +2,7 @@
 //! refract-pg's `peek`; large messages of the types a relay passes on unread go through in
 //! pieces ([`Wire::pipe_large`]), so no buffer holds them whole.
 
-use super::error::PgError;
+use crate::error::PgError;
 use bytes::{Bytes, BytesMut};
 use refract_pg::stream::{Piece, Splitter};
 use refract_pg::{frame, Limits, Side};

@@ -9,19 +9,19 @@ use refract_pg::classify::Statement;
 
 /// Why a client is pinned, as bits (shown in `/pg/clients`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Pins(pub u8);
+pub(crate) struct Pins(pub u8);
 
 impl Pins {
-    pub(super) const TEMP: u8 = 1;
-    pub(super) const ADVISORY: u8 = 2;
-    pub(super) const CURSORS: u8 = 4;
-    pub(super) const LISTEN: u8 = 8;
-    pub(super) const SETTINGS: u8 = 16;
+    pub(crate) const TEMP: u8 = 1;
+    pub(crate) const ADVISORY: u8 = 2;
+    pub(crate) const CURSORS: u8 = 4;
+    pub(crate) const LISTEN: u8 = 8;
+    pub(crate) const SETTINGS: u8 = 16;
     /// The check itself failed: pinned until the client leaves or the check succeeds.
-    pub(super) const UNKNOWN: u8 = 32;
+    pub(crate) const UNKNOWN: u8 = 32;
     /// SQL-level prepared statements refract does not know of (a `PREPARE` whose text it could
     /// not read, `unreadable`): another client must never `EXECUTE` them.
-    pub(super) const PREPARED: u8 = 64;
+    pub(crate) const PREPARED: u8 = 64;
     const NAMES: [(u8, &'static str); 7] = [
         (Pins::TEMP, "temp_objects"),
         (Pins::ADVISORY, "advisory_locks"),
@@ -37,7 +37,7 @@ impl Pins {
         Pins::NAMES.iter().filter(|(bit, _)| self.0 & bit != 0).map(|(_, name)| *name).collect()
     }
 
-    pub(super) fn is_empty(self) -> bool {
+    pub(crate) fn is_empty(self) -> bool {
         self.0 == 0
     }
 }
@@ -45,7 +45,7 @@ impl Pins {
 /// A client's session state that refract keeps for it: why it is pinned, and (`listen`) the
 /// channels it listens on, (`extended`) the SETs run by Execute since the last Sync.
 #[derive(Debug, Default)]
-pub(super) struct Held {
+pub(crate) struct Held {
     pub pins: Pins,
     /// A statement since the last check may have created or released state.
     pub dirty: bool,

@@ -2,10 +2,10 @@
 //! statement) in transaction mode, [`Session::give_back`] at the end of a client session,
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
-use super::error::PgError;
 use super::phase::{Event, SyncState};
-use super::session::Session;
+use super::Session;
 use crate::config::PgRole;
+use crate::error::PgError;
 use bytes::BytesMut;
 use refract_pg::{BackendMessage, FrontendMessage, TxStatus};
 use std::time::Duration;
@@ -14,7 +14,7 @@ impl Session {
     /// Returns the bound connection to its pool, noting the SET state it now carries. After a
     /// write (read-your-writes) this session's reads must wait for a replica past the primary's
     /// WAL position as polled after now (no query here: see `Servers::write_committed`).
-    pub(super) async fn release(&mut self) {
+    pub(crate) async fn release(&mut self) {
         let Some(mut b) = self.bound.take() else { return };
         self.client.info.set_bound(None);
         self.key.set(None);
@@ -33,7 +33,7 @@ impl Session {
     /// after a batch that ended with Flush and executed nothing (drivers describe a statement
     /// that way before running a write, e.g. asyncpg's `copy_records_to_table`), so that no
     /// work of the client's is in the replica's implicit transaction.
-    pub(super) fn may_leave_replica(&self) -> bool {
+    pub(crate) fn may_leave_replica(&self) -> bool {
         let on_replica = self.bound.as_ref().is_some_and(|b| b.server.role == PgRole::Replica);
         let idle_flush = matches!(
             self.phase().sync(),
@@ -45,7 +45,7 @@ impl Session {
     /// Ends the replica's implicit transaction with a Sync (its ReadyForQuery is refract's, not
     /// relayed) and gives the connection back, so that the write binds the primary. The
     /// client's unnamed statement is parsed again wherever it is used next.
-    pub(super) async fn leave_replica(&mut self) -> Result<(), PgError> {
+    pub(crate) async fn leave_replica(&mut self) -> Result<(), PgError> {
         let mut sync = BytesMut::new();
         FrontendMessage::Sync.encode(&mut sync);
         let conn = self.conn()?;
@@ -63,7 +63,7 @@ impl Session {
     /// The client left cleanly: a session-mode connection is reset (`DISCARD ALL`: temp tables,
     /// SETs, advisory locks, cursors, prepared statements, LISTENs) and goes back to the pool.
     /// A connection in an unknown state (an unsynced batch, a failed reset) is closed instead.
-    pub(super) async fn give_back(&mut self) {
+    pub(crate) async fn give_back(&mut self) {
         let Some(mut b) = self.bound.take() else { return };
         self.client.info.set_bound(None);
         self.key.set(None);

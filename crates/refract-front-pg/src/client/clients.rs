@@ -66,7 +66,7 @@ pub struct ClientInfo {
     state: AtomicU8,
     /// Index + 1 in `Servers::list` of the server connection it holds; 0 = none.
     bound: AtomicUsize,
-    /// Why it is pinned to its server connection (`super::held::Pins` bits); 0 = not pinned.
+    /// Why it is pinned to its server connection (`crate::session::held::Pins` bits); 0 = not pinned.
     pinned: AtomicU8,
 }
 
@@ -114,7 +114,7 @@ impl ClientInfo {
         self.pinned.store(bits, Ordering::Relaxed);
     }
 
-    /// Why the session is pinned (`super::held::Pins` bits).
+    /// Why the session is pinned (`crate::session::held::Pins` bits).
     pub fn pinned(&self) -> u8 {
         self.pinned.load(Ordering::Relaxed)
     }

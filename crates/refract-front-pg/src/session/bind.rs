@@ -17,11 +17,11 @@
 //! A client that leaves in the middle of the Bind ends its session; the server connection,
 //! holding half a message, is dropped (closed), never given back to the pool.
 
-use super::error::PgError;
 use super::phase::Event;
-use super::session::Session;
-use super::wire::STREAM_ABOVE;
+use super::Session;
+use crate::client::wire::STREAM_ABOVE;
 use crate::config::PgRole;
+use crate::error::PgError;
 use bytes::BytesMut;
 use refract_pg::classify::Route;
 use refract_pg::frame::Header;
@@ -30,13 +30,13 @@ use refract_pg::stream::HEAD_LEN;
 use refract_pg::{Error, FrontendMessage, Side};
 
 /// The client messages refract relays in pieces when large (see [`STREAM_ABOVE`]): Bind.
-pub(super) fn streamed_from_client(tag: u8) -> bool {
+pub(crate) fn streamed_from_client(tag: u8) -> bool {
     tag == b'B'
 }
 
 impl Session {
     /// Relays the large Bind whose header `h` is at the front of the client's buffer.
-    pub(super) async fn large_bind(&mut self, h: Header) -> Result<(), PgError> {
+    pub(crate) async fn large_bind(&mut self, h: Header) -> Result<(), PgError> {
         let (portal, statement, names) = self.read_bind_names(h).await?;
         let rest = h.total - HEAD_LEN - names;
         if self.phase().discarding() {

@@ -3,7 +3,7 @@
 //! statements that completed are applied to the session's state at Sync, if nothing failed
 //! before it (a failure rolls back the implicit transaction, SETs included).
 
-use super::session::Session;
+use super::Session;
 use refract_pg::classify::{Classification, Statement};
 use refract_pg::session::Origin;
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ impl Session {
     /// The classification of the statement a Bind names: parsed earlier in this batch
     /// (`parsed`), or registered by an earlier Parse (text refract cannot read may change
     /// parameters it does not track: the connection is marked so).
-    pub(super) fn bound_statement(
+    pub(crate) fn bound_statement(
         &mut self,
         name: &str,
         parsed: &HashMap<String, Arc<Classification>>,
@@ -30,7 +30,7 @@ impl Session {
     }
 
     /// An Execute completed (CommandComplete) the statement of `c`.
-    pub(super) fn executed(&mut self, c: &Classification) {
+    pub(crate) fn executed(&mut self, c: &Classification) {
         self.note_schema(c);
         for st in &c.statements {
             if let Err(e) = self.sql_name_executed(st) {
@@ -55,7 +55,7 @@ impl Session {
 
     /// At a Sync's ReadyForQuery (before the transaction tracker sees it): applies the SETs
     /// Execute ran since the last Sync, in order with the transaction control around them.
-    pub(super) fn synced(&mut self) {
+    pub(crate) fn synced(&mut self) {
         let done = std::mem::take(&mut self.held.ext_done);
         let failed = std::mem::take(&mut self.held.ext_failed);
         if !done
@@ -87,7 +87,7 @@ impl Session {
                 }
                 _ => {
                     if let (true, Some(b)) = (self.state.params.resets_startup(st), self.bound.as_mut()) {
-                        super::session::resync_startup(b);
+                        super::resync_startup(b);
                     }
                     self.state.params.apply(st, in_tx)
                 }

@@ -13,9 +13,9 @@
 //! a workload whose mix changes gets the connections it needs within a second or so, and one
 //! whose mix is steady does not reconnect on every statement.
 
-use super::error::PgError;
-use super::server::{Login, ServerConn};
 use super::sizes::Path;
+use super::{Login, ServerConn};
+use crate::error::PgError;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

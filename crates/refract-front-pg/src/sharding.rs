@@ -17,7 +17,7 @@ pub(crate) use session::Placed;
 pub(crate) use twophase::recover;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};
-use crate::servers::Servers;
+use crate::server::servers::Servers;
 use refract_core::metrics::Metrics;
 use refract_pg::partition::{self, Key, KeyType};
 use refract_pg::shardkey::{Schema, TableKeys};

@@ -4,11 +4,11 @@
 //! transaction: its own ones (the listener caught up first) and any others already in.
 
 use super::bind::streamed_from_client;
-use super::error::PgError;
 use super::notify::Listening;
-use super::session::Session;
-use super::wire::Incoming;
+use super::Session;
+use crate::client::wire::Incoming;
 use crate::config::{PgRole, PoolMode};
+use crate::error::PgError;
 use bytes::BytesMut;
 use refract_pg::classify::Statement;
 use refract_pg::frontend::Target;
@@ -21,7 +21,7 @@ impl Session {
     /// The client's next message (or the head of a large Bind, relayed in pieces by `bind`);
     /// while it is idle between transactions, notifications for its channels are sent to it as
     /// they come.
-    pub(super) async fn recv_client(&mut self) -> Result<Incoming, PgError> {
+    pub(crate) async fn recv_client(&mut self) -> Result<Incoming, PgError> {
         loop {
             let idle = self.batch.is_empty() && self.phase().tx() == TxStatus::Idle;
             let Some(l) = self.held.listening.as_mut().filter(|_| idle) else {
@@ -47,7 +47,7 @@ impl Session {
 
     /// At a ReadyForQuery from the server, before it is added to `out`: when it leaves a
     /// listening client idle, notes where it goes, for [`Session::notifications_before_ready`].
-    pub(super) fn note_ready(&mut self) {
+    pub(crate) fn note_ready(&mut self) {
         let listens = self.held.listening.as_ref().is_some_and(Listening::listens);
         if !listens || self.phase().tx() != TxStatus::Idle {
             return;
@@ -61,7 +61,7 @@ impl Session {
     /// [`Session::note_ready`]: after a transaction on the primary, once the listener has caught
     /// up with it, so that the client's own notifications are there, as PostgreSQL delivers a
     /// session's own before the ReadyForQuery of the transaction that committed them.
-    pub(super) async fn notifications_before_ready(&mut self) {
+    pub(crate) async fn notifications_before_ready(&mut self) {
         let Some((at, catch_up)) = self.held.ready_at.take() else { return };
         let Some(l) = self.held.listening.as_mut() else { return };
         if catch_up {
@@ -77,7 +77,7 @@ impl Session {
     }
 
     /// A query made only of LISTEN/UNLISTEN, in transaction mode: answered by refract.
-    pub(super) async fn answer_listen(&mut self, statements: &[Statement]) -> Result<bool, PgError> {
+    pub(crate) async fn answer_listen(&mut self, statements: &[Statement]) -> Result<bool, PgError> {
         if !self.listens_locally() || !is_listen_only(statements) {
             return Ok(false);
         }
@@ -132,7 +132,7 @@ impl Session {
     /// An extended-protocol batch that only parses, binds, describes and executes LISTEN or
     /// UNLISTEN, in transaction mode: answered by refract. `Some(msgs)` gives a batch back
     /// for the server.
-    pub(super) async fn listen_batch(
+    pub(crate) async fn listen_batch(
         &mut self,
         msgs: Vec<FrontendMessage>,
     ) -> Result<Option<Vec<FrontendMessage>>, PgError> {

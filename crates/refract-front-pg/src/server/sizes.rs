@@ -11,13 +11,13 @@
 //! unknown again. A kind that grows is thus relayed once on a direct connection (correct, only
 //! not handed over), then goes through the agent again. The table is bounded ([`CAPACITY`]).
 
-use super::lru::Lru;
+use crate::admit::lru::Lru;
 
 /// Kinds of statement kept.
-pub(super) const CAPACITY: usize = 4096;
+pub(crate) const CAPACITY: usize = 4096;
 
 /// Answers in a row, all small, before a kind is known small.
-pub(super) const SMALL_AFTER: u32 = 4;
+pub(crate) const SMALL_AFTER: u32 = 4;
 
 /// The path a statement takes to its server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub enum Path {
 
 /// The kinds of statement of one front end, by the size of their answers.
 #[derive(Debug)]
-pub(super) struct Sizes {
+pub(crate) struct Sizes {
     /// Small answers in a row, per kind.
     kinds: Lru<u32>,
     /// The largest answer that counts as small.
@@ -39,12 +39,12 @@ pub(super) struct Sizes {
 
 impl Sizes {
     /// A table for hand-overs from `threshold` bytes on.
-    pub(super) fn new(threshold: u64) -> Sizes {
+    pub(crate) fn new(threshold: u64) -> Sizes {
         Sizes { kinds: Lru::new(CAPACITY), small_max: threshold / 2 }
     }
 
     /// The path for a statement of kind `key`.
-    pub(super) fn path(&mut self, key: u64) -> Path {
+    pub(crate) fn path(&mut self, key: u64) -> Path {
         match self.kinds.get_mut(key) {
             Some(run) if *run >= SMALL_AFTER => Path::Direct,
             _ => Path::Agent,
@@ -54,7 +54,7 @@ impl Sizes {
     /// Notes that a statement of kind `key` answered `bytes` (relayed or handed over) and
     /// `left_open` a transaction, or not. A `failed` one (an error or a cancel ends a result
     /// at any row) only counts when it was large.
-    pub(super) fn observe(&mut self, key: u64, bytes: u64, left_open: bool, failed: bool) {
+    pub(crate) fn observe(&mut self, key: u64, bytes: u64, left_open: bool, failed: bool) {
         let small = bytes <= self.small_max && !left_open;
         match self.kinds.get_mut(key) {
             _ if small && failed => {}

@@ -3,12 +3,12 @@
 //! `[[postgres.user]]`, and the greeting.
 
 use super::cancel::CancelKey;
-use super::error::PgError;
 use super::greeting;
-use super::server;
-use super::shared::Shared;
 use super::startup::{options, Refusal};
 use super::wire::Wire;
+use crate::error::PgError;
+use crate::server;
+use crate::shared::Shared;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
 use refract_pg::notice::sqlstate;

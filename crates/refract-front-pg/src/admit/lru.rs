@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 /// Kinds of statement, at most `capacity`.
 #[derive(Debug)]
-pub(super) struct Lru<V> {
+pub(crate) struct Lru<V> {
     kinds: HashMap<u64, (V, u64)>,
     tick: u64,
     capacity: usize,
@@ -14,12 +14,12 @@ pub(super) struct Lru<V> {
 
 impl<V> Lru<V> {
     /// An empty table of at most `capacity` kinds.
-    pub(super) fn new(capacity: usize) -> Lru<V> {
+    pub(crate) fn new(capacity: usize) -> Lru<V> {
         Lru { kinds: HashMap::new(), tick: 0, capacity: capacity.max(1) }
     }
 
     /// Kind `key`'s entry, marked used; `None` if the table does not hold it.
-    pub(super) fn get_mut(&mut self, key: u64) -> Option<&mut V> {
+    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut V> {
         self.tick += 1;
         let tick = self.tick;
         self.kinds.get_mut(&key).map(|(v, used)| {
@@ -29,7 +29,7 @@ impl<V> Lru<V> {
     }
 
     /// Keeps `value` for kind `key` (a new kind: the least recent one goes when full).
-    pub(super) fn insert(&mut self, key: u64, value: V) {
+    pub(crate) fn insert(&mut self, key: u64, value: V) {
         self.tick += 1;
         if !self.kinds.contains_key(&key) {
             self.make_room();
@@ -39,7 +39,7 @@ impl<V> Lru<V> {
 
     /// How many kinds are kept.
     #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.kinds.len()
     }
 

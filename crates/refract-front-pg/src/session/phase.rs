@@ -18,7 +18,7 @@ use refract_pg::TxStatus;
 
 /// The extended protocol on the server connection, relative to Sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) enum SyncState {
+pub(crate) enum SyncState {
     /// Every batch sent ended with Sync: nothing is pending on the server.
     #[default]
     Synced,
@@ -32,7 +32,7 @@ pub(super) enum SyncState {
 
 /// A COPY's direction (CopyInResponse `G`, CopyOutResponse `H`, CopyBothResponse `W`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum CopyDir {
+pub(crate) enum CopyDir {
     In,
     Out,
     Both,
@@ -40,7 +40,7 @@ pub(super) enum CopyDir {
 
 /// What the client's message stream is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) enum Flow {
+pub(crate) enum Flow {
     /// Its messages are read and served.
     #[default]
     Serving,
@@ -53,7 +53,7 @@ pub(super) enum Flow {
 
 /// What happens to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Event<'a> {
+pub(crate) enum Event<'a> {
     /// The client's batch goes to the server; `synced`: it ends with Sync (else Flush, or a
     /// large Bind that follows it); `executes`: it holds an Execute.
     Batch { synced: bool, executes: bool },
@@ -87,7 +87,7 @@ pub(super) enum Event<'a> {
 
 /// Where a client session stands in the protocol (see the module header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Phase {
+pub(crate) struct Phase {
     tx: TxTracker,
     sync: SyncState,
     flow: Flow,
@@ -97,7 +97,7 @@ pub(super) struct Phase {
 
 impl Phase {
     /// The transition function: the phase after `event`.
-    pub(super) fn on(mut self, event: Event) -> Phase {
+    pub(crate) fn on(mut self, event: Event) -> Phase {
         self.ended = None;
         match event {
             Event::Batch { synced: true, .. } => {
@@ -156,43 +156,43 @@ impl Phase {
     }
 
     /// The transaction status, as the client's next ReadyForQuery says it.
-    pub(super) fn tx(&self) -> TxStatus {
+    pub(crate) fn tx(&self) -> TxStatus {
         self.tx.status()
     }
 
     /// Whether a transaction block is open (failed or not).
-    pub(super) fn in_transaction(&self) -> bool {
+    pub(crate) fn in_transaction(&self) -> bool {
         self.tx.in_transaction()
     }
 
     /// What the ReadyForQuery of the last transition meant for the transaction.
-    pub(super) fn ended(&self) -> Option<TxEvent> {
+    pub(crate) fn ended(&self) -> Option<TxEvent> {
         self.ended
     }
 
     /// The extended-protocol state of the server connection.
-    pub(super) fn sync(&self) -> SyncState {
+    pub(crate) fn sync(&self) -> SyncState {
         self.sync
     }
 
     /// Whether the server ignores messages up to the next Sync (an error since the last one).
-    pub(super) fn skipping(&self) -> bool {
+    pub(crate) fn skipping(&self) -> bool {
         matches!(self.sync, SyncState::Skipping { .. })
     }
 
     /// Whether the server connection has messages since the last Sync (a Flush-ended batch,
     /// or one whose error it skips past): its state is not known until a Sync.
-    pub(super) fn unsynced(&self) -> bool {
+    pub(crate) fn unsynced(&self) -> bool {
         self.sync != SyncState::Synced
     }
 
     /// Whether refract drops the client's messages up to its Sync.
-    pub(super) fn discarding(&self) -> bool {
+    pub(crate) fn discarding(&self) -> bool {
         self.flow == Flow::Discarding
     }
 
     /// The COPY in progress, if any.
-    pub(super) fn copy(&self) -> Option<CopyDir> {
+    pub(crate) fn copy(&self) -> Option<CopyDir> {
         match self.flow {
             Flow::Copy(dir) => Some(dir),
             _ => None,

@@ -3,10 +3,10 @@
 //! whichever server connection runs them; answers relayed in order, with the answers refract
 //! owes for messages it did not need to send (ParseComplete, CloseComplete) put in place.
 
-use super::error::PgError;
 use super::phase::Event;
-use super::session::{Session, FLUSH_AT};
-use super::sharding::Placed;
+use super::{Session, FLUSH_AT};
+use crate::error::PgError;
+use crate::sharding::Placed;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route};
 use refract_pg::frontend::Target;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 /// What answer a message sent to the server ends with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     Parse,
     Bind,
     Close,
@@ -60,7 +60,7 @@ impl Kind {
 
 /// What a ParseComplete from the server establishes.
 #[derive(Debug, Clone)]
-pub(super) enum Made {
+pub(crate) enum Made {
     /// This global name is prepared on the connection (refract prepared it silently).
     Global(String),
     /// The connection's unnamed statement is `ps` (parsed again silently).
@@ -76,7 +76,7 @@ pub(super) enum Made {
 
 /// An answer expected in the server's stream.
 #[derive(Debug)]
-pub(super) enum Expect {
+pub(crate) enum Expect {
     /// The server answers this message; relay it unless refract sent the message itself.
     /// `runs`: what an Execute runs (its SETs are tracked, `extended`).
     Server { kind: Kind, relay: bool, prepares: Option<Made>, runs: Option<Arc<Classification>> },
@@ -86,7 +86,7 @@ pub(super) enum Expect {
 
 /// A batch being rewritten for one server connection.
 #[derive(Default)]
-pub(super) struct Plan {
+pub(crate) struct Plan {
     pub out: BytesMut,
     pub expect: VecDeque<Expect>,
     /// Global names this batch prepares (not yet confirmed).
@@ -100,7 +100,7 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    pub(super) fn send(&mut self, msg: &FrontendMessage, relay: bool, prepares: Option<Made>) {
+    pub(crate) fn send(&mut self, msg: &FrontendMessage, relay: bool, prepares: Option<Made>) {
         msg.encode(&mut self.out);
         let kind = Kind::of(msg);
         if matches!(msg, FrontendMessage::Flush) || (self.skip && kind != Kind::Sync) {
@@ -110,7 +110,7 @@ impl Plan {
     }
 
     /// An Execute of a portal running `runs`.
-    pub(super) fn execute(&mut self, msg: &FrontendMessage, runs: Option<Arc<Classification>>) {
+    pub(crate) fn execute(&mut self, msg: &FrontendMessage, runs: Option<Arc<Classification>>) {
         self.send(msg, true, None);
         if let (false, Some(Expect::Server { runs: slot, .. })) = (self.skip, self.expect.back_mut()) {
             *slot = runs;
@@ -126,7 +126,7 @@ impl Plan {
 
 impl Session {
     /// Runs the batch collected up to this Sync or Flush.
-    pub(super) async fn run_batch(&mut self) -> Result<(), PgError> {
+    pub(crate) async fn run_batch(&mut self) -> Result<(), PgError> {
         let msgs = std::mem::take(&mut self.batch);
         let Some(msgs) = self.listen_batch(msgs).await? else { return Ok(()) };
         let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
@@ -154,7 +154,7 @@ impl Session {
         self.settle(result).await
     }
 
-    pub(super) async fn run_bound_batch(
+    pub(crate) async fn run_bound_batch(
         &mut self,
         msgs: Vec<FrontendMessage>,
         synced: bool,
@@ -183,7 +183,7 @@ impl Session {
 
     /// The query text of each statement the batch parses or binds, in order (`None`: a Bind of
     /// a statement refract does not know).
-    pub(super) fn statement_texts<'a>(&'a self, msgs: &'a [FrontendMessage]) -> Vec<Option<&'a str>> {
+    pub(crate) fn statement_texts<'a>(&'a self, msgs: &'a [FrontendMessage]) -> Vec<Option<&'a str>> {
         let mut parsed: HashMap<&str, &str> = HashMap::new();
         let mut texts = vec![];
         for m in msgs {
@@ -207,7 +207,7 @@ impl Session {
     /// The batch's kind for its server's adaptive limit and its connection's kind (`sizes.rs`):
     /// the fingerprints of the statements it parses and binds, in order
     /// (`refract_pg::classify::fingerprint` of each query text).
-    pub(super) fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
+    pub(crate) fn batch_key(&self, msgs: &[FrontendMessage]) -> u64 {
         let mut h = DefaultHasher::new();
         for t in self.statement_texts(msgs).into_iter().flatten() {
             h.write_u64(fingerprint(t));
@@ -234,7 +234,7 @@ impl Session {
 
     /// A batch is a read if every statement it parses or binds is one (and it is not part of a
     /// pipeline run before its end: `Session::pipeline_flush`).
-    pub(super) fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
+    pub(crate) fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
         if self.held.quiet_flush {
             return Route::Write;
         }
@@ -261,12 +261,12 @@ impl Session {
         }
     }
 
-    pub(super) fn is_read(&self, query: &str) -> bool {
+    pub(crate) fn is_read(&self, query: &str) -> bool {
         self.classify_text(query).0.target(self.state.route) == Route::Read
     }
 
     /// Rewrites the batch for the bound connection.
-    pub(super) fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
+    pub(crate) fn plan(&mut self, msgs: Vec<FrontendMessage>) -> Result<Plan, PgError> {
         let unnamed = self.conn()?.unnamed.clone();
         let mut plan = Plan { skip: self.phase().skipping(), unnamed, ..Plan::default() };
         let (mut parsed, mut portals) = (HashMap::new(), HashMap::new());
@@ -356,7 +356,7 @@ impl Session {
 
     /// Relays answers in order, inserting refract's own where due, until all are in; returns
     /// whether an error came.
-    pub(super) async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<bool, PgError> {
+    pub(crate) async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<bool, PgError> {
         let mut failed = false;
         loop {
             while let Some(Expect::Local(..)) = expect.front() {

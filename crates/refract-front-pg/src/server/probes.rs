@@ -4,8 +4,8 @@
 //! sessions wait for them.
 
 use super::partial::{holds_from_rows, TABLES_PROBE};
-use super::server::{parse_lsn, ServerConn};
 use super::servers::{unix_ms, Server, Servers};
+use super::{parse_lsn, ServerConn};
 use crate::config::PgRole;
 use refract_core::metrics::Metrics;
 use std::collections::HashMap;
@@ -149,7 +149,7 @@ const PRIMARY_PROBE: &str = "SELECT pg_current_wal_lsn()::text, 0";
 /// never on a logical replica, where both are NULL). An idle replica that has replayed
 /// everything is not lagging however old its last replayed commit is; one that has replayed no
 /// commit since it started counts 0.
-pub(super) const REPLICA_PROBE: &str = concat!(
+pub(crate) const REPLICA_PROBE: &str = concat!(
     "SELECT ",
     replica_lsn!(),
     ", CASE WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \

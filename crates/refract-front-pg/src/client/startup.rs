@@ -2,18 +2,18 @@
 //! connection it uses ([`startup_sets`]), and the greeting learnt for each set of them
 //! ([`Greetings`], asked by `greeting`). A leaf: data and pure functions only.
 
-use super::lru::Lru;
+use crate::admit::lru::Lru;
 use refract_pg::{text, Startup};
 use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Startup parameters that become session SETs (replayed on every server connection used).
-pub(super) const TRACKED_PARAMS: &[&str] =
+pub(crate) const TRACKED_PARAMS: &[&str] =
     &["application_name", "client_encoding", "datestyle", "timezone", "intervalstyle", "extra_float_digits"];
 
 /// Why a login is refused: SQLSTATE and message (sent as a FATAL).
-pub(super) type Refusal = (&'static str, String);
+pub(crate) type Refusal = (&'static str, String);
 
 /// Sets of startup settings whose greeting is kept.
 const CAPACITY: usize = 256;
@@ -23,11 +23,11 @@ const CAPACITY: usize = 256;
 const MAX_AGE: Duration = Duration::from_secs(60);
 
 /// ParameterStatus values as (name, value).
-pub(super) type Params = Vec<(String, String)>;
+pub(crate) type Params = Vec<(String, String)>;
 
 /// The greetings learnt from the primary, per set of startup settings.
 #[derive(Debug)]
-pub(super) struct Greetings {
+pub(crate) struct Greetings {
     kept: Mutex<Lru<Kept>>,
     /// Keys the table by a hash that clients cannot aim collisions at.
     hasher: std::collections::hash_map::RandomState,
@@ -49,13 +49,13 @@ impl Default for Greetings {
 
 impl Greetings {
     /// The greeting kept for `sets`, and whether it is younger than `MAX_AGE`.
-    pub(super) fn get(&self, sets: &[String]) -> Option<(Params, bool)> {
+    pub(crate) fn get(&self, sets: &[String]) -> Option<(Params, bool)> {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         let k = kept.get_mut(self.hasher.hash_one(sets)).filter(|k| k.sets == sets)?;
         Some((k.params.clone(), k.at.elapsed() < MAX_AGE))
     }
 
-    pub(super) fn keep(&self, sets: Vec<String>, params: Params) {
+    pub(crate) fn keep(&self, sets: Vec<String>, params: Params) {
         let key = self.hasher.hash_one(&sets);
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         kept.insert(key, Kept { sets, params, at: Instant::now() });
@@ -108,7 +108,7 @@ fn is_setting(name: &str) -> bool {
 }
 
 /// The startup packet's `options` as settings (refused as PostgreSQL refuses them).
-pub(super) fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::session::OptionsError> {
+pub(crate) fn options(startup: &Startup) -> Result<Vec<(String, String)>, refract_pg::session::OptionsError> {
     match startup.params.iter().find(|(k, _)| k == "options") {
         Some((_, v)) => refract_pg::session::parse_options(v),
         None => Ok(vec![]),
@@ -116,7 +116,7 @@ pub(super) fn options(startup: &Startup) -> Result<Vec<(String, String)>, refrac
 }
 
 /// `s` as an SQL string literal.
-pub(super) fn literal(s: &str) -> String {
+pub(crate) fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 

@@ -18,8 +18,8 @@
 //! client's travels: the agent never reads from the client, so what it pipelined stays in the
 //! session's buffer and in the socket.
 
-use super::error::PgError;
-use super::session::Session;
+use super::Session;
+use crate::error::PgError;
 use refract_handover::across::{self, Why};
 use refract_handover::config::AgentAddr;
 use refract_handover::local::LocalLink;
@@ -75,7 +75,7 @@ fn refused(reason: &str) -> Attempt {
 }
 
 /// The bound server connection.
-fn bound_conn(bound: &mut Option<super::session::Bound>) -> Result<&mut super::pool::Guard, PgError> {
+fn bound_conn(bound: &mut Option<super::Bound>) -> Result<&mut crate::server::pool::Guard, PgError> {
     bound.as_mut().map(|b| &mut b.guard).ok_or_else(|| PgError::Unavailable("internal: no server bound".into()))
 }
 
@@ -95,7 +95,7 @@ impl Count<'_> {
 }
 
 /// The agent may have written part of the result: the client and the server connection end.
-fn lost(c: &Count<'_>, conn: &mut super::pool::Guard, detail: &str) -> PgError {
+fn lost(c: &Count<'_>, conn: &mut crate::server::pool::Guard, detail: &str) -> PgError {
     c.metrics.handover_ended(c.name, "lost");
     conn.broken = true;
     tracing::warn!("PostgreSQL hand-over failed after the offer ({detail}); closing the client");
@@ -103,7 +103,7 @@ fn lost(c: &Count<'_>, conn: &mut super::pool::Guard, detail: &str) -> PgError {
 }
 
 /// The agent's ownership ended without a hand-back.
-fn ended(c: &Count<'_>, conn: &mut super::pool::Guard, back: Back) -> PgError {
+fn ended(c: &Count<'_>, conn: &mut crate::server::pool::Guard, back: Back) -> PgError {
     match back {
         Back::Closed { sent, reason } => {
             c.metrics.handover_ended(c.name, "closed");
@@ -120,7 +120,7 @@ impl Session {
     /// The agent holds a large result (`WANT`). `verbatim`: everything from here to the
     /// ReadyForQuery would be relayed as the server sends it. Either the agent writes the rest
     /// (its digest is then replayed, muted), or the session relays it.
-    pub(super) async fn at_want(&mut self, verbatim: bool) -> Result<(), PgError> {
+    pub(crate) async fn at_want(&mut self, verbatim: bool) -> Result<(), PgError> {
         self.flush().await?;
         let name = self.bound_name();
         match self.attempt(verbatim).await? {

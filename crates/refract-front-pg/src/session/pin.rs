@@ -4,7 +4,7 @@
 //! refract asks the server what is left, and keeps the connection bound until nothing is.
 
 use super::held::Pins;
-use super::session::Session;
+use super::Session;
 use refract_pg::classify::{Classification, Statement};
 
 /// What session state a server connection carries: temporary relations, types, functions or
@@ -32,7 +32,7 @@ const PROBE: &str = "SELECT \
 impl Session {
     /// Notes a statement about to run: one that may create state, or (when pinned) any that is
     /// not a plain read, makes refract check the connection when the transaction ends.
-    pub(super) fn note_state(&mut self, c: &Classification) {
+    pub(crate) fn note_state(&mut self, c: &Classification) {
         let not_read = c.statements.is_empty() || c.statements.iter().any(|s| *s != Statement::Read);
         self.held.dirty |= c.stateful || (self.held.pinned() && not_read);
         let resets = c
@@ -44,7 +44,7 @@ impl Session {
 
     /// Between transactions in transaction mode: whether the bound connection must stay bound
     /// because of session state on it (asking the server when a statement may have changed it).
-    pub(super) async fn keep_pinned(&mut self) -> bool {
+    pub(crate) async fn keep_pinned(&mut self) -> bool {
         if !std::mem::take(&mut self.held.dirty) {
             return self.held.pinned();
         }

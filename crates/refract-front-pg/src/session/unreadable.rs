@@ -11,8 +11,8 @@
 //! `EXECUTE` it. A statement so prepared is prepared again under the client's encoding
 //! wherever it runs (its identity includes the encoding: `names`).
 
-use super::error::PgError;
-use super::session::Session;
+use super::Session;
+use crate::error::PgError;
 use bytes::Bytes;
 use refract_pg::classify::{Classification, Route, Statement};
 use refract_pg::text;
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 /// The classification refract acts on for a text it could only read lossily, and whether it
 /// held statements refract does not track this way.
-pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
+pub(crate) fn conservative(c: &Classification) -> (Classification, bool) {
     let mut untracked = c.parse_error.is_some();
     let statements = c
         .statements
@@ -61,7 +61,7 @@ pub(super) fn conservative(c: &Classification) -> (Classification, bool) {
 impl Session {
     /// The classification of a client's statement text, and whether it may change state refract
     /// does not track (raw text, classified conservatively: see the module header).
-    pub(super) fn classify_text(&self, sql: &str) -> (Arc<Classification>, bool) {
+    pub(crate) fn classify_text(&self, sql: &str) -> (Arc<Classification>, bool) {
         if !text::is_raw(sql) {
             return (self.shared.classifier.classify(sql), false);
         }
@@ -70,7 +70,7 @@ impl Session {
     }
 
     /// Runs a simple Query whose text is not UTF-8 (see the module header).
-    pub(super) async fn simple_unreadable(&mut self, sql: &str, frame: Bytes) -> Result<(), PgError> {
+    pub(crate) async fn simple_unreadable(&mut self, sql: &str, frame: Bytes) -> Result<(), PgError> {
         let (c, untracked) = self.classify_text(sql);
         self.state.prepared.close(""); // a simple query drops the unnamed statement
         self.note_state(&c);

@@ -12,10 +12,10 @@
 //! reads its next query, so once an empty query has been answered there, every notification
 //! committed before it has been dispatched.
 
-use super::error::PgError;
-use super::server::ServerConn;
-use super::servers::Servers;
-use super::wire::Frame;
+use crate::client::wire::Frame;
+use crate::error::PgError;
+use crate::server::servers::Servers;
+use crate::server::ServerConn;
 use bytes::{Bytes, BytesMut};
 use refract_pg::{BackendMessage, FrontendMessage};
 use std::collections::{BTreeSet, HashMap};
@@ -28,7 +28,7 @@ type Subscribers = HashMap<String, HashMap<u64, mpsc::UnboundedSender<Bytes>>>;
 
 /// The channels clients listen on, and the task that listens on the primary for them.
 #[derive(Debug, Default)]
-pub(super) struct Notifier {
+pub(crate) struct Notifier {
     subscribers: Mutex<Subscribers>,
     task: Mutex<Option<mpsc::UnboundedSender<Cmd>>>,
 }
@@ -251,7 +251,7 @@ fn quote(name: &str) -> String {
 
 /// One client's channels and the notifications queued for it; leaves them all on drop.
 #[derive(Debug)]
-pub(super) struct Listening {
+pub(crate) struct Listening {
     client: u64,
     notifier: Arc<Notifier>,
     tx: mpsc::UnboundedSender<Bytes>,
@@ -271,7 +271,7 @@ impl Drop for Listening {
 
 impl Listening {
     /// Client `client`'s channels, none yet.
-    pub(super) fn new(client: u64, notifier: Arc<Notifier>) -> Self {
+    pub(crate) fn new(client: u64, notifier: Arc<Notifier>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Listening { client, notifier, tx, rx, channels: BTreeSet::new() }
     }
@@ -285,7 +285,7 @@ impl Listening {
     }
 
     /// Appends the notifications already queued (and still wanted) to `out`.
-    pub(super) fn take_queued(&mut self, out: &mut BytesMut) {
+    pub(crate) fn take_queued(&mut self, out: &mut BytesMut) {
         while let Ok(n) = self.rx.try_recv() {
             if self.wants(&n) {
                 out.extend_from_slice(&n);
@@ -294,13 +294,13 @@ impl Listening {
     }
 
     /// Whether the client listens on any channel.
-    pub(super) fn listens(&self) -> bool {
+    pub(crate) fn listens(&self) -> bool {
         !self.channels.is_empty()
     }
 
     /// Waits (at most `CATCH_UP_LIMIT`) until the listener has dispatched every notification
     /// committed before now, so [`Listening::take_queued`] finds them (see the module's text).
-    pub(super) async fn catch_up(&self) {
+    pub(crate) async fn catch_up(&self) {
         let (done, answer) = oneshot::channel();
         if self.notifier.send(Cmd::CatchUp(done)) {
             let _ = tokio::time::timeout(CATCH_UP_LIMIT, answer).await;
@@ -308,14 +308,14 @@ impl Listening {
     }
 
     /// Waits for the next notification; `None` when it is no longer wanted.
-    pub(super) async fn next(&mut self) -> Option<Bytes> {
+    pub(crate) async fn next(&mut self) -> Option<Bytes> {
         let n = self.rx.recv().await;
         n.filter(|n| self.wants(n))
     }
 
     /// Listens on `channel` (once the listener task, started on first use, listens on the
     /// primary); on failure the client does not listen on it.
-    pub(super) async fn listen(
+    pub(crate) async fn listen(
         &mut self,
         channel: &str,
         servers: &Arc<Servers>,
@@ -340,7 +340,7 @@ impl Listening {
     }
 
     /// Stops listening on `channel` (every channel: `None`).
-    pub(super) fn unlisten(&mut self, channel: Option<&str>) {
+    pub(crate) fn unlisten(&mut self, channel: Option<&str>) {
         let gone: Vec<String> = match channel {
             Some(c) => self.channels.take(c).into_iter().collect(),
             None => std::mem::take(&mut self.channels).into_iter().collect(),

@@ -50,6 +50,7 @@ impl Front for HttpFront {
 
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
         tokio::spawn(health::run(ctx.clone()));
+        handover::families(ctx);
         handover::prepare(ctx);
         Ok(())
     }
@@ -61,7 +62,7 @@ impl Front for HttpFront {
 
 /// Brings the hand-over gauges up to date (before `/metrics` is written).
 pub fn publish_metrics(ctx: &Ctx) {
-    handover::publish_metrics(&ctx.metrics);
+    handover::publish_metrics(ctx);
 }
 
 /// Whether backend `name` has a hand-over agent in the configuration in force.

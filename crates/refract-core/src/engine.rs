@@ -164,7 +164,7 @@ pub fn run_workers(ctx: Arc<Ctx>, fronts: Fronts, workers: usize) -> std::io::Re
         }
     }
     if first_error.is_none() {
-        tracing::info!(http = %ctx.cfg.listen.http, workers, "dispatcher listening");
+        tracing::info!(workers, "dispatcher listening");
     }
     for t in threads {
         let _ = t.join();

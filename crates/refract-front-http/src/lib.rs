@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
-/// The HTTP front end: clients on `[listen] http`, backends from `[[backend]]`.
+/// The HTTP front end: clients on `[http] listen`, backends from `[[backend]]`.
 pub struct HttpFront;
 
 impl Front for HttpFront {
@@ -45,10 +45,13 @@ impl Front for HttpFront {
     }
 
     fn listener(&self, cfg: &Config) -> Option<(&'static str, SocketAddr)> {
-        Some(("[listen] http", cfg.listen.http))
+        config::HttpConfig::of(cfg).listening.listen
     }
 
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
+        for (old, new) in &config::HttpConfig::of(&ctx.cfg).listening.renamed {
+            tracing::warn!("{old} is deprecated: write {new} instead (both in one file is an error)");
+        }
         tokio::spawn(health::run(ctx.clone()));
         handover::families(ctx);
         handover::prepare(ctx);

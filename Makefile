@@ -24,6 +24,10 @@ release: deps
 
 lint: deps
 	$(CARGO) fmt --all -- --check
+	@# No unused dependencies in any Cargo.toml of the tree (the fuzz crate and lab/ included);
+	@# a false positive goes to its crate's [package.metadata.cargo-machete] ignored, with why.
+	@command -v cargo-machete >/dev/null || $(CARGO) install cargo-machete --locked
+	$(CARGO) machete
 	$(CARGO) clippy --profile ci --workspace --all-targets -- -D warnings
 	@# The data-path-only binary (README, "Running it"): it compiles, and links no lab,
 	@# plotters, ctrlc or PostgreSQL test kit.
@@ -39,6 +43,8 @@ lint: deps
 	  echo "lint: the HTTP front end depends on the PostgreSQL one (above)"; exit 1; fi
 	@if $(CARGO) tree -p refract-front-pg -e normal | grep -E 'refract-(front-http|http |dispatch)'; then \
 	  echo "lint: the PostgreSQL front end depends on the HTTP one (above)"; exit 1; fi
+	@if $(CARGO) tree -p refract-shard -e normal | grep -E 'tokio|refract-(core|front|dispatch|handover)'; then \
+	  echo "lint: refract-shard, sharding's arithmetic, is not pure (above)"; exit 1; fi
 
 # Every test, the lab tests included (they need root and skip with a printed reason otherwise).
 # --no-fail-fast: every test binary runs even when one fails, so one run shows every failure.

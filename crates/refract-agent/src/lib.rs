@@ -65,7 +65,7 @@ pub use waiting::Waiting;
 /// `refract agent --config FILE`.
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
-    /// The agent's TOML configuration (see examples/lab/agent-b1.toml and docs/handover.md).
+    /// The agent's TOML configuration (see examples/lab/agent-b1.toml and docs/agent.md).
     #[arg(long)]
     pub config: PathBuf,
 }

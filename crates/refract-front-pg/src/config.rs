@@ -3,7 +3,7 @@
 use refract_core::overload::Priority;
 use refract_core::partial::{check_share, ShareSection};
 use refract_pg::auth::{AuthMethod, Credential};
-use refract_pg::partition::{Key, KeyType};
+use refract_shard::partition::{Key, KeyType};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;

@@ -37,6 +37,9 @@
 //!   [`queued_bytes`].
 //! - [`Error`] (`error.rs`): what failed, whose fault, whether to retry.
 
+// `unsafe` only in `sys.rs` (the `allow` on `mod sys` below); everywhere else it is an error.
+#![deny(unsafe_code)]
+
 pub mod across;
 mod bpf;
 mod carrier;
@@ -54,6 +57,7 @@ mod restore;
 pub mod seam;
 mod snapshot;
 mod steering;
+#[allow(unsafe_code)]
 mod sys;
 mod tcp_state;
 mod transfer;

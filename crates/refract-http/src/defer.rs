@@ -1,5 +1,5 @@
 //! Deferred bodies: how an agent lets its backend write a large result straight into the
-//! client's socket (the agent's `pass_socket` option; docs/handover.md, "The backend writes
+//! client's socket (the agent's `pass_socket` option; docs/agent.md, "The backend writes
 //! the result itself").
 //!
 //! Over a Unix socket between the agent and a backend on the same host:

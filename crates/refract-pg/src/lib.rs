@@ -2,7 +2,8 @@
 //! directions, authenticates clients and logs into servers (SCRAM-SHA-256, md5, trust),
 //! classifies SQL with PostgreSQL's own parser (`pg_query`) and keeps the session state a
 //! transaction-pooling proxy must carry between server connections. It is pure: nothing here
-//! awaits or opens a socket; the session loop in `refract-front-pg` owns the I/O.
+//! awaits or opens a socket; the session loop in `refract-front-pg` owns the I/O. Sharding's
+//! arithmetic (partitioning, shard keys, COPY rows, scatter-gather) is `refract-shard`.
 //!
 //! # Layout
 //! - [`frame`]: where a message ends ([`frame::peek`]), size [`Limits`]; unknown types pass.
@@ -13,33 +14,23 @@
 //! - [`backend`]: typed server messages ([`BackendMessage`]).
 //! - [`hybrid`]: the in-band signals of the result hand-over between refract and an agent.
 //! - [`notice`]: ErrorResponse/NoticeResponse fields and SQLSTATE codes.
-//! - [`partition`]: PostgreSQL's hash partitioning (which remainder a key gets), for sharding.
-//! - [`keyparam`]: key values from Bind parameters (text, binary, arrays for `= ANY($n)`).
 //! - [`auth`]: SCRAM-SHA-256, md5 and trust, as server ([`auth::ServerAuth`]) and client ([`auth::ClientAuth`]).
 //! - [`classify`]: read or write, and session statements, by PostgreSQL's parser; cached.
-//! - [`copyrows`]: the rows of COPY FROM data (text, csv) and their fields, found incrementally.
 //! - [`reply`]: encoders for what refract answers itself (errors, auth requests, login).
 //! - [`session`]: SET parameters, prepared statements and transaction state to carry across servers.
-//! - [`shardkey`]: which key values a statement touches in each sharded table (from its parse tree).
-//! - [`scatter`]: a SELECT over every shard answered exactly (plan, streaming merge) or refused.
 //! - `testkit` (feature `testkit`): a real PostgreSQL primary and streaming replicas for tests.
 //! - [`error`]: the crate's error type.
 
 pub mod auth;
 pub mod backend;
 pub mod classify;
-pub mod copyrows;
 pub mod error;
 pub mod frame;
 pub mod frontend;
 pub mod hybrid;
-pub mod keyparam;
 pub mod notice;
-pub mod partition;
 pub mod reply;
-pub mod scatter;
 pub mod session;
-pub mod shardkey;
 pub mod startup;
 pub mod stream;
 #[cfg(feature = "testkit")]

@@ -15,8 +15,8 @@
 mod common;
 
 use common::{bin, free_port, wait_listening};
-use refract_pg::partition::{remainder, Key};
 use refract_pg::testkit::{self, PgCluster, PgServer, PASSWORD, USER};
+use refract_shard::partition::{remainder, Key};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

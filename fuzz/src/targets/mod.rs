@@ -3,17 +3,23 @@
 
 mod handover;
 mod http;
+mod hybrid;
 mod pg;
+mod scram;
+mod shard;
 
 pub use handover::handover_msg;
 pub use http::{http_chunked, http_head};
+pub use hybrid::pg_hybrid;
 pub use pg::{pg_backend, pg_copyrows, pg_frontend, pg_keyparam, pg_startup};
+pub use scram::pg_scram;
+pub use shard::pg_numeric;
 
 /// A fuzz target: a name (its `src/bin/` harness, its `corpus/` directory) and its function.
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target, in the order `make fuzz` runs them.
-pub const ALL: [Target; 8] = [
+pub const ALL: [Target; 11] = [
     ("http_head", http_head),
     ("http_chunked", http_chunked),
     ("pg_frontend", pg_frontend),
@@ -22,4 +28,7 @@ pub const ALL: [Target; 8] = [
     ("handover_msg", handover_msg),
     ("pg_keyparam", pg_keyparam),
     ("pg_copyrows", pg_copyrows),
+    ("pg_numeric", pg_numeric),
+    ("pg_scram", pg_scram),
+    ("pg_hybrid", pg_hybrid),
 ];

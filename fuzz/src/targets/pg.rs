@@ -4,13 +4,13 @@
 
 use bytes::BytesMut;
 use refract_pg::auth::{decode_password, SaslInitialResponse};
-use refract_pg::copyrows::{self, CopyFormat, Force, Piece, Rows};
 use refract_pg::frame::{self, Header};
 use refract_pg::frontend::bind_names;
-use refract_pg::keyparam::{binary_array, text_array, Params};
-use refract_pg::partition::KeyType;
 use refract_pg::stream::Splitter;
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Side, StartupPacket};
+use refract_shard::copyrows::{self, CopyFormat, Force, Piece, Rows};
+use refract_shard::keyparam::{binary_array, text_array, Params};
+use refract_shard::partition::KeyType;
 
 /// Small enough that the fuzzer reaches `TooLarge`, large enough for any seed.
 const LIMITS: Limits = Limits { max_message_len: 1 << 16, max_startup_len: frame::DEFAULT_MAX_STARTUP_LEN };
@@ -127,7 +127,7 @@ pub fn pg_keyparam(data: &[u8]) {
     }
 }
 
-/// The COPY FROM row scanner (`refract-pg` `copyrows.rs`): byte 0 picks the format (bit 0 csv,
+/// The COPY FROM row scanner (`refract-shard` `copyrows.rs`): byte 0 picks the format (bit 0 csv,
 /// bit 1 HEADER, bit 2 the `\.` end marker, bit 3 `;` delimiter with `'` quote and `\`
 /// escape), byte 1 the size of the CopyData pieces; the rest is the data. Nothing may panic;
 /// the pieces found are the same whatever the message sizes, and joined they give the data

@@ -3,7 +3,7 @@
 //! run through sharded refract and on one plain PostgreSQL, plus those refract must refuse.
 #![allow(dead_code)]
 
-use refract_pg::partition::{remainder, Key};
+use refract_shard::partition::{remainder, Key};
 
 /// How two answers' rows are compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,11 +27,11 @@ use crate::session::{Session, FLUSH_AT};
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{Route, Statement};
 use refract_pg::frontend::{Bind, Target as Of};
-use refract_pg::keyparam::Params;
 use refract_pg::notice::sqlstate;
-use refract_pg::scatter::Placement;
 use refract_pg::session::Origin;
 use refract_pg::{reply, BackendMessage, ErrorFields, FrontendMessage, TxStatus};
+use refract_shard::keyparam::Params;
+use refract_shard::scatter::Placement;
 use std::collections::HashMap;
 
 /// SQLSTATE `invalid_cursor_name`: no such portal.

@@ -1,6 +1,6 @@
 //! COPY over several shards. `COPY table TO STDOUT`: each shard's rows in turn, one
 //! CopyOutResponse, one CopyDone, the counts summed. `COPY ... FROM STDIN`: every shard runs
-//! the COPY in a transaction; each row (text or csv, found by `refract_pg::copyrows` as
+//! the COPY in a transaction; each row (text or csv, found by `refract_shard::copyrows` as
 //! PostgreSQL finds it; a header line to every shard) goes to the shard its key names (or every
 //! byte to every shard for a replicated table); at the client's CopyDone the shards commit
 //! together (two-phase where possible, as other writes on several shards), at its CopyFail or
@@ -12,9 +12,9 @@ use crate::error::PgError;
 use crate::session::phase::{CopyDir, Event};
 use crate::session::{Session, FLUSH_AT};
 use bytes::BytesMut;
-use refract_pg::copyrows::{self, CopyFormat, Field, Force, Piece, RowError, Rows};
-use refract_pg::partition::Key;
 use refract_pg::{BackendMessage, ErrorFields, FrontendMessage};
+use refract_shard::copyrows::{self, CopyFormat, Field, Force, Piece, RowError, Rows};
+use refract_shard::partition::Key;
 
 impl Session {
     /// `COPY ... TO STDOUT` of a sharded table on every leg.
@@ -150,7 +150,7 @@ impl Session {
     /// How the rows of `sql` (a COPY FROM STDIN into sharded `key.0`) are split. A row `\.`
     /// ends csv data only before PostgreSQL 18 (the shards' version, as the client saw it).
     fn split_of<'a>(&self, sh: &Sharding, sql: &str, key: &'a (String, usize)) -> Result<Split<'a>, String> {
-        let column = refract_pg::shardkey::Schema::key_of(sh, &key.0).unwrap_or_default();
+        let column = refract_shard::shardkey::Schema::key_of(sh, &key.0).unwrap_or_default();
         let (mut format, force) = super::route::copy_in_format(sql, column, sh.key_type(&key.0))?;
         if format.csv {
             let params = self.shared.server_params.read().map(|p| p.clone()).unwrap_or_default();

@@ -1,6 +1,6 @@
 //! A statement on several shards, outside a transaction: a connection per shard (admitted
 //! and checked out as any statement's, straight to the server), the session's SETs, then
-//! - a read: the plan's SQL on each, the rows combined by `refract_pg::scatter::Gather` as they
+//! - a read: the plan's SQL on each, the rows combined by `refract_shard::scatter::Gather` as they
 //!   stream (one pending row per shard; memory does not grow with the result);
 //! - a write: `BEGIN`, the statement (or each shard's own INSERT), then, when all succeeded,
 //!   two-phase commit (`twophase`) where the shards and the configuration allow it, else
@@ -23,8 +23,8 @@ use pg_query::NodeEnum;
 use refract_pg::backend::FieldDescription;
 use refract_pg::classify::Classification;
 use refract_pg::notice::sqlstate;
-use refract_pg::scatter::{self, Gather, GatherError, Placement, Plan, Step};
 use refract_pg::{reply, BackendMessage, ErrorFields, FrontendMessage, TxStatus};
+use refract_shard::scatter::{self, Gather, GatherError, Placement, Plan, Step};
 use std::sync::Arc;
 
 /// One shard's connection for the statement.

@@ -1,17 +1,17 @@
 //! Where one statement goes in a sharded cluster ([`route`]): the shards holding the keys it
-//! names (`refract_pg::shardkey`), every shard for a write of a replicated table, a
-//! scatter-gather plan (`refract_pg::scatter`) for a read over several shards, an INSERT split
+//! names (`refract_shard::shardkey`), every shard for a write of a replicated table, a
+//! scatter-gather plan (`refract_shard::scatter`) for a read over several shards, an INSERT split
 //! by its rows' keys, or a refusal that says why. No I/O: the session runs the answer (the
 //! rows of an INSERT are counted per shard here, when they are placed).
 
 use super::Sharding;
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
-use refract_pg::copyrows::{CopyFormat, Force};
-use refract_pg::keyparam::Params;
-use refract_pg::partition::{Key, KeyType};
-use refract_pg::scatter::{self, Decision, Plan};
-use refract_pg::shardkey::{self, KeySet, KeyValue, Schema, TableKeys};
+use refract_shard::copyrows::{CopyFormat, Force};
+use refract_shard::keyparam::Params;
+use refract_shard::partition::{Key, KeyType};
+use refract_shard::scatter::{self, Decision, Plan};
+use refract_shard::shardkey::{self, KeySet, KeyValue, Schema, TableKeys};
 
 /// Where a statement runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

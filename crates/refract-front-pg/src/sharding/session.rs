@@ -13,11 +13,11 @@ use crate::session::Bound;
 use crate::session::Session;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route, Statement};
-use refract_pg::keyparam::Params;
 use refract_pg::notice::sqlstate;
-use refract_pg::scatter::Plan;
 use refract_pg::session::Origin;
 use refract_pg::{reply, BackendMessage, FrontendMessage, TxStatus};
+use refract_shard::keyparam::Params;
+use refract_shard::scatter::Plan;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -140,7 +140,7 @@ impl Session {
         if let Some(forced) = self.forced_target(sh, sql) {
             return forced;
         }
-        let sharded = |t: &String| refract_pg::shardkey::Schema::key_of(sh, t).is_some();
+        let sharded = |t: &String| refract_shard::shardkey::Schema::key_of(sh, t).is_some();
         for st in &c.statements {
             if let Statement::Prepare { .. } | Statement::Execute { .. } = st {
                 if c.tables.iter().any(sharded) || matches!(st, Statement::Execute { .. }) {
@@ -167,7 +167,7 @@ impl Session {
         let Some(server) = self.shared.shard_servers(0).primary() else { return };
         let Ok(mut guard) = server.pool.get(crate::server::sizes::Path::Direct).await else { return };
         for t in unknown {
-            let Some(key) = refract_pg::shardkey::Schema::key_of(sh, t) else { continue };
+            let Some(key) = refract_shard::shardkey::Schema::key_of(sh, t) else { continue };
             let q = format!(
                 "select count(*) from pg_attribute a where a.attrelid = to_regclass({}) and a.attnum > 0 \
                  and not a.attisdropped and a.attnum <= (select attnum from pg_attribute where attrelid = to_regclass({}) and attname = {})",

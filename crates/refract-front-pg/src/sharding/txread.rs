@@ -11,7 +11,7 @@ use super::Sharding;
 use crate::error::PgError;
 use crate::server::pool::Guard;
 use crate::session::{Bound, Session};
-use refract_pg::scatter::Plan;
+use refract_shard::scatter::Plan;
 
 impl Session {
     /// Runs the scatter `plan` over `shards` in the open transaction (`request` and `describe`

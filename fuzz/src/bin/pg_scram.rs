@@ -1,0 +1,5 @@
+//! AFL++ harness for [`refract_fuzz::targets::pg_scram`] (docs/fuzzing.md).
+
+fn main() {
+    afl::fuzz!(|data: &[u8]| refract_fuzz::targets::pg_scram(data));
+}

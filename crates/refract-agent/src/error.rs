@@ -45,16 +45,10 @@ fn list(problems: &[Problem]) -> String {
     problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n")
 }
 
-/// Whose fault an error is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The operator: configuration or host setup.
-    Operator,
-    /// The dispatcher on the other end of a control channel.
-    Dispatcher,
-    /// This host.
-    Internal,
-}
+/// Whose fault an error is: `Internal` for this host, its configuration and setup included;
+/// `Backend` for the dispatcher on the other end of a control channel (the peer, as in
+/// `refract_handover::Side`).
+pub use refract_vocab::Side;
 
 impl Error {
     pub(crate) fn config(origin: &Path, msg: impl std::fmt::Display) -> Self {
@@ -64,9 +58,8 @@ impl Error {
     /// Whose fault it is.
     pub fn side(&self) -> Side {
         match self {
-            Error::Config { .. } | Error::Host(_) => Side::Operator,
-            Error::Handover(e) if e.side() == refract_handover::Side::Backend => Side::Dispatcher,
-            Error::Handover(_) | Error::Io(_) => Side::Internal,
+            Error::Handover(e) if e.side() == Side::Backend => Side::Backend,
+            Error::Config { .. } | Error::Host(_) | Error::Handover(_) | Error::Io(_) => Side::Internal,
         }
     }
 

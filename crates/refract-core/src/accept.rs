@@ -19,7 +19,7 @@ impl OpenConnection {
         Self(gauge)
     }
 
-    /// A connection already counted on `gauge` (when it was placed on its shard).
+    /// A connection already counted on `gauge` (when it was placed on its worker).
     pub fn counted(gauge: Gauge) -> Self {
         Self(gauge)
     }

@@ -52,7 +52,7 @@ pub struct Backend {
     inflight: AtomicUsize,
     served: AtomicU64,
     errors: AtomicU64,
-    /// Idle connections, one pool per shard (a socket belongs to one shard's event loop).
+    /// Idle connections, one pool per worker (a socket belongs to one worker's event loop).
     idle: Vec<Mutex<Vec<BackendConn>>>,
     max_idle: usize,
     /// Request counters by class.
@@ -145,7 +145,7 @@ impl Backend {
             inflight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             errors: AtomicU64::new(0),
-            idle: (0..crate::shard::count()).map(|_| Mutex::new(Vec::new())).collect(),
+            idle: (0..crate::worker::count()).map(|_| Mutex::new(Vec::new())).collect(),
             max_idle,
             counters,
             admission: Admission::new(adm),
@@ -256,7 +256,7 @@ impl Backend {
     }
 
     fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<BackendConn>> {
-        let pool = &self.idle[crate::shard::current() % self.idle.len()];
+        let pool = &self.idle[crate::worker::current() % self.idle.len()];
         pool.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -18,6 +18,7 @@ pub use sections::Sections;
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Listening addresses and threads.
+    #[serde(default)]
     pub listen: Listen,
     /// Replica selection.
     #[serde(default)]
@@ -156,11 +157,13 @@ impl Default for Overload {
 }
 
 /// `[listen]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Listen {
-    /// Client-facing HTTP address.
-    pub http: SocketAddr,
+    /// The deprecated spelling of `[http] listen` (the HTTP front end's section): the
+    /// dispatcher reads it with a warning. The engine does not use it.
+    #[serde(default)]
+    pub http: Option<SocketAddr>,
     /// Admin address (`/backends`, `/metrics`); absent = no admin listener.
     #[serde(default)]
     pub admin: Option<SocketAddr>,
@@ -340,7 +343,8 @@ pub struct Health {
     pub interval_ms: u64,
     /// A probe that takes longer fails.
     pub timeout_ms: u64,
-    /// HTTP path probed with GET (2xx = healthy); absent = a TCP connect is the probe.
+    /// The deprecated spelling of `[http] health_path` (the HTTP front end's section): the
+    /// dispatcher reads it with a warning. The engine does not use it.
     pub path: Option<String>,
 }
 

@@ -59,10 +59,10 @@ impl Ctx {
     }
 
     /// Notes a drain that ended with `left` sessions still open.
-    pub fn drain_ended(&self, left: usize, shard: Option<usize>) {
+    pub fn drain_ended(&self, left: usize, worker: Option<usize>) {
         if left > 0 {
             self.drain_timed_out.store(true, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(?shard, left, "drain timeout: closing remaining connections");
+            tracing::warn!(?worker, left, "drain timeout: closing remaining connections");
         }
     }
 }

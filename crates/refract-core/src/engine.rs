@@ -1,6 +1,6 @@
 //! The engine's loops, for any protocol: binds each front end's client listener, starts the
 //! front ends' background work, accepts and places client connections, and drains on
-//! shutdown. Either one event loop per shard (`run_sharded`) or one multi-threaded runtime
+//! shutdown. Either one event loop per worker (`run_workers`) or one multi-threaded runtime
 //! (`start`). What a connection speaks is the [`Front`]'s business; the engine never names a
 //! protocol.
 
@@ -36,7 +36,7 @@ pub trait Front: Send + Sync + 'static {
     }
 
     /// Starts its background work (health checks, probes, its own listeners), once per
-    /// dispatcher, on the current runtime (shard 0 with the per-core runtime).
+    /// dispatcher, on the current runtime (worker 0 with the per-core runtime).
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()>;
 
     /// Serves one client connection, on the current runtime.
@@ -121,50 +121,50 @@ type Accepted = (TcpStream, SocketAddr);
 async fn accept_loop(ctx: Arc<Ctx>, front: Arc<dyn Front>, listener: TcpListener, sessions: TaskTracker) {
     let serve = ctx.clone();
     accept_each(&ctx.stop, &ctx.metrics, front.name(), listener, |stream, peer| {
-        let open = OpenConnection::count(serve.metrics.open_connections(crate::shard::current()));
+        let open = OpenConnection::count(serve.metrics.open_connections(crate::worker::current()));
         spawn_session(serve.clone(), front.as_ref(), &sessions, open, (stream, peer));
     })
     .await;
 }
 
-/// Runs the dispatcher with one single-threaded event loop per shard, each serving the client
+/// Runs the dispatcher with one single-threaded event loop per worker, each serving the client
 /// connections placed on it (`accept = "balanced"`) or accepted on its own `SO_REUSEPORT`
 /// listener (`reuseport`) and keeping its own backend connections, like HAProxy's threads:
 /// a connection never changes thread, so no request pays a cross-thread wake-up. Every front
-/// end listens the same way; shard 0 also starts the front ends' background work. Returns
+/// end listens the same way; worker 0 also starts the front ends' background work. Returns
 /// after `stop` and the drain.
-pub fn run_sharded(ctx: Arc<Ctx>, fronts: Fronts, shards: usize) -> std::io::Result<()> {
+pub fn run_workers(ctx: Arc<Ctx>, fronts: Fronts, workers: usize) -> std::io::Result<()> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut threads = Vec::new();
     let (mut spread, mut inboxes) = match ctx.cfg.listen.accept {
         AcceptMode::Reuseport => (None, Vec::new()),
         AcceptMode::Balanced => {
-            let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
-            let load = (0..shards).map(|i| ctx.metrics.open_connections(i)).collect();
+            let (txs, rxs): (Vec<_>, Vec<_>) = (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
+            let load = (0..workers).map(|i| ctx.metrics.open_connections(i)).collect();
             (Some(Arc::new(Spread { inboxes: txs, load })), rxs.into_iter().map(Some).collect())
         }
     };
-    for i in 0..shards {
+    for i in 0..workers {
         let (ctx, ready, fronts) = (ctx.clone(), ready_tx.clone(), fronts.clone());
         let feed =
             spread.as_ref().map(|s| Feed { spread: s.clone(), inbox: inboxes.get_mut(i).and_then(Option::take) });
         let t = std::thread::Builder::new()
             .name(format!("refract-{i}"))
-            .spawn(move || shard_main(ctx, fronts, i, feed, ready))?;
+            .spawn(move || worker_main(ctx, fronts, i, feed, ready))?;
         threads.push(t);
     }
     spread.take();
     inboxes.clear();
     drop(ready_tx);
     let mut first_error = None;
-    for r in ready_rx.iter().take(shards) {
+    for r in ready_rx.iter().take(workers) {
         if let Err(e) = r {
             ctx.stop.cancel();
             first_error.get_or_insert(e);
         }
     }
     if first_error.is_none() {
-        tracing::info!(http = %ctx.cfg.listen.http, shards, "dispatcher listening");
+        tracing::info!(workers, "dispatcher listening");
     }
     for t in threads {
         let _ = t.join();
@@ -172,21 +172,21 @@ pub fn run_sharded(ctx: Arc<Ctx>, fronts: Fronts, shards: usize) -> std::io::Res
     first_error.map_or(Ok(()), Err)
 }
 
-/// Balanced accept: each shard's inbox of accepted connections, and its open client
+/// Balanced accept: each worker's inbox of accepted connections, and its open client
 /// connections (every front end's; the `refract_client_connections_open` gauges).
 struct Spread {
     inboxes: Vec<mpsc::UnboundedSender<Placed>>,
     load: Vec<Gauge>,
 }
 
-/// A client connection of front end `front` accepted on shard 0 for some shard to serve.
+/// A client connection of front end `front` accepted on worker 0 for some worker to serve.
 struct Placed {
     front: usize,
     stream: std::net::TcpStream,
     peer: SocketAddr,
 }
 
-/// One shard's part in balanced accept.
+/// One worker's part in balanced accept.
 struct Feed {
     spread: Arc<Spread>,
     inbox: Option<mpsc::UnboundedReceiver<Placed>>,
@@ -196,12 +196,12 @@ struct Feed {
 const FIRST_BYTES_WAIT: Duration = Duration::from_millis(100);
 
 impl Spread {
-    /// Places a connection on the shard with the fewest open client connections once its
+    /// Places a connection on the worker with the fewest open client connections once its
     /// client has sent something (HTTP and PostgreSQL clients speak first), or after
     /// [`FIRST_BYTES_WAIT`]. A connection closed before it sent anything is closed here, never
     /// counted: wrk, health checkers and port scanners open such probes just before their real
-    /// connections, and counting them on a shard until its loop notices the close put the real
-    /// connections on one shard.
+    /// connections, and counting them on a worker until its loop notices the close put the real
+    /// connections on one worker.
     fn place_when_spoken(self: &Arc<Self>, front: usize, stream: TcpStream, peer: SocketAddr) {
         let spread = self.clone();
         drop(tokio::spawn(async move {
@@ -226,12 +226,12 @@ impl Spread {
     }
 }
 
-/// The shard with the fewest open client connections (the lowest index on a tie).
+/// The worker with the fewest open client connections (the lowest index on a tie).
 fn least_loaded(load: &[i64]) -> usize {
     (0..load.len()).min_by_key(|&j| load[j]).unwrap_or(0)
 }
 
-/// Balanced accept, shard `i`'s side: serves the connections placed in its inbox (shard 0
+/// Balanced accept, worker `i`'s side: serves the connections placed in its inbox (worker 0
 /// also accepts on the one listener of each front end and places them).
 async fn serve_inbox(ctx: Arc<Ctx>, fronts: Fronts, i: usize, feed: Feed, listeners: Listeners, sessions: TaskTracker) {
     let Feed { spread, inbox } = feed;
@@ -247,7 +247,7 @@ async fn serve_inbox(ctx: Arc<Ctx>, fronts: Fronts, i: usize, feed: Feed, listen
             s = inbox.recv() => match s { Some(s) => s, None => return },
             _ = ctx.stop.cancelled() => return,
         };
-        // Counted on this shard when it was placed.
+        // Counted on this worker when it was placed.
         let open = OpenConnection::counted(spread.load[i].clone());
         if refract_process::failpoint::is("worker-panic") {
             panic!("failpoint worker-panic: event loop {i}");
@@ -264,11 +264,11 @@ async fn serve_inbox(ctx: Arc<Ctx>, fronts: Fronts, i: usize, feed: Feed, listen
     }
 }
 
-/// Each front end's listener on this shard, by front end index.
+/// Each front end's listener on this worker, by front end index.
 type Listeners = Vec<(usize, TcpListener)>;
 
-/// The listeners shard `i` binds: with reuseport one per front end on every shard, with
-/// balanced accept only on shard 0.
+/// The listeners worker `i` binds: with reuseport one per front end on every worker, with
+/// balanced accept only on worker 0.
 fn bind_listeners(cfg: &Config, fronts: &Fronts, i: usize, balanced: bool) -> std::io::Result<Listeners> {
     let mut out = Vec::new();
     if balanced && i > 0 {
@@ -282,14 +282,14 @@ fn bind_listeners(cfg: &Config, fronts: &Fronts, i: usize, balanced: bool) -> st
     Ok(out)
 }
 
-fn shard_main(
+fn worker_main(
     ctx: Arc<Ctx>,
     fronts: Fronts,
     i: usize,
     feed: Option<Feed>,
     ready: std::sync::mpsc::Sender<std::io::Result<()>>,
 ) {
-    crate::shard::enter(i);
+    crate::worker::enter(i);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -297,7 +297,7 @@ fn shard_main(
             return;
         }
     };
-    rt.block_on(shard_serve(ctx, fronts, i, feed, ready));
+    rt.block_on(worker_serve(ctx, fronts, i, feed, ready));
     // Tasks still there are dropped; blocking work is not waited for past the grace.
     rt.shutdown_timeout(RUNTIME_GRACE);
 }
@@ -306,7 +306,7 @@ fn shard_main(
 pub const RUNTIME_GRACE: Duration = Duration::from_millis(200);
 
 /// Shard `i`'s event loop: binds, reports to `ready`, serves until `stop`, then drains.
-async fn shard_serve(
+async fn worker_serve(
     ctx: Arc<Ctx>,
     fronts: Fronts,
     i: usize,
@@ -353,7 +353,7 @@ async fn shard_serve(
 }
 
 /// A listener for config key `key` on `addr` with a backlog of 1024; with `reuseport` it
-/// shares its address with the other shards' (the kernel spreads connections).
+/// shares its address with the other workers' (the kernel spreads connections).
 fn bind(key: &'static str, addr: SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
     bind_plain(addr, reuseport).map_err(named(key, addr))
 }
@@ -371,10 +371,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn balanced_accept_picks_the_least_loaded_shard() {
+    fn balanced_accept_picks_the_least_loaded_worker() {
         assert_eq!(least_loaded(&[3, 1, 2]), 1);
         assert_eq!(least_loaded(&[3, 6, 2]), 2);
-        assert_eq!(least_loaded(&[0, 0]), 0, "ties go to the lowest shard");
-        assert_eq!(least_loaded(&[1, 0]), 1, "two connections land on two shards");
+        assert_eq!(least_loaded(&[0, 0]), 0, "ties go to the lowest worker");
+        assert_eq!(least_loaded(&[1, 0]), 1, "two connections land on two workers");
     }
 }

@@ -5,7 +5,7 @@
 //! `Cargo.toml` holds that rule (`make lint` checks it).
 //!
 //! # Layout
-//! - [`engine`]: the [`engine::Front`] a protocol plugs in; one event loop per shard or one
+//! - [`engine`]: the [`engine::Front`] a protocol plugs in; one event loop per worker or one
 //!   multi-threaded runtime; binding, accepting, placing, draining.
 //! - [`accept`]: the accept loop and the open connections gauge.
 //! - [`config`]: the engine's sections of the TOML configuration and their checks; the front
@@ -18,7 +18,7 @@
 //!   memory spilled for clients that stopped reading.
 //! - [`partial`]: partial replicas: what a member holds, shares per class of reads.
 //! - [`metrics`]: Prometheus metrics.
-//! - [`shard`]: which per-core event loop the current thread is; [`spin`]: busy polling.
+//! - [`worker`]: which per-core event loop the current thread is; [`spin`]: busy polling.
 //!
 //! The words shared with the front ends (route class, error side) are in `refract-vocab`.
 
@@ -32,8 +32,8 @@ pub mod membership;
 pub mod metrics;
 pub mod overload;
 pub mod partial;
-pub mod shard;
 pub mod spin;
+pub mod worker;
 
 pub use config::Config;
 pub use ctx::Ctx;

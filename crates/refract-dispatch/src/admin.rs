@@ -16,6 +16,7 @@ use refract_core::Config;
 use refract_core::Ctx;
 use refract_front_http::conn::{ClientConn, ClientStream};
 use refract_front_pg::{Change, ChangeError, PgFront};
+use refract_handover::metrics::HandoverMetrics;
 use refract_http::{reply, RequestHead};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -162,7 +163,11 @@ fn backend_view(ctx: &Ctx, b: &refract_core::backend::Backend) -> serde_json::Va
     if let Some(obj) = v.as_object_mut() {
         obj.insert("tables".into(), serde_json::json!(b.holds.list()));
         if refract_front_http::has_agent(ctx, &b.name) {
-            obj.insert("handover".into(), ctx.metrics.handover_view(&b.name));
+            let t = ctx.metrics.families(HandoverMetrics::register).totals(&b.name);
+            let totals = serde_json::json!({
+                "handovers": t.handovers, "handbacks": t.handbacks, "bytes_direct": t.bytes_direct,
+            });
+            obj.insert("handover".into(), totals);
         }
     }
     v

@@ -1,5 +1,5 @@
 //! The whole configuration file: the engine's sections (`refract_core::config`) and the front
-//! ends' (`[[route]]`, `[[share]]` and `[handover]` for HTTP, `[postgres]`), parsed in one pass with unknown
+//! ends' (`[http]`, `[[route]]`, `[[share]]` and `[handover]` for HTTP, `[postgres]`), parsed in one pass with unknown
 //! keys refused and every error naming its line (`docs/config.md`). The front ends' sections
 //! ride in the engine's [`Config`] as [`Sections`](refract_core::config::Sections).
 
@@ -8,7 +8,7 @@ use refract_core::config::{
     Limits, Listen, Overload, Sections, Timeouts,
 };
 use refract_core::partial::check_share;
-use refract_front_http::config::{HandoverConfig, HttpConfig, HttpShare};
+use refract_front_http::config::{HandoverConfig, HttpConfig, HttpSection, HttpShare, Listening};
 use refract_front_pg::PgConfig;
 use refract_http::RouteRule;
 use serde::Deserialize;
@@ -19,6 +19,9 @@ use toml::Spanned;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
+    #[serde(default)]
+    http: Option<HttpSection>,
+    #[serde(default)]
     listen: Listen,
     #[serde(default)]
     balance: Balance,
@@ -66,7 +69,14 @@ pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
             find_key_line(text, "[listen]")
         ));
     }
-    let others: Vec<_> = f.postgres.iter().map(|p| ("postgres", "listen", p.listen)).collect();
+    let listening = Listening::resolve(f.http.as_ref(), f.listen.http, f.health.path.clone())
+        .map_err(|e| format!("line {}: {e}", find_key_line(text, "[http]")))?;
+    let Some((key, addr)) = listening.listen else {
+        return Err(format!("line {}: no HTTP listener: set [http] listen", find_key_line(text, "[listen]")));
+    };
+    let http = if key == "[http] listen" { ("http", "listen", addr) } else { ("listen", "http", addr) };
+    let pg = f.postgres.iter().map(|p| ("postgres", "listen", p.listen));
+    let others: Vec<_> = std::iter::once(http).chain(pg).collect();
     let engine = Config {
         listen: f.listen,
         balance: f.balance,
@@ -88,7 +98,7 @@ pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
     }
     check_shares(&cfg, &f.shares, text)?;
     let shares = f.shares.into_iter().map(Spanned::into_inner).collect();
-    cfg.sections.insert(HttpConfig::new(f.routes, f.handover, shares));
+    cfg.sections.insert(HttpConfig { listening, ..HttpConfig::new(f.routes, f.handover, shares) });
     if let Some(pg) = f.postgres {
         cfg.sections.insert(pg);
     }
@@ -178,6 +188,36 @@ mod tests {
         let twice = "[[backend]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nrole = \"replica\"\n";
         let e = err(&format!("[listen]\nhttp = \"127.0.0.1:8080\"\n{B}{twice}"));
         assert!(e.starts_with("line 7:") && e.contains("\"b\" has the address 127.0.0.1:1 of backend \"a\""), "{e}");
+    }
+
+    #[test]
+    fn listeners_on_one_address_name_both_keys() {
+        let e = err(&format!("[listen]\nhttp = \"127.0.0.1:8080\"\nadmin = \"127.0.0.1:8080\"\n{B}"));
+        assert_eq!(e, "line 3: [listen] admin 127.0.0.1:8080 clashes with [listen] http on the same address");
+        let e = err(&format!("[listen]\nhttp = \"0.0.0.0:8080\"\nadmin = \"127.0.0.1:8080\"\n{B}"));
+        assert!(e.contains("clashes"), "{e}");
+        assert!(parse(&format!("[listen]\nhttp = \"127.0.0.1:0\"\n{B}")).is_ok());
+        let e = err(&format!("[http]\nlisten = \"127.0.0.1:8080\"\n[listen]\nadmin = \"127.0.0.1:8080\"\n{B}"));
+        assert_eq!(e, "line 4: [listen] admin 127.0.0.1:8080 clashes with [http] listen on the same address");
+    }
+
+    #[test]
+    fn http_section_or_its_deprecated_spellings_not_both() {
+        let new = format!("[http]\nlisten = \"127.0.0.1:8080\"\nhealth_path = \"/up\"\n{B}");
+        let l = HttpConfig::of(&parse(&new).unwrap()).listening.clone();
+        assert_eq!(l.listen, Some(("[http] listen", "127.0.0.1:8080".parse().unwrap())));
+        assert_eq!((l.health_path.as_deref(), l.renamed.len()), (Some("/up"), 0));
+        let old = format!("[listen]\nhttp = \"127.0.0.1:8080\"\n[health]\npath = \"/up\"\n{B}");
+        let l = HttpConfig::of(&parse(&old).unwrap()).listening.clone();
+        assert_eq!(l.listen, Some(("[listen] http", "127.0.0.1:8080".parse().unwrap())));
+        assert_eq!(l.health_path.as_deref(), Some("/up"));
+        assert_eq!(l.renamed, [("[listen] http", "[http] listen"), ("[health] path", "[http] health_path")]);
+        let e = err(&format!("[http]\nlisten = \"127.0.0.1:8080\"\n[listen]\nhttp = \"127.0.0.1:8081\"\n{B}"));
+        assert!(e.starts_with("line 1: [http] listen and [listen] http are both set"), "{e}");
+        let e = err(&format!("{new}[health]\npath = \"/up\"\n"));
+        assert!(e.contains("[http] health_path and [health] path are both set"), "{e}");
+        let e = err(&format!("[listen]\nworkers = 1\n{B}"));
+        assert!(e.starts_with("line 1: no HTTP listener: set [http] listen"), "{e}");
     }
 
     #[test]

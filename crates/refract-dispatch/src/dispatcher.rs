@@ -1,5 +1,5 @@
 //! The dispatcher: the engine (`refract-core`) with its front ends: HTTP, PostgreSQL (when
-//! `[postgres]` is set) and the admin API. Either one event loop per shard ([`run_sharded`])
+//! `[postgres]` is set) and the admin API. Either one event loop per worker ([`run_workers`])
 //! or one multi-threaded runtime ([`Dispatcher::start`]).
 
 use crate::admin::Admin;
@@ -60,8 +60,8 @@ impl Dispatcher {
     }
 }
 
-/// Runs the dispatcher with one single-threaded event loop per shard (see
-/// [`engine::run_sharded`]); returns after `stop` and the drain.
-pub fn run_sharded(ctx: Arc<Ctx>, shards: usize) -> std::io::Result<()> {
-    engine::run_sharded(ctx, fronts().0, shards)
+/// Runs the dispatcher with one single-threaded event loop per worker (see
+/// [`engine::run_workers`]); returns after `stop` and the drain.
+pub fn run_workers(ctx: Arc<Ctx>, workers: usize) -> std::io::Result<()> {
+    engine::run_workers(ctx, fronts().0, workers)
 }

@@ -14,10 +14,10 @@ pub mod config;
 pub mod dispatcher;
 mod reload;
 
-pub use dispatcher::{run_sharded, Dispatcher};
+pub use dispatcher::{run_workers, Dispatcher};
 pub use refract_core::{Config, Ctx};
 
-use refract_core::{ctx, shard};
+use refract_core::{ctx, worker};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +62,7 @@ pub fn run_dispatcher_from_file(path: &Path) -> anyhow::Result<Exit> {
     };
     let per_core = cfg.listen.runtime == refract_core::config::RuntimeKind::PerCore;
     if per_core {
-        shard::set_count(workers);
+        worker::set_count(workers);
     }
     let ctx = ctx::Ctx::new(cfg);
     let _ = ctx.config_path.set(path.to_path_buf());
@@ -85,7 +85,7 @@ fn run_per_core(ctx: Arc<ctx::Ctx>, workers: usize) -> anyhow::Result<Exit> {
     };
     let stopper = ctx.clone();
     std::thread::Builder::new().name("refract-signals".into()).spawn(move || rt.block_on(signals.serve(&stopper)))?;
-    run_sharded(ctx.clone(), workers)?;
+    run_workers(ctx.clone(), workers)?;
     Ok(Exit::of(&ctx))
 }
 

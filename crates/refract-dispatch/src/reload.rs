@@ -66,13 +66,17 @@ fn keep_restart_only(old: &Config, next: &mut Config) -> Vec<&'static str> {
     let old_pg = old.sections.get::<PgConfig>().cloned();
     keep("[postgres]", same(&old_pg, &next.sections.get::<PgConfig>()));
     keep("[handover]", same(&old_http.handover, &next_http.handover));
+    keep("[http]", old_http.listening == next_http.listening);
     keep("[limits] max_idle_per_backend", old.limits.max_idle_per_backend == next.limits.max_idle_per_backend);
     next.listen = old.listen.clone();
     next.balance = old.balance.clone();
     next.health = old.health.clone();
     next.overload = old.overload.clone();
     // The new routes and shares, the old hand-over.
-    let http = HttpConfig::new(next_http.routes, old_http.handover.clone(), next_http.share_config);
+    let http = HttpConfig {
+        listening: old_http.listening.clone(),
+        ..HttpConfig::new(next_http.routes, old_http.handover.clone(), next_http.share_config)
+    };
     next.sections.insert(http);
     match old_pg {
         Some(pg) => next.sections.insert(pg),

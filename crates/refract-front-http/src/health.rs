@@ -14,6 +14,8 @@ use tokio::task::JoinSet;
 /// Probes all backends until the dispatcher stops.
 pub async fn run(ctx: Arc<Ctx>) {
     let cfg = ctx.cfg.health.clone();
+    let path: Option<Arc<str>> =
+        crate::config::HttpConfig::of(&ctx.cfg).listening.health_path.as_deref().map(Arc::from);
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -23,9 +25,9 @@ pub async fn run(ctx: Arc<Ctx>) {
         }
         let mut probes = JoinSet::new();
         for b in ctx.members.snapshot().iter().cloned() {
-            let cfg = cfg.clone();
+            let (cfg, path) = (cfg.clone(), path.clone());
             probes.spawn(async move {
-                let ok = probe(&b, &cfg).await;
+                let ok = probe(&b, &cfg, path.as_deref()).await;
                 (b, ok)
             });
         }
@@ -38,12 +40,12 @@ pub async fn run(ctx: Arc<Ctx>) {
     }
 }
 
-/// One probe; true when healthy.
-pub async fn probe(b: &Backend, cfg: &Health) -> bool {
+/// One probe (a connect, then a GET of `path` if set); true when healthy.
+pub async fn probe(b: &Backend, cfg: &Health, path: Option<&str>) -> bool {
     let timeout = Duration::from_millis(cfg.timeout_ms);
     let check = async {
         let mut conn = b.connect(timeout).await.ok()?;
-        let Some(path) = &cfg.path else { return Some(true) };
+        let Some(path) = path else { return Some(true) };
         let req = format!("GET {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n", b.addr);
         conn.stream.write_all(req.as_bytes()).await.ok()?;
         let mut head = [0u8; 12];

@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
-/// The HTTP front end: clients on `[listen] http`, backends from `[[backend]]`.
+/// The HTTP front end: clients on `[http] listen`, backends from `[[backend]]`.
 pub struct HttpFront;
 
 impl Front for HttpFront {
@@ -45,11 +45,15 @@ impl Front for HttpFront {
     }
 
     fn listener(&self, cfg: &Config) -> Option<(&'static str, SocketAddr)> {
-        Some(("[listen] http", cfg.listen.http))
+        config::HttpConfig::of(cfg).listening.listen
     }
 
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
+        for (old, new) in &config::HttpConfig::of(&ctx.cfg).listening.renamed {
+            tracing::warn!("{old} is deprecated: write {new} instead (both in one file is an error)");
+        }
         tokio::spawn(health::run(ctx.clone()));
+        handover::families(ctx);
         handover::prepare(ctx);
         Ok(())
     }
@@ -61,7 +65,7 @@ impl Front for HttpFront {
 
 /// Brings the hand-over gauges up to date (before `/metrics` is written).
 pub fn publish_metrics(ctx: &Ctx) {
-    handover::publish_metrics(&ctx.metrics);
+    handover::publish_metrics(ctx);
 }
 
 /// Whether backend `name` has a hand-over agent in the configuration in force.

@@ -7,7 +7,7 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
     /// A socket failed.
-    #[error("{side} i/o: {source}")]
+    #[error("{} i/o: {source}", refract_pg::peer(*side))]
     Io {
         /// Whose socket.
         side: Side,
@@ -15,7 +15,7 @@ pub enum PgError {
         source: io::Error,
     },
     /// The peer closed the connection.
-    #[error("{0} closed the connection")]
+    #[error("{} closed the connection", refract_pg::peer(*.0))]
     Closed(Side),
     /// A message could not be framed or decoded, or authentication broke.
     #[error("{0}")]

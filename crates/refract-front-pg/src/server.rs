@@ -148,7 +148,7 @@ impl ServerConn {
             applied: Some(vec![]),
             broken: false,
             ended_by_server: false,
-            home: refract_core::shard::current(),
+            home: refract_core::worker::current(),
             hybrid_id,
             epochs: refract_handover::EpochTracker::new(),
         };

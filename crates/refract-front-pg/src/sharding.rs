@@ -31,6 +31,7 @@ pub(crate) use twophase::recover;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};
 use crate::server::servers::Servers;
+use crate::status::PgMetrics;
 use refract_core::metrics::Metrics;
 use refract_shard::partition::{self, Key, KeyType};
 use refract_shard::shardkey::{Schema, TableKeys};
@@ -102,7 +103,7 @@ pub(crate) struct Sharding {
     /// Each sharded table's key column position, read from a shard's catalog when an INSERT
     /// without a column list needs it.
     positions: Mutex<HashMap<String, usize>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PgMetrics>,
     /// Each statement shape's key restrictions (`route::by_shape`), or `None`: not routed by
     /// shape. Bounded: emptied when full.
     templates: Mutex<HashMap<(String, bool), Option<Template>>>,
@@ -148,7 +149,7 @@ impl Sharding {
             turn: AtomicUsize::new(0),
             c_collation: Learned::default(),
             positions: Mutex::default(),
-            metrics: metrics.clone(),
+            metrics: PgMetrics::of(metrics),
             log: open_log(cfg),
             templates: Mutex::default(),
             prepared_ok: cfg.shards.iter().map(|_| Learned::default()).collect(),
@@ -251,12 +252,12 @@ impl Sharding {
         for &i in shards {
             if let Some(s) = self.stats.get(i) {
                 s.statements.fetch_add(1, Relaxed);
-                self.metrics.pg_shard_statement(&self.names[i]);
+                self.metrics.shard_statement(&self.names[i]);
             }
         }
         if shards.len() > 1 {
             self.scatters.fetch_add(1, Relaxed);
-            self.metrics.pg_scatter();
+            self.metrics.scatter();
         }
     }
 
@@ -264,14 +265,14 @@ impl Sharding {
     pub(crate) fn count_rows(&self, i: usize, n: u64) {
         if let Some(s) = self.stats.get(i) {
             s.rows.fetch_add(n, Relaxed);
-            self.metrics.pg_shard_rows(&self.names[i], n);
+            self.metrics.shard_rows(&self.names[i], n);
         }
     }
 
     /// Counts a statement refused as not answerable exactly over several shards.
     pub(crate) fn count_refused(&self) {
         self.refused.fetch_add(1, Relaxed);
-        self.metrics.pg_shard_refused();
+        self.metrics.shard_refused();
     }
 
     /// What `/pg/shards` says about table rules and shard `i`'s key range.

@@ -9,9 +9,11 @@ use crate::client::startup::Greetings;
 use crate::config::PgConfig;
 use crate::server::servers::Servers;
 use crate::session::notify::Notifier;
+use crate::status::PgMetrics;
 use refract_core::config::{Balance, Overload};
 use refract_core::metrics::Metrics;
 use refract_handover::config::HandoverConfig;
+use refract_handover::metrics::HandoverMetrics;
 use refract_pg::classify::{Classifier, ClassifierConfig};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
@@ -35,6 +37,10 @@ pub(crate) struct Shared {
     /// The greeting per set of startup settings, learnt from the primary.
     pub(super) greetings: Greetings,
     pub(super) metrics: Arc<Metrics>,
+    /// The front end's own metric families (`refract_pg_*`).
+    pub(super) pg_metrics: Arc<PgMetrics>,
+    /// The hand-over's metric families, shared with the HTTP front end.
+    pub(super) handover_metrics: Arc<HandoverMetrics>,
     pub(super) next_client: AtomicU64,
     pub(super) stop: CancellationToken,
     /// Present when `tls_cert`/`tls_key` are configured: SSLRequest is answered `S`.
@@ -84,6 +90,8 @@ impl Shared {
             server_params: RwLock::new(vec![]),
             greetings: Greetings::default(),
             metrics: metrics.clone(),
+            pg_metrics: PgMetrics::of(metrics),
+            handover_metrics: metrics.families(HandoverMetrics::register),
             next_client: AtomicU64::new(1),
             stop: stop.clone(),
             tls: cfg.tls().cloned().map(TlsAcceptor::from),

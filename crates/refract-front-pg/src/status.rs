@@ -1,5 +1,11 @@
 //! The PostgreSQL front end as the admin listener shows it: `GET /pg/pools`, `/pg/clients`,
 //! `/pg/servers` (JSON), and the pool, client and lag gauges of `/metrics`.
+//!
+//! # Layout
+//! - this file: the admin views and the gauges set at scrape time.
+//! - `metrics.rs`: the front end's metric families ([`PgMetrics`]).
+
+mod metrics;
 
 use super::shared::Shared;
 use crate::client::clients::ClientState;
@@ -7,6 +13,8 @@ use crate::config::PgRole;
 use crate::server::servers::Server;
 use serde_json::{json, Value};
 use std::sync::Arc;
+
+pub(crate) use metrics::PgMetrics;
 
 fn role(s: &Server) -> &'static str {
     match s.role {
@@ -108,17 +116,17 @@ pub(crate) fn members_view(shared: &Shared) -> Vec<Value> {
 /// Refreshes every PostgreSQL gauge (called when `/metrics` is scraped).
 pub(crate) fn publish_metrics(shared: &Shared) {
     for s in all(shared) {
-        s.publish(&shared.metrics);
+        s.publish(&shared.metrics, &shared.pg_metrics);
     }
     let mut counts = [0usize; ClientState::ALL.len()];
     for c in shared.clients.snapshot() {
         counts[c.state() as usize] += 1;
     }
     for (state, n) in ClientState::ALL.iter().zip(counts) {
-        shared.metrics.set_pg_clients(state.as_str(), n);
+        shared.pg_metrics.set_clients(state.as_str(), n);
     }
     let pinned = shared.clients.snapshot().iter().filter(|c| c.pinned() != 0).count();
-    shared.metrics.set_pg_pinned_clients(pinned);
+    shared.pg_metrics.set_pinned_clients(pinned);
 }
 
 /// Every server of the cluster (of every shard).

@@ -2,16 +2,11 @@
 
 use std::io;
 
-/// Whose fault an error is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The client's connection is not in a state that can move (closed, half-closed, reset).
-    Client,
-    /// The peer of the control channel (an agent or a dispatcher) failed or misbehaved.
-    Backend,
-    /// This host: a system call, a map, a missing capability.
-    Internal,
-}
+/// Whose fault an error is: `Client` when the client's connection is not in a state that can
+/// move (closed, half-closed, reset); `Backend` when the peer of the control channel (an agent
+/// or a dispatcher) failed or misbehaved; `Internal` for this host (a system call, a map, a
+/// missing capability).
+pub use refract_vocab::Side;
 
 /// What can go wrong while moving a connection.
 #[derive(Debug, thiserror::Error)]

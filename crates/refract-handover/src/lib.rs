@@ -30,6 +30,7 @@
 //!   hand-over did not happen ([`across::Declined`]).
 //! - [`config`]: the dispatcher's `[handover]` section (mode, threshold, agents), shared by
 //!   the front ends.
+//! - [`metrics`]: the hand-over's metric families, shared by the front ends.
 //! - [`FlowKey`] and the embedded objects (`bpf.rs`; C sources in `bpf/`, built by build.rs).
 //! - `sys.rs`: the raw socket options and ioctls, descriptors received by SCM_RIGHTS, the
 //!   `Pod` promises of the map types (every `unsafe` of the crate lives here);
@@ -49,6 +50,7 @@ mod error;
 mod fd_pass;
 mod guard;
 pub mod local;
+pub mod metrics;
 pub mod msg;
 mod quiesce;
 mod restore;

@@ -1,25 +1,13 @@
 //! The crate's error type: each error says whose fault it is and whether a retry may help.
 
-use std::fmt;
+pub use refract_vocab::Side;
 
-/// Whose fault an error is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The client sent something wrong (bad bytes, wrong password).
-    Client,
-    /// A PostgreSQL server sent something wrong or refused refract's login.
-    Backend,
-    /// refract itself (a configuration or programming error).
-    Internal,
-}
-
-impl fmt::Display for Side {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Side::Client => "client",
-            Side::Backend => "server",
-            Side::Internal => "internal",
-        })
+/// PostgreSQL's word for `side` in messages: a backend is a `server`.
+pub fn peer(side: Side) -> &'static str {
+    match side {
+        Side::Client => "client",
+        Side::Backend => "server",
+        Side::Internal => "internal",
     }
 }
 
@@ -27,7 +15,7 @@ impl fmt::Display for Side {
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     /// A message's content does not match its type.
-    #[error("malformed {from} message: {reason}")]
+    #[error("malformed {} message: {reason}", peer(*from))]
     Malformed {
         /// Who sent it.
         from: Side,
@@ -35,7 +23,7 @@ pub enum Error {
         reason: String,
     },
     /// A message length that is negative or shorter than the length field itself.
-    #[error("invalid {from} message length {len}")]
+    #[error("invalid {} message length {len}", peer(*from))]
     BadLength {
         /// Who sent it.
         from: Side,
@@ -43,7 +31,7 @@ pub enum Error {
         len: i64,
     },
     /// A message longer than the configured limit.
-    #[error("{from} message of {len} bytes exceeds the limit of {max} bytes")]
+    #[error("{} message of {len} bytes exceeds the limit of {max} bytes", peer(*from))]
     TooLarge {
         /// Who sent it.
         from: Side,
@@ -59,7 +47,7 @@ pub enum Error {
         user: String,
     },
     /// An authentication exchange went off the rails (either peer).
-    #[error("authentication exchange with {from} failed: {reason}")]
+    #[error("authentication exchange with {} failed: {reason}", peer(*from))]
     AuthProtocol {
         /// Who broke the exchange.
         from: Side,

@@ -36,7 +36,7 @@ pub mod text;
 mod wire;
 
 pub use backend::{Authentication, BackendMessage, TxStatus};
-pub use error::{Error, Side};
+pub use error::{peer, Error, Side};
 pub use frame::Limits;
 pub use frontend::FrontendMessage;
 pub use notice::ErrorFields;

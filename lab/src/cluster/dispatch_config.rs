@@ -8,7 +8,11 @@ use serde::Deserialize;
 /// A dispatcher config, as far as the harness cares.
 #[derive(Debug, Clone, Deserialize)]
 pub struct DispatchConfig {
+    /// `[http]`.
+    #[serde(default)]
+    pub http: Http,
     /// `[listen]`.
+    #[serde(default)]
     pub listen: Listen,
     /// `[balance]`.
     #[serde(default)]
@@ -33,11 +37,18 @@ pub struct Handover {
     pub key_file: Option<String>,
 }
 
-/// `[listen]`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Listen {
+/// `[http]`: the HTTP front end.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Http {
     /// Client-facing `IP:PORT`.
-    pub http: String,
+    pub listen: Option<String>,
+}
+
+/// `[listen]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Listen {
+    /// Client-facing `IP:PORT`, the deprecated spelling of `[http] listen`.
+    pub http: Option<String>,
     /// Admin `IP:PORT`.
     pub admin: Option<String>,
     /// Tokio worker threads; 0 or absent means one per core.
@@ -66,7 +77,17 @@ pub struct Backend {
 impl DispatchConfig {
     /// Parse TOML text.
     pub fn parse(text: &str) -> Result<Self> {
-        toml::from_str(text).context("parsing the dispatcher config")
+        let c: DispatchConfig = toml::from_str(text).context("parsing the dispatcher config")?;
+        anyhow::ensure!(
+            c.http.listen.is_some() || c.listen.http.is_some(),
+            "the dispatcher config has no [http] listen"
+        );
+        Ok(c)
+    }
+
+    /// The client-facing `IP:PORT`: `[http] listen` (or its old spelling, `[listen] http`).
+    pub fn http_addr(&self) -> &str {
+        self.http.listen.as_deref().or(self.listen.http.as_deref()).unwrap_or_default()
     }
 
     /// The primary (writes go there).
@@ -110,7 +131,7 @@ mod tests {
     #[test]
     fn relay_example_parses() {
         let c = DispatchConfig::parse(crate::cluster::layout::RELAY_TOML).expect("relay.toml");
-        assert_eq!(c.listen.http, "198.18.0.100:8081");
+        assert_eq!(c.http_addr(), "198.18.0.100:8081");
         assert_eq!(c.primary().map(|b| b.name.as_str()), Some("b1"));
         assert_eq!(c.readers().len(), 2, "read_from_primary = true: both serve reads");
         assert_eq!(c.worker_threads(), 2);
@@ -120,11 +141,11 @@ mod tests {
     #[test]
     fn hand_over_examples_parse() {
         let h = DispatchConfig::parse(crate::cluster::layout::HYBRID_TOML).expect("hybrid.toml");
-        assert_eq!(h.listen.http, "198.18.0.100:8080");
+        assert_eq!(h.http_addr(), "198.18.0.100:8080");
         assert!(h.steers());
         let a = DispatchConfig::parse(crate::cluster::layout::HANDOVER_TOML).expect("handover.toml");
         assert_eq!(a.handover.as_ref().map(|h| h.mode.as_str()), Some("always"));
-        assert_eq!(a.listen.http, "198.18.0.100:8082");
+        assert_eq!(a.http_addr(), "198.18.0.100:8082");
         assert_eq!(h.handover.and_then(|h| h.key_file), a.handover.and_then(|h| h.key_file));
     }
 

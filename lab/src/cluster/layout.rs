@@ -92,7 +92,7 @@ impl Dispatcher {
 
     /// Its client-facing `IP:PORT`.
     pub fn addr(&self) -> &str {
-        &self.config.listen.http
+        self.config.http_addr()
     }
 }
 

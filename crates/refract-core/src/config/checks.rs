@@ -19,18 +19,17 @@ pub const MAX_COUNT: usize = 1 << 30;
 /// A front end's listener, for the clash check: (section, key, address).
 pub type Listener = (&'static str, &'static str, SocketAddr);
 
-/// Runs every check in this module; `others` are the front ends' own listeners.
+/// Runs every check in this module; `others` are the front ends' client listeners.
 pub(super) fn all(cfg: &Config, text: &str, others: &[Listener]) -> Result<(), String> {
     listeners(cfg, text, others)?;
     backends(cfg, text)?;
     bounds(cfg, text)
 }
 
-/// The configured listeners: [`Listener`]s.
+/// The configured listeners: [`Listener`]s, the front ends' client listeners first.
 fn listener_keys(cfg: &Config, others: &[Listener]) -> Vec<Listener> {
-    let mut v = vec![("listen", "http", cfg.listen.http)];
+    let mut v = others.to_vec();
     v.extend(cfg.listen.admin.map(|a| ("listen", "admin", a)));
-    v.extend_from_slice(others);
     v
 }
 
@@ -138,15 +137,6 @@ mod tests {
 
     fn err(text: &str) -> String {
         Config::parse(text).expect_err(text)
-    }
-
-    #[test]
-    fn listeners_on_one_address_name_both_keys() {
-        let e = err(&format!("[listen]\nhttp = \"127.0.0.1:8080\"\nadmin = \"127.0.0.1:8080\"\n{B}"));
-        assert_eq!(e, "line 3: [listen] admin 127.0.0.1:8080 clashes with [listen] http on the same address");
-        let e = err(&format!("[listen]\nhttp = \"0.0.0.0:8080\"\nadmin = \"127.0.0.1:8080\"\n{B}"));
-        assert!(e.contains("clashes"), "{e}");
-        assert!(Config::parse(&format!("[listen]\nhttp = \"127.0.0.1:0\"\n{B}")).is_ok());
     }
 
     #[test]

@@ -35,7 +35,8 @@ fn every_example_parses() {
 fn loopback_example_has_the_documented_addresses() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/loopback.toml");
     let cfg = config::load(&path).unwrap();
-    assert_eq!(cfg.listen.http.to_string(), "127.0.0.1:8080");
+    let http = refract_front_http::config::HttpConfig::of(&cfg).listening.listen.map(|(_, a)| a.to_string());
+    assert_eq!(http.as_deref(), Some("127.0.0.1:8080"));
     assert_eq!(cfg.listen.admin.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:8081"));
     let b: Vec<_> = cfg.backend_list().iter().map(|b| format!("{} {:?} {}", b.name, b.role, b.addr)).collect();
     assert_eq!(b, ["b1 Primary 127.0.0.1:9001", "b2 Replica 127.0.0.1:9002", "b3 Replica 127.0.0.1:9003"]);

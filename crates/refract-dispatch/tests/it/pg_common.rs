@@ -8,7 +8,7 @@ pub mod drivers;
 
 use bytes::BytesMut;
 use refract_dispatch::config;
-use refract_dispatch::{run_sharded, Ctx};
+use refract_dispatch::{run_workers, Ctx};
 use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::{BackendMessage, ErrorFields, FrontendMessage, Limits, Startup, StartupPacket, TxStatus};
@@ -46,10 +46,10 @@ impl Refract {
     /// Starts refract with the config `text`; returns once it accepts on `port`.
     pub fn start(text: &str, port: u16) -> Refract {
         let cfg = config::parse(text).unwrap();
-        refract_core::shard::set_count(SHARDS);
+        refract_core::worker::set_count(SHARDS);
         let ctx = Ctx::new(cfg);
         let run = ctx.clone();
-        let thread = std::thread::spawn(move || run_sharded(run, SHARDS).unwrap());
+        let thread = std::thread::spawn(move || run_workers(run, SHARDS).unwrap());
         wait_listening(port);
         Refract { ctx, thread: Some(thread) }
     }

@@ -61,7 +61,7 @@ pub struct ClientInfo {
     pub pool_mode: PoolMode,
     /// Whether it connected over TLS.
     pub tls: bool,
-    /// The event loop serving it (`refract_core::shard::current()` at login).
+    /// The event loop serving it (`refract_core::worker::current()` at login).
     pub shard: usize,
     state: AtomicU8,
     /// Index + 1 in `Servers::list` of the server connection it holds; 0 = none.
@@ -87,7 +87,7 @@ impl ClientInfo {
             remote,
             pool_mode,
             tls,
-            shard: refract_core::shard::current(),
+            shard: refract_core::worker::current(),
             state: AtomicU8::new(ClientState::Idle as u8),
             bound: AtomicUsize::new(0),
             pinned: AtomicU8::new(0),

@@ -57,7 +57,7 @@ impl Pool {
     pub fn new(addr: SocketAddr, login: Arc<Login>, size: usize, checkout_timeout: Duration) -> Arc<Pool> {
         let slots = Arc::new(Semaphore::new(size));
         let waiting = AtomicUsize::new(0);
-        let idle = (0..refract_core::shard::count()).map(|_| Mutex::new(vec![])).collect();
+        let idle = (0..refract_core::worker::count()).map(|_| Mutex::new(vec![])).collect();
         let direct = login.hybrid.map(|_| Arc::new(Login { hybrid: None, ..(*login).clone() }));
         let swaps = Mutex::new(Swaps { tokens: size as f64, at: Instant::now() });
         Arc::new(Pool { addr, login, direct, swaps, idle, slots, size, checkout_timeout, waiting })
@@ -73,7 +73,7 @@ impl Pool {
     /// room for a new one) another shard's, moved here, else one of the other kind, unless it
     /// is replaced ([`Pool::may_swap`]). `None`: open a new one of kind `want`.
     fn take_idle(&self, want: Path) -> Option<ServerConn> {
-        let here = refract_core::shard::current();
+        let here = refract_core::worker::current();
         if let Some(c) = pop_kind(&mut self.idle(here), Some(want)) {
             return Some(c);
         }

@@ -7,6 +7,7 @@ use super::partial::{holds_from_rows, TABLES_PROBE};
 use super::servers::{unix_ms, Server, Servers};
 use super::{parse_lsn, ServerConn};
 use crate::config::PgRole;
+use crate::status::PgMetrics;
 use refract_core::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -41,6 +42,7 @@ pub async fn run_health(
     stop: CancellationToken,
 ) {
     let mut probes = Conns::new();
+    let pg = PgMetrics::of(&metrics);
     loop {
         let list = servers.list();
         probes.retain(|i, _| list.iter().any(|s| s.index == *i));
@@ -56,7 +58,7 @@ pub async fn run_health(
             if s.is_up() {
                 let _ = s.pool.fill_to(min_idle).await;
             }
-            s.publish(&metrics);
+            s.publish(&metrics, &pg);
         }
         refract_core::membership::eject_slow(&servers.members(), servers.overload());
         tokio::select! {

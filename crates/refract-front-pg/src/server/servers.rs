@@ -11,6 +11,7 @@ use super::sizes::{Path, Sizes};
 use super::{Login, Through};
 use crate::admit::baseline::Baselines;
 use crate::config::{PgConfig, PgRole, PgServerConfig};
+use crate::status::PgMetrics;
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
 use refract_core::metrics::Metrics;
@@ -164,15 +165,14 @@ impl Server {
 
     /// Publishes its gauges (health loop and `/metrics` scrape time). Lives here, not in
     /// `status`, so that the health loop does not reach back into the admin views.
-    pub(crate) fn publish(&self, metrics: &Metrics) {
+    pub(crate) fn publish(&self, metrics: &Metrics, pg: &PgMetrics) {
         let name = metrics_name(&self.name);
         metrics.set_backend(&name, self.is_up(), self.pool.in_use());
         metrics.set_drained(&name, self.member.is_drained());
-        metrics.set_pg_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
+        pg.set_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
         metrics.set_admission(&name, &self.member.admission.view());
         if self.role == PgRole::Replica {
-            metrics.set_pg_lag(&name, self.lag_bytes());
-            metrics.set_pg_lag_seconds(&name, self.lag_ms() as f64 / 1000.0);
+            pg.set_lag(&name, self.lag_bytes(), self.lag_ms() as f64 / 1000.0);
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::error::PgError;
 use refract_handover::across::{self, Why};
 use refract_handover::config::AgentAddr;
 use refract_handover::local::LocalLink;
+use refract_handover::metrics::HandoverMetrics;
 use refract_handover::seam::{self, Back, Offer, Refusal, Seam};
 use refract_handover::{Serving, Socket};
 use refract_pg::hybrid;
@@ -81,7 +82,7 @@ fn bound_conn(bound: &mut Option<super::Bound>) -> Result<&mut crate::server::po
 
 /// Where an attempt's end is counted (`refract_handover_ended_total{backend, end}`).
 struct Count<'a> {
-    metrics: &'a refract_core::metrics::Metrics,
+    metrics: &'a HandoverMetrics,
     name: &'a str,
 }
 
@@ -127,7 +128,7 @@ impl Session {
             Attempt::Back { sent } => {
                 // The client received them: the answer counts as large (no limit sample).
                 self.wire.count_sent_elsewhere(sent);
-                let m = &self.shared.metrics;
+                let m = &self.shared.handover_metrics;
                 m.handback(&name);
                 m.bytes_direct(&name, sent);
                 let (tag, frame) = self.conn()?.wire.recv().await?;
@@ -140,7 +141,7 @@ impl Session {
             }
             Attempt::Declined { why, detail, tell_agent } => {
                 tracing::debug!(server = %name, "large result relayed: {detail}");
-                self.shared.metrics.handover(&name, why.as_str());
+                self.shared.handover_metrics.handover(&name, why.as_str());
                 if tell_agent {
                     let mut relay = bytes::BytesMut::new();
                     hybrid::encode_marker(hybrid::RELAY, &[], &mut relay);
@@ -183,7 +184,7 @@ impl Session {
     async fn same_host(&mut self, path: &std::path::Path) -> Result<Attempt, PgError> {
         let started = Instant::now();
         let (shared, name) = (self.shared.clone(), self.bound_name());
-        let count = Count { metrics: &shared.metrics, name: &name };
+        let count = Count { metrics: &shared.handover_metrics, name: &name };
         let mut link = match tokio::time::timeout(CONNECT, LocalLink::connect(path)).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => return Ok(declined(Why::Unreachable, &format!("agent {}: {e}", path.display()))),
@@ -215,7 +216,7 @@ impl Session {
     /// socket is restored here from the `HandBack` (`refract_handover::across`).
     async fn across(&mut self, agent: &across::Agent<'_>) -> Result<Attempt, PgError> {
         let (shared, name) = (self.shared.clone(), self.bound_name());
-        let count = Count { metrics: &shared.metrics, name: &name };
+        let count = Count { metrics: &shared.handover_metrics, name: &name };
         let mut ch = match across::channel(None, agent).await {
             Ok(ch) => ch,
             Err(d) => return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent: true }),

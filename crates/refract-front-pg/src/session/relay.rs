@@ -211,7 +211,7 @@ impl Session {
             let left_open = self.phase.tx() != TxStatus::Idle;
             self.servers().observe_size(sent.key, answered, left_open, failed);
             if b.guard.path() == Path::Agent && b.server.agent.is_some() {
-                self.shared.metrics.handover_forwarded(&metrics_name(&b.server.name));
+                self.shared.handover_metrics.handover_forwarded(&metrics_name(&b.server.name));
             }
         }
     }

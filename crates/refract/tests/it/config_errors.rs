@@ -64,3 +64,38 @@ fn listener_clashes_name_the_key_and_the_address() {
         assert!(err.contains(&format!("{key} {busy}: Address already in use")), "{err}");
     }
 }
+
+#[test]
+fn deprecated_listener_keys_still_work_with_a_warning() {
+    let (http, admin) = addrs();
+    let d = dispatcher_logged(&format!("{}[health]\npath = \"/stats\"\n", base(http, admin)), http, admin);
+    let log = log_once_listening(&d);
+    assert!(log.contains("[listen] http is deprecated: write [http] listen instead"), "{log}");
+    assert!(log.contains("[health] path is deprecated: write [http] health_path instead"), "{log}");
+    let (http, admin) = addrs();
+    let b = "[[backend]]\nname = \"b1\"\naddr = \"127.0.0.1:9\"\nrole = \"primary\"\n";
+    let auth = format!("[admin]\ntoken = \"{TOKEN}\"\n");
+    let text = format!("[http]\nlisten = \"{http}\"\n[listen]\nadmin = \"{admin}\"\n{auth}{b}");
+    let log = log_once_listening(&dispatcher_logged(&text, http, admin));
+    assert!(!log.contains("deprecated"), "{log}");
+}
+
+/// `d`'s log once it says it listens (the front ends have started by then).
+fn log_once_listening(d: &Dispatcher) -> String {
+    for _ in 0..200 {
+        let log = d.log();
+        if log.contains("dispatcher listening") {
+            return log;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!("never listening: {}", d.log());
+}
+
+#[test]
+fn one_setting_in_both_spellings_is_refused() {
+    let (http, admin) = addrs();
+    let (code, err) = dispatch(&format!("[http]\nlisten = \"{http}\"\n{}", base(http, admin)));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("line 1: [http] listen and [listen] http are both set"), "{err}");
+}

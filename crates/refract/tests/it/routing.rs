@@ -211,11 +211,11 @@ fn balanced_accept_serves_concurrent_keep_alive_connections() {
     assert_eq!(stats(b2.addr)["reads"], 40, "every read served (by the replica)");
 }
 
-/// `refract_client_connections_open{shard="i"}` from the admin's `/metrics`, for shards 0 and 1.
-fn open_per_shard(admin: SocketAddr) -> [i64; 2] {
+/// `refract_client_connections_open{worker="i"}` from the admin's `/metrics`, for workers 0 and 1.
+fn open_per_worker(admin: SocketAddr) -> [i64; 2] {
     let text = String::from_utf8(get(admin, "/metrics").body).unwrap();
     [0, 1].map(|i| {
-        let prefix = format!("refract_client_connections_open{{shard=\"{i}\"}} ");
+        let prefix = format!("refract_client_connections_open{{worker=\"{i}\"}} ");
         text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map_or(0, |v| v.trim().parse().unwrap())
     })
 }
@@ -235,14 +235,14 @@ fn balanced_accept_does_not_count_connections_closed_before_they_spoke() {
             assert_eq!(c.read_response(false).unwrap().status, 200);
             clients.push(c);
         }
-        assert_eq!(open_per_shard(d.admin), [1, 1], "round {round}: one client per event loop");
+        assert_eq!(open_per_worker(d.admin), [1, 1], "round {round}: one client per event loop");
         drop(clients);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while open_per_shard(d.admin) != [0, 0] {
+        while open_per_worker(d.admin) != [0, 0] {
             assert!(
                 std::time::Instant::now() < deadline,
                 "closed clients still counted: {:?}",
-                open_per_shard(d.admin)
+                open_per_worker(d.admin)
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }

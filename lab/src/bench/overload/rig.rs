@@ -270,7 +270,7 @@ mod tests {
         let rig = Rig::new();
         let on = refract_config(&rig.backends, false, None).expect("on");
         let c = DispatchConfig::parse(&on).expect("parse on");
-        assert_eq!(c.listen.http, "198.18.0.100:8280");
+        assert_eq!(c.http_addr(), "198.18.0.100:8280");
         assert_eq!(c.listen.admin.as_deref(), Some("198.18.0.2:8281"));
         let addrs: Vec<&str> = c.backends.iter().map(|b| b.addr.as_str()).collect();
         assert_eq!(addrs, vec!["198.18.0.21:9100", "198.18.0.22:9100"]);

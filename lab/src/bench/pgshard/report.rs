@@ -265,7 +265,7 @@ fn details(out: &mut String, routes: &str, configs: &[(String, String)]) {
     if !names.is_empty() {
         let _ = writeln!(
             out,
-            "\nConfigurations ({}): generated for each run by `config` in `lab/src/bench/pgshard/mod.rs` \
+            "\nConfigurations ({}): generated for each run by `config` in `lab/src/bench/pgshard.rs` \
              (on ports chosen at start); `sharded` has two shards, `s0` and `s1`, over the one server, \
              and `pgbench_accounts` sharded by `aid` (hash, integer).",
             names.join(", ")
@@ -312,7 +312,7 @@ mod tests {
     fn configs_are_named_not_embedded() {
         let mut out = String::new();
         details(&mut out, "aid = 1: read on shard s0\n", &[("sharded".into(), "[postgres]".into())]);
-        assert!(out.contains("`config` in `lab/src/bench/pgshard/mod.rs`"), "{out}");
+        assert!(out.contains("`config` in `lab/src/bench/pgshard.rs`"), "{out}");
         assert!(!out.contains("```toml"), "configs are named, not embedded: {out}");
     }
 }

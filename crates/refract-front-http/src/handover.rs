@@ -32,9 +32,9 @@ use crate::request::ReqBody;
 use bytes::Bytes;
 use refract_core::backend::Backend;
 use refract_core::ctx::Ctx;
-use refract_core::metrics::Metrics;
 use refract_handover::control::ControlChannel;
 use refract_handover::local::LocalLink;
+use refract_handover::metrics::HandoverMetrics;
 use refract_handover::EpochTracker;
 use refract_http::{PlanTables, RouteClass};
 use std::net::SocketAddr;
@@ -56,8 +56,8 @@ pub(crate) struct Rec<'a> {
 }
 
 impl Rec<'_> {
-    fn metrics(&self) -> &Metrics {
-        &self.ctx.metrics
+    fn metrics(&self) -> Arc<HandoverMetrics> {
+        families(self.ctx)
     }
 
     fn backend(&self) -> &str {
@@ -96,7 +96,7 @@ impl Rec<'_> {
     /// The hand-over did not happen for `why` (also counted as a declined error).
     fn declined(&self, why: Why) {
         self.failed(why);
-        self.metrics().error("handover_declined");
+        self.ctx.metrics.error("handover_declined");
     }
 
     /// The connection ended at the agent (`sent`: what it wrote, if it said) or with it.
@@ -117,7 +117,7 @@ impl Rec<'_> {
 
     /// Bytes the dispatcher relayed to the client for the agent (hybrid, small results).
     fn relayed(&self, n: usize) {
-        self.metrics().bytes_to_client.inc_by(n as u64);
+        self.ctx.metrics.bytes_to_client.inc_by(n as u64);
         self.seen.relayed.fetch_add(n as u64, Relaxed);
     }
 
@@ -151,16 +151,22 @@ pub(crate) fn prepare(ctx: &Ctx) {
 
 /// Publishes the ingress map's entry count and packet counters (at scrape time; nothing when
 /// no steering program is attached).
-pub(crate) fn publish_metrics(metrics: &Metrics) {
+pub(crate) fn publish_metrics(ctx: &Ctx) {
     match refract_handover::across::steer::view() {
         None => {}
-        Some(Ok((n, capacity, st))) => metrics.set_steering(
+        Some(Ok((n, capacity, st))) => families(ctx).set_steering(
             n,
             capacity,
             [("frozen_dropped", st.frozen_drops), ("steered", st.steered), ("redirect_error", st.redirect_errors)],
         ),
         Some(Err(e)) => tracing::warn!("steering metrics unavailable: {e}"),
     }
+}
+
+/// The hand-over's metric families in the dispatcher's registry (registered by the first
+/// front end that asks).
+pub(crate) fn families(ctx: &Ctx) -> Arc<HandoverMetrics> {
+    ctx.metrics.families(HandoverMetrics::register)
 }
 
 /// Ids of client connections, as the agents see them.

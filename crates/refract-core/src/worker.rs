@@ -1,6 +1,6 @@
-//! Shards: with the per-core runtime every worker thread runs its own event loop, and a
+//! Workers: with the per-core runtime every worker thread runs its own event loop, and a
 //! socket is registered with exactly one loop, so pooled backend connections are kept per
-//! shard. Threads outside any shard (tests, the work-stealing runtime) count as shard 0.
+//! worker. Threads outside any worker (tests, the work-stealing runtime) count as worker 0.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -11,22 +11,22 @@ thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Sets the number of shards (once, before any backend is created).
+/// Sets the number of workers (once, before any backend is created).
 pub fn set_count(n: usize) {
     let _ = COUNT.set(n.max(1));
 }
 
-/// The number of shards (1 unless set).
+/// The number of workers (1 unless set).
 pub fn count() -> usize {
     COUNT.get().copied().unwrap_or(1)
 }
 
-/// Marks the current thread as shard `i`.
+/// Marks the current thread as worker `i`.
 pub fn enter(i: usize) {
     CURRENT.with(|c| c.set(i));
 }
 
-/// The current thread's shard.
+/// The current thread's worker.
 pub fn current() -> usize {
     CURRENT.with(Cell::get)
 }

@@ -81,7 +81,7 @@ impl PairsArgs {
         let sizes: Vec<String> = self.sizes.iter().map(ByteSize::to_string).collect();
         format!(
             "## Paired runs: {title}, links {rate}\n\n\
-             Written by `refract bench pairs` (lab/src/bench/pairs/mod.rs); do not edit by hand.\n\n\
+             Written by `refract bench pairs` (lab/src/bench/pairs.rs); do not edit by hand.\n\n\
              - **Date:** {date}\n- **Machine:** {cores} cores ({cpu}), Linux {kernel}; TCP congestion control {cc}\n\
              - **Load:** per pair one `{a}` and one `{b}` run, back to back, the order alternating from pair \
              to pair; each run is 2 clients (rf-c1, rf-c2) × `wrk -t1 -c1 -d{d}` at once, requests/s summed. \

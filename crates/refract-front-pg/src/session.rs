@@ -47,6 +47,7 @@ use crate::client::login;
 use crate::client::startup::startup_sets;
 use crate::client::wire::{Incoming, Wire};
 use crate::config::PoolMode;
+use crate::sharding::tx::{self, ShardTx};
 use bytes::BytesMut;
 use refract_pg::notice::sqlstate;
 use refract_pg::session::SessionState;
@@ -72,13 +73,15 @@ pub(super) struct Session {
     pub(super) floors: Vec<Floor>,
     /// The shard the bound connection (or the next binding) is on; 0 when not sharded.
     pub(super) shard: usize,
-    /// Sharded: the client's BEGIN, held until its first statement names the shard.
-    pub(super) held_begin: Option<String>,
-    /// Sharded: the BEGIN of the open transaction, for each further shard it reaches.
-    pub(super) tx_begin: Option<String>,
-    /// Sharded: the transaction's connections on its other shards (two-phase commit).
+    /// Sharded: the BEGIN held until a statement names the shard, and the one each further
+    /// shard is begun with: changed only by [`Session::shard_tx_on`].
+    shard_tx: ShardTx,
+    /// Sharded: the transaction's connections on its other shards (two-phase commit). Beside
+    /// `shard_tx`, not in it: connections the I/O borrows across awaits, whatever the BEGIN state.
     pub(super) parked: Vec<(usize, Bound)>,
     /// Sharded: `SET refract.shard`, the shard every statement goes to (`sharding/overrides.rs`).
+    /// Not part of `shard_tx`: a session setting that outlives transactions (only `SET`,
+    /// `RESET` and `DISCARD ALL` change it, never a BEGIN or a transaction's end).
     pub(super) shard_override: Option<usize>,
     /// Extended-protocol messages waiting for Sync or Flush.
     pub batch: Vec<FrontendMessage>,
@@ -128,8 +131,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         bound: None,
         floors,
         shard: 0,
-        held_begin: None,
-        tx_begin: None,
+        shard_tx: ShardTx::Idle,
         parked: vec![],
         shard_override: None,
         batch: vec![],
@@ -239,6 +241,16 @@ impl Session {
     /// Where the session stands in the protocol.
     pub(super) fn phase(&self) -> &Phase {
         &self.phase
+    }
+
+    /// A sharded session's transaction (what it begins where: `sharding/tx.rs`).
+    pub(super) fn shard_tx(&self) -> &ShardTx {
+        &self.shard_tx
+    }
+
+    /// The one place a sharded session's transaction changes: its transition for `event`.
+    pub(super) fn shard_tx_on(&mut self, event: tx::Event) {
+        self.shard_tx = std::mem::take(&mut self.shard_tx).on(event);
     }
 
     /// The one place the phase changes: its transition for `event`. A ReadyForQuery that

@@ -12,6 +12,7 @@
 //! - `fanout`: a statement on several shards outside a transaction; `txread`: a read over
 //!   several shards inside one; `copy`: COPY over several shards.
 //! - `several` (and `several/execute`): a batch no one shard can run, answered by refract.
+//! - `tx`: what a transaction begins where (the held BEGIN, one transition function).
 //! - `overrides`: `SET refract.shard` and the shard comment; `twophase`: two-phase commit and
 //!   the decision log's recovery.
 
@@ -24,6 +25,7 @@ mod session;
 mod several;
 mod transaction;
 mod twophase;
+pub(crate) mod tx;
 mod txread;
 
 pub(crate) use batch::Placed;

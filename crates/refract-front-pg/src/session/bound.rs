@@ -10,6 +10,7 @@ use crate::error::PgError;
 use crate::server::pool::Guard;
 use crate::server::servers::Server;
 use crate::server::sizes::Path;
+use crate::sharding::tx;
 use bytes::BytesMut;
 use refract_pg::classify::{Classification, Route};
 use refract_pg::notice::sqlstate;
@@ -70,7 +71,7 @@ impl Session {
         }
         // A transaction's other shards: dropped, so their servers roll back.
         self.parked.clear();
-        self.tx_begin = None;
+        self.shard_tx_on(tx::Event::ServerLost);
         self.client.info.set_bound(None);
         self.key.set(None);
         if self.pool_mode == PoolMode::Session || self.held.pinned() {

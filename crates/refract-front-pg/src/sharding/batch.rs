@@ -2,7 +2,7 @@
 //! statements name, run by refract over several shards, or refused with the reason.
 
 use super::route::{route, Target};
-use super::Sharding;
+use super::{tx, Sharding};
 use crate::error::PgError;
 use crate::session::phase::Event;
 use crate::session::Session;
@@ -49,7 +49,7 @@ impl Session {
     ) -> Placed {
         let in_tx = self.phase().in_transaction();
         if !in_tx {
-            self.tx_begin = None;
+            self.shard_tx_on(tx::Event::OutsideTx);
         }
         let binds = msgs.iter().any(|m| matches!(m, FrontendMessage::Bind(_) | FrontendMessage::Execute { .. }));
         if self.bound.is_none() && self.phase().tx() == TxStatus::Failed && synced {
@@ -139,7 +139,7 @@ impl Session {
             .flatten()
             .find(|t| matches!(self.classify_text(t).0.statements.as_slice(), [Statement::Begin { .. }]));
         if let Some(b) = begin.map(str::to_owned) {
-            self.tx_begin = Some(b);
+            self.shard_tx_on(tx::Event::BatchBegins(&b));
         }
     }
 

@@ -6,7 +6,7 @@
 //! as two-phase commit is not implemented yet).
 
 use super::route::{route, Target};
-use super::Sharding;
+use super::{tx, Sharding};
 use crate::error::PgError;
 use crate::session::phase::Event;
 use crate::session::Session;
@@ -33,7 +33,7 @@ impl Session {
             return self.explain(sh, sql, c).await;
         }
         if !self.phase().in_transaction() {
-            self.tx_begin = None;
+            self.shard_tx_on(tx::Event::OutsideTx);
         }
         if !self.parked.is_empty() {
             match c.statements.as_slice() {
@@ -176,10 +176,11 @@ impl Session {
             self.shard = shard;
         }
         // A transaction runs on the primary unless it began READ ONLY.
-        let starts_tx = self.held_begin.as_deref().is_some_and(|b| !self.read_only_begin(b));
+        let starts_tx = self.shard_tx().pending().is_some_and(|b| !self.read_only_begin(b));
         let route_class = if starts_tx { Route::Write } else { route_class };
         self.bind(route_class, key, tables).await?;
-        let Some(begin) = self.held_begin.take() else { return Ok(()) };
+        let Some(begin) = self.shard_tx().pending().map(str::to_owned) else { return Ok(()) };
+        self.shard_tx_on(tx::Event::Sent);
         let mut head = BytesMut::new();
         if self.params_prefix(&mut head)? {
             self.conn()?.wire.send(&head).await?;

@@ -3,7 +3,7 @@
 //! of its shards (two-phase commit, or a rollback everywhere).
 
 use super::session::IN_FAILED_TX;
-use super::{twophase, Sharding};
+use super::{twophase, tx, Sharding};
 use crate::error::PgError;
 use crate::session::phase::Event;
 use crate::session::Bound;
@@ -20,12 +20,11 @@ impl Session {
         let (tag, status) = match c.statements.as_slice() {
             [Statement::Begin { .. }] if self.bound.is_none() && !self.phase().in_transaction() => {
                 // The client's own text keeps its options (ISOLATION LEVEL, READ ONLY).
-                self.held_begin = Some(sql.to_owned());
-                self.tx_begin = Some(sql.to_owned());
+                self.shard_tx_on(tx::Event::HeldBegin(sql));
                 (begin_tag(sql), TxStatus::InTransaction)
             }
             [st] if ends(st) && self.bound.is_none() && self.phase().in_transaction() => {
-                self.held_begin = None;
+                self.shard_tx_on(tx::Event::EndedHere);
                 let failed = self.phase().tx() == TxStatus::Failed;
                 (if failed || matches!(st, Statement::Rollback) { "ROLLBACK" } else { "COMMIT" }, TxStatus::Idle)
             }
@@ -49,8 +48,7 @@ impl Session {
     /// Rolls back the transaction on each of its shards and gives the connections back
     /// (dropped where the rollback fails).
     pub(super) async fn abort_on_shard(&mut self) {
-        self.held_begin = None;
-        self.tx_begin = None;
+        self.shard_tx_on(tx::Event::Ended);
         let timeout = std::time::Duration::from_millis(self.shared.cfg.connect_timeout_ms);
         for (shard, mut b) in self.take_tx_bindings() {
             if let Some(a) = b.admitted.take() {
@@ -160,7 +158,7 @@ impl Session {
             self.client.info.set_bound(Some(b.server.index));
             self.bound = Some(b);
         } else {
-            self.held_begin = Some(self.tx_begin.clone().unwrap_or_else(|| "BEGIN".into()));
+            self.shard_tx_on(tx::Event::Moved);
         }
     }
 
@@ -192,8 +190,7 @@ impl Session {
             }
             _ => rollback_all(&mut all).await,
         };
-        self.held_begin = None;
-        self.tx_begin = None;
+        self.shard_tx_on(tx::Event::Ended);
         let tag = if commit { "COMMIT" } else { "ROLLBACK" };
         match outcome {
             Ok(result) => {

@@ -7,7 +7,7 @@
 //! with that reason. A read that fails fails the transaction: it is rolled back on every shard
 //! at once, and the client's ROLLBACK (or COMMIT) is answered here, as for any refusal.
 
-use super::Sharding;
+use super::{tx, Sharding};
 use crate::error::PgError;
 use crate::server::pool::Guard;
 use crate::session::{Bound, Session};
@@ -37,7 +37,7 @@ impl Session {
                 )));
             }
         }
-        let begin = self.tx_begin.clone().or_else(|| self.held_begin.clone()).unwrap_or_else(|| "BEGIN".into());
+        let begin = self.shard_tx().join_text();
         for &s in &joining {
             let mut legs = self.legs(&[s], false, &[]).await?;
             for l in legs.iter_mut() {
@@ -47,7 +47,7 @@ impl Session {
         }
         if self.bound.is_none() {
             // The held BEGIN went to every shard that joined: the first is the binding.
-            self.held_begin = None;
+            self.shard_tx_on(tx::Event::Sent);
             self.move_to_shard(shards[0]);
         }
         let here = self.shard;
@@ -75,8 +75,7 @@ impl Session {
                 for (s, b) in &lost {
                     self.shared.shard_servers(*s).failed(&b.server);
                 }
-                self.held_begin = None;
-                self.tx_begin = None;
+                self.shard_tx_on(tx::Event::Ended);
                 Err(e)
             }
         }

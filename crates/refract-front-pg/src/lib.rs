@@ -153,7 +153,7 @@ impl Front for PgFront {
 
     /// Starts the health checks and lag polls.
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
-        status::PgMetrics::of(&ctx.metrics);
+        status::metrics::PgMetrics::of(&ctx.metrics);
         let Some(shared) = self.shared(ctx) else { return Ok(()) };
         let interval = Duration::from_millis(shared.cfg.health_interval_ms);
         for servers in &shared.shards {

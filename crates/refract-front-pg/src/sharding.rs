@@ -33,7 +33,7 @@ pub(crate) use twophase::recover;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};
 use crate::server::servers::Servers;
-use crate::status::PgMetrics;
+use crate::status::metrics::PgMetrics;
 use refract_core::metrics::Metrics;
 use refract_shard::partition::{self, Key, KeyType};
 use refract_shard::shardkey::{Schema, TableKeys};

@@ -9,7 +9,7 @@ use crate::client::startup::Greetings;
 use crate::config::PgConfig;
 use crate::server::servers::Servers;
 use crate::session::notify::Notifier;
-use crate::status::PgMetrics;
+use crate::status::metrics::PgMetrics;
 use refract_core::config::{Balance, Overload};
 use refract_core::metrics::Metrics;
 use refract_handover::config::HandoverConfig;

@@ -3,9 +3,9 @@
 //!
 //! # Layout
 //! - this file: the admin views and the gauges set at scrape time.
-//! - `metrics.rs`: the front end's metric families ([`PgMetrics`]).
+//! - `metrics.rs`: the front end's metric families ([`metrics::PgMetrics`]).
 
-mod metrics;
+pub(crate) mod metrics;
 
 use super::shared::Shared;
 use crate::client::clients::ClientState;
@@ -13,8 +13,6 @@ use crate::config::PgRole;
 use crate::server::servers::Server;
 use serde_json::{json, Value};
 use std::sync::Arc;
-
-pub(crate) use metrics::PgMetrics;
 
 fn role(s: &Server) -> &'static str {
     match s.role {

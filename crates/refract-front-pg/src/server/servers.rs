@@ -11,7 +11,7 @@ use super::sizes::{Path, Sizes};
 use super::{Login, Through};
 use crate::admit::baseline::Baselines;
 use crate::config::{PgConfig, PgRole, PgServerConfig};
-use crate::status::PgMetrics;
+use crate::status::metrics::PgMetrics;
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
 use refract_core::metrics::Metrics;

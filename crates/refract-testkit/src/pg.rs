@@ -8,7 +8,7 @@
 //! `initdb` on the `PATH` really lives, else the newest `/usr/lib/postgresql/*/bin`.
 
 use std::io::{self, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -234,7 +234,7 @@ impl Drop for PgCluster {
 fn start_server(tools: &Tools, server: &mut PgServer) -> io::Result<()> {
     let mut last = None;
     for _ in 0..3 {
-        server.port = free_port()?;
+        server.port = crate::try_free_port()?;
         let opts = format!("-p {}", server.port);
         let (data, log) = (path_str(&server.data)?, path_str(&server.log)?);
         match tools.run_as_server("pg_ctl", &["-D", data, "-l", log, "-w", "-t", "60", "-o", &opts, "start"]) {
@@ -253,10 +253,6 @@ fn stop_server(tools: &Tools, server: &mut PgServer) -> io::Result<()> {
         return Ok(());
     }
     tools.run_as_server("pg_ctl", &["-D", path_str(&server.data)?, "-m", "immediate", "-w", "stop"]).map(drop)
-}
-
-fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 
 fn path_str(p: &Path) -> io::Result<&str> {

@@ -16,7 +16,7 @@ use refract_testkit::{
     self as testkit, cluster, postgres_section, Cluster, PgCluster, PgServer, Start, DATABASE, PASSWORD, USER,
 };
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -202,9 +202,7 @@ fn wait_listening(port: u16) {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
-}
+use refract_testkit::free_port;
 
 impl Fixture {
     /// Starts a cluster and refract with `extra` lines in `[postgres]`.

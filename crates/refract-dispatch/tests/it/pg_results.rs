@@ -31,7 +31,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -78,9 +78,7 @@ impl Dispatcher {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
-}
+use refract_testkit::free_port;
 
 /// **The refract under test**, in front of the PostgreSQL `primary` and `replica` (reads
 /// balanced over both, as in the lab), in transaction mode, with `extra` lines in `[postgres]`.

@@ -4,7 +4,7 @@
 
 use refract_http::{BodyKind, ChunkedDecoder, ResponseHead};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,10 +39,8 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_refract")
 }
 
-/// A port free right now on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+/// A port free right now on 127.0.0.1, never handed out before in this process.
+pub use refract_testkit::free_port;
 
 pub fn wait_listening(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(20);

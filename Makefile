@@ -26,7 +26,7 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	@# No unused dependencies in any Cargo.toml of the tree (the fuzz crate and lab/ included);
 	@# a false positive goes to its crate's [package.metadata.cargo-machete] ignored, with why.
-	@command -v cargo-machete >/dev/null || $(CARGO) install cargo-machete --locked
+	@command -v cargo-machete >/dev/null || $(CARGO) install cargo-machete --version 0.9.2 --locked
 	$(CARGO) machete
 	$(CARGO) clippy --profile ci --workspace --all-targets -- -D warnings
 	@# The data-path-only binary (README, "Running it"): it compiles, and links no lab,

@@ -292,7 +292,7 @@ mod tests {
     /// its `[handover]`.
     fn without_ports(text: &str) -> toml::Table {
         let mut t: toml::Table = toml::from_str(text).expect("toml");
-        for (section, key) in [("listen", "http"), ("listen", "admin"), ("postgres", "listen")] {
+        for (section, key) in [("http", "listen"), ("listen", "admin"), ("postgres", "listen")] {
             t.get_mut(section).and_then(|s| s.as_table_mut()).expect("section").remove(key);
         }
         t.remove("handover");

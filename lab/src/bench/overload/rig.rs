@@ -195,8 +195,9 @@ fn wait_ready(client: &Client, running: &mut Running, probes: &[(String, &str)])
 /// servers (with relay.toml's shipped default: no busy polling); with `off`, `[overload] enabled = false`; `policy` overrides `[balance] policy`.
 pub fn refract_config(backends: &[(String, String)], off: bool, policy: Option<&str>) -> Result<String> {
     let mut t: toml::Table = toml::from_str(RELAY_TOML).context("parsing relay.toml")?;
+    let http = t.get_mut("http").and_then(|v| v.as_table_mut()).context("relay.toml has no [http]")?;
+    http.insert("listen".into(), format!("{VIP}:{REFRACT_PORT}").into());
     let listen = t.get_mut("listen").and_then(|v| v.as_table_mut()).context("relay.toml has no [listen]")?;
-    listen.insert("http".into(), format!("{VIP}:{REFRACT_PORT}").into());
     listen.insert("admin".into(), format!("{}:{}", DISPATCHER.addr, REFRACT_PORT + 1).into());
     if let Some(bs) = t.get_mut("backend").and_then(|v| v.as_array_mut()) {
         for b in bs.iter_mut().filter_map(|b| b.as_table_mut()) {

@@ -482,11 +482,7 @@ mod tests {
         }
         // The variant is the relay plus busy polling: every other key alike, its own ports.
         let variant = listen_without(RELAY_BUSY_POLL_TOML, &["admin", "busy_poll_us"]);
-        assert_eq!(
-            variant,
-            listen_without(RELAY_TOML, &["admin"]),
-            "relay-busypoll.toml drifted from relay.toml"
-        );
+        assert_eq!(variant, listen_without(RELAY_TOML, &["admin"]), "relay-busypoll.toml drifted from relay.toml");
         let d = l.dispatcher(BUSY_POLL_TARGET).expect("the variant is a target");
         assert_eq!((d.name, d.addr()), ("refract-busypoll", "198.18.0.100:8083"));
         assert!(l.starts_with_cluster(d), "it does not steer, so it runs beside the relay");

@@ -85,6 +85,15 @@ impl<M: Member> Membership<M> {
         Backend::new(cfg, self.max_idle, self.metrics.backend(&cfg.name), self.admission.clone())
     }
 
+    /// Makes `members` the membership (a front end building its list; those left are retired).
+    pub fn replace(&self, members: Vec<Arc<M>>) {
+        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
+        for old in guard.iter().filter(|o| !members.iter().any(|n| Arc::ptr_eq(n, o))) {
+            old.retire();
+        }
+        *guard = Arc::new(members);
+    }
+
     /// The `[balance]` its reads follow.
     pub fn balance(&self) -> &Balance {
         &self.balance
@@ -217,6 +226,13 @@ impl<M: Member> Membership<M> {
 
     fn choose<'a>(&self, readers: &[&'a Arc<M>]) -> &'a Arc<M> {
         readers[self.choose_in(readers, |b| b.backend())]
+    }
+}
+
+impl<M: Member> std::fmt::Debug for Membership<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.snapshot().iter().map(|m| m.name().to_string()).collect();
+        f.debug_struct("Membership").field("members", &names).finish_non_exhaustive()
     }
 }
 

@@ -184,7 +184,7 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
         }
         ("POST", "/backends") => match serde_json::from_slice::<BackendConfig>(body) {
             Err(e) => reply::error(400, &format!("bad backend definition: {e}"), &[], close),
-            Ok(cfg) if cfg.name.starts_with("pg:") => match pg.change(ctx, Change::Add(&cfg)) {
+            Ok(cfg) if cfg.name.starts_with("pg:") => match pg.change(Change::Add(&cfg)) {
                 Some(Ok(())) => json(201, serde_json::json!({ "added": cfg.name })),
                 Some(Err(e)) => reply::error(409, &e.to_string(), &[], close),
                 None => reply::error(404, "the PostgreSQL front end is not configured", &[], close),
@@ -203,7 +203,7 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
             if path.starts_with("/backends/") && (path.ends_with("/drain") || path.ends_with("/undrain")) =>
         {
             let (name, action) = path["/backends/".len()..].rsplit_once('/').unwrap_or_default();
-            let drained = match pg.change(ctx, Change::Drain(name, action == "drain")) {
+            let drained = match pg.change(Change::Drain(name, action == "drain")) {
                 Some(r) => r.ok().map(|()| true),
                 None => ctx.members.set_drained(name, action == "drain"),
             };
@@ -214,7 +214,7 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
         }
         ("DELETE", path) if path.starts_with("/backends/") && !path["/backends/".len()..].contains('/') => {
             let name = &path["/backends/".len()..];
-            let removed = match pg.change(ctx, Change::Remove(name)) {
+            let removed = match pg.change(Change::Remove(name)) {
                 Some(Err(ChangeError::Conflict(e))) => return reply::error(409, &e, &[("backend", name)], close),
                 Some(r) => r.is_ok(),
                 None => ctx.members.remove(name),

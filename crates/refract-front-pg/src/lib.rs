@@ -101,7 +101,7 @@ impl PgFront {
     /// Runtime membership from the admin API, for a member named `pg:NAME`: a replica joins
     /// ([`Change::Add`]), leaves, is drained or undrained. `None`: not a PostgreSQL name, or
     /// the front end does not run.
-    pub fn change(&self, ctx: &Ctx, change: Change<'_>) -> Option<Result<(), ChangeError>> {
+    pub fn change(&self, change: Change<'_>) -> Option<Result<(), ChangeError>> {
         let shared = self.shared.get()?;
         let servers = &shared.servers;
         Some(match change {
@@ -111,12 +111,9 @@ impl PgFront {
                     refract_core::config::Role::Primary => PgRole::Primary,
                     refract_core::config::Role::Replica => PgRole::Replica,
                 };
-                servers.add(
-                    &PgServerConfig { name: name.into(), addr: def.addr, role, through: None, tables: None },
-                    &ctx.metrics,
-                )
+                servers.add(&PgServerConfig { name: name.into(), addr: def.addr, role, through: None, tables: None })
             }
-            Change::Remove(name) => servers.remove(name.strip_prefix("pg:")?, &ctx.metrics),
+            Change::Remove(name) => servers.remove(name.strip_prefix("pg:")?),
             Change::Drain(name, drained) => {
                 let name = name.strip_prefix("pg:")?;
                 let s = servers.get(name).ok_or_else(|| ChangeError::Unknown(name.into()));

@@ -1,6 +1,16 @@
-//! Runtime membership (backends added and removed while serving) and the choice of a backend
-//! for a request: the primary for writes, a replica for reads (round robin or least
-//! outstanding with two random choices).
+//! Runtime membership (members added and removed while serving) and the choice of a member for
+//! a request: the primary for writes, a replica for reads (round robin or least outstanding
+//! with two random choices). One [`Membership`] per front end, generic over what a member is
+//! ([`Member`]): HTTP backends ([`Backend`]) and PostgreSQL servers are kept, chosen and
+//! ejected by the same code.
+//!
+//! # Layout
+//! - this file: [`Membership`], the chooser ([`choose`]), ejection and the outlier check.
+//! - `member.rs`: [`Member`], what the engine needs of a member.
+
+mod member;
+
+pub use member::Member;
 
 use crate::backend::Backend;
 use crate::config::{validate_backend, BackendConfig, Balance, Overload, Policy, Role};
@@ -13,38 +23,217 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-/// What a read names, for partial replicas (a Hyrise-R plan's tables): only backends holding
+/// What a read names, for partial replicas (a Hyrise-R plan's tables): only members holding
 /// every one of `tables` may serve it, in the class's share when `shares` configures one.
 #[derive(Debug, Clone, Copy)]
 pub struct Scope<'a> {
-    /// The tables, sorted; empty when refract cannot name them all (then only a backend that
+    /// The tables, sorted; empty when refract cannot name them all (then only a member that
     /// holds everything may serve it).
     pub tables: &'a [String],
     /// The configured shares.
     pub shares: &'a Shares,
 }
 
-/// Why a backend could not be added.
+/// Why a member could not be added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddError {
     /// The definition itself is wrong (admin: 400).
     #[error("{0}")]
     Invalid(String),
     /// It clashes with the current membership: its name or address is taken, or it is a second
-    /// primary (admin: 409; the same request succeeds once the other backend is removed).
+    /// primary (admin: 409; the same request succeeds once the other member is removed).
     #[error("{0}")]
     Conflict(String),
 }
 
-/// The current backends.
-pub struct Membership {
-    list: RwLock<Arc<Vec<Arc<Backend>>>>,
+/// The current members (HTTP backends by default).
+pub struct Membership<M: Member = Backend> {
+    list: RwLock<Arc<Vec<Arc<M>>>>,
     rr: AtomicUsize,
     balance: Balance,
+    /// A new member's engine part: idle connections kept, admission settings.
     max_idle: usize,
-    metrics: Arc<Metrics>,
     admission: AdmissionConfig,
+    metrics: Arc<Metrics>,
     eject_max_fraction: f64,
+}
+
+impl<M: Member> Membership<M> {
+    /// Membership of `members`, chosen by `balance`; a new member's engine part keeps
+    /// `max_idle` idle connections and follows `admission`.
+    pub fn of(
+        members: Vec<Arc<M>>,
+        balance: Balance,
+        max_idle: usize,
+        admission: AdmissionConfig,
+        metrics: Arc<Metrics>,
+        eject_max_fraction: f64,
+    ) -> Self {
+        Membership {
+            list: RwLock::new(Arc::new(members)),
+            rr: AtomicUsize::new(0),
+            balance,
+            max_idle,
+            admission,
+            metrics,
+            eject_max_fraction,
+        }
+    }
+
+    /// The engine part of a new member defined by `cfg`, its counters labelled `cfg.name`.
+    pub fn engine_part(&self, cfg: &BackendConfig) -> Backend {
+        Backend::new(cfg, self.max_idle, self.metrics.backend(&cfg.name), self.admission.clone())
+    }
+
+    /// Makes `members` the membership (a front end building its list; those left are retired).
+    pub fn replace(&self, members: Vec<Arc<M>>) {
+        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
+        for old in guard.iter().filter(|o| !members.iter().any(|n| Arc::ptr_eq(n, o))) {
+            old.retire();
+        }
+        *guard = Arc::new(members);
+    }
+
+    /// The `[balance]` its reads follow.
+    pub fn balance(&self) -> &Balance {
+        &self.balance
+    }
+
+    /// Ejects a failing replica for `for_ms`, unless that would eject more than the allowed
+    /// fraction of replicas (the primary is never ejected: writes have nowhere else to go).
+    pub fn try_eject(&self, b: &Backend, for_ms: u64) -> bool {
+        try_eject_in(&self.snapshot(), b, for_ms, self.eject_max_fraction, "consecutive failures")
+    }
+
+    /// The members now (a cheap snapshot; membership may change after).
+    pub fn snapshot(&self) -> Arc<Vec<Arc<M>>> {
+        self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The member called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<M>> {
+        self.snapshot().iter().find(|m| m.name() == name).cloned()
+    }
+
+    /// Adds `member`, unless its name or address is taken or it is a second primary.
+    pub fn insert(&self, member: Arc<M>) -> Result<(), AddError> {
+        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
+        if guard.iter().any(|b| b.name() == member.name()) {
+            return Err(AddError::Conflict(format!("backend {} already exists", member.name())));
+        }
+        if let Some(b) = guard.iter().find(|b| b.addr() == member.addr()) {
+            return Err(AddError::Conflict(format!("backend {} already has the address {}", b.name(), b.addr())));
+        }
+        if member.role() == Role::Primary && guard.iter().any(|b| b.role() == Role::Primary) {
+            return Err(AddError::Conflict("there is already a primary; remove it first".into()));
+        }
+        let mut next = guard.as_ref().clone();
+        next.push(member);
+        *guard = Arc::new(next);
+        Ok(())
+    }
+
+    /// Removes the member `name` (retired: its in-flight requests finish, its counters go);
+    /// returns it, `None` when there is no such member.
+    pub fn take(&self, name: &str) -> Option<Arc<M>> {
+        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
+        let pos = guard.iter().position(|b| b.name() == name)?;
+        let mut next = guard.as_ref().clone();
+        let gone = next.remove(pos);
+        gone.retire();
+        *guard = Arc::new(next);
+        self.metrics.remove_backend(&gone.backend().name);
+        Some(gone)
+    }
+
+    /// Removes a member by name; its in-flight requests finish. Returns whether it existed.
+    pub fn remove(&self, name: &str) -> bool {
+        let gone = self.take(name).is_some();
+        if gone {
+            tracing::info!(backend = %name, "backend removed");
+        }
+        gone
+    }
+
+    /// Drains (`true`) or undrains a member by name; `None` when there is no such member,
+    /// else whether that changed anything.
+    pub fn set_drained(&self, name: &str, drained: bool) -> Option<bool> {
+        let m = self.get(name)?;
+        let changed = m.backend().set_drained(drained);
+        self.metrics.set_drained(&m.backend().name, drained);
+        if changed {
+            tracing::info!(backend = %name, drained, "backend drain changed by the admin API");
+        }
+        Some(changed)
+    }
+
+    /// The primary, if there is one.
+    pub fn primary(&self) -> Option<Arc<M>> {
+        self.snapshot().iter().find(|b| b.role() == Role::Primary).cloned()
+    }
+
+    /// The member for one request of `class` (not `All`), avoiding those that `failed` it and
+    /// those that refused it as `saturated`.
+    pub fn pick(&self, class: RouteClass, failed: &[Arc<M>], saturated: &[Arc<M>]) -> Option<Arc<M>> {
+        self.pick_in(class, None, failed, saturated)
+    }
+
+    /// [`Self::pick`] for a read that names tables (`scope`): only a member holding every one
+    /// of them takes it (`partial`), in its class's share when one is configured (a share may
+    /// name the primary), else balanced; the primary when no replica holds them all.
+    pub fn pick_in(
+        &self,
+        class: RouteClass,
+        scope: Option<Scope<'_>>,
+        failed: &[Arc<M>],
+        saturated: &[Arc<M>],
+    ) -> Option<Arc<M>> {
+        let list = self.snapshot();
+        let is_in = |set: &[Arc<M>], b: &Arc<M>| set.iter().any(|e| Arc::ptr_eq(e, b));
+        let usable = |b: &&Arc<M>| b.backend().is_available() && !is_in(failed, b) && !is_in(saturated, b);
+        let primary = || list.iter().filter(usable).find(|b| b.role() == Role::Primary).cloned();
+        if class != RouteClass::Read {
+            return primary();
+        }
+        let holds = |b: &&Arc<M>| scope.is_none_or(|s| b.covers(s.tables));
+        let reads = |b: &&Arc<M>| (b.role() == Role::Replica || self.balance.read_from_primary) && holds(b);
+        if let Some(s) = scope.filter(|s| !s.shares.is_empty()) {
+            let named = |b: &&Arc<M>| reads(b) || (s.shares.names(b.name()) && holds(b));
+            let eligible: Vec<&Arc<M>> = list.iter().filter(usable).filter(named).collect();
+            if let Some(i) = s.shares.pick(s.tables, &eligible, |b| b.name()) {
+                return Some(eligible[i].clone());
+            }
+        }
+        let readers: Vec<&Arc<M>> = list.iter().filter(usable).filter(reads).collect();
+        if readers.is_empty() {
+            // The primary takes reads only when no replica can: none is up, or each one up
+            // failed this request. A replica that is merely saturated (its admission refused)
+            // keeps reads off the primary, whose capacity the writes need. A read no replica
+            // holds the tables of is the primary's whatever the fallback says.
+            let replica_left = list.iter().filter(reads).any(|b| b.backend().is_available() && !is_in(failed, b));
+            let none_holds = scope.is_some() && !list.iter().any(|b| b.role() == Role::Replica && holds(&b));
+            let fallback = self.balance.read_fallback_to_primary || none_holds;
+            return if fallback && !replica_left { primary() } else { None };
+        }
+        Some(self.choose(&readers).clone())
+    }
+
+    /// The index in `readers` (not empty) of the one a request goes to under the `[balance]`
+    /// policy, turns counted by this membership.
+    pub fn choose_in<T>(&self, readers: &[T], member: impl Fn(&T) -> &Backend) -> usize {
+        choose(self.balance.policy, &self.rr, readers, member)
+    }
+
+    fn choose<'a>(&self, readers: &[&'a Arc<M>]) -> &'a Arc<M> {
+        readers[self.choose_in(readers, |b| b.backend())]
+    }
+}
+
+impl<M: Member> std::fmt::Debug for Membership<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.snapshot().iter().map(|m| m.name().to_string()).collect();
+        f.debug_struct("Membership").field("members", &names).finish_non_exhaustive()
+    }
 }
 
 impl Membership {
@@ -56,78 +245,29 @@ impl Membership {
         metrics: Arc<Metrics>,
         overload: &Overload,
     ) -> Self {
-        let admission = overload.admission();
-        let list = cfgs
-            .iter()
-            .map(|c| Arc::new(Backend::new(c, max_idle, metrics.backend(&c.name), admission.clone())))
-            .collect();
-        Membership {
-            list: RwLock::new(Arc::new(list)),
-            rr: AtomicUsize::new(0),
-            balance,
-            max_idle,
-            metrics,
-            admission,
-            eject_max_fraction: overload.eject_max_fraction,
-        }
-    }
-
-    /// Ejects a failing replica for `for_ms`, unless that would eject more than the allowed
-    /// fraction of replicas (the primary is never ejected: writes have nowhere else to go).
-    pub fn try_eject(&self, b: &Backend, for_ms: u64) -> bool {
-        try_eject_in(&self.snapshot(), b, for_ms, self.eject_max_fraction, "consecutive failures")
-    }
-
-    /// The backends now (a cheap snapshot; membership may change after).
-    pub fn snapshot(&self) -> Arc<Vec<Arc<Backend>>> {
-        self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+        let m =
+            Membership::of(Vec::new(), balance, max_idle, overload.admission(), metrics, overload.eject_max_fraction);
+        let list = cfgs.iter().map(|c| Arc::new(m.engine_part(c))).collect();
+        *m.list.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(list);
+        m
     }
 
     /// Adds a backend; refuses a bad definition, a duplicate name or address, a second primary.
     pub fn add(&self, cfg: BackendConfig) -> Result<(), AddError> {
         validate_backend(&cfg).map_err(AddError::Invalid)?;
-        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
-        if guard.iter().any(|b| b.name == cfg.name) {
+        let list = self.snapshot();
+        if list.iter().any(|b| b.name == cfg.name) {
             return Err(AddError::Conflict(format!("backend {} already exists", cfg.name)));
         }
-        if let Some(b) = guard.iter().find(|b| b.addr == cfg.addr) {
+        if let Some(b) = list.iter().find(|b| b.addr == cfg.addr) {
             return Err(AddError::Conflict(format!("backend {} already has the address {}", b.name, cfg.addr)));
         }
-        if cfg.role == Role::Primary && guard.iter().any(|b| b.role == Role::Primary) {
+        if cfg.role == Role::Primary && self.primary().is_some() {
             return Err(AddError::Conflict("there is already a primary; remove it first".into()));
         }
-        let mut next = guard.as_ref().clone();
-        let counters = self.metrics.backend(&cfg.name);
-        next.push(Arc::new(Backend::new(&cfg, self.max_idle, counters, self.admission.clone())));
-        *guard = Arc::new(next);
+        self.insert(Arc::new(self.engine_part(&cfg)))?;
         tracing::info!(backend = %cfg.name, addr = %cfg.addr, "backend added");
         Ok(())
-    }
-
-    /// Removes a backend by name; its in-flight requests finish. Returns whether it existed.
-    pub fn remove(&self, name: &str) -> bool {
-        let mut guard = self.list.write().unwrap_or_else(|p| p.into_inner());
-        let Some(pos) = guard.iter().position(|b| b.name == name) else {
-            return false;
-        };
-        let mut next = guard.as_ref().clone();
-        next.remove(pos).retire();
-        *guard = Arc::new(next);
-        self.metrics.remove_backend(name);
-        tracing::info!(backend = %name, "backend removed");
-        true
-    }
-
-    /// Drains (`true`) or undrains a backend by name; `None` when there is no such backend,
-    /// else whether that changed anything.
-    pub fn set_drained(&self, name: &str, drained: bool) -> Option<bool> {
-        let b = self.snapshot().iter().find(|b| b.name == name).cloned()?;
-        let changed = b.set_drained(drained);
-        self.metrics.set_drained(name, drained);
-        if changed {
-            tracing::info!(backend = %name, drained, "backend drain changed by the admin API");
-        }
-        Some(changed)
     }
 
     /// Makes the membership `cfgs` (a reload): backends whose definition is unchanged stay as
@@ -142,8 +282,7 @@ impl Membership {
                 Some(b) if same_definition(b, c) => b.clone(),
                 old => {
                     changes.push(format!("{} {}", if old.is_some() { "changed" } else { "added" }, c.name));
-                    let counters = self.metrics.backend(&c.name);
-                    Arc::new(Backend::new(c, self.max_idle, counters, self.admission.clone()))
+                    Arc::new(self.engine_part(c))
                 }
             })
             .collect();
@@ -156,61 +295,6 @@ impl Membership {
         }
         *guard = Arc::new(next);
         changes
-    }
-
-    /// The primary, if there is one.
-    pub fn primary(&self) -> Option<Arc<Backend>> {
-        self.snapshot().iter().find(|b| b.role == Role::Primary).cloned()
-    }
-
-    /// The backend for one request of `class` (not `All`), avoiding those that `failed` it and
-    /// those that refused it as `saturated`.
-    pub fn pick(&self, class: RouteClass, failed: &[Arc<Backend>], saturated: &[Arc<Backend>]) -> Option<Arc<Backend>> {
-        self.pick_in(class, None, failed, saturated)
-    }
-
-    /// [`Self::pick`] for a read that names tables (`scope`): only a backend holding every one
-    /// of them takes it (`partial`), in its class's share when one is configured (a share may
-    /// name the primary), else balanced; the primary when no replica holds them all.
-    pub fn pick_in(
-        &self,
-        class: RouteClass,
-        scope: Option<Scope<'_>>,
-        failed: &[Arc<Backend>],
-        saturated: &[Arc<Backend>],
-    ) -> Option<Arc<Backend>> {
-        let list = self.snapshot();
-        let is_in = |set: &[Arc<Backend>], b: &Arc<Backend>| set.iter().any(|e| Arc::ptr_eq(e, b));
-        let usable = |b: &&Arc<Backend>| b.is_available() && !is_in(failed, b) && !is_in(saturated, b);
-        let primary = || list.iter().filter(usable).find(|b| b.role == Role::Primary).cloned();
-        if class != RouteClass::Read {
-            return primary();
-        }
-        let holds = |b: &&Arc<Backend>| scope.is_none_or(|s| b.holds.covers(s.tables));
-        let reads = |b: &&Arc<Backend>| (b.role == Role::Replica || self.balance.read_from_primary) && holds(b);
-        if let Some(s) = scope.filter(|s| !s.shares.is_empty()) {
-            let named = |b: &&Arc<Backend>| reads(b) || (s.shares.names(&b.name) && holds(b));
-            let eligible: Vec<&Arc<Backend>> = list.iter().filter(usable).filter(named).collect();
-            if let Some(i) = s.shares.pick(s.tables, &eligible, |b| &b.name) {
-                return Some(eligible[i].clone());
-            }
-        }
-        let readers: Vec<&Arc<Backend>> = list.iter().filter(usable).filter(reads).collect();
-        if readers.is_empty() {
-            // The primary takes reads only when no replica can: none is up, or each one up
-            // failed this request. A replica that is merely saturated (its admission refused)
-            // keeps reads off the primary, whose capacity the writes need. A read no replica
-            // holds the tables of is the primary's whatever the fallback says.
-            let replica_left = list.iter().filter(reads).any(|b| b.is_available() && !is_in(failed, b));
-            let none_holds = scope.is_some() && !list.iter().any(|b| b.role == Role::Replica && holds(&b));
-            let fallback = self.balance.read_fallback_to_primary || none_holds;
-            return if fallback && !replica_left { primary() } else { None };
-        }
-        Some(self.choose(&readers).clone())
-    }
-
-    fn choose<'a>(&self, readers: &[&'a Arc<Backend>]) -> &'a Arc<Backend> {
-        readers[choose(self.balance.policy, &self.rr, readers, |b| b)]
     }
 }
 
@@ -249,9 +333,9 @@ fn two_choices(n: usize, cost: impl Fn(usize) -> f64) -> usize {
 
 /// Ejects replica `b` of `list` for `for_ms` (`why` goes to the log), unless it is the primary,
 /// is ejected already, or more than `max_fraction` of the replicas would then be out.
-pub fn try_eject_in(list: &[Arc<Backend>], b: &Backend, for_ms: u64, max_fraction: f64, why: &str) -> bool {
-    let replicas = list.iter().filter(|r| r.role == Role::Replica).count();
-    let ejected = list.iter().filter(|r| r.role == Role::Replica && r.is_ejected()).count();
+pub fn try_eject_in<M: Member>(list: &[Arc<M>], b: &Backend, for_ms: u64, max_fraction: f64, why: &str) -> bool {
+    let replicas = list.iter().filter(|r| r.role() == Role::Replica).count();
+    let ejected = list.iter().filter(|r| r.role() == Role::Replica && r.backend().is_ejected()).count();
     let allowed = (replicas as f64 * max_fraction).floor() as usize;
     if b.role != Role::Replica || b.is_ejected() || ejected + 1 > allowed {
         return false;
@@ -266,8 +350,8 @@ pub fn try_eject_in(list: &[Arc<Backend>], b: &Backend, for_ms: u64, max_fractio
 /// that served in it); a replica at least `eject_slow_factor` times slower, and slower than
 /// `eject_slow_min_ms`, for `eject_slow_intervals` checks in a row, is ejected for `eject_ms`
 /// (within `eject_max_fraction`). Returns the members it ejected.
-pub fn eject_slow(list: &[Arc<Backend>], o: &Overload) -> Vec<Arc<Backend>> {
-    let medians: Vec<Option<Duration>> = list.iter().map(|b| b.window().take_median()).collect();
+pub fn eject_slow<M: Member>(list: &[Arc<M>], o: &Overload) -> Vec<Arc<M>> {
+    let medians: Vec<Option<Duration>> = list.iter().map(|m| m.backend().window().take_median()).collect();
     if o.eject_slow_factor <= 0.0 {
         return Vec::new();
     }
@@ -282,13 +366,13 @@ pub fn eject_slow(list: &[Arc<Backend>], o: &Overload) -> Vec<Arc<Backend>> {
             // No sample this interval: no verdict, the streak stays.
             _ => continue,
         };
-        let streak = b.window().note_slow(slow);
+        let streak = b.backend().window().note_slow(slow);
         let why = "slow: a latency outlier";
         if slow
             && streak >= o.eject_slow_intervals.max(1)
-            && try_eject_in(list, b, o.eject_ms, o.eject_max_fraction, why)
+            && try_eject_in(list, b.backend(), o.eject_ms, o.eject_max_fraction, why)
         {
-            b.window().note_slow(false);
+            b.backend().window().note_slow(false);
             out.push(b.clone());
         }
     }

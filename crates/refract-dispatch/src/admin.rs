@@ -2,8 +2,11 @@
 //! `POST /backends/NAME/drain` and `/undrain`, `POST /reload`, `GET /metrics` (Prometheus
 //! text), `GET /health`, and with `[postgres]` `GET /pg/pools`, `GET /pg/clients`,
 //! `GET /pg/servers` (JSON). PostgreSQL servers are members too: `/backends` lists them after
-//! the HTTP backends as `pg:NAME`, and the same calls add, remove, drain them. It runs on its own address so that operators reach it even when
-//! the client listener is saturated; `guard` decides who may use it (docs/operations.md).
+//! the HTTP backends (`"front": "postgres"`, named `pg:NAME` as in metrics), and the same calls
+//! add (`"front": "postgres"`), remove and drain them by their plain name (`pg:NAME` is still
+//! accepted, deprecated); a name is unique across both front ends. It runs on its own address
+//! so that operators reach it even when the client listener is saturated; `guard` decides who
+//! may use it (docs/operations.md).
 
 mod guard;
 
@@ -15,7 +18,7 @@ use refract_core::membership::AddError;
 use refract_core::Config;
 use refract_core::Ctx;
 use refract_front_http::conn::{ClientConn, ClientStream};
-use refract_front_pg::{Change, ChangeError, PgFront};
+use refract_front_pg::{Change, ChangeError, PgFront, PgServerConfig};
 use refract_handover::metrics::HandoverMetrics;
 use refract_http::{reply, RequestHead};
 use std::path::{Path, PathBuf};
@@ -173,6 +176,58 @@ fn backend_view(ctx: &Ctx, b: &refract_core::backend::Backend) -> serde_json::Va
     v
 }
 
+/// `POST /backends`: an HTTP backend joins, or a PostgreSQL server (`"front": "postgres"` and
+/// a `[[postgres.server]]`'s fields; or, deprecated, an HTTP backend's named `pg:NAME`). A name
+/// either front end's members have already is refused.
+fn add(ctx: &Ctx, pg: &PgFront, body: &Bytes, close: bool) -> Bytes {
+    let json =
+        |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
+    let bad = |e: &dyn std::fmt::Display| reply::error(400, &format!("bad backend definition: {e}"), &[], close);
+    let taken = |name: &str| reply::error(409, &format!("backend {name} already exists"), &[], close);
+    let mut def: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return bad(&e),
+    };
+    let front = def.as_object_mut().and_then(|o| o.remove("front"));
+    let postgres = match front.as_ref().map(|f| f.as_str()) {
+        None => false,
+        Some(Some("postgres")) => true,
+        Some(Some("http")) => false,
+        Some(_) => return bad(&"`front` is \"http\" or \"postgres\""),
+    };
+    let changed = if postgres {
+        let cfg = match serde_json::from_value::<PgServerConfig>(def) {
+            Ok(c) => c,
+            Err(e) => return bad(&e),
+        };
+        if ctx.members.get(&cfg.name).is_some() {
+            return taken(&cfg.name);
+        }
+        (cfg.name.clone(), pg.change(Change::Join(&cfg)))
+    } else {
+        let cfg = match serde_json::from_value::<BackendConfig>(def) {
+            Ok(c) => c,
+            Err(e) => return bad(&e),
+        };
+        if pg.has(&cfg.name) || ctx.members.get(cfg.name.strip_prefix("pg:").unwrap_or(&cfg.name)).is_some() {
+            return taken(&cfg.name);
+        }
+        if !cfg.name.starts_with("pg:") {
+            return match ctx.members.add(cfg.clone()) {
+                Ok(()) => json(201, serde_json::json!({ "added": cfg.name })),
+                Err(AddError::Conflict(e)) => reply::error(409, &e, &[], close),
+                Err(AddError::Invalid(e)) => reply::error(400, &e, &[], close),
+            };
+        }
+        (cfg.name.clone(), pg.change(Change::Add(&cfg)))
+    };
+    match changed {
+        (name, Some(Ok(()))) => json(201, serde_json::json!({ "added": name })),
+        (_, Some(Err(e))) => reply::error(409, &e.to_string(), &[], close),
+        (_, None) => reply::error(404, "the PostgreSQL front end is not configured", &[], close),
+    }
+}
+
 fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
     let json =
         |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
@@ -182,19 +237,7 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
             views.extend(pg.members());
             json(200, serde_json::json!(views))
         }
-        ("POST", "/backends") => match serde_json::from_slice::<BackendConfig>(body) {
-            Err(e) => reply::error(400, &format!("bad backend definition: {e}"), &[], close),
-            Ok(cfg) if cfg.name.starts_with("pg:") => match pg.change(ctx, Change::Add(&cfg)) {
-                Some(Ok(())) => json(201, serde_json::json!({ "added": cfg.name })),
-                Some(Err(e)) => reply::error(409, &e.to_string(), &[], close),
-                None => reply::error(404, "the PostgreSQL front end is not configured", &[], close),
-            },
-            Ok(cfg) => match ctx.members.add(cfg.clone()) {
-                Ok(()) => json(201, serde_json::json!({ "added": cfg.name })),
-                Err(AddError::Conflict(e)) => reply::error(409, &e, &[], close),
-                Err(AddError::Invalid(e)) => reply::error(400, &e, &[], close),
-            },
-        },
+        ("POST", "/backends") => add(ctx, pg, body, close),
         ("POST", "/reload") => match crate::reload::reload_logged(ctx) {
             Ok(changes) => json(200, serde_json::json!({ "reloaded": changes })),
             Err(e) => reply::error(400, &format!("reload refused, the old configuration stays: {e}"), &[], close),
@@ -203,9 +246,11 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
             if path.starts_with("/backends/") && (path.ends_with("/drain") || path.ends_with("/undrain")) =>
         {
             let (name, action) = path["/backends/".len()..].rsplit_once('/').unwrap_or_default();
-            let drained = match pg.change(ctx, Change::Drain(name, action == "drain")) {
-                Some(r) => r.ok().map(|()| true),
-                None => ctx.members.set_drained(name, action == "drain"),
+            // A plain name is the HTTP backend's if there is one, else the PostgreSQL server's.
+            let in_pg = || pg.change(Change::Drain(name, action == "drain")).and_then(|r| r.ok()).map(|()| true);
+            let drained = match name.starts_with("pg:") {
+                true => in_pg(),
+                false => ctx.members.set_drained(name, action == "drain").or_else(in_pg),
             };
             match drained {
                 Some(_) => json(200, serde_json::json!({ "backend": name, "drained": action == "drain" })),
@@ -214,10 +259,13 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
         }
         ("DELETE", path) if path.starts_with("/backends/") && !path["/backends/".len()..].contains('/') => {
             let name = &path["/backends/".len()..];
-            let removed = match pg.change(ctx, Change::Remove(name)) {
-                Some(Err(ChangeError::Conflict(e))) => return reply::error(409, &e, &[("backend", name)], close),
-                Some(r) => r.is_ok(),
-                None => ctx.members.remove(name),
+            let removed = match name.starts_with("pg:") || !ctx.members.remove(name) {
+                false => true,
+                true => match pg.change(Change::Remove(name)) {
+                    Some(Err(ChangeError::Conflict(e))) => return reply::error(409, &e, &[("backend", name)], close),
+                    Some(r) => r.is_ok(),
+                    None => false,
+                },
             };
             if removed {
                 json(200, serde_json::json!({ "removed": name }))

@@ -36,14 +36,28 @@ pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser,
 pub use error::PgError;
 pub use server::servers::ChangeError;
 
-/// A membership change from the admin API.
+/// A membership change from the admin API. A server is named plainly (`NAME`); `pg:NAME` is
+/// still accepted for one release (deprecated: a warning is logged).
 pub enum Change<'a> {
-    /// A server joins (its name is `pg:NAME`).
+    /// A server joins, defined as an HTTP backend named `pg:NAME` (deprecated).
     Add(&'a refract_core::config::BackendConfig),
-    /// `pg:NAME` leaves.
+    /// A server joins, defined as a `[[postgres.server]]`.
+    Join(&'a PgServerConfig),
+    /// The server leaves.
     Remove(&'a str),
-    /// `pg:NAME` is drained (`true`) or undrained.
+    /// The server is drained (`true`) or undrained.
     Drain(&'a str, bool),
+}
+
+/// A server's plain name: `NAME` as given, or `pg:NAME` without its deprecated prefix.
+fn plain(name: &str) -> &str {
+    match name.strip_prefix("pg:") {
+        Some(plain) => {
+            tracing::warn!(server = %plain, "the admin API's `pg:` prefix is deprecated: name the server plainly");
+            plain
+        }
+        None => name,
+    }
 }
 
 use refract_core::engine::{Front, Serving};
@@ -98,33 +112,41 @@ impl PgFront {
         self.shared.get().map_or_else(Vec::new, |s| status::members_view(s))
     }
 
-    /// Runtime membership from the admin API, for a member named `pg:NAME`: a replica joins
-    /// ([`Change::Add`]), leaves, is drained or undrained. `None`: not a PostgreSQL name, or
-    /// the front end does not run.
-    pub fn change(&self, ctx: &Ctx, change: Change<'_>) -> Option<Result<(), ChangeError>> {
+    /// Whether a server of the (unsharded) cluster is called `name`, plain or `pg:NAME`.
+    pub fn has(&self, name: &str) -> bool {
+        let name = name.strip_prefix("pg:").unwrap_or(name);
+        self.shared.get().is_some_and(|s| s.servers.get(name).is_some())
+    }
+
+    /// Runtime membership from the admin API: a replica joins ([`Change::Join`], or
+    /// [`Change::Add`] named `pg:NAME`), leaves, is drained or undrained. `None`: not a
+    /// PostgreSQL server (an `Add` without the prefix, a name no server has), or the front end
+    /// does not run.
+    pub fn change(&self, change: Change<'_>) -> Option<Result<(), ChangeError>> {
         let shared = self.shared.get()?;
         let servers = &shared.servers;
         Some(match change {
             Change::Add(def) => {
-                let name = def.name.strip_prefix("pg:")?;
+                def.name.strip_prefix("pg:")?;
+                let name = plain(&def.name);
                 let role = match def.role {
                     refract_core::config::Role::Primary => PgRole::Primary,
                     refract_core::config::Role::Replica => PgRole::Replica,
                 };
-                servers.add(
-                    &PgServerConfig { name: name.into(), addr: def.addr, role, through: None, tables: None },
-                    &ctx.metrics,
-                )
+                servers.add(&PgServerConfig { name: name.into(), addr: def.addr, role, through: None, tables: None })
             }
-            Change::Remove(name) => servers.remove(name.strip_prefix("pg:")?, &ctx.metrics),
+            Change::Join(def) => servers.add(def),
+            Change::Remove(name) => {
+                let name = plain(name);
+                servers.get(name)?;
+                servers.remove(name)
+            }
             Change::Drain(name, drained) => {
-                let name = name.strip_prefix("pg:")?;
-                let s = servers.get(name).ok_or_else(|| ChangeError::Unknown(name.into()));
-                s.map(|s| {
-                    if s.member.set_drained(drained) {
-                        tracing::info!(server = %s.name, drained, "postgres server drain changed");
-                    }
-                })
+                let s = servers.get(plain(name))?;
+                if s.member.set_drained(drained) {
+                    tracing::info!(server = %s.name, drained, "postgres server drain changed");
+                }
+                Ok(())
             }
         })
     }

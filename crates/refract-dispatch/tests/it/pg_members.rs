@@ -150,3 +150,34 @@ fn with_read_from_primary_the_primary_and_the_replica_both_serve_reads() {
     assert!(seen.iter().any(|v| v == "t"), "the replica served none: {seen:?}");
     assert!(seen.iter().any(|v| v == "f"), "the primary served none: {seen:?}");
 }
+
+#[test]
+fn postgres_servers_are_named_plainly_and_a_name_is_unique_across_both_front_ends() {
+    let f = Fixture::start("");
+    until("the replica up", || state(&f, "pg:replica").as_deref() == Some("up"));
+
+    // Drained and undrained by its plain name.
+    assert_eq!(f.admin_call("POST", "/backends/replica/drain", "").0, 200);
+    assert_eq!(f.psql(&["SELECT pg_is_in_recovery()"]).unwrap(), "f");
+    assert_eq!(f.admin_call("POST", "/backends/replica/undrain", "").0, 200);
+    assert_eq!(f.psql(&["SELECT pg_is_in_recovery()"]).unwrap(), "t");
+
+    // A replica joins, defined as a PostgreSQL server; its name is then taken for both.
+    let proxy = slow_proxy(f.cluster.replica().addr(), Duration::ZERO);
+    let def = format!(r#"{{"front": "postgres", "name": "extra", "addr": "{proxy}", "role": "replica"}}"#);
+    assert_eq!(f.admin_call("POST", "/backends", &def).0, 201);
+    assert_eq!(f.admin_call("POST", "/backends", &def).0, 409, "its name is taken now");
+    let http = r#"{"name": "extra", "addr": "127.0.0.1:9", "role": "replica"}"#;
+    assert_eq!(f.admin_call("POST", "/backends", http).0, 409, "an HTTP backend may not take it");
+    let http = r#"{"name": "primary", "addr": "127.0.0.1:9", "role": "replica"}"#;
+    assert_eq!(f.admin_call("POST", "/backends", http).0, 409, "nor a configured server's");
+    let odd = r#"{"front": "ftp", "name": "x", "addr": "127.0.0.1:9", "role": "replica"}"#;
+    assert_eq!(f.admin_call("POST", "/backends", odd).0, 400);
+    until("the new replica passes its probe", || state(&f, "pg:extra").as_deref() == Some("up"));
+
+    // It leaves by its plain name; the primary cannot.
+    assert_eq!(f.admin_call("DELETE", "/backends/extra", "").0, 200);
+    assert_eq!(state(&f, "pg:extra"), None);
+    assert_eq!(f.admin_call("DELETE", "/backends/extra", "").0, 404);
+    assert_eq!(f.admin_call("DELETE", "/backends/primary", "").0, 409);
+}

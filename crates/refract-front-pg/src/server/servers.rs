@@ -1,9 +1,11 @@
 //! [`Servers`]: the primary and the replicas with their pools and replication lag, and the
-//! choice of a server per statement. Each server is a member of the engine
-//! ([`refract_core::backend::Backend`]): its health state, drain, ejection (failures and the
-//! latency outlier check), admission control and latency live there, as for an HTTP backend.
-//! Replicas join and leave at run time ([`Servers::add`], [`Servers::remove`]); the probes are
-//! in `probes.rs`.
+//! choice of a server per statement. The servers are the engine's members
+//! ([`Membership`]`<Server>`, which adds, removes and chooses them by `[balance]`); each one's
+//! engine part ([`refract_core::backend::Backend`]) keeps its health state, drain, ejection
+//! (failures and the latency outlier check), admission control and latency, as for an HTTP
+//! backend. What stays here is PostgreSQL's: roles, lag bounds, WAL positions
+//! (read-your-writes), the tables a partial replica holds, agents. Replicas join and leave at
+//! run time ([`Servers::add`], [`Servers::remove`]); the probes are in `probes.rs`.
 
 use super::partial::{Holds, Shares};
 use super::pool::Pool;
@@ -14,6 +16,7 @@ use crate::config::{PgConfig, PgRole, PgServerConfig};
 use crate::status::metrics::PgMetrics;
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
+use refract_core::membership::{Member, Membership};
 use refract_core::metrics::Metrics;
 use refract_core::overload::AdmissionConfig;
 use refract_handover::config::{AgentAddr, HandoverConfig, HandoverMode};
@@ -76,6 +79,31 @@ pub(crate) struct AgentRoute {
 /// scheduler alone, with no queue in PostgreSQL (against its bare 0.1 ms, a 2 ms `SELECT 1`
 /// would read as 20× queueing).
 const NOISE: Duration = Duration::from_millis(1);
+
+/// A server is an engine member, named by its plain name; its engine part counts as `pg:NAME`.
+impl Member for Server {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn backend(&self) -> &Backend {
+        &self.member
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    fn covers(&self, tables: &[String]) -> bool {
+        self.holds().covers(tables)
+    }
+
+    /// No new statement goes to it; its idle connections close.
+    fn retire(&self) {
+        self.member.retire();
+        self.pool.clear();
+    }
+}
 
 impl Server {
     /// Whether it passed its last check.
@@ -197,21 +225,16 @@ pub enum ChangeError {
 /// All servers.
 #[derive(Debug)]
 pub struct Servers {
-    /// In configuration order, then in the order they joined (replaced whole on a change).
-    list: RwLock<Arc<Vec<Arc<Server>>>>,
-    /// The round-robin turn (`[balance] policy = "round-robin"`).
-    next: AtomicUsize,
+    /// The engine's membership of them, in configuration order, then in the order they
+    /// joined; its `[balance]` policy chooses among the readers.
+    members: Membership<Server>,
     max_lag: u64,
     max_lag_ms: u64,
-    /// The engine's `[balance]`: its policy chooses among the readers.
-    balance: Balance,
     /// What a new server's pool and member are built from.
     login: Arc<Login>,
     pool_size: usize,
     checkout: Duration,
     overload: Overload,
-    /// Each server's admission settings (`admit::config`: `[overload]` capped by the pool).
-    admission: AdmissionConfig,
     /// `[handover]`, when it names agents.
     handover: Option<HandoverConfig>,
     /// In `hybrid`: which kinds of statement answer small (they skip the agents).
@@ -239,11 +262,15 @@ impl Servers {
     /// admission as [`admission_config`] adapts it); reads are balanced by `balance`.
     pub fn new(
         cfg: &PgConfig,
-        metrics: &Metrics,
+        metrics: &Arc<Metrics>,
         overload: &Overload,
         balance: &Balance,
         handover: Option<HandoverConfig>,
     ) -> Servers {
+        // Each server's admission follows `admission_config` (`[overload]` capped by the pool).
+        let admission = admission_config(overload, cfg);
+        let fraction = overload.eject_max_fraction;
+        let members = Membership::of(Vec::new(), balance.clone(), 0, admission, metrics.clone(), fraction);
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
@@ -252,16 +279,13 @@ impl Servers {
             hybrid: None,
         });
         let servers = Servers {
-            list: RwLock::new(Arc::new(Vec::new())),
-            next: AtomicUsize::new(0),
+            members,
             max_lag: cfg.max_lag_bytes,
             max_lag_ms: cfg.max_lag_ms,
-            balance: balance.clone(),
             login,
             pool_size: cfg.pool_size,
             checkout: Duration::from_millis(cfg.checkout_timeout_ms),
             overload: overload.clone(),
-            admission: admission_config(overload, cfg),
             shares: Shares::new(cfg.shares.iter().map(|s| (s.tables.as_slice(), &s.servers))),
             sizes: handover
                 .as_ref()
@@ -272,20 +296,20 @@ impl Servers {
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
             demand: AtomicU64::new(0),
         };
-        let list = cfg.servers.iter().map(|s| servers.server(s, metrics)).collect();
-        *servers.list.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(list);
+        let list = cfg.servers.iter().map(|s| servers.server(s)).collect();
+        servers.members.replace(list);
         servers
     }
 
     /// A new server, its pool and its engine member.
-    fn server(&self, s: &PgServerConfig, metrics: &Metrics) -> Arc<Server> {
+    fn server(&self, s: &PgServerConfig) -> Arc<Server> {
         let role = match s.role {
             PgRole::Primary => Role::Primary,
             PgRole::Replica => Role::Replica,
         };
         let name = metrics_name(&s.name);
         let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None, tables: None };
-        let member = Arc::new(Backend::new(&def, 0, metrics.backend(&name), self.admission.clone()));
+        let member = Arc::new(self.members.engine_part(&def));
         let (agent, login) = self.through_agent(s);
         Arc::new(Server {
             name: s.name.clone(),
@@ -342,50 +366,45 @@ impl Servers {
 
     /// The servers now (a cheap snapshot; servers may join or leave after).
     pub fn list(&self) -> Arc<Vec<Arc<Server>>> {
-        self.list.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.members.snapshot()
     }
 
     /// A replica joins (`POST /backends` with a `pg:` name): it takes reads once its first
     /// probe passes. A second primary, or a name or address already there, is refused.
-    pub fn add(&self, s: &PgServerConfig, metrics: &Metrics) -> Result<(), ChangeError> {
-        let mut list = self.list.write().unwrap_or_else(PoisonError::into_inner);
+    pub fn add(&self, s: &PgServerConfig) -> Result<(), ChangeError> {
+        let list = self.list();
         if s.role == PgRole::Primary {
             return Err(ChangeError::Conflict("a postgres primary cannot join at run time".into()));
         }
         if let Some(o) = list.iter().find(|o| o.name == s.name || o.addr == s.addr) {
             return Err(ChangeError::Conflict(format!("postgres server {} has that name or address", o.name)));
         }
-        let server = self.server(s, metrics);
+        let server = self.server(s);
         // Not up until the health loop has seen it answer.
         server.member.set_up(false);
-        let mut next = list.as_ref().clone();
-        next.push(server);
-        *list = Arc::new(next);
+        self.members.insert(server).map_err(|e| ChangeError::Conflict(e.to_string()))?;
         tracing::info!(server = %s.name, addr = %s.addr, "postgres replica joined");
         Ok(())
     }
 
     /// A replica leaves: no new statement goes to it, its idle connections close, and the
     /// transactions running on it finish. The primary cannot leave.
-    pub fn remove(&self, name: &str, metrics: &Metrics) -> Result<(), ChangeError> {
-        let mut list = self.list.write().unwrap_or_else(PoisonError::into_inner);
-        let Some(gone) = list.iter().find(|s| s.name == name).cloned() else {
+    pub fn remove(&self, name: &str) -> Result<(), ChangeError> {
+        let Some(gone) = self.get(name) else {
             return Err(ChangeError::Unknown(name.into()));
         };
         if gone.role == PgRole::Primary {
             return Err(ChangeError::Conflict("the postgres primary cannot leave at run time".into()));
         }
-        *list = Arc::new(list.iter().filter(|s| s.name != name).cloned().collect());
-        gone.member.retire();
-        gone.pool.clear();
-        metrics.remove_backend(&metrics_name(name));
+        // Retired (its idle connections close) and its counters gone (`pg:NAME`).
+        self.members.take(name).ok_or_else(|| ChangeError::Unknown(name.into()))?;
         tracing::info!(server = %name, "postgres replica left");
         Ok(())
     }
 
     /// The server called `name`.
     pub fn get(&self, name: &str) -> Option<Arc<Server>> {
-        self.list().iter().find(|s| s.name == name).cloned()
+        self.members.get(name)
     }
 
     /// A write just committed (its ReadyForQuery came): returns the sequence number of the
@@ -446,7 +465,7 @@ impl Servers {
         let list = self.list();
         let mut readers: Vec<Arc<Server>> = list
             .iter()
-            .filter(|s| s.role == PgRole::Replica || self.balance.read_from_primary || self.shares.names(&s.name))
+            .filter(|s| s.role == PgRole::Replica || self.read_from_primary() || self.shares.names(&s.name))
             .filter(|s| s.is_available() && self.within_lag(s))
             .filter(|s| self.past(s, min_lsn) && s.holds().covers(tables))
             .cloned()
@@ -458,11 +477,11 @@ impl Servers {
             Some(i) => i,
             None => {
                 // A primary a share named serves only its class's reads.
-                readers.retain(|s| s.role == PgRole::Replica || self.balance.read_from_primary);
+                readers.retain(|s| s.role == PgRole::Replica || self.read_from_primary());
                 if readers.is_empty() {
                     return readers;
                 }
-                refract_core::membership::choose(self.balance.policy, &self.next, &readers, |s| &s.member)
+                self.members.choose_in(&readers, |s| &s.member)
             }
         };
         let chosen = readers.remove(first);
@@ -492,7 +511,7 @@ impl Servers {
 
     /// Whether the primary takes reads beside the replicas (`[balance] read_from_primary`).
     pub(crate) fn read_from_primary(&self) -> bool {
-        self.balance.read_from_primary
+        self.members.balance().read_from_primary
     }
 
     /// A conversation with `s` failed (its connection broke, or it closed it): counted, and
@@ -502,8 +521,13 @@ impl Servers {
         s.member.record(false);
         let o = &self.overload;
         if s.member.note_outcome(false, o.eject_after_failures) {
-            let members = self.members();
-            refract_core::membership::try_eject_in(&members, &s.member, o.eject_ms, o.eject_max_fraction, "failures");
+            refract_core::membership::try_eject_in(
+                &self.list(),
+                &s.member,
+                o.eject_ms,
+                o.eject_max_fraction,
+                "failures",
+            );
         }
     }
 

@@ -203,30 +203,11 @@ fn result_rows(mib: u64) -> u64 {
 }
 
 /// Runs `cmd` (a fetcher, given the port) to the end and returns its last line, `rows N md5 HEX`.
-fn fetched(driver: &str, mut cmd: Command) -> String {
-    let started = Instant::now();
-    let mut child = cmd
-        .current_dir(drivers_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{driver}: cannot start {cmd:?}: {e}"));
-    let (out, err) = (drain(child.stdout.take().unwrap()), drain(child.stderr.take().unwrap()));
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > SUITE_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{driver}: killed after {SUITE_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
-    assert!(status.success(), "{driver}: exit status {status}\n{stdout}\n--- stderr:\n{stderr}");
-    stdout.lines().last().unwrap_or_default().to_owned()
+fn fetched(driver: &str, cmd: Command) -> String {
+    let ran = drivers::run(driver, cmd, SUITE_TIMEOUT);
+    let Some(status) = ran.status else { panic!("{driver}: killed after {SUITE_TIMEOUT:?}") };
+    assert!(status.success(), "{driver}: exit status {status}\n{}\n--- stderr:\n{}", ran.stdout, ran.stderr);
+    ran.stdout.lines().last().unwrap_or_default().to_owned()
 }
 
 /// psql's digest of the result at `port`, computed here over its output as it streams.

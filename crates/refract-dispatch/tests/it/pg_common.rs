@@ -46,10 +46,10 @@ impl Refract {
     /// Starts refract with the config `text`; returns once it accepts on `port`.
     pub fn start(text: &str, port: u16) -> Refract {
         let cfg = config::parse(text).unwrap();
-        refract_core::worker::set_count(SHARDS);
+        refract_core::worker::set_count(WORKERS);
         let ctx = Ctx::new(cfg);
         let run = ctx.clone();
-        let thread = std::thread::spawn(move || run_workers(run, SHARDS).unwrap());
+        let thread = std::thread::spawn(move || run_workers(run, WORKERS).unwrap());
         wait_listening(port);
         Refract { ctx, thread: Some(thread) }
     }
@@ -191,7 +191,7 @@ pub fn until(what: &str, mut cond: impl FnMut() -> bool) {
 pub const ADMIN_TOKEN: &str = "pg-test-admin-token";
 
 /// Event loops of the dispatcher under test (as `[listen] workers = 2`).
-const SHARDS: usize = 2;
+const WORKERS: usize = 2;
 
 /// Waits (at most 30 s) until refract accepts on `port`.
 fn wait_listening(port: u16) {

@@ -9,12 +9,15 @@
 //!   `[postgres]` section in front of them ([`postgres_section`]).
 //! - [`cluster`]: the builder ([`cluster()`]): which servers, which agents in front of which,
 //!   which dispatcher config; what starts an agent or a dispatcher is the test's ([`Start`]).
+//! - [`etcd`]: a real etcd server ([`Etcd`]) that can be stopped and started again.
 //! - `port`: free loopback ports, never the same one twice in a process ([`free_port`]).
 
 pub mod cluster;
+pub mod etcd;
 pub mod pg;
 mod port;
 
 pub use cluster::{cluster, Cluster, ClusterBuilder, ServersOnly, Start};
+pub use etcd::Etcd;
 pub use pg::{postgres_section, tool, PgCluster, PgServer, DATABASE, PASSWORD, USER};
 pub use port::{free_port, try_free_port};

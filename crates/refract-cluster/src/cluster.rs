@@ -1,0 +1,97 @@
+//! [`Cluster`]: the handle a dispatcher holds: its view of the cluster (kept by the etcd
+//! session in `session.rs`), and writes of shared entries that return once etcd has them
+//! and this dispatcher's own view shows them.
+
+use crate::config::ClusterConfig;
+use crate::error::ClusterError;
+use crate::keys::Keys;
+use crate::session;
+use crate::view::View;
+use etcd_client::Client;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How long a shared write may take, etcd's answer and this view's catching up together.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A dispatcher's membership in a cluster of dispatchers.
+pub struct Cluster {
+    pub(crate) cfg: ClusterConfig,
+    pub(crate) keys: Keys,
+    /// What this dispatcher publishes about itself (addresses), under its node key.
+    pub(crate) me: serde_json::Value,
+    pub(crate) view: watch::Sender<Arc<View>>,
+    /// The connected client, for writes; `None` while the link is down.
+    pub(crate) client: Mutex<Option<Client>>,
+}
+
+impl Cluster {
+    /// Starts the etcd session on the current runtime: it registers this dispatcher, reads
+    /// and watches the shared state, and keeps trying while etcd is away. `stop` ends it and
+    /// revokes the lease, so peers see this dispatcher leave at once rather than at expiry.
+    pub fn start(cfg: ClusterConfig, me: serde_json::Value, stop: CancellationToken) -> Arc<Cluster> {
+        let keys = Keys::new(&cfg.prefix);
+        let (view, _) = watch::channel(Arc::new(View::new()));
+        let cluster = Arc::new(Cluster { cfg, keys, me, view, client: Mutex::new(None) });
+        tokio::spawn(session::run(cluster.clone(), stop));
+        cluster
+    }
+
+    /// This dispatcher's node id.
+    pub fn node_id(&self) -> &str {
+        &self.cfg.node_id
+    }
+
+    /// The view now.
+    pub fn view(&self) -> Arc<View> {
+        self.view.borrow().clone()
+    }
+
+    /// A receiver told of every change of the view (link, peers, shared entries).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<View>> {
+        self.view.subscribe()
+    }
+
+    /// Writes shared entry `name`; returns once etcd has it and this view shows it (so a
+    /// read on this dispatcher right after sees the write). Refused while etcd is away.
+    pub async fn put(&self, name: &str, value: &str) -> Result<(), ClusterError> {
+        let mut client = self.writer()?;
+        let put = client.put(self.keys.shared(name), value, None);
+        let resp =
+            tokio::time::timeout(WRITE_TIMEOUT, put).await.map_err(|_| ClusterError::Timeout(WRITE_TIMEOUT))??;
+        self.caught_up(resp.header().map_or(0, |h| h.revision())).await
+    }
+
+    /// Deletes shared entry `name`, as [`Cluster::put`] writes one.
+    pub async fn delete(&self, name: &str) -> Result<(), ClusterError> {
+        let mut client = self.writer()?;
+        let delete = client.delete(self.keys.shared(name), None);
+        let resp =
+            tokio::time::timeout(WRITE_TIMEOUT, delete).await.map_err(|_| ClusterError::Timeout(WRITE_TIMEOUT))??;
+        self.caught_up(resp.header().map_or(0, |h| h.revision())).await
+    }
+
+    fn writer(&self) -> Result<Client, ClusterError> {
+        let view = self.view();
+        let client = self.client.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        match (client, &view.link) {
+            (Some(c), crate::view::Link::Up) => Ok(c),
+            (_, crate::view::Link::Down { error, .. }) => Err(ClusterError::Unavailable(error.clone())),
+            _ => Err(ClusterError::Unavailable("not connected yet".into())),
+        }
+    }
+
+    /// Waits until this view reflects `revision`.
+    async fn caught_up(&self, revision: i64) -> Result<(), ClusterError> {
+        let mut rx = self.subscribe();
+        let caught =
+            tokio::time::timeout(WRITE_TIMEOUT, rx.wait_for(|v| v.revision >= revision)).await.map(|r| r.is_ok());
+        match caught {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ClusterError::WatchEnded("the session stopped".into())),
+            Err(_) => Err(ClusterError::Timeout(WRITE_TIMEOUT)),
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! refract-cluster's integration tests: dispatchers' cluster handles against a real etcd.
+
+mod shared;

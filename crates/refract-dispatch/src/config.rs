@@ -1,5 +1,6 @@
 //! The whole configuration file: the engine's sections (`refract_core::config`) and the front
-//! ends' (`[http]`, `[[route]]`, `[[share]]` and `[handover]` for HTTP, `[postgres]`), parsed in one pass with unknown
+//! ends' (`[http]`, `[[route]]`, `[[share]]` and `[handover]` for HTTP, `[postgres]`) and
+//! `[cluster]` (several dispatchers sharing state through etcd), parsed in one pass with unknown
 //! keys refused and every error naming its line (`docs/config.md`). The front ends' sections
 //! ride in the engine's [`Config`] as [`Sections`](refract_core::config::Sections).
 
@@ -7,6 +8,7 @@ use refract_core::config::{
     describe_toml_error, find_key_line, line_of, AdminConfig, BackendConfig, Balance, Config, ConfigError, Health,
     Limits, Listen, Overload, Sections, Timeouts,
 };
+use refract_cluster::ClusterConfig;
 use refract_core::partial::check_share;
 use refract_front_http::config::{HandoverConfig, HttpConfig, HttpSection, HttpShare, Listening};
 use refract_front_pg::PgConfig;
@@ -45,6 +47,8 @@ struct File {
     handover: Option<HandoverConfig>,
     #[serde(default)]
     admin: AdminConfig,
+    #[serde(default)]
+    cluster: Option<ClusterConfig>,
 }
 
 /// Reads, parses and validates a configuration file.
@@ -101,6 +105,16 @@ pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
     cfg.sections.insert(HttpConfig { listening, ..HttpConfig::new(f.routes, f.handover, shares) });
     if let Some(pg) = f.postgres {
         cfg.sections.insert(pg);
+    }
+    if let Some(cluster) = f.cluster {
+        let at = find_key_line(text, "[cluster]");
+        let mut cluster = cluster.validate().map_err(|e| format!("line {at}: {e}"))?;
+        for file in [&mut cluster.password_file, &mut cluster.ca_file, &mut cluster.cert_file, &mut cluster.key_file] {
+            if let Some(f) = file.as_mut().filter(|f| f.is_relative()) {
+                *f = base.join(&*f);
+            }
+        }
+        cfg.sections.insert(cluster);
     }
     Ok(cfg)
 }

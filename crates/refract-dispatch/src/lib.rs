@@ -7,9 +7,11 @@
 //! - [`dispatcher`]: the front ends, started on the engine.
 //! - `admin`: `/backends`, drain, `/reload`, `/metrics`, `/pg/*`; who may use it
 //!   (`admin/guard.rs`).
+//! - `cluster`: several dispatchers sharing membership and reloads through etcd (`[cluster]`).
 //! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
 
 mod admin;
+mod cluster;
 pub mod config;
 pub mod dispatcher;
 mod reload;

@@ -4,6 +4,7 @@
 //! hand-over front ends, balancing and admission state) keeps its old value and is logged as
 //! "needs restart". An invalid file changes nothing.
 
+use refract_cluster::ClusterConfig;
 use refract_core::{Config, Ctx};
 use refract_front_http::config::HttpConfig;
 use refract_front_pg::PgConfig;
@@ -65,6 +66,8 @@ fn keep_restart_only(old: &Config, next: &mut Config) -> Vec<&'static str> {
     let (old_http, next_http) = (HttpConfig::of(old), HttpConfig::of(next).clone());
     let old_pg = old.sections.get::<PgConfig>().cloned();
     keep("[postgres]", same(&old_pg, &next.sections.get::<PgConfig>()));
+    let old_cluster = old.sections.get::<ClusterConfig>().cloned();
+    keep("[cluster]", old_cluster.as_ref() == next.sections.get::<ClusterConfig>());
     keep("[handover]", same(&old_http.handover, &next_http.handover));
     keep("[http]", old_http.listening == next_http.listening);
     keep("[limits] max_idle_per_backend", old.limits.max_idle_per_backend == next.limits.max_idle_per_backend);
@@ -81,6 +84,10 @@ fn keep_restart_only(old: &Config, next: &mut Config) -> Vec<&'static str> {
     match old_pg {
         Some(pg) => next.sections.insert(pg),
         None => next.sections.remove::<PgConfig>(),
+    }
+    match old_cluster {
+        Some(cluster) => next.sections.insert(cluster),
+        None => next.sections.remove::<ClusterConfig>(),
     }
     next.limits.max_idle_per_backend = old.limits.max_idle_per_backend;
     differ

@@ -35,9 +35,9 @@ pub(crate) mod reset;
 mod simple;
 pub(crate) mod unreadable;
 
-pub(crate) use bound::{resync_startup, Bound, Floor};
+pub(crate) use bound::{Bound, Floor, ParamSync, Wrote};
 
-use self::held::Held;
+use self::held::{BatchStart, Held};
 use self::phase::{Event, Phase};
 use super::error::PgError;
 use super::shared::Shared;
@@ -227,9 +227,9 @@ impl Session {
     /// primary (the rest of the pipeline, a write perhaps, must find its transaction there).
     async fn pipeline_flush(&mut self) -> Result<(), PgError> {
         self.batch.push(FrontendMessage::Flush);
-        self.held.quiet_flush = true;
+        self.held.batch_start = BatchStart::QuietTime;
         let result = self.run_batch().await;
-        self.held.quiet_flush = false;
+        self.held.batch_start = BatchStart::Client;
         result
     }
 

@@ -3,8 +3,11 @@
 //! whichever server connection runs them; answers relayed in order, with the answers refract
 //! owes for messages it did not need to send (ParseComplete, CloseComplete) put in place.
 
-use super::phase::Event;
-use super::{Session, FLUSH_AT};
+use super::handover::Rest;
+use super::held::{BatchStart, Outcome};
+use super::phase::{BatchEnd, Event};
+use super::relay::ReadyFor;
+use super::{Session, Wrote, FLUSH_AT};
 use crate::error::PgError;
 use crate::sharding::Placed;
 use bytes::{Bytes, BytesMut};
@@ -84,6 +87,15 @@ pub(crate) enum Expect {
     Local(Bytes, Option<Made>),
 }
 
+/// Whose a message in a rewritten batch is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Whose {
+    /// The client's: the server's answer is relayed.
+    Client,
+    /// refract's own: the answer is swallowed.
+    Refract,
+}
+
 /// A batch being rewritten for one server connection.
 #[derive(Default)]
 pub(crate) struct Plan {
@@ -100,18 +112,19 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    pub(crate) fn send(&mut self, msg: &FrontendMessage, relay: bool, prepares: Option<Made>) {
+    pub(crate) fn send(&mut self, msg: &FrontendMessage, whose: Whose, prepares: Option<Made>) {
         msg.encode(&mut self.out);
         let kind = Kind::of(msg);
         if matches!(msg, FrontendMessage::Flush) || (self.skip && kind != Kind::Sync) {
             return;
         }
+        let relay = whose == Whose::Client;
         self.expect.push_back(Expect::Server { kind, relay, prepares, runs: None });
     }
 
     /// An Execute of a portal running `runs`.
     pub(crate) fn execute(&mut self, msg: &FrontendMessage, runs: Option<Arc<Classification>>) {
-        self.send(msg, true, None);
+        self.send(msg, Whose::Client, None);
         if let (false, Some(Expect::Server { runs: slot, .. })) = (self.skip, self.expect.back_mut()) {
             *slot = runs;
         }
@@ -129,8 +142,8 @@ impl Session {
     pub(crate) async fn run_batch(&mut self) -> Result<(), PgError> {
         let msgs = std::mem::take(&mut self.batch);
         let Some(msgs) = self.listen_batch(msgs).await? else { return Ok(()) };
-        let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
-        if self.bound.is_none() && synced && msgs.len() == 1 {
+        let end = BatchEnd::of(&msgs);
+        if self.bound.is_none() && end == BatchEnd::Sync && msgs.len() == 1 {
             self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
             return self.flush().await;
         }
@@ -139,25 +152,25 @@ impl Session {
         let tables = if route == Route::Read { self.batch_tables(&msgs) } else { vec![] };
         let bound = match self.shared.sharding.clone() {
             None => self.bind(route, Some(key), &tables).await,
-            Some(sh) => match self.place_batch(&sh, &msgs, route, key, &tables, synced).await {
+            Some(sh) => match self.place_batch(&sh, &msgs, route, key, &tables, end).await {
                 Placed::Bound(result) => result,
                 Placed::Several => return self.run_several(&sh, msgs).await,
                 Placed::Answered(result) => return result,
             },
         };
         if let Err(e) = bound {
-            return self.refuse(e, synced).await;
+            return self.refuse(e, end).await;
         }
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
-        self.advance(Event::Batch { synced, executes });
-        let result = self.run_bound_batch(msgs, synced, route, key).await;
+        self.advance(Event::Batch { end, executes });
+        let result = self.run_bound_batch(msgs, end, route, key).await;
         self.settle(result).await
     }
 
     pub(crate) async fn run_bound_batch(
         &mut self,
         msgs: Vec<FrontendMessage>,
-        synced: bool,
+        end: BatchEnd,
         route: Route,
         key: u64,
     ) -> Result<(), PgError> {
@@ -173,10 +186,10 @@ impl Session {
         } else {
             self.conn()?.wire.send(&plan.out).await?;
         }
-        let failed = self.relay_batch(plan.expect).await?;
-        if synced {
-            self.book(started, failed);
-            self.after_ready(route == Route::Write).await?;
+        let outcome = self.relay_batch(plan.expect).await?;
+        if end == BatchEnd::Sync {
+            self.book(started, outcome);
+            self.after_ready(if route == Route::Write { Wrote::Yes } else { Wrote::No }).await?;
         }
         Ok(())
     }
@@ -235,7 +248,7 @@ impl Session {
     /// A batch is a read if every statement it parses or binds is one (and it is not part of a
     /// pipeline run before its end: `Session::pipeline_flush`).
     pub(crate) fn batch_route(&self, msgs: &[FrontendMessage]) -> Route {
-        if self.held.quiet_flush {
+        if self.held.batch_start == BatchStart::QuietTime {
             return Route::Write;
         }
         let mut parsed: HashMap<&str, bool> = HashMap::new();
@@ -295,7 +308,7 @@ impl Session {
                         let g = self.identity(&ps);
                         plan.preparing.insert(g.clone());
                         let made = Some(Made::Parse { global: Some(g.clone()), ps, previous });
-                        plan.send(&FrontendMessage::Parse { name: g, query, param_types }, true, made);
+                        plan.send(&FrontendMessage::Parse { name: g, query, param_types }, Whose::Client, made);
                     }
                 }
                 FrontendMessage::Bind(mut b) => {
@@ -305,23 +318,23 @@ impl Session {
                     }
                     b.statement = self.server_name(&b.statement, &mut plan)?;
                     plan.bind_at = Some(plan.out.len());
-                    plan.send(&FrontendMessage::Bind(b), true, None);
+                    plan.send(&FrontendMessage::Bind(b), Whose::Client, None);
                 }
                 FrontendMessage::Describe(Target::Statement, name) => {
                     let name = self.server_name(&name, &mut plan)?;
-                    plan.send(&FrontendMessage::Describe(Target::Statement, name), true, None);
+                    plan.send(&FrontendMessage::Describe(Target::Statement, name), Whose::Client, None);
                 }
                 FrontendMessage::Close(Target::Statement, name) if !name.is_empty() => {
                     // Other clients may share the server-side statement: it stays prepared.
                     self.state.prepared.close(&name);
                     plan.local(BackendMessage::CloseComplete.to_bytes(), None);
                 }
-                FrontendMessage::Close(Target::Statement, _) => self.close_unnamed(&mut plan, true)?,
+                FrontendMessage::Close(Target::Statement, _) => self.close_unnamed(&mut plan, Whose::Client)?,
                 FrontendMessage::Execute { ref portal, .. } => {
                     let runs = portals.get(portal).cloned();
                     plan.execute(&msg, runs);
                 }
-                msg => plan.send(&msg, true, None),
+                msg => plan.send(&msg, Whose::Client, None),
             }
         }
         Ok(plan)
@@ -356,8 +369,8 @@ impl Session {
 
     /// Relays answers in order, inserting refract's own where due, until all are in; returns
     /// whether an error came.
-    pub(crate) async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<bool, PgError> {
-        let mut failed = false;
+    pub(crate) async fn relay_batch(&mut self, mut expect: VecDeque<Expect>) -> Result<Outcome, PgError> {
+        let mut outcome = Outcome::Ok;
         loop {
             while let Some(Expect::Local(..)) = expect.front() {
                 if let Some(Expect::Local(b, _)) = expect.pop_front() {
@@ -365,13 +378,14 @@ impl Session {
                 }
             }
             if expect.is_empty() {
-                return self.flush().await.map(|()| failed);
+                return self.flush().await.map(|()| outcome);
             }
             let (tag, frame) = self.server_frame().await?;
             self.note_copy(tag);
             match tag {
                 refract_pg::hybrid::WANT => {
-                    self.at_want(verbatim(&expect) && self.held.failed_prepares.is_empty()).await?
+                    let verbatim = verbatim(&expect) && self.held.failed_prepares.is_empty();
+                    self.at_want(if verbatim { Rest::Verbatim } else { Rest::Edited }).await?
                 }
                 b'S' => {
                     self.note_untracked();
@@ -379,8 +393,8 @@ impl Session {
                 }
                 b'N' | b'A' => self.out.extend_from_slice(&frame),
                 b'E' => {
-                    failed = true;
-                    self.held.ext_failed = true;
+                    outcome = Outcome::Failed;
+                    self.held.ext_outcome = Outcome::Failed;
                     self.note_stale_plan(&frame);
                     let replaced = self.parse_failed(&expect).or_else(|| self.prepare_error_for(&frame));
                     let frame = replaced.unwrap_or(frame);
@@ -418,7 +432,7 @@ impl Session {
             self.synced();
         }
         if tag == b'C' || tag == b'Z' {
-            self.observe(tag, &frame, true)?;
+            self.observe(tag, &frame, ReadyFor::Sync)?;
         }
         if relay {
             self.out.extend_from_slice(&frame);

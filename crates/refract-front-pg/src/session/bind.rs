@@ -17,10 +17,9 @@
 //! A client that leaves in the middle of the Bind ends its session; the server connection,
 //! holding half a message, is dropped (closed), never given back to the pool.
 
-use super::phase::Event;
-use super::Session;
+use super::phase::{BatchEnd, Event};
+use super::{Session, Wrote};
 use crate::client::wire::STREAM_ABOVE;
-use crate::config::PgRole;
 use crate::error::PgError;
 use bytes::BytesMut;
 use refract_pg::classify::Route;
@@ -45,13 +44,14 @@ impl Session {
         let queued = std::mem::take(&mut self.batch);
         if let Err(e) = self.bind(Route::Write, None, &[]).await {
             self.wire.pass_on(None, rest).await?;
-            return self.refuse(e, false).await;
+            return self.refuse(e, BatchEnd::Flush).await;
         }
         let bind = FrontendMessage::Bind(Bind { portal, statement, ..Bind::default() });
-        let writes = self.batch_route(&queued) == Route::Write;
+        let queued_writes = self.batch_route(&queued) == Route::Write;
         let result = match self.before_bind(queued).await {
             Ok(()) => {
-                self.note_write(writes || self.batch_route(std::slice::from_ref(&bind)) == Route::Write);
+                let writes = queued_writes || self.batch_route(std::slice::from_ref(&bind)) == Route::Write;
+                self.note_write(if writes { Wrote::Yes } else { Wrote::No });
                 self.stream_bind(bind, rest).await
             }
             Err(e) => self.wire.pass_on(None, rest).await.and(Err(e)),
@@ -61,9 +61,9 @@ impl Session {
 
     /// Read-your-writes: the batch writes on the primary (its Sync's route does not say so,
     /// since the Bind is not part of what follows it).
-    fn note_write(&mut self, writes: bool) {
+    fn note_write(&mut self, wrote: Wrote) {
         if let Some(b) = self.bound.as_mut() {
-            b.wrote |= writes && b.server.role == PgRole::Primary;
+            b.note_write(wrote);
         }
     }
 
@@ -88,13 +88,13 @@ impl Session {
     /// The batch's messages before the Bind run as a Flush-ended batch on the bound connection.
     async fn before_bind(&mut self, mut queued: Vec<FrontendMessage>) -> Result<(), PgError> {
         let executes = queued.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
-        self.advance(Event::Batch { synced: false, executes });
+        self.advance(Event::Batch { end: BatchEnd::Flush, executes });
         if queued.is_empty() {
             return Ok(());
         }
         queued.push(FrontendMessage::Flush);
         let key = self.batch_key(&queued);
-        self.run_bound_batch(queued, false, Route::Write, key).await
+        self.run_bound_batch(queued, BatchEnd::Flush, Route::Write, key).await
     }
 
     /// Sends the Bind's head (after whatever its statement needs), then its `rest` bytes as

@@ -1,11 +1,12 @@
 //! [`Bound`]: the server connection a session is bound to, and binding one: the route of a
 //! statement, the server and kind of connection it takes, the SETs replayed before it, and
-//! the end of a failed server conversation.
+//! the end of a failed server conversation. A binding's own state ([`Wrote`], [`ParamSync`],
+//! what changed its parameters) changes only through [`Bound`]'s methods.
 
-use super::phase::Event;
+use super::phase::{BatchEnd, Event};
 use super::Session;
 use crate::admit::permit::Admitted;
-use crate::config::PoolMode;
+use crate::config::{PgRole, PoolMode};
 use crate::error::PgError;
 use crate::server::pool::Guard;
 use crate::server::servers::Server;
@@ -14,6 +15,7 @@ use crate::sharding::tx;
 use bytes::BytesMut;
 use refract_pg::classify::{Classification, Route};
 use refract_pg::notice::sqlstate;
+use refract_pg::session::ParamTracker;
 use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
 use refract_vocab::RouteClass;
 use std::sync::Arc;
@@ -23,20 +25,109 @@ use std::sync::Arc;
 pub(crate) struct Bound {
     pub guard: Guard,
     pub server: Arc<Server>,
-    /// A write ran on the primary during this binding (read-your-writes needs its LSN).
-    pub wrote: bool,
-    /// The connection has been given this session's SET state (done once, at the first
+    /// Whether a write ran on the primary during this binding (read-your-writes needs its LSN).
+    pub(crate) wrote: Wrote,
+    /// Whether the connection has been given this session's SET state (done once, at the first
     /// statement of the binding; after that only the session itself changes it).
-    pub synced: bool,
-    /// A tracked SET/RESET/DISCARD ran during this binding: the connection's applied state is
-    /// the session's when the binding ends.
-    pub touched: bool,
-    /// Something changed parameters refract does not track (an extended-protocol SET, a
-    /// ParameterStatus after a non-SET statement): the next client starts with `RESET ALL`.
-    pub untracked: bool,
+    params: ParamSync,
+    /// What ran during this binding that changed the connection's parameters.
+    changes: ParamChanges,
     /// The admission permit of the unit of work running on it (`admit.rs`); `None` between
     /// units of a session that keeps its connection (session mode, pinned).
     pub(crate) admitted: Option<Admitted>,
+}
+
+/// Whether a statement (or the binding) wrote: a fact, for read-your-writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wrote {
+    No,
+    Yes,
+}
+
+/// Whether a binding's connection carries the session's SET state yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ParamSync {
+    /// Not yet: the first statement of the binding sends the SETs that differ first.
+    Pending,
+    /// Given (or under way in the write of the client's message).
+    Done,
+}
+
+/// What ran on a binding's connection that changed its parameters; it only ever goes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ParamChanges {
+    /// Nothing: the connection's applied state is what it was.
+    None,
+    /// A tracked SET/RESET/DISCARD: the connection's applied state is the session's when the
+    /// binding ends.
+    Tracked,
+    /// Something changed parameters refract does not track (an extended-protocol SET, a
+    /// ParameterStatus after a non-SET statement): the next client starts with `RESET ALL`.
+    Untracked,
+}
+
+impl Bound {
+    /// A binding of `guard` on `server`; `params`: whether the connection already carries the
+    /// session's SET state.
+    pub(crate) fn new(guard: Guard, server: Arc<Server>, admitted: Option<Admitted>, params: ParamSync) -> Bound {
+        Bound { guard, server, wrote: Wrote::No, params, changes: ParamChanges::None, admitted }
+    }
+
+    /// A statement that `wrote` ran: noted when it ran on the primary.
+    pub(crate) fn note_write(&mut self, wrote: Wrote) {
+        if wrote == Wrote::Yes && self.server.role == PgRole::Primary {
+            self.wrote = Wrote::Yes;
+        }
+    }
+
+    /// A tracked SET/RESET/DISCARD ran on the connection.
+    pub(crate) fn touch(&mut self) {
+        self.changes = self.changes.max(ParamChanges::Tracked);
+    }
+
+    /// Something changed the connection's parameters that refract does not track.
+    pub(crate) fn untrack(&mut self) {
+        self.changes = ParamChanges::Untracked;
+    }
+
+    /// A RESET of a startup parameter ran on the connection: the server went back to the
+    /// connection's own startup value, so the client's SETs are applied again (`RESET ALL` and
+    /// them) before its next statement on it, and its next client starts with `RESET ALL` too.
+    pub(crate) fn resync_startup(&mut self) {
+        self.params = ParamSync::Pending;
+        self.changes = ParamChanges::Untracked;
+        self.guard.applied = None;
+    }
+
+    /// At the first statement of the binding: appends to `out` a Query with the SET/RESET
+    /// statements that give the connection the parameters `params` (only those that differ from
+    /// what it carries); returns whether it did.
+    fn params_prefix(&mut self, params: &ParamTracker, out: &mut BytesMut) -> bool {
+        if self.params == ParamSync::Done {
+            return false;
+        }
+        self.params = ParamSync::Done;
+        let Some(sql) = self.guard.params_sql(params) else { return false };
+        self.guard.unnamed = None; // dropped by the SET query
+        self.guard.applied = Some(applied(params));
+        FrontendMessage::Query(sql).encode(out);
+        true
+    }
+
+    /// At the binding's end: notes on the connection the SET state it carries now, `params`
+    /// being the session's (not known after an untracked change).
+    pub(crate) fn note_applied(&mut self, params: &ParamTracker) {
+        match self.changes {
+            ParamChanges::Untracked => self.guard.applied = None,
+            ParamChanges::Tracked => self.guard.applied = Some(applied(params)),
+            ParamChanges::None => {}
+        }
+    }
+}
+
+/// The parameters of `params` as a connection's record of what it carries.
+fn applied(params: &ParamTracker) -> Vec<(String, String)> {
+    params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect()
 }
 
 /// Read-your-writes on one shard (or the one cluster).
@@ -144,16 +235,7 @@ impl Session {
                     let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
                     server.member.counters.request(class);
                     self.client.info.set_bound(Some(server.index));
-                    let admitted = Some(admitted);
-                    let b = Bound {
-                        guard,
-                        server,
-                        wrote: false,
-                        synced: false,
-                        touched: false,
-                        untracked: false,
-                        admitted,
-                    };
+                    let b = Bound::new(guard, server, Some(admitted), ParamSync::Pending);
                     self.bound = Some(b);
                     return Ok(());
                 }
@@ -200,8 +282,8 @@ impl Session {
     }
 
     /// Tells the client refract could not run its statement (ErrorResponse, then
-    /// ReadyForQuery if it synced).
-    pub(crate) async fn refuse(&mut self, e: PgError, synced: bool) -> Result<(), PgError> {
+    /// ReadyForQuery if it synced: `end`).
+    pub(crate) async fn refuse(&mut self, e: PgError, end: BatchEnd) -> Result<(), PgError> {
         let (code, kind) = match e {
             PgError::Timeout(_) => (sqlstate::TOO_MANY_CONNECTIONS, "pg_unavailable"),
             // Counted as the HTTP path counts its refusals.
@@ -210,8 +292,8 @@ impl Session {
         };
         self.shared.metrics.error(kind);
         self.out.extend_from_slice(&reply::error(code, &e.to_string()));
-        self.advance(Event::Refused { synced });
-        if synced {
+        self.advance(Event::Refused { end });
+        if end == BatchEnd::Sync {
             self.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
         }
         self.flush().await
@@ -233,16 +315,7 @@ impl Session {
         let Some(b) = self.bound.as_mut() else {
             return Err(PgError::Unavailable("internal: no server bound".into()));
         };
-        if b.synced {
-            return Ok(false);
-        }
-        b.synced = true;
-        let params = &self.state.params;
-        let Some(sql) = b.guard.params_sql(params) else { return Ok(false) };
-        b.guard.unnamed = None; // dropped by the SET query
-        b.guard.applied = Some(params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect());
-        FrontendMessage::Query(sql).encode(out);
-        Ok(true)
+        Ok(b.params_prefix(&self.state.params, out))
     }
 
     /// Consumes (and drops) the answers to a [`Session::params_prefix`] Query, up to its
@@ -261,13 +334,4 @@ impl Session {
             }
         }
     }
-}
-
-/// A RESET of a startup parameter ran on the connection: the server went back to the
-/// connection's own startup value, so the client's SETs are applied again (`RESET ALL` and
-/// them) before its next statement on it, and its next client starts with `RESET ALL` too.
-pub(crate) fn resync_startup(b: &mut Bound) {
-    b.synced = false;
-    b.untracked = true;
-    b.guard.applied = None;
 }

@@ -3,6 +3,7 @@
 //! statements that completed are applied to the session's state at Sync, if nothing failed
 //! before it (a failure rolls back the implicit transaction, SETs included).
 
+use super::held::Outcome;
 use super::Session;
 use refract_pg::classify::{Classification, Statement};
 use refract_pg::session::Origin;
@@ -56,8 +57,7 @@ impl Session {
     /// At a Sync's ReadyForQuery (before the transaction tracker sees it): applies the SETs
     /// Execute ran since the last Sync, in order with the transaction control around them.
     pub(crate) fn synced(&mut self) {
-        let done = std::mem::take(&mut self.held.ext_done);
-        let failed = std::mem::take(&mut self.held.ext_failed);
+        let (done, outcome) = self.held.take_ext();
         if !done
             .iter()
             .any(|s| matches!(s, Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { .. }))
@@ -65,11 +65,11 @@ impl Session {
             return;
         }
         if let Some(b) = self.bound.as_mut() {
-            b.touched = true;
-            if failed {
+            b.touch();
+            if outcome == Outcome::Failed {
                 // Rolled back with the implicit transaction, unless a COMMIT came before the
                 // error: whoever comes next starts with RESET ALL.
-                b.untracked = true;
+                b.untrack();
                 return;
             }
         }
@@ -87,7 +87,7 @@ impl Session {
                 }
                 _ => {
                     if let (true, Some(b)) = (self.state.params.resets_startup(st), self.bound.as_mut()) {
-                        super::resync_startup(b);
+                        b.resync_startup();
                     }
                     self.state.params.apply(st, in_tx)
                 }

@@ -117,14 +117,23 @@ fn ended(c: &Count<'_>, conn: &mut crate::server::pool::Guard, back: Back) -> Pg
     }
 }
 
+/// What the rest of an answer, up to its ReadyForQuery, is to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rest {
+    /// Relayed as the server sends it: the agent may write it itself.
+    Verbatim,
+    /// refract swallows, stands in for or rewrites part of it.
+    Edited,
+}
+
 impl Session {
-    /// The agent holds a large result (`WANT`). `verbatim`: everything from here to the
+    /// The agent holds a large result (`WANT`). `rest`: whether everything from here to the
     /// ReadyForQuery would be relayed as the server sends it. Either the agent writes the rest
     /// (its digest is then replayed, muted), or the session relays it.
-    pub(crate) async fn at_want(&mut self, verbatim: bool) -> Result<(), PgError> {
+    pub(crate) async fn at_want(&mut self, rest: Rest) -> Result<(), PgError> {
         self.flush().await?;
         let name = self.bound_name();
-        match self.attempt(verbatim).await? {
+        match self.attempt(rest).await? {
             Attempt::Back { sent } => {
                 // The client received them: the answer counts as large (no limit sample).
                 self.wire.count_sent_elsewhere(sent);
@@ -158,8 +167,8 @@ impl Session {
 
     /// Offers the client's socket to the agent and waits until it comes back. `Err`: the agent
     /// may have written part of the result: the client connection and the server connection end.
-    async fn attempt(&mut self, verbatim: bool) -> Result<Attempt, PgError> {
-        if !verbatim {
+    async fn attempt(&mut self, rest: Rest) -> Result<Attempt, PgError> {
+        if rest == Rest::Edited {
             return Ok(declined(Why::Unsupported, "refract answers part of the rest itself"));
         }
         if self.wire.plain_fd().is_none() {

@@ -1,11 +1,13 @@
 //! The session state refract keeps for a client ([`Held`]): why it is pinned to its server
 //! connection ([`Pins`], set by `pin`), the channels it listens on and where its notifications
 //! go before a ReadyForQuery (`notify`, `listen`), the
-//! SETs run by Execute since the last Sync (`extended`). Data only: a field of the session,
-//! below the modules that act on it.
+//! SETs run by Execute since the last Sync (`extended`). A field of the session, below the
+//! modules that act on it; what touches only it is here ([`Held::note_statement`], the taking
+//! of what a check, a transaction's end or a Sync consumes), and its facts are small enums
+//! ([`Check`], [`BatchStart`], [`CatchUp`], [`Outcome`]), not bools.
 
 use super::notify::Listening;
-use refract_pg::classify::Statement;
+use refract_pg::classify::{Classification, Statement};
 
 /// Why a client is pinned, as bits (shown in `/pg/clients`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,34 +49,136 @@ impl Pins {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     pub pins: Pins,
-    /// A statement since the last check may have created or released state.
-    pub dirty: bool,
-    /// A `set_config(..., false)` ran since the last `RESET ALL` / `DISCARD ALL`: the server
-    /// does not show custom settings in `pg_settings`, so this pins until one of those.
-    pub set_config: bool,
+    /// Whether a statement since the last check may have created or released state.
+    check: Check,
+    /// Whether a `set_config(..., false)` ran since the last `RESET ALL` / `DISCARD ALL`: the
+    /// server does not show custom settings in `pg_settings`, so this pins until one of those.
+    set_config: SetConfig,
     /// Statements that Execute ran since the last Sync (session-relevant ones only).
     pub ext_done: Vec<Statement>,
-    /// An error came since the last Sync.
-    pub ext_failed: bool,
+    /// Whether an error came since the last Sync.
+    pub ext_outcome: Outcome,
     /// The channels this client listens on (transaction mode).
     pub listening: Option<Listening>,
     /// SQL-prepared statements of the client's that could not be prepared again on the bound
     /// connection for the statement now running, with the server's error (`names`).
     pub failed_prepares: Vec<(String, bytes::Bytes)>,
-    /// The batch running was held past the pipeline's quiet time (`Session::pipeline_flush`).
-    pub quiet_flush: bool,
-    /// DDL ran in the open transaction (the schema epoch advances again when it ends).
-    pub schema_changed: bool,
+    /// What started the batch running: the client, or the pipeline's quiet time
+    /// (`Session::pipeline_flush`).
+    pub batch_start: BatchStart,
+    /// Whether DDL ran in the open transaction (the schema epoch advances again when it ends).
+    schema: Schema,
     /// A listening client's ReadyForQuery that ends a transaction is in the session's output at
     /// this offset: its notifications go in before it (`listen`), after a round trip on the
-    /// listener when `true` (the transaction ran on the primary, so it may have notified).
-    pub ready_at: Option<(usize, bool)>,
+    /// listener when [`CatchUp::Needed`] (the transaction ran on the primary, so it may have
+    /// notified).
+    pub ready_at: Option<(usize, CatchUp)>,
+}
+
+/// Whether the connection's session state is to be checked when the transaction ends.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    #[default]
+    Clean,
+    /// A statement may have created or released state.
+    Due,
+}
+
+/// Whether a `set_config(..., false)` ran since the last `RESET ALL` / `DISCARD ALL`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum SetConfig {
+    #[default]
+    None,
+    Ran,
+}
+
+/// Whether DDL ran in the open transaction.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Schema {
+    #[default]
+    Same,
+    Changed,
+}
+
+/// What started a batch running.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchStart {
+    /// The client's Sync or Flush.
+    #[default]
+    Client,
+    /// The client sent nothing more for the pipeline's quiet time: refract's own Flush.
+    QuietTime,
+}
+
+/// Whether the listener must catch up with the primary before a client's notifications go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CatchUp {
+    /// The transaction ran on a replica: it notified nobody.
+    NotNeeded,
+    /// The transaction ran on the primary: it may have notified.
+    Needed,
+}
+
+/// How a unit of work (a statement, a batch, a Sync's run) ended for the client.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    #[default]
+    Ok,
+    /// An error came.
+    Failed,
 }
 
 impl Held {
     /// Whether the client is pinned to its server connection.
     pub fn pinned(&self) -> bool {
         !self.pins.is_empty()
+    }
+
+    /// Notes a statement about to run: one that may create state, or (when pinned) any that is
+    /// not a plain read, makes refract check the connection when the transaction ends.
+    pub(crate) fn note_statement(&mut self, c: &Classification) {
+        let not_read = c.statements.is_empty() || c.statements.iter().any(|s| *s != Statement::Read);
+        if c.stateful || (self.pinned() && not_read) {
+            self.check = Check::Due;
+        }
+        let resets = c
+            .statements
+            .iter()
+            .any(|s| matches!(s, Statement::Reset { name: None } | Statement::Discard { all: true }));
+        if c.set_config {
+            self.set_config = SetConfig::Ran;
+        } else if resets {
+            self.set_config = SetConfig::None;
+        }
+    }
+
+    /// Whether the connection is to be checked, now that it is (or is not).
+    pub(crate) fn take_check(&mut self) -> Check {
+        std::mem::take(&mut self.check)
+    }
+
+    /// The pins a `set_config(..., false)` since the last reset gives.
+    pub(crate) fn set_config_pins(&self) -> u8 {
+        match self.set_config {
+            SetConfig::Ran => Pins::SETTINGS,
+            SetConfig::None => 0,
+        }
+    }
+
+    /// DDL ran (or tried to).
+    pub(crate) fn note_schema_change(&mut self) {
+        self.schema = Schema::Changed;
+    }
+
+    /// Whether DDL ran in the transaction that just ended, now that it is noted.
+    pub(crate) fn take_schema_change(&mut self) -> bool {
+        std::mem::take(&mut self.schema) == Schema::Changed
+    }
+
+    /// At a Sync's ReadyForQuery: what Execute ran since the last Sync, and whether an error
+    /// came; both start again.
+    pub(crate) fn take_ext(&mut self) -> (Vec<Statement>, Outcome) {
+        (std::mem::take(&mut self.ext_done), std::mem::take(&mut self.ext_outcome))
     }
 }
 

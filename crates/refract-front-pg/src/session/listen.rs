@@ -4,7 +4,9 @@
 //! transaction: its own ones (the listener caught up first) and any others already in.
 
 use super::bind::streamed_from_client;
+use super::held::CatchUp;
 use super::notify::Listening;
+use super::phase::BatchEnd;
 use super::Session;
 use crate::client::wire::Incoming;
 use crate::config::{PgRole, PoolMode};
@@ -54,7 +56,8 @@ impl Session {
         }
         // A transaction on a replica notified nobody: what is queued is all there is.
         let on_primary = self.bound.as_ref().is_some_and(|b| b.server.role == PgRole::Primary);
-        self.held.ready_at = Some((self.out.len(), on_primary));
+        let catch_up = if on_primary { CatchUp::Needed } else { CatchUp::NotNeeded };
+        self.held.ready_at = Some((self.out.len(), catch_up));
     }
 
     /// Puts the client's notifications before the ReadyForQuery noted by
@@ -64,7 +67,7 @@ impl Session {
     pub(crate) async fn notifications_before_ready(&mut self) {
         let Some((at, catch_up)) = self.held.ready_at.take() else { return };
         let Some(l) = self.held.listening.as_mut() else { return };
-        if catch_up {
+        if catch_up == CatchUp::Needed {
             l.catch_up().await;
         }
         let mut queued = BytesMut::new();
@@ -140,7 +143,7 @@ impl Session {
             return Ok(Some(msgs));
         }
         let Some(portals) = self.listen_portals(&msgs) else { return Ok(Some(msgs)) };
-        let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
+        let end = BatchEnd::of(&msgs);
         for msg in msgs {
             let answer = match msg {
                 FrontendMessage::Parse { name, query, param_types } => {
@@ -164,7 +167,7 @@ impl Session {
                     match self.listen_statement(&st).await {
                         Ok(tag) => BackendMessage::CommandComplete(tag.into()).to_bytes(),
                         Err(e) => {
-                            self.refuse(e, synced).await?;
+                            self.refuse(e, end).await?;
                             return Ok(None);
                         }
                     }

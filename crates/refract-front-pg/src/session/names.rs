@@ -10,7 +10,8 @@
 //! ([`PreparedStatement::global_name`], with the `search_path` in force) and are prepared
 //! again wherever needed (`batch`); SQL-level ones keep the client's name on the server.
 
-use super::batch::{Expect, Kind, Made, Plan};
+use super::batch::{Expect, Kind, Made, Plan, Whose};
+use super::held::Outcome;
 use super::Session;
 use crate::config::PoolMode;
 use crate::error::PgError;
@@ -66,14 +67,14 @@ impl Session {
             previous.into_iter().for_each(|p| self.state.prepared.restore(p));
             return Ok(());
         }
-        self.send_unnamed_parse(plan, ps, true, previous)
+        self.send_unnamed_parse(plan, ps, Whose::Client, previous)
     }
 
     fn send_unnamed_parse(
         &mut self,
         plan: &mut Plan,
         ps: Arc<PreparedStatement>,
-        own: bool,
+        whose: Whose,
         previous: Option<Arc<PreparedStatement>>,
     ) -> Result<(), PgError> {
         // The server drops its unnamed statement as the Parse starts, even if the Parse fails.
@@ -81,20 +82,21 @@ impl Session {
         plan.out.extend_from_slice(&ps.prepare_message(""));
         plan.unnamed = Some(ps.clone());
         if !plan.skip {
+            let own = whose == Whose::Client;
             let made = if own { Made::Parse { global: None, ps, previous } } else { Made::Unnamed(ps) };
             plan.expect.push_back(Expect::Server { kind: Kind::Parse, relay: own, prepares: Some(made), runs: None });
         }
         Ok(())
     }
 
-    /// A Close of the unnamed statement: the client's (`own`, answered) or refract's (silent).
-    pub(crate) fn close_unnamed(&mut self, plan: &mut Plan, own: bool) -> Result<(), PgError> {
-        if own {
+    /// A Close of the unnamed statement: the client's (answered) or refract's (silent).
+    pub(crate) fn close_unnamed(&mut self, plan: &mut Plan, whose: Whose) -> Result<(), PgError> {
+        if whose == Whose::Client {
             self.state.prepared.close("");
         }
         self.conn()?.unnamed = None;
         plan.unnamed = None;
-        plan.send(&FrontendMessage::Close(Target::Statement, String::new()), own, None);
+        plan.send(&FrontendMessage::Close(Target::Statement, String::new()), whose, None);
         Ok(())
     }
 
@@ -103,8 +105,8 @@ impl Session {
     pub(crate) fn use_unnamed(&mut self, plan: &mut Plan) -> Result<(), PgError> {
         match self.state.prepared.get("").cloned() {
             Some(ps) if plan.unnamed.as_ref().is_some_and(|u| Arc::ptr_eq(u, &ps)) => Ok(()),
-            Some(ps) => self.send_unnamed_parse(plan, ps, false, None),
-            None => self.close_unnamed(plan, false),
+            Some(ps) => self.send_unnamed_parse(plan, ps, Whose::Refract, None),
+            None => self.close_unnamed(plan, Whose::Refract),
         }
     }
 
@@ -115,7 +117,7 @@ impl Session {
         conn.prepared.remove(name);
         conn.sql_prepared.remove(name);
         plan.preparing.remove(name);
-        plan.send(&FrontendMessage::Close(Target::Statement, name.to_owned()), false, None);
+        plan.send(&FrontendMessage::Close(Target::Statement, name.to_owned()), Whose::Refract, None);
         Ok(())
     }
 
@@ -175,7 +177,7 @@ impl Session {
         let text = format!("prepared statement \"{name}\" already exists");
         let error = (!failed_tx).then(|| reply::error(DUPLICATE_PSTATEMENT, &text));
         let msg = FrontendMessage::Parse { name: "refract_duplicate".into(), query: query.into(), param_types: vec![] };
-        plan.send(&msg, true, Some(Made::Refused(error)));
+        plan.send(&msg, Whose::Client, Some(Made::Refused(error)));
     }
 
     /// Before a batch: SQL-prepared statements it binds or describes are put on the bound
@@ -408,7 +410,8 @@ impl Session {
     /// failure, names it touched are no longer known (they are closed and prepared again
     /// before the next statement); a failed `DEALLOCATE ALL` / `DISCARD ALL` may or may not
     /// have run, so the connection is not reused.
-    pub(crate) fn sql_names_done(&mut self, c: &Classification, failed: bool) -> Result<(), PgError> {
+    pub(crate) fn sql_names_done(&mut self, c: &Classification, outcome: Outcome) -> Result<(), PgError> {
+        let failed = outcome == Outcome::Failed;
         let ids: Vec<Option<String>> = c
             .statements
             .iter()

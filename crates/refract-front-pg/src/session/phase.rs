@@ -54,9 +54,9 @@ pub(crate) enum Flow {
 /// What happens to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Event<'a> {
-    /// The client's batch goes to the server; `synced`: it ends with Sync (else Flush, or a
+    /// The client's batch goes to the server; `end`: how it ends (Flush covers a
     /// large Bind that follows it); `executes`: it holds an Execute.
-    Batch { synced: bool, executes: bool },
+    Batch { end: BatchEnd, executes: bool },
     /// The server answered CommandComplete with this tag.
     Completed(&'a str),
     /// The server answered a simple Query with ReadyForQuery. The extended-protocol state is
@@ -69,8 +69,8 @@ pub(crate) enum Event<'a> {
     BatchError { sync_pending: bool },
     /// The server sent ErrorResponse during a simple Query.
     QueryError,
-    /// refract refused the client's unit of work; `synced`: the client had sent Sync.
-    Refused { synced: bool },
+    /// refract refused the client's unit of work, which the client ended with `end`.
+    Refused { end: BatchEnd },
     /// The client sent Sync while its messages were being dropped.
     ClientSync,
     /// The server started a COPY.
@@ -83,6 +83,32 @@ pub(crate) enum Event<'a> {
     /// The server connection failed: whatever ran on it is gone (the client gets an error and
     /// ReadyForQuery `I`).
     ServerLost,
+}
+
+/// How the client ended a batch of extended-protocol messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchEnd {
+    /// With Sync: a ReadyForQuery is owed.
+    Sync,
+    /// With Flush (or not yet: a pipeline refract runs on its own).
+    Flush,
+}
+
+impl BatchEnd {
+    /// How `msgs` end.
+    pub(crate) fn of(msgs: &[refract_pg::FrontendMessage]) -> BatchEnd {
+        match msgs.last() {
+            Some(refract_pg::FrontendMessage::Sync) => BatchEnd::Sync,
+            _ => BatchEnd::Flush,
+        }
+    }
+}
+
+/// Whether the session is inside a transaction block (open or failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InTx {
+    No,
+    Yes,
 }
 
 /// Where a client session stands in the protocol (see the module header).
@@ -100,13 +126,13 @@ impl Phase {
     pub(crate) fn on(mut self, event: Event) -> Phase {
         self.ended = None;
         match event {
-            Event::Batch { synced: true, .. } => {
+            Event::Batch { end: BatchEnd::Sync, .. } => {
                 // A server skipping to Sync still does so until this batch's Sync.
                 if !matches!(self.sync, SyncState::Skipping { .. }) {
                     self.sync = SyncState::Synced;
                 }
             }
-            Event::Batch { synced: false, executes } => {
+            Event::Batch { end: BatchEnd::Flush, executes } => {
                 self.sync = match self.sync {
                     SyncState::Synced => SyncState::Unsynced { executed: executes },
                     SyncState::Unsynced { executed } => SyncState::Unsynced { executed: executed || executes },
@@ -131,8 +157,8 @@ impl Phase {
                 };
             }
             Event::QueryError | Event::CopyEnd => self.end_copy(),
-            Event::Refused { synced: false } => self.flow = Flow::Discarding,
-            Event::Refused { synced: true } => {}
+            Event::Refused { end: BatchEnd::Flush } => self.flow = Flow::Discarding,
+            Event::Refused { end: BatchEnd::Sync } => {}
             Event::ClientSync if self.flow == Flow::Discarding => self.flow = Flow::Serving,
             Event::ClientSync => {}
             Event::CopyStart(dir) => self.flow = Flow::Copy(dir),
@@ -163,6 +189,15 @@ impl Phase {
     /// Whether a transaction block is open (failed or not).
     pub(crate) fn in_transaction(&self) -> bool {
         self.tx.in_transaction()
+    }
+
+    /// [`Phase::in_transaction`] as the fact it is.
+    pub(crate) fn in_tx(&self) -> InTx {
+        if self.in_transaction() {
+            InTx::Yes
+        } else {
+            InTx::No
+        }
     }
 
     /// What the ReadyForQuery of the last transition meant for the transaction.
@@ -241,32 +276,33 @@ mod tests {
 
     #[test]
     fn a_flush_ended_batch_leaves_the_server_unsynced_until_sync() {
-        let p = Phase::default().on(Event::Batch { synced: false, executes: false });
+        let p = Phase::default().on(Event::Batch { end: BatchEnd::Flush, executes: false });
         assert_eq!(p.sync(), SyncState::Unsynced { executed: false });
-        let p = p.on(Event::Batch { synced: false, executes: true });
+        let p = p.on(Event::Batch { end: BatchEnd::Flush, executes: true });
         assert_eq!(p.sync(), SyncState::Unsynced { executed: true });
-        let p = p.on(Event::Batch { synced: false, executes: false });
+        let p = p.on(Event::Batch { end: BatchEnd::Flush, executes: false });
         assert_eq!(p.sync(), SyncState::Unsynced { executed: true }, "the work stays in the transaction");
-        assert_eq!(p.on(Event::Batch { synced: true, executes: false }).sync(), SyncState::Synced);
+        assert_eq!(p.on(Event::Batch { end: BatchEnd::Sync, executes: false }).sync(), SyncState::Synced);
         let p = p.on(Event::Synced(TxStatus::Idle));
         assert_eq!((p.sync(), p.unsynced()), (SyncState::Synced, false));
     }
 
     #[test]
     fn a_simple_query_leaves_the_extended_state_alone() {
-        let p = Phase::default().on(Event::Batch { synced: false, executes: true }).on(Event::Ready(TxStatus::Idle));
+        let p =
+            Phase::default().on(Event::Batch { end: BatchEnd::Flush, executes: true }).on(Event::Ready(TxStatus::Idle));
         assert_eq!(p.sync(), SyncState::Unsynced { executed: true });
     }
 
     #[test]
     fn an_error_in_an_unsynced_batch_skips_to_sync() {
-        let p = Phase::default().on(Event::Batch { synced: false, executes: true });
+        let p = Phase::default().on(Event::Batch { end: BatchEnd::Flush, executes: true });
         let p = p.on(Event::BatchError { sync_pending: false });
         assert_eq!((p.sync(), p.skipping(), p.unsynced()), (SyncState::Skipping { executed: true }, true, true));
         // Further Flush-ended batches are skipped too; a synced one is skipped up to its Sync.
-        let p = p.on(Event::Batch { synced: false, executes: false });
+        let p = p.on(Event::Batch { end: BatchEnd::Flush, executes: false });
         assert_eq!(p.sync(), SyncState::Skipping { executed: true });
-        let p = p.on(Event::Batch { synced: true, executes: false });
+        let p = p.on(Event::Batch { end: BatchEnd::Sync, executes: false });
         assert!(p.skipping(), "until the server reaches the Sync");
         let p = p.on(Event::Synced(TxStatus::Idle));
         assert_eq!(p.sync(), SyncState::Synced);
@@ -274,9 +310,10 @@ mod tests {
 
     #[test]
     fn an_error_before_a_pending_sync_does_not_skip_later_batches() {
-        let p = Phase::default().on(Event::Batch { synced: true, executes: true });
+        let p = Phase::default().on(Event::Batch { end: BatchEnd::Sync, executes: true });
         assert_eq!(p.on(Event::BatchError { sync_pending: true }).sync(), SyncState::Synced);
-        let p = run(&[Event::Batch { synced: false, executes: false }, Event::BatchError { sync_pending: false }]);
+        let p =
+            run(&[Event::Batch { end: BatchEnd::Flush, executes: false }, Event::BatchError { sync_pending: false }]);
         assert_eq!(p.on(Event::BatchError { sync_pending: true }).sync(), SyncState::Synced);
         let p = Phase::default().on(Event::BatchError { sync_pending: false });
         assert_eq!(p.sync(), SyncState::Skipping { executed: false });
@@ -284,28 +321,28 @@ mod tests {
 
     #[test]
     fn an_error_in_a_transaction_batch_fails_the_transaction_at_sync() {
-        let p = run(&BEGIN).on(Event::Batch { synced: true, executes: true });
+        let p = run(&BEGIN).on(Event::Batch { end: BatchEnd::Sync, executes: true });
         let p = p.on(Event::BatchError { sync_pending: true }).on(Event::Synced(TxStatus::Failed));
         assert_eq!((p.tx(), p.sync()), (TxStatus::Failed, SyncState::Synced));
     }
 
     #[test]
     fn a_refusal_discards_to_the_clients_sync() {
-        let p = Phase::default().on(Event::Batch { synced: false, executes: true });
-        let p = p.on(Event::Refused { synced: false });
+        let p = Phase::default().on(Event::Batch { end: BatchEnd::Flush, executes: true });
+        let p = p.on(Event::Refused { end: BatchEnd::Flush });
         assert!(p.discarding());
         assert_eq!(p.sync(), SyncState::Unsynced { executed: true }, "the server's state is its own");
         let p = p.on(Event::ClientSync);
         assert!(!p.discarding());
         assert_eq!(p.sync(), SyncState::Unsynced { executed: true });
-        let synced = Phase::default().on(Event::Refused { synced: true });
+        let synced = Phase::default().on(Event::Refused { end: BatchEnd::Sync });
         assert_eq!(synced, Phase::default(), "a refused synced unit owes its ReadyForQuery only");
         assert_eq!(Phase::default().on(Event::ClientSync), Phase::default());
     }
 
     #[test]
     fn a_refusal_in_a_transaction_keeps_it() {
-        let p = run(&BEGIN).on(Event::Refused { synced: false }).on(Event::ClientSync);
+        let p = run(&BEGIN).on(Event::Refused { end: BatchEnd::Flush }).on(Event::ClientSync);
         assert_eq!(p.tx(), TxStatus::InTransaction);
     }
 
@@ -331,7 +368,7 @@ mod tests {
         for dir in [CopyDir::In, CopyDir::Out, CopyDir::Both] {
             let p = Phase::default().on(Event::CopyStart(dir));
             assert_eq!(p.on(Event::QueryError).copy(), None, "{dir:?}");
-            let p = p.on(Event::Batch { synced: false, executes: true });
+            let p = p.on(Event::Batch { end: BatchEnd::Flush, executes: true });
             assert_eq!(p.on(Event::BatchError { sync_pending: false }).copy(), None, "{dir:?}");
             assert_eq!(p.on(Event::Synced(TxStatus::Idle)).copy(), None, "{dir:?}: ReadyForQuery");
         }
@@ -339,13 +376,15 @@ mod tests {
 
     #[test]
     fn copy_in_a_batch_keeps_the_batch_state() {
-        let p = Phase::default().on(Event::Batch { synced: false, executes: true }).on(Event::CopyStart(CopyDir::In));
+        let p = Phase::default()
+            .on(Event::Batch { end: BatchEnd::Flush, executes: true })
+            .on(Event::CopyStart(CopyDir::In));
         assert_eq!(p.on(Event::CopyEnd).sync(), SyncState::Unsynced { executed: true });
     }
 
     #[test]
     fn refract_syncing_the_server_clears_a_flush_or_a_skip() {
-        let p = Phase::default().on(Event::Batch { synced: false, executes: false });
+        let p = Phase::default().on(Event::Batch { end: BatchEnd::Flush, executes: false });
         assert_eq!(p.on(Event::RefractSynced).sync(), SyncState::Synced);
         let p = p.on(Event::BatchError { sync_pending: false });
         assert_eq!(p.on(Event::RefractSynced).sync(), SyncState::Synced);
@@ -353,7 +392,7 @@ mod tests {
 
     #[test]
     fn a_lost_server_leaves_an_idle_synced_session() {
-        let p = run(&BEGIN).on(Event::Batch { synced: false, executes: true });
+        let p = run(&BEGIN).on(Event::Batch { end: BatchEnd::Flush, executes: true });
         let p = p.on(Event::BatchError { sync_pending: false }).on(Event::CopyStart(CopyDir::In));
         assert_eq!(p.on(Event::ServerLost), Phase::default());
     }

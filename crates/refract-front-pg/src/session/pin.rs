@@ -3,9 +3,9 @@
 //! settings refract does not track): after a statement that may create or release such state,
 //! refract asks the server what is left, and keeps the connection bound until nothing is.
 
-use super::held::Pins;
+use super::held::{Check, Pins};
 use super::Session;
-use refract_pg::classify::{Classification, Statement};
+use refract_pg::classify::Classification;
 
 /// What session state a server connection carries: temporary relations, types, functions or
 /// any other object in the temporary schema (statistics, collations, operators: whatever
@@ -33,19 +33,13 @@ impl Session {
     /// Notes a statement about to run: one that may create state, or (when pinned) any that is
     /// not a plain read, makes refract check the connection when the transaction ends.
     pub(crate) fn note_state(&mut self, c: &Classification) {
-        let not_read = c.statements.is_empty() || c.statements.iter().any(|s| *s != Statement::Read);
-        self.held.dirty |= c.stateful || (self.held.pinned() && not_read);
-        let resets = c
-            .statements
-            .iter()
-            .any(|s| matches!(s, Statement::Reset { name: None } | Statement::Discard { all: true }));
-        self.held.set_config = c.set_config || (self.held.set_config && !resets);
+        self.held.note_statement(c);
     }
 
     /// Between transactions in transaction mode: whether the bound connection must stay bound
     /// because of session state on it (asking the server when a statement may have changed it).
     pub(crate) async fn keep_pinned(&mut self) -> bool {
-        if !std::mem::take(&mut self.held.dirty) {
+        if self.held.take_check() == Check::Clean {
             return self.held.pinned();
         }
         let Some(b) = self.bound.as_mut() else { return false };
@@ -66,7 +60,7 @@ impl Session {
     /// connection.
     fn read_probe(&self, row: Option<&Vec<Option<String>>>, known: usize) -> Pins {
         let Some(row) = row.filter(|r| r.len() == 8) else { return Pins(Pins::UNKNOWN) };
-        let mut bits = if self.held.set_config { Pins::SETTINGS } else { 0 };
+        let mut bits = self.held.set_config_pins();
         for (i, bit) in [Pins::TEMP, Pins::ADVISORY, Pins::CURSORS, Pins::LISTEN].into_iter().enumerate() {
             if row[i].as_deref() == Some("t") {
                 bits |= bit;

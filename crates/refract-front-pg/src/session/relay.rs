@@ -2,10 +2,12 @@
 //! the session state it changes, COPY in both directions, flushing, and the sample of the
 //! statement's time booked for its server's limit.
 
+use super::handover::Rest;
+use super::held::Outcome;
 use super::phase::{CopyDir, Event};
-use super::{Session, FLUSH_AT};
+use super::{Session, Wrote, FLUSH_AT};
 use crate::client::wire::Frame;
-use crate::config::{PgRole, PoolMode};
+use crate::config::PoolMode;
 use crate::error::PgError;
 use crate::server::servers::metrics_name;
 use crate::server::sizes::Path;
@@ -26,29 +28,48 @@ pub(crate) struct Sent {
     key: u64,
 }
 
+/// What a ParameterStatus from the server means while a statement runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ParamStatus {
+    /// The statement's own tracked SETs explain it.
+    Tracked,
+    /// An untracked parameter change.
+    Untracked,
+}
+
+/// What a ReadyForQuery answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadyFor {
+    /// A simple Query.
+    Query,
+    /// A Sync.
+    Sync,
+}
+
 impl Session {
     /// Relays the server's answers until ReadyForQuery; returns whether an error came.
-    /// `untracked_status`: a ParameterStatus means an untracked parameter change.
-    pub(super) async fn relay_until_ready(&mut self, untracked_status: bool) -> Result<bool, PgError> {
-        let mut failed = false;
+    /// `status`: what a ParameterStatus means.
+    pub(super) async fn relay_until_ready(&mut self, status: ParamStatus) -> Result<Outcome, PgError> {
+        let mut outcome = Outcome::Ok;
         loop {
             let (tag, frame) = self.server_frame().await?;
             self.note_copy(tag);
             match tag {
                 hybrid::WANT => {
-                    self.at_want(self.held.failed_prepares.is_empty()).await?;
+                    let rest = if self.held.failed_prepares.is_empty() { Rest::Verbatim } else { Rest::Edited };
+                    self.at_want(rest).await?;
                     continue;
                 }
                 b'E' => {
-                    failed = true;
+                    outcome = Outcome::Failed;
                     self.advance(Event::QueryError);
                     if let Some(error) = self.prepare_error_for(&frame) {
                         self.out.extend_from_slice(&error);
                         continue;
                     }
                 }
-                b'S' if untracked_status => self.note_untracked(),
-                b'C' | b'Z' => self.observe(tag, &frame, false)?,
+                b'S' if status == ParamStatus::Untracked => self.note_untracked(),
+                b'C' | b'Z' => self.observe(tag, &frame, ReadyFor::Query)?,
                 b'G' => {
                     self.out.extend_from_slice(&frame);
                     self.flush().await?;
@@ -60,7 +81,7 @@ impl Session {
             self.out.extend_from_slice(&frame);
             if tag == b'Z' {
                 self.flush().await?;
-                return Ok(failed);
+                return Ok(outcome);
             }
             if self.out.len() >= FLUSH_AT {
                 self.flush().await?;
@@ -68,20 +89,19 @@ impl Session {
         }
     }
 
-    /// Feeds CommandComplete / ReadyForQuery to the phase; `sync`: a ReadyForQuery answers
-    /// a Sync (else a simple Query). Called before the message is added to `out`.
-    pub(crate) fn observe(&mut self, tag: u8, frame: &[u8], sync: bool) -> Result<(), PgError> {
+    /// Feeds CommandComplete / ReadyForQuery to the phase; `ready`: what a ReadyForQuery
+    /// answers. Called before the message is added to `out`.
+    pub(crate) fn observe(&mut self, tag: u8, frame: &[u8], ready: ReadyFor) -> Result<(), PgError> {
         match BackendMessage::decode(tag, &frame[5..])? {
             BackendMessage::CommandComplete(tag) => self.advance(Event::Completed(&tag)),
-            BackendMessage::ReadyForQuery(status) if sync => self.advance(Event::Synced(status)),
+            BackendMessage::ReadyForQuery(status) if ready == ReadyFor::Sync => self.advance(Event::Synced(status)),
             BackendMessage::ReadyForQuery(status) => self.advance(Event::Ready(status)),
             _ => {}
         }
         if tag == b'Z' {
             self.client.info.set_state(self.ready_state());
-            if self.held.schema_changed && self.phase.tx() == TxStatus::Idle {
+            if self.phase.tx() == TxStatus::Idle && self.held.take_schema_change() {
                 // Its transaction ended: Parses from now on see what it committed (or not).
-                self.held.schema_changed = false;
                 self.shared.new_schema_epoch();
             }
             self.note_ready();
@@ -94,7 +114,7 @@ impl Session {
     pub(crate) fn note_schema(&mut self, c: &Classification) {
         if c.changes_schema {
             self.shared.new_schema_epoch();
-            self.held.schema_changed = true;
+            self.held.note_schema_change();
         }
     }
 
@@ -200,7 +220,8 @@ impl Session {
     /// server's adaptive limit (`Server::learn`), unless it `failed` (an error or a cancel
     /// ends a statement at any time: its time says nothing about the server's queue) or its
     /// answer was too large to have left without the client reading it.
-    pub(crate) fn book(&self, sent: Sent, failed: bool) {
+    pub(crate) fn book(&self, sent: Sent, outcome: Outcome) {
+        let failed = outcome == Outcome::Failed;
         if let Some(b) = &self.bound {
             let took = sent.at.elapsed();
             b.server.book(took, true);
@@ -218,9 +239,9 @@ impl Session {
 
     /// After ReadyForQuery: note a write, and in transaction mode release the connection when
     /// no transaction is open.
-    pub(crate) async fn after_ready(&mut self, wrote: bool) -> Result<(), PgError> {
+    pub(crate) async fn after_ready(&mut self, wrote: Wrote) -> Result<(), PgError> {
         if let Some(b) = self.bound.as_mut() {
-            b.wrote |= wrote && b.server.role == PgRole::Primary;
+            b.note_write(wrote);
         }
         if self.phase.tx() == TxStatus::Idle {
             self.unit_done();

@@ -3,7 +3,7 @@
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
 use super::phase::{Event, SyncState};
-use super::Session;
+use super::{Session, Wrote};
 use crate::config::PgRole;
 use crate::error::PgError;
 use bytes::BytesMut;
@@ -18,14 +18,10 @@ impl Session {
         let Some(mut b) = self.bound.take() else { return };
         self.client.info.set_bound(None);
         self.key.set(None);
-        if b.wrote && self.shared.cfg.read_your_writes {
+        if b.wrote == Wrote::Yes && self.shared.cfg.read_your_writes {
             self.floors[self.shard].pending_write = Some(self.servers().write_committed());
         }
-        if b.untracked {
-            b.guard.applied = None;
-        } else if b.touched {
-            b.guard.applied = Some(self.state.params.params().map(|(n, t)| (n.to_owned(), t.to_owned())).collect());
-        }
+        b.note_applied(&self.state.params);
         b.guard.release();
     }
 

@@ -1,7 +1,10 @@
 //! Simple queries (and the FunctionCall fast path): classified, maybe answered without a
 //! server, bound, relayed to ReadyForQuery, and what they did to the session recorded.
 
-use super::{resync_startup, Session};
+use super::held::Outcome;
+use super::phase::{BatchEnd, InTx};
+use super::relay::ParamStatus;
+use super::{Session, Wrote};
 use crate::error::PgError;
 use bytes::BytesMut;
 use refract_pg::classify::{fingerprint, Classification, Route, Statement};
@@ -22,7 +25,7 @@ impl Session {
         let route = self.route(&c);
         let key = fingerprint(sql);
         if let Err(e) = self.bind(route, Some(key), &c.tables).await {
-            return self.refuse(e, true).await;
+            return self.refuse(e, BatchEnd::Sync).await;
         }
         let result = self.run_simple(&c, frame, route, key).await;
         self.settle(result).await
@@ -48,7 +51,7 @@ impl Session {
         self.note_state(&c);
         let key = fingerprint("refract: FunctionCall");
         if let Err(e) = self.bind(Route::Write, Some(key), &[]).await {
-            return self.refuse(e, true).await;
+            return self.refuse(e, BatchEnd::Sync).await;
         }
         let result = self.run_simple(&c, frame, Route::Write, key).await;
         self.settle(result).await
@@ -62,7 +65,7 @@ impl Session {
         route: Route,
         key: u64,
     ) -> Result<(), PgError> {
-        let in_tx_before = self.phase.in_transaction();
+        let in_tx_before = self.phase.in_tx();
         let started = self.sent(key);
         let mut head = BytesMut::new();
         let mut prefixed = self.params_prefix(&mut head)?;
@@ -93,27 +96,28 @@ impl Session {
             .statements
             .iter()
             .any(|s| matches!(s, Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { .. }));
-        let failed = self.relay_until_ready(!sets).await?;
+        let status = if sets { ParamStatus::Tracked } else { ParamStatus::Untracked };
+        let outcome = self.relay_until_ready(status).await?;
         self.note_schema(c);
-        if failed && sets {
+        if outcome == Outcome::Failed && sets {
             // Part of a multi-statement query may have committed its SETs: not tracked.
             self.note_untracked();
         }
-        if !failed {
+        if outcome == Outcome::Ok {
             self.statements_done(c, in_tx_before);
             self.note_effects(c)?;
         }
-        self.sql_names_done(c, failed)?;
-        let wrote = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
-        self.book(started, failed);
-        self.after_ready(route == Route::Write && wrote).await
+        self.sql_names_done(c, outcome)?;
+        let writes = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
+        self.book(started, outcome);
+        self.after_ready(if route == Route::Write && writes { Wrote::Yes } else { Wrote::No }).await
     }
 
     /// Records the statements of a query that succeeded. The transaction tracker only sees the
     /// query's final ReadyForQuery, so in a multi-statement query that opens or ends
     /// transactions (`BEGIN; SET ...; ROLLBACK`) the SETs are staged and committed or dropped
     /// here, statement by statement.
-    pub(super) fn statements_done(&mut self, c: &Classification, in_tx_before: bool) {
+    pub(super) fn statements_done(&mut self, c: &Classification, in_tx_before: InTx) {
         let tx_control =
             c.statements.iter().any(|s| matches!(s, Statement::Begin { .. } | Statement::Commit | Statement::Rollback));
         if c.statements.len() < 2 || !tx_control {
@@ -122,7 +126,7 @@ impl Session {
             }
             return;
         }
-        let mut in_tx = in_tx_before;
+        let mut in_tx = in_tx_before == InTx::Yes;
         for st in &c.statements {
             match st {
                 Statement::Begin { .. } => in_tx = true,
@@ -165,14 +169,14 @@ impl Session {
             return Err(PgError::Unavailable("internal: no server bound".into()));
         };
         if c.statements.iter().any(|st| self.state.params.resets_startup(st)) {
-            resync_startup(b);
+            b.resync_startup();
         }
-        let conn = &mut *b.guard;
         for st in &c.statements {
             match st {
-                Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { all: false } => b.touched = true,
+                Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { all: false } => b.touch(),
                 Statement::Discard { all: true } | Statement::Deallocate { name: None } => {
-                    b.touched = true;
+                    b.touch();
+                    let conn = &mut *b.guard;
                     conn.prepared.clear();
                     conn.sql_prepared.clear();
                 }
@@ -186,7 +190,7 @@ impl Session {
     /// not (only) what refract knows of.
     pub(crate) fn note_untracked(&mut self) {
         if let Some(b) = self.bound.as_mut() {
-            b.untracked = true;
+            b.untrack();
         }
     }
 }

@@ -11,6 +11,7 @@
 //! `EXECUTE` it. A statement so prepared is prepared again under the client's encoding
 //! wherever it runs (its identity includes the encoding: `names`).
 
+use super::phase::BatchEnd;
 use super::Session;
 use crate::error::PgError;
 use bytes::Bytes;
@@ -77,7 +78,7 @@ impl Session {
         let route = c.target(self.state.route);
         let key = refract_pg::classify::fingerprint(sql);
         if let Err(e) = self.bind(route, Some(key), &c.tables).await {
-            return self.refuse(e, true).await;
+            return self.refuse(e, BatchEnd::Sync).await;
         }
         if untracked {
             self.note_untracked();

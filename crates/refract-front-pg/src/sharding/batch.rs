@@ -4,7 +4,7 @@
 use super::route::{route, Target};
 use super::{tx, Sharding};
 use crate::error::PgError;
-use crate::session::phase::Event;
+use crate::session::phase::{BatchEnd, Event};
 use crate::session::Session;
 use refract_pg::classify::{Route, Statement};
 use refract_pg::notice::sqlstate;
@@ -45,14 +45,14 @@ impl Session {
         route_class: Route,
         key: u64,
         tables: &[String],
-        synced: bool,
+        end: BatchEnd,
     ) -> Placed {
         let in_tx = self.phase().in_transaction();
         if !in_tx {
             self.shard_tx_on(tx::Event::OutsideTx);
         }
         let binds = msgs.iter().any(|m| matches!(m, FrontendMessage::Bind(_) | FrontendMessage::Execute { .. }));
-        if self.bound.is_none() && self.phase().tx() == TxStatus::Failed && synced {
+        if self.bound.is_none() && self.phase().tx() == TxStatus::Failed && end == BatchEnd::Sync {
             // A transaction refract failed (and rolled back): answered here up to its end.
             return Placed::Several;
         }
@@ -64,7 +64,7 @@ impl Session {
         }
         if !self.parked.is_empty() && self.batch_sets_savepoints(msgs) {
             let why = "savepoints are not supported in a transaction on several shards";
-            return Placed::Answered(self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, why, synced).await);
+            return Placed::Answered(self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, why, end).await);
         }
         if route_class == Route::Write {
             // An INSERT without a column list names its key by position.
@@ -76,10 +76,8 @@ impl Session {
         }
         let refused = match self.shard_of_batch(sh, msgs, route_class == Route::Read) {
             BatchShard::At(shard) => {
-                if let Err(why) = self.follow_to(sh, shard, in_tx, "batch").await {
-                    return Placed::Answered(
-                        self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why, synced).await,
-                    );
+                if let Err(why) = self.follow_to(sh, shard, self.phase().in_tx(), "batch").await {
+                    return Placed::Answered(self.refuse_batch(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why, end).await);
                 }
                 if !in_tx {
                     self.note_begin(msgs);
@@ -87,7 +85,7 @@ impl Session {
                 sh.count_statement(&[shard]);
                 return Placed::Bound(self.bind_shard(shard, route_class, Some(key), tables).await);
             }
-            BatchShard::Several if !synced => (
+            BatchShard::Several if end == BatchEnd::Flush => (
                 sqlstate::FEATURE_NOT_SUPPORTED,
                 "this batch needs several shards, and refract runs such a batch when it ends with Sync (not Flush)"
                     .to_owned(),
@@ -95,7 +93,7 @@ impl Session {
             BatchShard::Several => return Placed::Several,
             BatchShard::Refused(code, why) => (code, why),
         };
-        Placed::Answered(self.refuse_batch(sh, refused.0, &refused.1, synced).await)
+        Placed::Answered(self.refuse_batch(sh, refused.0, &refused.1, end).await)
     }
 
     /// Refuses a batch with `code` and `why` (a transaction fails, as with
@@ -105,7 +103,7 @@ impl Session {
         sh: &Sharding,
         code: &str,
         why: &str,
-        synced: bool,
+        end: BatchEnd,
     ) -> Result<(), PgError> {
         sh.count_refused();
         if self.phase().in_transaction() {
@@ -114,8 +112,8 @@ impl Session {
             self.advance(Event::Ready(TxStatus::Failed));
         }
         self.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
-        self.advance(Event::Refused { synced });
-        if synced {
+        self.advance(Event::Refused { end });
+        if end == BatchEnd::Sync {
             self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
         }
         self.flush().await

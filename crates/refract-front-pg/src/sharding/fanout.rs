@@ -16,7 +16,7 @@ use crate::error::PgError;
 use crate::server::pool::Guard;
 use crate::server::servers::Server;
 use crate::server::sizes::Path;
-use crate::session::phase::Event;
+use crate::session::phase::{BatchEnd, Event};
 use crate::session::{Session, FLUSH_AT};
 use bytes::Bytes;
 use pg_query::NodeEnum;
@@ -44,15 +44,8 @@ impl Leg {
 
     /// The connection as a transaction's binding on its shard.
     pub(super) fn into_bound(self) -> crate::session::Bound {
-        crate::session::Bound {
-            guard: self.guard,
-            server: self.server,
-            wrote: false,
-            synced: true,
-            touched: false,
-            untracked: false,
-            admitted: Some(self.admitted),
-        }
+        let synced = crate::session::ParamSync::Done;
+        crate::session::Bound::new(self.guard, self.server, Some(self.admitted), synced)
     }
 
     /// Marks the connection's server failed (its state is not known; it is dropped).
@@ -79,7 +72,7 @@ impl Session {
         };
         let mut legs = match self.legs(&shards, read, &c.tables).await {
             Ok(l) => l,
-            Err(e) => return self.refuse(e, true).await,
+            Err(e) => return self.refuse(e, BatchEnd::Sync).await,
         };
         sh.count_statement(&shards);
         if target == Target::Copies {

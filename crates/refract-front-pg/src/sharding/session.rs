@@ -8,7 +8,7 @@
 use super::route::{route, Target};
 use super::{tx, Sharding};
 use crate::error::PgError;
-use crate::session::phase::Event;
+use crate::session::phase::{BatchEnd, Event};
 use crate::session::Session;
 use bytes::{Bytes, BytesMut};
 use refract_pg::classify::{fingerprint, Classification, Route, Statement};
@@ -80,13 +80,13 @@ impl Session {
             }
             multi => return self.fan_out(sh, multi, sql, route_class == Route::Read, c).await,
         };
-        if let Err(why) = self.follow_to(sh, shard, in_tx, "statement").await {
+        if let Err(why) = self.follow_to(sh, shard, self.phase().in_tx(), "statement").await {
             return self.refuse_sharded(sh, sqlstate::FEATURE_NOT_SUPPORTED, &why).await;
         }
         sh.count_statement(&[shard]);
         let key = fingerprint(sql);
         if let Err(e) = self.bind_shard(shard, route_class, Some(key), &c.tables).await {
-            return self.refuse(e, true).await;
+            return self.refuse(e, BatchEnd::Sync).await;
         }
         let result = self.run_simple(c, frame, route_class, key).await;
         self.settle(result).await

@@ -28,7 +28,7 @@ use super::fanout::{end_block, Leg};
 use super::route::{route, Target};
 use super::Sharding;
 use crate::error::PgError;
-use crate::session::phase::Event;
+use crate::session::phase::{BatchEnd, Event};
 use crate::session::{Session, FLUSH_AT};
 use bytes::BytesMut;
 use refract_pg::classify::{Route, Statement};
@@ -131,9 +131,9 @@ impl Session {
     /// [`Session::run_several`]; `simple`: for a simple Query ([`Session::run_several_simple`]).
     async fn run_batch_here(&mut self, sh: &Sharding, msgs: Vec<FrontendMessage>, simple: bool) -> Result<(), PgError> {
         let executes = msgs.iter().any(|m| matches!(m, FrontendMessage::Execute { .. }));
-        let synced = matches!(msgs.last(), Some(FrontendMessage::Sync));
-        if synced && !simple {
-            self.advance(Event::Batch { synced: true, executes });
+        let end = BatchEnd::of(&msgs);
+        if end == BatchEnd::Sync && !simple {
+            self.advance(Event::Batch { end, executes });
         }
         let block = executes && !self.phase().in_transaction() && self.batch_route(&msgs) == Route::Write;
         let status = self.phase().tx();
@@ -195,13 +195,13 @@ impl Session {
             run.status = TxStatus::Failed;
         }
         match lost {
-            None if !synced => {
+            None if end == BatchEnd::Flush => {
                 for l in run.legs {
                     l.finish();
                 }
                 if run.failed {
                     // As PostgreSQL skips to the client's Sync after an error.
-                    self.advance(Event::Refused { synced: false });
+                    self.advance(Event::Refused { end: BatchEnd::Flush });
                 }
                 self.flush().await
             }

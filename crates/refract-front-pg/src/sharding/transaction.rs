@@ -5,7 +5,7 @@
 use super::session::IN_FAILED_TX;
 use super::{twophase, tx, Sharding};
 use crate::error::PgError;
-use crate::session::phase::Event;
+use crate::session::phase::{Event, InTx};
 use crate::session::Bound;
 use crate::session::Session;
 use refract_pg::classify::{Classification, Statement};
@@ -86,13 +86,13 @@ impl Session {
         &mut self,
         sh: &Sharding,
         shard: usize,
-        in_tx: bool,
+        in_tx: InTx,
         what: &str,
     ) -> Result<(), String> {
         if self.bound.is_none() || shard == self.shard {
             return Ok(());
         }
-        let second = if in_tx {
+        let second = if in_tx == InTx::Yes {
             self.second_shard(sh, shard).await
         } else {
             Err("a pinned connection stays on its shard".into())

@@ -13,7 +13,8 @@ use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::{BackendMessage, ErrorFields, FrontendMessage, Limits, Startup, StartupPacket, TxStatus};
 use refract_testkit::{
-    self as testkit, cluster, postgres_section, Cluster, PgCluster, PgServer, Start, DATABASE, PASSWORD, USER,
+    self as testkit, cluster, postgres_section, Cluster, NoBackend, PgCluster, PgServer, Rig, Start, DATABASE,
+    PASSWORD, USER,
 };
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -71,17 +72,18 @@ pub struct InProcess<'a> {
 }
 
 impl Start for InProcess<'_> {
+    type Backend = NoBackend;
     type Agent = agent::Agent;
     type Dispatcher = (u16, u16, Refract);
 
-    fn agent(&self, _: &str, server: &PgServer) -> agent::Agent {
-        agent::Agent::start(server.addr(), agent::sock_path("fixture"))
+    fn agent(&self, _: &str, server: SocketAddr) -> agent::Agent {
+        agent::Agent::start(server, agent::sock_path("fixture"))
     }
 
     /// refract with `extra` lines in `[postgres]` in front of the primary and the replica
     /// (through their agents, in hybrid hand-over, when there are agents): (port, admin, it).
-    fn dispatcher(&self, extra: &str, pg: &PgCluster, agents: &[(String, agent::Agent)]) -> (u16, u16, Refract) {
-        launch(self.listen, extra, &servers(pg, agents))
+    fn dispatcher(&self, extra: &str, rig: Rig<'_, Self>) -> (u16, u16, Refract) {
+        launch(self.listen, extra, &servers(rig.pg(), rig.agents))
     }
 }
 
@@ -228,8 +230,9 @@ impl Fixture {
         if hybrid {
             build = build.agent("primary").agent("replica");
         }
-        let Cluster { dispatcher, agents, pg: cluster } = build.dispatcher(extra).with(InProcess { listen }).run();
+        let Cluster { dispatcher, agents, pg, .. } = build.dispatcher(extra).with(InProcess { listen }).run();
         let (port, admin, refract) = dispatcher.expect("a dispatcher");
+        let cluster = pg.expect("the PostgreSQL servers");
         Fixture { port, admin, refract, agents: agents.into_iter().map(|(_, a)| a).collect(), cluster }
     }
 

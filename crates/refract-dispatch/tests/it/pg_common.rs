@@ -171,11 +171,16 @@ pub fn alone(test: &str) -> bool {
 /// The fixture with `extra` lines in `[postgres]` kept in `slot`, shared the same way (a test
 /// binary whose tests need settings of their own keeps its own slot).
 pub fn shared_in(slot: &Mutex<Weak<Fixture>>, extra: &str) -> Arc<Fixture> {
+    shared_with(slot, || Fixture::start(extra))
+}
+
+/// The fixture `start` makes, kept in `slot` and shared the same way.
+pub fn shared_with(slot: &Mutex<Weak<Fixture>>, start: impl FnOnce() -> Fixture) -> Arc<Fixture> {
     let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(f) = slot.upgrade() {
         return f;
     }
-    let f = Arc::new(Fixture::start(extra));
+    let f = Arc::new(start());
     *slot = Arc::downgrade(&f);
     f
 }

@@ -7,8 +7,9 @@
 //! - [`pg`]: a PostgreSQL primary, streaming replicas and servers of their own ([`PgCluster`]),
 //!   the installation's programs ([`tool`]), the login every server has ([`USER`]), refract's
 //!   `[postgres]` section in front of them ([`postgres_section`]).
-//! - [`cluster`]: the builder ([`cluster()`]): which servers, which agents in front of which,
-//!   which dispatcher config; what starts an agent or a dispatcher is the test's ([`Start`]).
+//! - [`cluster`]: the builder ([`cluster()`]): which servers, which HTTP backends, which agents
+//!   in front of which, which dispatcher config; what starts a backend, an agent or a
+//!   dispatcher is the test's kit ([`Start`]).
 //! - [`etcd`]: a real etcd server ([`Etcd`]) that can be stopped and started again.
 //! - `port`: free loopback ports, never the same one twice in a process ([`free_port`]).
 
@@ -17,7 +18,7 @@ pub mod etcd;
 pub mod pg;
 mod port;
 
-pub use cluster::{cluster, Cluster, ClusterBuilder, ServersOnly, Start};
+pub use cluster::{cluster, Cluster, ClusterBuilder, Listening, NoBackend, Rig, ServersOnly, Start};
 pub use etcd::Etcd;
 pub use pg::{postgres_section, tool, PgCluster, PgServer, DATABASE, PASSWORD, USER};
 pub use port::{free_port, try_free_port};

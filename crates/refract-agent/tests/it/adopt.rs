@@ -10,12 +10,12 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use refract_agent::{serve_local, LocalOptions};
-use refract_blob::{pattern, serve as blob_serve, BlobServer};
+use refract_agent::LocalOptions;
+use refract_blob::{pattern, BlobServer};
 use refract_handover::local::LocalLink;
 use refract_handover::{Msg, Serving, Socket, Transfer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, TcpStream};
 
 /// A same-host `HandOff` of `conn` at `epoch` to be served from `backend`: the client socket
 /// goes beside it.
@@ -39,21 +39,6 @@ impl RecvMsg for LocalLink {
             }
         }
     }
-}
-
-async fn blob() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(blob_serve(l, BlobServer::new("b1".into(), 0, 0)));
-    addr
-}
-
-async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).unwrap();
-    tokio::spawn(serve_local(l, common::local_options(backend)));
-    path
 }
 
 /// A client connected to a listener, and the accepted (dispatcher's) end.
@@ -128,8 +113,7 @@ async fn response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
 
 #[tokio::test]
 async fn pipelined_requests_are_served_and_the_socket_comes_back() {
-    let backend = blob().await;
-    let path = agent(backend, "pipe").await;
+    let (backend, path) = common::blob_and_agent();
     let partial = b"GET /blob?bytes=5 HT".to_vec();
     let pending = [get(3 << 20, 7).into_bytes(), get(1000, 1).into_bytes(), partial.clone()].concat();
     let (mut client, server, mut link) = adopted(&path, backend, 9, 0, pending).await;
@@ -180,8 +164,7 @@ async fn stats(backend: SocketAddr) -> String {
 
 #[tokio::test]
 async fn a_returned_request_goes_back_unserved() {
-    let backend = blob().await;
-    let path = agent(backend, "return").await;
+    let (backend, path) = common::blob_and_agent();
     let post = b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc".to_vec();
     let pending = [get(100_000, 2).into_bytes(), post.clone()].concat();
     let (mut client, _server, mut link) = adopted(&path, backend, 4, 5000, pending).await;
@@ -200,8 +183,7 @@ async fn a_returned_request_goes_back_unserved() {
 
 #[tokio::test]
 async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
-    let backend = blob().await;
-    let path = agent(backend, "idle").await;
+    let (backend, path) = common::blob_and_agent();
     let (mut client, _server, mut link) = adopted(&path, backend, 5, 300, get(5000, 1).into_bytes()).await;
     let mut buf = Vec::new();
     response(&mut client, &mut buf).await;
@@ -228,8 +210,7 @@ async fn the_agent_waits_for_the_next_request_and_loses_no_byte() {
 
 #[tokio::test]
 async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
-    let backend = blob().await;
-    let path = agent(backend, "foreign").await;
+    let (_backend, path) = common::blob_and_agent();
     let (mut client, server) = client_pair().await;
     let mut link = LocalLink::connect(&path).await.unwrap();
     let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
@@ -237,7 +218,7 @@ async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
     assert!(matches!(link.recv_msg().await.0, Msg::HandOffErr { conn: 1, epoch: 1, .. }));
     // An agent whose backend is down refuses too.
-    let dead = agent(other, "dead").await;
+    let dead = common::agent(common::local_options(other));
     let mut link = LocalLink::connect(&dead).await.unwrap();
     let adopt = passed_hand_off(1, 1, other, 0, get(10, 0).into_bytes());
     link.send(&adopt, Some(server.as_fd())).await.unwrap();
@@ -249,8 +230,7 @@ async fn a_foreign_backend_or_a_dead_one_is_refused_before_any_byte() {
 
 #[tokio::test]
 async fn connection_close_ends_with_closed() {
-    let backend = blob().await;
-    let path = agent(backend, "close").await;
+    let (backend, path) = common::blob_and_agent();
     let req = "GET /blob?bytes=100&seed=3 HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
     let (mut client, _server, mut link) = adopted(&path, backend, 2, 0, req.as_bytes().to_vec()).await;
     let (_, body) = response(&mut client, &mut Vec::new()).await;
@@ -275,8 +255,7 @@ async fn read_upto(s: &mut TcpStream, n: usize, wait: Duration) -> Option<Vec<u8
 async fn large_bodies_are_spliced_byte_exact_and_counted() {
     // 8 MiB and 5 MiB go through the pipe (larger than it: many fills), reused for the second;
     // 1000 bytes are copied. What the agent reports sent is exactly what the client got.
-    let backend = blob().await;
-    let path = agent(backend, "splice").await;
+    let (backend, path) = common::blob_and_agent();
     let sizes = [(8u64 << 20, 11u64), (5 << 20, 12), (1000, 13)];
     let reqs: Vec<String> = sizes.iter().map(|&(n, seed)| get(n, seed)).collect();
     let (mut client, _server, mut link) = adopted(&path, backend, 6, 0, reqs.concat().into_bytes()).await;
@@ -326,22 +305,8 @@ async fn short_backend(part: usize, close: bool) -> SocketAddr {
 
 /// Adopts a client for one request to `backend` (agent timeout `timeout`); returns what the
 /// client got before the agent gave up, and the agent's `Closed`.
-async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8>, Msg) {
-    let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).unwrap();
-    tokio::spawn(serve_local(
-        l,
-        LocalOptions {
-            backend,
-            backend_socket: None,
-            pass_socket: false,
-            backend_timeout: timeout,
-            write_stall: Duration::from_secs(30),
-            guard: None,
-            pg: Default::default(),
-        },
-    ));
+async fn cut_short(backend: SocketAddr, timeout: Duration) -> (Vec<u8>, Msg) {
+    let path = common::agent(LocalOptions { backend_timeout: timeout, ..common::local_options(backend) });
     let (mut client, server, mut link) = adopted(&path, backend, 7, 0, get(8 << 20, 0).into_bytes()).await;
     let reader = tokio::spawn(async move { read_upto(&mut client, 9 << 20, Duration::from_secs(5)).await });
     let (closed, fd) = link.recv_msg().await;
@@ -356,7 +321,7 @@ async fn cut_short(backend: SocketAddr, tag: &str, timeout: Duration) -> (Vec<u8
 #[tokio::test]
 async fn a_backend_closing_mid_body_ends_the_connection() {
     let part = 3 << 20;
-    let (got, closed) = cut_short(short_backend(part, true).await, "short", Duration::from_secs(5)).await;
+    let (got, closed) = cut_short(short_backend(part, true).await, Duration::from_secs(5)).await;
     let Msg::Closed { conn: 7, epoch: 1, sent, reason } = closed else { panic!("{closed:?}") };
     assert!(reason.contains("cut short"), "{reason}");
     assert_eq!(sent, got.len() as u64);
@@ -368,7 +333,7 @@ async fn a_backend_closing_mid_body_ends_the_connection() {
 #[tokio::test]
 async fn a_backend_stalling_mid_body_times_out() {
     let part = 1 << 20;
-    let (got, closed) = cut_short(short_backend(part, false).await, "stall", Duration::from_millis(300)).await;
+    let (got, closed) = cut_short(short_backend(part, false).await, Duration::from_millis(300)).await;
     let Msg::Closed { sent, reason, .. } = closed else { panic!("{closed:?}") };
     assert!(reason.contains("timed out"), "{reason}");
     assert_eq!(sent, got.len() as u64);
@@ -401,26 +366,10 @@ async fn unix_blob(tag: &str) -> (PathBuf, std::sync::Arc<BlobServer>) {
     (path, srv)
 }
 
-async fn agent_over(backend: SocketAddr, socket: PathBuf, tag: &str) -> PathBuf {
-    agent_passing(backend, socket, tag, false).await
-}
-
-async fn agent_passing(backend: SocketAddr, socket: PathBuf, tag: &str, pass_socket: bool) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).unwrap();
-    let timeout = Duration::from_secs(5);
-    let opts = LocalOptions {
-        backend,
-        backend_socket: Some(socket),
-        pass_socket,
-        backend_timeout: timeout,
-        write_stall: Duration::from_secs(30),
-        guard: None,
-        pg: Default::default(),
-    };
-    tokio::spawn(serve_local(l, opts));
-    path
+/// An agent in front of `backend` reached over the Unix socket `socket`, passing the client's
+/// socket to it or not.
+fn agent_passing(backend: SocketAddr, socket: PathBuf, pass_socket: bool) -> PathBuf {
+    common::agent(LocalOptions { backend_socket: Some(socket), pass_socket, ..common::local_options(backend) })
 }
 
 #[tokio::test]
@@ -428,7 +377,7 @@ async fn a_backend_reached_over_its_unix_socket_serves_byte_exact() {
     // Nothing listens on the identity address: every byte must come over the Unix socket.
     let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let (socket, srv) = unix_blob("serve").await;
-    let path = agent_over(identity, socket.clone(), "unix").await;
+    let path = agent_passing(identity, socket.clone(), false);
     let pending = [get(5 << 20, 3).into_bytes(), get(777, 4).into_bytes()].concat();
     let (mut client, _server, mut link) = adopted(&path, identity, 11, 0, pending).await;
     let mut buf = Vec::new();
@@ -444,7 +393,7 @@ async fn a_backend_reached_over_its_unix_socket_serves_byte_exact() {
 async fn a_backend_passed_the_client_socket_writes_large_bodies_itself() {
     let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let (socket, srv) = unix_blob("pass").await;
-    let path = agent_passing(identity, socket.clone(), "pass", true).await;
+    let path = agent_passing(identity, socket.clone(), true);
     let pending = [get(5 << 20, 3).into_bytes(), get(777, 4).into_bytes()].concat();
     let (mut client, _server, mut link) = adopted(&path, identity, 12, 2000, pending).await;
     let mut buf = Vec::new();
@@ -473,7 +422,7 @@ async fn the_idle_wait_counts_from_when_the_client_has_the_response() {
     // not look like a client that stopped reading.)
     let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let (socket, _srv) = unix_blob("slow").await;
-    let path = agent_passing(identity, socket.clone(), "slow", true).await;
+    let path = agent_passing(identity, socket.clone(), true);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let s = tokio::net::TcpSocket::new_v4().unwrap();
     s.set_recv_buffer_size(32 * 1024).unwrap();
@@ -512,7 +461,7 @@ async fn a_missing_backend_socket_is_refused_before_any_byte() {
     let identity: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let gone = std::env::temp_dir().join(format!("rf-blob-{}-gone.sock", std::process::id()));
     let _ = std::fs::remove_file(&gone);
-    let path = agent_over(identity, gone, "gone").await;
+    let path = agent_passing(identity, gone, false);
     let (mut client, server) = client_pair().await;
     let mut link = LocalLink::connect(&path).await.unwrap();
     let adopt = passed_hand_off(1, 1, identity, 0, get(10, 0).into_bytes());
@@ -527,8 +476,7 @@ async fn a_missing_backend_socket_is_refused_before_any_byte() {
 
 #[tokio::test]
 async fn an_idle_client_is_announced() {
-    let backend = blob().await;
-    let path = agent(backend, "idle").await;
+    let (backend, path) = common::blob_and_agent();
     let (mut client, _server, mut link) = adopted(&path, backend, 11, 1000, get(100, 3).into_bytes()).await;
     let mut buf = Vec::new();
     let (_, body) = response(&mut client, &mut buf).await;

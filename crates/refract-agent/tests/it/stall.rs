@@ -4,16 +4,17 @@
 //! body reaches the client are covered: spliced (known length) and copied (chunked).
 #![allow(clippy::unwrap_used)]
 
+use crate::common;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use refract_agent::{serve_local, LocalOptions};
+use refract_agent::LocalOptions;
 use refract_handover::local::LocalLink;
 use refract_handover::{Msg, Serving, Socket, Transfer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// A same-host `HandOff` of `conn` at `epoch` to be served from `backend`: the client socket
@@ -94,21 +95,9 @@ async fn respond(s: &mut TcpStream, bytes: usize, chunked: bool) -> std::io::Res
     Ok(())
 }
 
-async fn agent(backend: SocketAddr, tag: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("rf-agent-{}-{tag}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).unwrap();
-    let opts = LocalOptions {
-        backend,
-        backend_socket: None,
-        pass_socket: false,
-        backend_timeout: Duration::from_secs(5),
-        write_stall: STALL,
-        guard: None,
-        pg: Default::default(),
-    };
-    tokio::spawn(serve_local(l, opts));
-    path
+/// An agent in front of `backend` whose write stall is [`STALL`].
+fn agent(backend: SocketAddr) -> PathBuf {
+    common::agent(LocalOptions { write_stall: STALL, ..common::local_options(backend) })
 }
 
 /// Hands a fresh client connection to the agent on `link` as connection `conn` with
@@ -124,9 +113,9 @@ async fn adopt(link: &mut LocalLink, backend: SocketAddr, conn: u64, request: &s
 }
 
 /// A client asks for 64 MiB (more than the sockets buffer) and reads none of it.
-async fn a_stalled_client_is_ended_within_the_bound(query: &str, tag: &str) {
+async fn a_stalled_client_is_ended_within_the_bound(query: &str) {
     let (addr, mut ends) = backend().await;
-    let path = agent(addr, tag).await;
+    let path = agent(addr);
     let mut link = LocalLink::connect(&path).await.unwrap();
     let request = format!("GET /?bytes={}{query} HTTP/1.1\r\nhost: t\r\n\r\n", 64 << 20);
     let started = Instant::now();
@@ -159,10 +148,10 @@ async fn a_stalled_client_is_ended_within_the_bound(query: &str, tag: &str) {
 
 #[tokio::test]
 async fn a_client_that_stops_reading_a_spliced_body_is_ended_and_frees_the_backend() {
-    a_stalled_client_is_ended_within_the_bound("", "stall-splice").await;
+    a_stalled_client_is_ended_within_the_bound("").await;
 }
 
 #[tokio::test]
 async fn a_client_that_stops_reading_a_copied_body_is_ended_and_frees_the_backend() {
-    a_stalled_client_is_ended_within_the_bound("&chunked", "stall-copy").await;
+    a_stalled_client_is_ended_within_the_bound("&chunked").await;
 }

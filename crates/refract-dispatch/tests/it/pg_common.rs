@@ -13,7 +13,8 @@ use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::startup::{CancelRequest, PROTOCOL_3_0};
 use refract_pg::{BackendMessage, ErrorFields, FrontendMessage, Limits, Startup, StartupPacket, TxStatus};
 use refract_testkit::{
-    self as testkit, cluster, postgres_section, Cluster, PgCluster, PgServer, Start, DATABASE, PASSWORD, USER,
+    self as testkit, cluster, postgres_section, Cluster, NoBackend, PgCluster, PgServer, Rig, Start, DATABASE,
+    PASSWORD, USER,
 };
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -71,17 +72,18 @@ pub struct InProcess<'a> {
 }
 
 impl Start for InProcess<'_> {
+    type Backend = NoBackend;
     type Agent = agent::Agent;
     type Dispatcher = (u16, u16, Refract);
 
-    fn agent(&self, _: &str, server: &PgServer) -> agent::Agent {
-        agent::Agent::start(server.addr(), agent::sock_path("fixture"))
+    fn agent(&self, _: &str, server: SocketAddr) -> agent::Agent {
+        agent::Agent::start(server, agent::sock_path("fixture"))
     }
 
     /// refract with `extra` lines in `[postgres]` in front of the primary and the replica
     /// (through their agents, in hybrid hand-over, when there are agents): (port, admin, it).
-    fn dispatcher(&self, extra: &str, pg: &PgCluster, agents: &[(String, agent::Agent)]) -> (u16, u16, Refract) {
-        launch(self.listen, extra, &servers(pg, agents))
+    fn dispatcher(&self, extra: &str, rig: Rig<'_, Self>) -> (u16, u16, Refract) {
+        launch(self.listen, extra, &servers(rig.pg(), rig.agents))
     }
 }
 
@@ -169,11 +171,16 @@ pub fn alone(test: &str) -> bool {
 /// The fixture with `extra` lines in `[postgres]` kept in `slot`, shared the same way (a test
 /// binary whose tests need settings of their own keeps its own slot).
 pub fn shared_in(slot: &Mutex<Weak<Fixture>>, extra: &str) -> Arc<Fixture> {
+    shared_with(slot, || Fixture::start(extra))
+}
+
+/// The fixture `start` makes, kept in `slot` and shared the same way.
+pub fn shared_with(slot: &Mutex<Weak<Fixture>>, start: impl FnOnce() -> Fixture) -> Arc<Fixture> {
     let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(f) = slot.upgrade() {
         return f;
     }
-    let f = Arc::new(Fixture::start(extra));
+    let f = Arc::new(start());
     *slot = Arc::downgrade(&f);
     f
 }
@@ -228,8 +235,9 @@ impl Fixture {
         if hybrid {
             build = build.agent("primary").agent("replica");
         }
-        let Cluster { dispatcher, agents, pg: cluster } = build.dispatcher(extra).with(InProcess { listen }).run();
+        let Cluster { dispatcher, agents, pg, .. } = build.dispatcher(extra).with(InProcess { listen }).run();
         let (port, admin, refract) = dispatcher.expect("a dispatcher");
+        let cluster = pg.expect("the PostgreSQL servers");
         Fixture { port, admin, refract, agents: agents.into_iter().map(|(_, a)| a).collect(), cluster }
     }
 

@@ -66,13 +66,7 @@ static HYBRID: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
 
 /// refract in hybrid mode, an agent in front of each server: large results are handed over.
 fn hybrid_fixture() -> Arc<Fixture> {
-    let mut slot = HYBRID.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = slot.upgrade() {
-        return f;
-    }
-    let f = Arc::new(Fixture::start_hybrid(POSTGRES));
-    *slot = Arc::downgrade(&f);
-    f
+    pg_common::shared_with(&HYBRID, || Fixture::start_hybrid(POSTGRES))
 }
 
 /// What a suite needs before it can run.

@@ -19,13 +19,7 @@ static SHARED: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
 
 /// refract with one connection per server (shared by the tests of this binary running at once).
 fn fixture() -> Arc<Fixture> {
-    let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = slot.upgrade() {
-        return f;
-    }
-    let f = Arc::new(Fixture::start("pool_size = 1\nmin_idle = 1"));
-    *slot = Arc::downgrade(&f);
-    f
+    crate::pg_common::shared_in(&SHARED, "pool_size = 1\nmin_idle = 1")
 }
 
 fn connect(f: &Fixture) -> Client {

@@ -20,13 +20,7 @@ static SHARED: Mutex<Weak<Fixture>> = Mutex::new(Weak::new());
 
 /// One cluster with refract in front for the tests of this file that run at the same time.
 fn shared() -> Arc<Fixture> {
-    let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = slot.upgrade() {
-        return f;
-    }
-    let f = Arc::new(Fixture::start(""));
-    *slot = Arc::downgrade(&f);
-    f
+    crate::pg_common::shared_in(&SHARED, "")
 }
 
 /// Sends a StartupMessage asking for `protocol` with `extra` parameters; returns the raw bytes

@@ -194,12 +194,17 @@ fn accept_one(l: TcpListener, k: ControlKey) -> tokio::task::JoinHandle<refract_
     })
 }
 
-#[tokio::test]
-async fn an_authenticated_exchange_with_heartbeats() {
+/// A dispatcher's channel and the agent's, authenticated with [`KEY`] on loopback.
+async fn connected() -> (ControlChannel, ControlChannel) {
     let (l, addr) = listener().await;
     let agent = accept_one(l, key(KEY));
-    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
-    let mut a = agent.await.unwrap().unwrap();
+    let d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
+    (d, agent.await.unwrap().unwrap())
+}
+
+#[tokio::test]
+async fn an_authenticated_exchange_with_heartbeats() {
+    let (mut d, mut a) = connected().await;
 
     a.send(&Msg::WantConnection { conn: 7, request: 1 }).await.unwrap();
     assert_eq!(d.recv().await.unwrap(), Msg::WantConnection { conn: 7, request: 1 });
@@ -220,10 +225,7 @@ async fn an_authenticated_exchange_with_heartbeats() {
 
 #[tokio::test]
 async fn a_passed_socket_is_refused_on_a_tcp_channel() {
-    let (l, addr) = listener().await;
-    let agent = accept_one(l, key(KEY));
-    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
-    let mut a = agent.await.unwrap().unwrap();
+    let (mut d, mut a) = connected().await;
     let t =
         Transfer { conn: 1, epoch: 1, socket: Socket::Passed, pending: vec![], serving: Serving::default(), sent: 0 };
     let passed = Msg::HandOff(Box::new(t));
@@ -324,10 +326,7 @@ async fn an_unresponsive_acceptor_fails_the_handshake_in_time() {
 
 #[tokio::test]
 async fn a_closed_peer_and_a_late_handshake_message_end_the_channel() {
-    let (l, addr) = listener().await;
-    let agent = accept_one(l, key(KEY));
-    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
-    let mut a = agent.await.unwrap().unwrap();
+    let (mut d, mut a) = connected().await;
     d.send(&Msg::Proof { proof: [0; 32] }).await.unwrap();
     assert!(matches!(a.recv().await, Err(Error::Codec(_))));
     drop(a);
@@ -336,10 +335,7 @@ async fn a_closed_peer_and_a_late_handshake_message_end_the_channel() {
 
 #[tokio::test]
 async fn an_idle_channel_is_refreshed_or_refused() {
-    let (l, addr) = listener().await;
-    let agent = accept_one(l, key(KEY));
-    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
-    let a = agent.await.unwrap().unwrap();
+    let (mut d, a) = connected().await;
     d.refresh().unwrap();
     // The agent waits in recv (sending heartbeats); the dispatcher is idle, then sends again.
     let a_task = tokio::spawn(async move {
@@ -370,10 +366,7 @@ async fn an_idle_channel_is_refreshed_or_refused() {
 
 #[tokio::test]
 async fn heartbeats_keep_a_busy_side_alive() {
-    let (l, addr) = listener().await;
-    let agent = accept_one(l, key(KEY));
-    let mut d = ControlChannel::connect(addr, &key(KEY), fast()).await.unwrap();
-    let mut a = agent.await.unwrap().unwrap();
+    let (mut d, mut a) = connected().await;
     // The agent is busy (not in recv) for three dead bounds but beats meanwhile.
     let busy = tokio::spawn(async move {
         let _ = tokio::time::timeout(Duration::from_millis(900), a.heartbeats()).await;

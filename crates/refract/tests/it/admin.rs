@@ -6,8 +6,8 @@ use common::*;
 
 #[test]
 fn backends_can_be_added_and_removed_at_runtime() {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
+    let b3 = blob("b3");
     let def = format!(r#"{{"name":"b3","addr":"{}","role":"replica"}}"#, b3.addr);
     let r = admin(d.admin, "POST", "/backends", def.as_bytes());
     assert_eq!(r.status, 201, "{r:?}");
@@ -33,8 +33,7 @@ fn backends_can_be_added_and_removed_at_runtime() {
 /// current membership (409); a malformed definition is 400.
 #[test]
 fn status_codes_are_the_documented_ones() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     let post = |def: String| admin(d.admin, "POST", "/backends", def.as_bytes());
     let second = post(r#"{"name":"p2","addr":"127.0.0.1:9","role":"primary"}"#.into());
     assert_eq!(second.status, 409, "{second:?}");
@@ -47,8 +46,7 @@ fn status_codes_are_the_documented_ones() {
 
 #[test]
 fn the_admin_api_needs_the_token_json_writes_and_no_foreign_origin() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     let none = get(d.admin, "/backends");
     assert_eq!(none.status, 401, "{none:?}");
     assert_eq!(none.header("www-authenticate").as_deref(), Some("Bearer realm=\"refract-admin\""));
@@ -78,11 +76,9 @@ fn the_admin_api_needs_the_token_json_writes_and_no_foreign_origin() {
 
 #[test]
 fn a_drained_backend_takes_no_new_requests_until_undrained() {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob_at("b3", 0, &["--delay-ms", "800"]));
-    let d = dispatcher(
-        &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")],
-        "[balance]\npolicy = \"round-robin\"\n",
-    );
+    let build = cluster().backends(2).backend("b3", &["--delay-ms", "800"]);
+    let ([_b1, _b2, _b3], d) =
+        build.dispatcher("[balance]\npolicy = \"round-robin\"\n").with(Binary::default()).run().split();
     // Two reads at once: round robin puts one on b3 (800 ms), in flight when b3 is drained.
     let mut slow: Vec<Client> = (0..2).map(|_| Client::connect(d.proc.addr)).collect();
     for c in &mut slow {
@@ -118,8 +114,7 @@ fn a_drained_backend_takes_no_new_requests_until_undrained() {
 
 #[test]
 fn metrics_count_requests_bytes_and_errors() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     for _ in 0..3 {
         get(d.proc.addr, "/blob?bytes=1000");
     }
@@ -156,12 +151,9 @@ fn over_socket(path: &std::path::Path, method: &str, target: &str, extra: &str, 
 #[test]
 fn the_unix_admin_socket_needs_no_token_and_only_its_owner_may_open_it() {
     use std::os::unix::fs::PermissionsExt;
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let http: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let admin: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "")
-        .replace("workers = 2\n", "workers = 2\nadmin_socket = \"admin.sock\"\n");
-    let mut d = dispatcher_with(&text, http, admin);
+    let kit = Binary { listen: "admin_socket = \"admin.sock\"", ..Binary::default() };
+    let ([_b1, _b2], mut d) = cluster().backends(2).dispatcher("").with(kit).run().split();
+    let text = std::fs::read_to_string(d.config_path()).unwrap();
     let sock = d.config_path().with_file_name("admin.sock");
     assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
     let (status, body) = over_socket(&sock, "GET", "/backends", "", "");
@@ -223,8 +215,7 @@ fn as_nobody(sock: &std::path::Path) -> String {
 
 #[test]
 fn a_reload_cannot_take_the_token_from_the_running_admin_listener() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     // Without the admin line and the token the file is valid, but the listener keeps running.
     let text = std::fs::read_to_string(d.config_path()).unwrap();
     let open = text.replace(&format!("admin = \"{}\"\n", d.admin), "").replace(&format!("token = \"{TOKEN}\"\n"), "");

@@ -1,10 +1,15 @@
-//! The test kit: starts the real `refract` binary (blob servers, the dispatcher) on loopback
-//! ports and speaks raw HTTP/1.1 to it, so tests see exactly what a client sees.
+//! The test kit: starts the real `refract` binary (blob servers, agents, the dispatcher) on
+//! loopback ports through the test kit's builder (`cluster().backends(2).dispatcher(extra)
+//! .with(Binary::default()).run()`, [`Binary`]) and speaks raw HTTP/1.1 to it, so tests see
+//! exactly what a client sees.
 #![allow(dead_code)]
 
 use refract_http::{BodyKind, ChunkedDecoder, ResponseHead};
+pub use refract_testkit::{cluster, Cluster, ClusterBuilder};
+use refract_testkit::{Listening, Rig, Start};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,6 +37,96 @@ impl Proc {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+impl Listening for Proc {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// This kit for the test kit's builder: the `refract` binary runs the blob servers (`args`
+/// after `blob-server --listen ADDR --name NAME`), the agents (same host, in front of a
+/// backend, [`Agent`]) and the dispatcher ([`Dispatcher`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Binary {
+    /// The dispatcher logs at info, to [`Dispatcher::log`].
+    pub logged: bool,
+    /// Lines added to the dispatcher's `[listen]`.
+    pub listen: &'static str,
+}
+
+/// [`Binary`] with the dispatcher's log kept ([`Dispatcher::log`]).
+pub const LOGGED: Binary = Binary { logged: true, listen: "" };
+
+/// `refract agent` on a same-host socket in a directory of its own, in front of one backend.
+pub struct Agent {
+    pub proc: Proc,
+    /// Its same-host socket.
+    pub sock: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Sends a signal (e.g. "TERM", "KILL").
+    pub fn signal(&self, sig: &str) {
+        self.proc.signal(sig);
+    }
+}
+
+impl Start for Binary {
+    type Backend = Proc;
+    type Agent = Agent;
+    type Dispatcher = Dispatcher;
+
+    fn backend(&self, name: &str, args: &[String]) -> Proc {
+        blob_at(name, 0, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    fn agent(&self, _: &str, backend: SocketAddr) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        let text =
+            format!("backend = \"{backend}\"\nlocal = \"{}\"\nkey = \"test key of sixteen+ bytes\"\n", sock.display());
+        let proc = start_agent(dir.path(), &text, backend);
+        wait_socket(&sock);
+        Agent { proc, sock, _dir: dir }
+    }
+
+    /// A dispatcher in front of the backends (the first the primary, the others replicas),
+    /// `extra` appended to its config; `{agents}` in it stands for the `agents = { .. }` line
+    /// of `[handover]` naming the agents' sockets.
+    fn dispatcher(&self, extra: &str, rig: Rig<'_, Self>) -> Dispatcher {
+        let backends: Vec<(&str, SocketAddr, &str)> = rig
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, (name, b))| (name.as_str(), b.addr, if i == 0 { "primary" } else { "replica" }))
+            .collect();
+        let agents: Vec<(&str, &Path)> = rig.agents.iter().map(|(name, a)| (name.as_str(), a.sock.as_path())).collect();
+        let extra = extra.replace("{agents}", &agents_line(&agents));
+        let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let text =
+            config(http, admin, &backends, &extra).replace("workers = 2\n", &format!("workers = 2\n{}\n", self.listen));
+        assert!(text.contains(self.listen));
+        start_dispatcher(&text, http, admin, self.logged)
+    }
+}
+
+/// `[handover]`'s `agents = { name = "unix:socket", .. }` line.
+pub fn agents_line(agents: &[(&str, &Path)]) -> String {
+    let each: Vec<String> = agents.iter().map(|(name, sock)| format!("{name} = \"unix:{}\"", sock.display())).collect();
+    format!("agents = {{ {} }}", each.join(", "))
+}
+
+/// Waits (at most 20 s) until something listens on the Unix socket `sock`.
+pub fn wait_socket(sock: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
+        assert!(Instant::now() < deadline, "nothing ever listened on {}", sock.display());
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 #[test]
 fn killed_replica_reads_continue_on_the_other() {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")], "");
+    let ([_b1, b2, b3], d) = cluster().backends(3).dispatcher("").with(Binary::default()).run().split();
     let mut c = Client::connect(d.proc.addr);
     for _ in 0..6 {
         c.send(&raw_request("GET", "/blob?bytes=10", &[], b""));
@@ -38,8 +37,7 @@ fn killed_replica_reads_continue_on_the_other() {
 
 #[test]
 fn backend_killed_mid_response_closes_the_client() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", "/blob?bytes=1000000000", &[], b""));
     // Read a little so the response has started, then kill the backend.
@@ -63,8 +61,7 @@ fn backend_killed_mid_response_closes_the_client() {
 
 #[test]
 fn all_backends_down_gives_503_json() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([b1, b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     drop(b1);
     drop(b2);
     for path in ["/blob?bytes=1", "/blob?bytes=2"] {
@@ -83,8 +80,7 @@ fn all_backends_down_gives_503_json() {
 
 #[test]
 fn bad_input_is_refused_and_others_are_served() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     let mut bystander = Client::connect(d.proc.addr);
 
     let mut garbage = Client::connect(d.proc.addr);
@@ -115,9 +111,13 @@ fn bad_input_is_refused_and_others_are_served() {
 
 #[test]
 fn slow_backend_gives_504_and_reads_retry_elsewhere() {
-    let b1 = blob("b1");
-    let slow = blob_at("slow", 0, &["--delay-ms", "3000"]);
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("slow", slow.addr, "replica")], "[timeouts]\nrequest_ms = 300\n");
+    let ([b1, _slow], d) = cluster()
+        .backends(1)
+        .backend("slow", &["--delay-ms", "3000"])
+        .dispatcher("[timeouts]\nrequest_ms = 300\n")
+        .with(Binary::default())
+        .run()
+        .split();
     // A read times out on the slow replica and is retried once on the primary (nothing had
     // reached the client yet).
     let r = get(d.proc.addr, "/blob?bytes=3");
@@ -137,8 +137,7 @@ fn slow_backend_gives_504_and_reads_retry_elsewhere() {
 
 #[test]
 fn fanout_failure_names_the_backend() {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")], "");
+    let ([_b1, _b2, b3], d) = cluster().backends(3).dispatcher("").with(Binary::default()).run().split();
     drop(b3);
     let r = request(d.proc.addr, "POST", "/query", &[], &plan_body(TABLE_LOAD));
     assert_eq!(r.status, 502, "{r:?}");
@@ -147,8 +146,8 @@ fn fanout_failure_names_the_backend() {
 
 #[test]
 fn sigterm_drains_in_flight_requests() {
-    let slow = blob_at("b1", 0, &["--delay-ms", "800"]);
-    let d = dispatcher(&[("b1", slow.addr, "primary")], "");
+    let ([_slow], d) =
+        cluster().backend("b1", &["--delay-ms", "800"]).dispatcher("").with(Binary::default()).run().split();
     let addr = d.proc.addr;
     let inflight = std::thread::spawn(move || get(addr, "/blob?bytes=11"));
     std::thread::sleep(Duration::from_millis(200));

@@ -8,44 +8,27 @@
 use crate::common;
 use common::{blob_get as get, check_blob as check};
 
-use common::{blob, check_pipelined_write, direct, dispatcher, metric, wait_metric, writes, Client, Dispatcher, Proc};
+use common::{agents_line, check_pipelined_write, cluster, direct, metric, wait_metric, writes};
+use common::{Agent, Binary, Client, Cluster, Dispatcher, Proc};
 use refract_blob::pattern;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Starts `refract agent` with a same-host socket in `dir`, in front of `backend`.
-fn agent(dir: &Path, backend: std::net::SocketAddr) -> (Proc, PathBuf) {
-    let sock = dir.join("agent.sock");
-    let text =
-        format!("backend = \"{backend}\"\nlocal = \"{}\"\nkey = \"test key of sixteen+ bytes\"\n", sock.display());
-    let agent = common::start_agent(dir, &text, backend);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "agent never listened on {}", sock.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (agent, sock)
-}
-
 /// What most tests here start from: blob servers b1 (the primary) and b2 (a replica), an
-/// agent in front of b2 with its socket in `dir`, and a dispatcher with `extra(the socket)`.
-/// Fields in drop order (the dispatcher first); bind `dir` too (`dir: _dir`): the socket lives
-/// there.
+/// agent in front of b2, and a dispatcher with `extra` (`{agents}` in it: the agent's line of
+/// `[handover]`). Fields in drop order (the dispatcher first).
 struct Rig {
     d: Dispatcher,
-    agent: Proc,
+    agent: Agent,
     b2: Proc,
     b1: Proc,
-    dir: tempfile::TempDir,
 }
 
-fn rig(extra: impl FnOnce(&Path) -> String) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (agent, sock) = agent(dir.path(), b2.addr);
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &extra(&sock));
-    Rig { d, agent, b2, b1, dir }
+fn rig(extra: &str) -> Rig {
+    let Cluster { dispatcher, agents, backends, .. } =
+        cluster().backends(2).agent("b2").dispatcher(extra).with(Binary::default()).run();
+    let [(_, b1), (_, b2)] = <[_; 2]>::try_from(backends).ok().unwrap();
+    let [(_, agent)] = <[_; 1]>::try_from(agents).ok().unwrap();
+    Rig { d: dispatcher.unwrap(), agent, b2, b1 }
 }
 
 /// A write, relayed by the dispatcher: once it is answered, the agent has handed the
@@ -60,21 +43,15 @@ fn relayed_write(c: &mut Client) {
 
 /// `always`, the agent handing back at once when nothing is buffered (`idle_ms = 0`: the
 /// epochs these tests expect do not depend on how fast the client sends its next request).
-fn handover_extra(sock: &Path) -> String {
-    format!("[handover]\nmode = \"always\"\nidle_ms = 0\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
-}
+const HANDOVER: &str = "[handover]\nmode = \"always\"\nidle_ms = 0\n{agents}\n";
 
-fn hybrid_extra(sock: &Path) -> String {
-    let agents = format!("agents = {{ b2 = \"unix:{}\" }}", sock.display());
-    format!("[handover]\nmode = \"hybrid\"\nthreshold = 1048576\nidle_ms = 0\n{agents}\n")
-}
+const HYBRID: &str = "[handover]\nmode = \"hybrid\"\nthreshold = 1048576\nidle_ms = 0\n{agents}\n";
 
 /// A large read with a write pipelined behind it: the agent serves the read, asks about the
 /// write (`Next`), hands it back (`Return`), and the dispatcher sends it to the primary.
 fn pipelined_write_goes_to_the_primary(mode: &str) {
-    let Rig { dir: _dir, b1, b2, agent: _agent, d } = rig(|sock: &Path| {
-        format!("[handover]\nmode = \"{mode}\"\nthreshold = 65536\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display())
-    });
+    let Rig { b1, b2, agent: _agent, d } =
+        rig(&format!("[handover]\nmode = \"{mode}\"\nthreshold = 65536\n{{agents}}\n"));
     let mut c = Client::connect(d.proc.addr);
     check_pipelined_write(&mut c, d.admin, &b1, &b2);
 }
@@ -92,10 +69,8 @@ fn a_pipelined_write_behind_a_large_read_goes_to_the_primary_hybrid() {
 #[test]
 fn consecutive_large_reads_stay_at_the_agent() {
     const N: u64 = 20;
-    let Rig { dir: _dir, b1, b2, agent: _agent, d } = rig(|sock: &Path| {
-        let agents = format!("agents = {{ b2 = \"unix:{}\" }}", sock.display());
-        format!("[handover]\nmode = \"hybrid\"\nthreshold = 65536\nidle_ms = 1000\n{agents}\n")
-    });
+    let Rig { b1, b2, agent: _agent, d } =
+        rig("[handover]\nmode = \"hybrid\"\nthreshold = 65536\nidle_ms = 1000\n{agents}\n");
     let mut c = Client::connect(d.proc.addr);
     let started = Instant::now();
     for seed in 0..N {
@@ -114,7 +89,7 @@ fn consecutive_large_reads_stay_at_the_agent() {
 
 #[test]
 fn hybrid_hands_over_only_large_results() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(hybrid_extra);
+    let Rig { b1: _b1, b2: _b2, agent: _agent, d } = rig(HYBRID);
     let mut c = Client::connect(d.proc.addr);
     let mut sent_direct = 0;
     // Small: relayed through the agent and the dispatcher. At the threshold: handed over.
@@ -154,7 +129,7 @@ fn hybrid_hands_over_only_large_results() {
 
 #[test]
 fn hybrid_sends_reads_known_to_be_small_straight_to_the_backend() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(hybrid_extra);
+    let Rig { b1: _b1, b2: _b2, agent: _agent, d } = rig(HYBRID);
     let forwarded = || metric(d.admin, r#"refract_handover_forwarded_total{backend="b2"}"#);
     let mut c = Client::connect(d.proc.addr);
     // A small read: through the agent once (its size is not known yet), then straight to b2.
@@ -177,7 +152,7 @@ fn hybrid_sends_reads_known_to_be_small_straight_to_the_backend() {
 
 #[test]
 fn hybrid_without_its_agent_relays() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(hybrid_extra);
+    let Rig { b1: _b1, b2: _b2, agent, d } = rig(HYBRID);
     let mut c = Client::connect(d.proc.addr);
     c.send(get(2 << 20, 1).as_bytes());
     check(&c.read_response(false).unwrap(), 2 << 20, 1, Some("1"));
@@ -191,7 +166,7 @@ fn hybrid_without_its_agent_relays() {
 
 #[test]
 fn reads_go_through_the_agent_and_the_connection_comes_back() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(handover_extra);
+    let Rig { b1: _b1, b2: _b2, agent: _agent, d } = rig(HANDOVER);
     let mut c = Client::connect(d.proc.addr);
     let mut sent_direct = 0;
 
@@ -239,9 +214,8 @@ fn reads_go_through_the_agent_and_the_connection_comes_back() {
 #[test]
 fn an_unreachable_agent_means_relay() {
     let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")];
-    let d = dispatcher(&backends, &handover_extra(&dir.path().join("nobody.sock")));
+    let extra = HANDOVER.replace("{agents}", &agents_line(&[("b2", &dir.path().join("nobody.sock"))]));
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher(&extra).with(Binary::default()).run().split();
     let mut c = Client::connect(d.proc.addr);
     for (n, s) in [(2u64 << 20, 3u64), (10, 4)] {
         c.send(get(n, s).as_bytes());
@@ -253,7 +227,7 @@ fn an_unreachable_agent_means_relay() {
 
 #[test]
 fn an_agent_killed_between_hand_overs_means_relay() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(handover_extra);
+    let Rig { b1: _b1, b2: _b2, agent, d } = rig(HANDOVER);
     let mut c = Client::connect(d.proc.addr);
     c.send(get(100, 1).as_bytes());
     check(&c.read_response(false).unwrap(), 100, 1, Some("1"));
@@ -282,7 +256,7 @@ fn read_until_cut(c: &mut Client, first: &[u8]) -> (u16, usize) {
 
 #[test]
 fn an_agent_killed_mid_stream_cuts_only_that_client() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(handover_extra);
+    let Rig { b1: _b1, b2: _b2, agent, d } = rig(HANDOVER);
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let big = 256u64 << 20;
@@ -304,7 +278,7 @@ fn an_agent_killed_mid_stream_cuts_only_that_client() {
 
 #[test]
 fn a_client_gone_mid_stream_leaves_the_agent_serving() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent: _agent, d } = rig(handover_extra);
+    let Rig { b1: _b1, b2: _b2, agent: _agent, d } = rig(HANDOVER);
     let mut c = Client::connect(d.proc.addr);
     c.send(get(256 << 20, 1).as_bytes());
     let mut first = [0u8; 1];
@@ -321,12 +295,10 @@ fn a_client_gone_mid_stream_leaves_the_agent_serving() {
 
 #[test]
 fn clients_idle_at_a_killed_agent_come_back_to_the_dispatcher() {
-    let Rig { dir: _dir, b1: _b1, b2: _b2, agent, d } = rig(|sock: &Path| {
+    let Rig { b1: _b1, b2: _b2, agent, d } = rig(
         // The agent waits up to 1 s for each client's next request: both are idle there when it dies.
-        let extra =
-            format!("[handover]\nmode = \"always\"\nidle_ms = 1000\nagents = {{ b2 = \"unix:{}\" }}\n", sock.display());
-        extra
-    });
+        "[handover]\nmode = \"always\"\nidle_ms = 1000\n{agents}\n",
+    );
     let mut clients = [Client::connect(d.proc.addr), Client::connect(d.proc.addr)];
     for (i, c) in clients.iter_mut().enumerate() {
         c.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -75,8 +75,8 @@ fn settled(p: &Proc) -> u64 {
 #[test]
 fn idle_keep_alive_connections_cost_at_most_2_kib_each_and_closing_them_returns_it() {
     let n = raise_nofile(5000);
-    let b1 = blob("b1");
-    let d = dispatcher(&[("b1", b1.addr, "primary")], "[overload]\nenabled = false\n");
+    let ([_b1], d) =
+        cluster().backends(1).dispatcher("[overload]\nenabled = false\n").with(Binary::default()).run().split();
     let addr = d.proc.addr;
     // Warm up: backend pool, metrics series, the runtime's own structures.
     drop(open_idle(addr, 200));

@@ -20,10 +20,7 @@ fn in_flight(d: &Dispatcher, name: &str) -> u64 {
 
 #[test]
 fn a_request_that_cannot_start_before_its_deadline_is_refused_not_sent_late() {
-    let slow = blob_at("b1", 0, &["--delay-ms", "2000"]);
-    let http: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let admin: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let d = dispatcher_logged(&config(http, admin, &[("b1", slow.addr, "primary")], ONE_SLOT), http, admin);
+    let ([_slow], d) = cluster().backend("b1", &["--delay-ms", "2000"]).dispatcher(ONE_SLOT).with(LOGGED).run().split();
     let addr = d.proc.addr;
     let holder = std::thread::spawn(move || get(addr, "/blob?bytes=1"));
     std::thread::sleep(Duration::from_millis(150));
@@ -44,8 +41,8 @@ fn a_request_that_cannot_start_before_its_deadline_is_refused_not_sent_late() {
 
 #[test]
 fn a_client_that_goes_away_releases_its_backend_slot() {
-    let slow = blob_at("b1", 0, &["--delay-ms", "1500"]);
-    let d = dispatcher(&[("b1", slow.addr, "primary")], ONE_SLOT);
+    let ([_slow], d) =
+        cluster().backend("b1", &["--delay-ms", "1500"]).dispatcher(ONE_SLOT).with(Binary::default()).run().split();
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", "/blob?bytes=1", &[], b""));
     std::thread::sleep(Duration::from_millis(200));
@@ -67,8 +64,8 @@ fn queued(d: &Dispatcher, name: &str) -> u64 {
 
 #[test]
 fn a_client_that_goes_away_while_queued_leaves_the_queue_at_once() {
-    let slow = blob_at("b1", 0, &["--delay-ms", "1500"]);
-    let d = dispatcher(&[("b1", slow.addr, "primary")], ONE_SLOT);
+    let ([_slow], d) =
+        cluster().backend("b1", &["--delay-ms", "1500"]).dispatcher(ONE_SLOT).with(Binary::default()).run().split();
     let addr = d.proc.addr;
     let holder = std::thread::spawn(move || get(addr, "/blob?bytes=1"));
     std::thread::sleep(Duration::from_millis(200));
@@ -91,8 +88,7 @@ fn a_client_that_goes_away_while_queued_leaves_the_queue_at_once() {
 
 #[test]
 fn bad_overload_headers_are_refused() {
-    let b1 = blob("b1");
-    let d = dispatcher(&[("b1", b1.addr, "primary")], "");
+    let ([_b1], d) = cluster().backends(1).dispatcher("").with(Binary::default()).run().split();
     let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-priority", "urgent")], b"");
     assert_eq!(r.status, 400);
     let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-timeout-ms", "soon")], b"");
@@ -109,8 +105,12 @@ fn bad_overload_headers_are_refused() {
 
 #[test]
 fn control_off_never_queues_or_refuses() {
-    let slow = blob_at("b1", 0, &["--delay-ms", "300"]);
-    let d = dispatcher(&[("b1", slow.addr, "primary")], "[overload]\nenabled = false\nmax_concurrency = 1\n");
+    let ([_slow], d) = cluster()
+        .backend("b1", &["--delay-ms", "300"])
+        .dispatcher("[overload]\nenabled = false\nmax_concurrency = 1\n")
+        .with(Binary::default())
+        .run()
+        .split();
     let addr = d.proc.addr;
     let handles: Vec<_> = (0..4).map(|_| std::thread::spawn(move || get(addr, "/blob?bytes=1").status)).collect();
     for h in handles {
@@ -120,9 +120,8 @@ fn control_off_never_queues_or_refuses() {
 
 #[test]
 fn a_user_over_its_rate_gets_429_and_others_are_unaffected() {
-    let b1 = blob("b1");
     let limits = "[[overload.user]]\nname = \"noisy\"\nrate = 1.0\nburst = 3.0\n";
-    let d = dispatcher(&[("b1", b1.addr, "primary")], limits);
+    let ([_b1], d) = cluster().backends(1).dispatcher(limits).with(Binary::default()).run().split();
     let statuses: Vec<u16> = (0..6)
         .map(|_| request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-user", "noisy")], b"").status)
         .collect();
@@ -138,10 +137,14 @@ fn a_user_over_its_rate_gets_429_and_others_are_unaffected() {
 #[test]
 fn a_deadline_that_runs_out_at_the_backend_is_not_blamed_on_the_backend() {
     // Two slow replicas; a replica is ejected after 2 consecutive failures.
-    let b1 = blob("b1");
-    let (b2, b3) = (blob_at("b2", 0, &["--delay-ms", "300"]), blob_at("b3", 0, &["--delay-ms", "300"]));
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
-    let d = dispatcher(&backends, "[overload]\neject_after_failures = 2\n");
+    let ([_b1, _b2, _b3], d) = cluster()
+        .backends(1)
+        .backend("b2", &["--delay-ms", "300"])
+        .backend("b3", &["--delay-ms", "300"])
+        .dispatcher("[overload]\neject_after_failures = 2\n")
+        .with(Binary::default())
+        .run()
+        .split();
     for _ in 0..6 {
         let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-timeout-ms", "100")], b"");
         assert_eq!(r.status, 504, "{r:?}");
@@ -157,11 +160,14 @@ fn a_deadline_that_runs_out_at_the_backend_is_not_blamed_on_the_backend() {
 
 #[test]
 fn a_read_refused_by_one_replica_is_admitted_by_another() {
-    let b1 = blob("b1");
-    let slow = blob_at("b2", 0, &["--delay-ms", "300"]);
-    let fast = blob("b3");
-    let backends = [("b1", b1.addr, "primary"), ("b2", slow.addr, "replica"), ("b3", fast.addr, "replica")];
-    let d = dispatcher(&backends, &format!("{ONE_SLOT}[balance]\npolicy = \"round-robin\"\n"));
+    let ([_b1, _slow, fast], d) = cluster()
+        .backends(1)
+        .backend("b2", &["--delay-ms", "300"])
+        .backends(1)
+        .dispatcher(&format!("{ONE_SLOT}[balance]\npolicy = \"round-robin\"\n"))
+        .with(Binary::default())
+        .run()
+        .split();
     // Teach b2's limiter that it takes 300 ms (round robin: b2 first, then b3).
     for _ in 0..2 {
         assert_eq!(get(d.proc.addr, "/blob?bytes=1").status, 200);
@@ -221,9 +227,7 @@ fn pipelined_reads(addr: std::net::SocketAddr, conn: u64, sizes: &[u64]) -> Vec<
 fn a_closed_loop_of_64_pipelining_connections_is_served_in_full() {
     // Default overload settings, default blob servers: the load is what the backends can
     // carry (it cannot exceed its population), so queueing must serve it all.
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
-    let d = dispatcher(&backends, "");
+    let ([_b1, _b2, _b3], d) = cluster().backends(3).dispatcher("").with(Binary::default()).run().split();
     let addr = d.proc.addr;
     let started = Instant::now();
     let conns: Vec<_> =
@@ -238,10 +242,14 @@ fn a_closed_loop_of_64_pipelining_connections_is_served_in_full() {
 fn saturated_replicas_do_not_spill_reads_onto_the_primary() {
     // Two replicas of one slot each, busy for 600 ms; reads that cannot be admitted in their
     // 150 ms are refused, not sent to the primary, whose capacity the writes keep.
-    let b1 = blob("b1");
-    let (b2, b3) = (blob_at("b2", 0, &["--delay-ms", "600"]), blob_at("b3", 0, &["--delay-ms", "600"]));
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
-    let d = dispatcher(&backends, ONE_SLOT);
+    let ([b1, _b2, _b3], d) = cluster()
+        .backends(1)
+        .backend("b2", &["--delay-ms", "600"])
+        .backend("b3", &["--delay-ms", "600"])
+        .dispatcher(ONE_SLOT)
+        .with(Binary::default())
+        .run()
+        .split();
     let addr = d.proc.addr;
     let holders: Vec<_> = (0..2).map(|_| std::thread::spawn(move || get(addr, "/blob?bytes=1").status)).collect();
     std::thread::sleep(Duration::from_millis(150));

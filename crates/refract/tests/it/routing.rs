@@ -8,18 +8,15 @@ use common::*;
 use refract_blob::pattern;
 use std::net::SocketAddr;
 
-fn cluster() -> (Proc, Proc, Proc, Dispatcher) {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
-    // Round robin, as in examples/loopback.toml (the default, peak-EWMA, spreads by latency).
-    let d = dispatcher(&backends, "[balance]\npolicy = \"round-robin\"\n");
-    (b1, b2, b3, d)
+/// b1 (the primary), b2 and b3 behind a dispatcher balancing round robin, as in
+/// examples/loopback.toml (the default, peak-EWMA, spreads by latency).
+fn round_robin() -> ([Proc; 3], Dispatcher) {
+    cluster().backends(3).dispatcher("[balance]\npolicy = \"round-robin\"\n").with(Binary::default()).run().split()
 }
 
 #[test]
 fn default_peak_ewma_policy_uses_both_replicas() {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")], "");
+    let ([_b1, _b2, _b3], d) = cluster().backends(3).dispatcher("").with(Binary::default()).run().split();
     let mut seen = std::collections::HashSet::new();
     for _ in 0..60 {
         seen.insert(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").unwrap());
@@ -30,7 +27,7 @@ fn default_peak_ewma_policy_uses_both_replicas() {
 
 #[test]
 fn reads_spread_writes_on_primary_tableload_on_all() {
-    let (b1, b2, b3, d) = cluster();
+    let ([b1, b2, b3], d) = round_robin();
     let mut c = Client::connect(d.proc.addr);
     let mut served = std::collections::HashMap::new();
     for i in 0..30 {
@@ -61,7 +58,7 @@ fn reads_spread_writes_on_primary_tableload_on_all() {
 
 #[test]
 fn hyrise_plans_are_classified() {
-    let (b1, b2, b3, d) = cluster();
+    let ([b1, b2, b3], d) = round_robin();
     let insert = r#"{"operators":{"0":{"type":"GetTable","name":"t"},"1":{"type":"InsertScan"}},"edges":[["0","1"]]}"#;
     let scan = r#"{"operators":{"0":{"type":"GetTable","name":"t"},"1":{"type":"SimpleTableScan"}}}"#;
     assert_eq!(request(d.proc.addr, "POST", "/query", &[], &plan_body(insert)).json()["served_by"], "b1");
@@ -73,7 +70,7 @@ fn hyrise_plans_are_classified() {
 
 #[test]
 fn route_header_is_honoured() {
-    let (b1, b2, b3, d) = cluster();
+    let ([b1, b2, b3], d) = round_robin();
     let r = request(d.proc.addr, "GET", "/blob?bytes=1", &[("x-refract-route", "write")], b"");
     assert_eq!(r.header("x-served-by").as_deref(), Some("b1"));
     let r = request(d.proc.addr, "POST", "/blob", &[("x-refract-route", "read")], b"x");
@@ -91,7 +88,7 @@ fn route_header_is_honoured() {
 
 #[test]
 fn pipelined_requests_are_answered_in_order() {
-    let (_b1, _b2, _b3, d) = cluster();
+    let ([_b1, _b2, _b3], d) = round_robin();
     let mut c = Client::connect(d.proc.addr);
     let sizes = [1u64, 70_000, 0, 5, 300_000, 12, 64, 1_000_000];
     let mut all = Vec::new();
@@ -109,7 +106,7 @@ fn pipelined_requests_are_answered_in_order() {
 
 #[test]
 fn expect_100_continue_gets_the_go_ahead_before_the_body() {
-    let (b1, _b2, _b3, d) = cluster();
+    let ([b1, _b2, _b3], d) = round_robin();
     let mut c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
     c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 5000\r\n\r\n");
@@ -126,7 +123,7 @@ fn expect_100_continue_gets_the_go_ahead_before_the_body() {
 
 #[test]
 fn chunked_bodies_both_ways() {
-    let (b1, _b2, _b3, d) = cluster();
+    let ([b1, _b2, _b3], d) = round_robin();
     let mut c = Client::connect(d.proc.addr);
     c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n");
     let r = c.read_response(false).unwrap();
@@ -143,12 +140,8 @@ fn chunked_bodies_both_ways() {
 
 #[test]
 fn least_outstanding_policy_spreads_reads() {
-    let (_b1, _b2, _b3, d) = {
-        let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-        let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
-        let d = dispatcher(&backends, "[balance]\npolicy = \"least-outstanding\"\n");
-        (b1, b2, b3, d)
-    };
+    let build = cluster().backends(3).dispatcher("[balance]\npolicy = \"least-outstanding\"\n");
+    let ([_b1, _b2, _b3], d) = build.with(Binary::default()).run().split();
     let mut seen = std::collections::HashSet::new();
     for _ in 0..40 {
         seen.insert(get(d.proc.addr, "/blob?bytes=1").header("x-served-by").unwrap());
@@ -171,14 +164,8 @@ fn the_loopback_example_works_as_documented() {
 }
 
 /// A dispatcher in front of a primary and a replica, with `listen_extra` added to `[listen]`.
-fn dispatcher_listening_with(listen_extra: &str) -> (Proc, Proc, Dispatcher) {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (http, admin) = (([127, 0, 0, 1], free_port()).into(), ([127, 0, 0, 1], free_port()).into());
-    let text = config(http, admin, &[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "")
-        .replace("workers = 2\n", &format!("workers = 2\n{listen_extra}\n"));
-    assert!(text.contains(listen_extra));
-    let d = dispatcher_with(&text, http, admin);
-    (b1, b2, d)
+fn dispatcher_listening_with(listen: &'static str) -> ([Proc; 2], Dispatcher) {
+    cluster().backends(2).dispatcher("").with(Binary { listen, ..Binary::default() }).run().split()
 }
 
 /// `clients` keep-alive connections at once, each reading `sizes(i)` bytes for i in
@@ -206,7 +193,7 @@ fn keep_alive_clients(addr: SocketAddr, clients: u64, requests: u64, sizes: fn(u
 
 #[test]
 fn balanced_accept_serves_concurrent_keep_alive_connections() {
-    let (_b1, b2, d) = dispatcher_listening_with("accept = \"balanced\"");
+    let ([_b1, b2], d) = dispatcher_listening_with("accept = \"balanced\"");
     keep_alive_clients(d.proc.addr, 8, 5, |i| 1000 + i);
     assert_eq!(stats(b2.addr)["reads"], 40, "every read served (by the replica)");
 }
@@ -224,7 +211,7 @@ fn open_per_worker(admin: SocketAddr) -> [i64; 2] {
 fn balanced_accept_does_not_count_connections_closed_before_they_spoke() {
     // wrk and health checkers connect and close once before their real connection. Such
     // probes, right before two real clients, must not push both clients onto one event loop.
-    let (_b1, _b2, d) = dispatcher_listening_with("accept = \"balanced\"");
+    let ([_b1, _b2], d) = dispatcher_listening_with("accept = \"balanced\"");
     for round in 0..5u64 {
         let mut clients = Vec::new();
         for seed in 0..2 {
@@ -251,7 +238,7 @@ fn balanced_accept_does_not_count_connections_closed_before_they_spoke() {
 
 #[test]
 fn busy_polling_serves_keep_alive_connections_and_counts_its_time() {
-    let (_b1, b2, d) = dispatcher_listening_with("busy_poll_us = 500");
+    let ([_b1, b2], d) = dispatcher_listening_with("busy_poll_us = 500");
     keep_alive_clients(d.proc.addr, 4, 20, |i| if i == 7 { 1 << 20 } else { i * 100 });
     assert_eq!(stats(b2.addr)["reads"], 80, "every read served (by the replica)");
     // The loops' polling periods end 500 µs after their last read (and are counted every ms

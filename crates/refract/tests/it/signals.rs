@@ -11,12 +11,12 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A logged dispatcher on fresh ports in front of `backends`, with `extra` appended.
-fn logged(backends: &[(&str, SocketAddr, &str)], extra: &str) -> (Dispatcher, String) {
-    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let text = config(http, admin, backends, extra);
-    (dispatcher_logged(&text, http, admin), text)
+/// `build`'s two backends (b1 the primary, b2 a replica) and a logged dispatcher in front of
+/// them with `extra` appended to its config; and that config.
+fn logged(build: ClusterBuilder, extra: &str) -> ([Proc; 2], Dispatcher, String) {
+    let (backends, d) = build.dispatcher(extra).with(LOGGED).run().split();
+    let text = std::fs::read_to_string(d.config_path()).unwrap();
+    (backends, d, text)
 }
 
 /// Reads a response head byte by byte (leaving the body on the socket).
@@ -58,8 +58,8 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 #[test]
 fn sighup_applies_a_new_backend_list_while_a_long_response_streams_on() {
     const N: u64 = 64 << 20;
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let (d, text) = logged(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, b2], d, text) = logged(cluster().backends(2), "");
+    let b3 = blob("b3");
     let mut long = Client::connect(d.proc.addr);
     long.send(&raw_request("GET", &format!("/blob?bytes={N}&seed=7"), &[], b""));
     let head = read_head(&mut long);
@@ -95,8 +95,7 @@ fn sighup_applies_a_new_backend_list_while_a_long_response_streams_on() {
 
 #[test]
 fn an_invalid_config_on_reload_keeps_the_old_one_and_says_why() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let (d, text) = logged(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, b2], d, text) = logged(cluster().backends(2), "");
     std::fs::write(d.config_path(), format!("{text}[timeouts]\ndrain_ms = 0\n")).unwrap();
     d.proc.signal("HUP");
     wait_for("the refusal is logged", || d.log().contains("reload refused"));
@@ -123,8 +122,7 @@ fn an_invalid_config_on_reload_keeps_the_old_one_and_says_why() {
 
 #[test]
 fn a_response_finished_during_the_drain_says_connection_close() {
-    let (b1, b2) = (blob("b1"), blob_at("b2", 0, &["--delay-ms", "1000"]));
-    let (mut d, _) = logged(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, _b2], mut d, _) = logged(cluster().backends(1).backend("b2", &["--delay-ms", "1000"]), "");
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", "/blob?bytes=10", &[], b""));
     wait_in_flight_on_b2(&d);
@@ -138,8 +136,8 @@ fn a_response_finished_during_the_drain_says_connection_close() {
 
 #[test]
 fn a_drain_that_times_out_exits_3() {
-    let (b1, b2) = (blob("b1"), blob_at("b2", 0, &["--delay-ms", "5000"]));
-    let (mut d, _) = logged(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "[timeouts]\ndrain_ms = 300\n");
+    let build = cluster().backends(1).backend("b2", &["--delay-ms", "5000"]);
+    let ([_b1, _b2], mut d, _) = logged(build, "[timeouts]\ndrain_ms = 300\n");
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", "/blob?bytes=10", &[], b""));
     wait_in_flight_on_b2(&d);

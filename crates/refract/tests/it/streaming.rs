@@ -9,8 +9,7 @@ use std::io::Read;
 #[test]
 fn a_128_mib_response_is_relayed_byte_exact_in_bounded_memory() {
     const N: u64 = 128 << 20;
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], "");
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher("").with(Binary::default()).run().split();
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", &format!("/blob?bytes={N}&seed=42"), &[], b""));
     // Read the head, then check the body while streaming it (the test keeps no copy either).

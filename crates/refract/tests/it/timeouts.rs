@@ -97,11 +97,10 @@ fn slots(stall: &str) -> String {
 
 #[test]
 fn clients_that_stop_reading_free_their_slots_within_the_write_stall_timeout() {
-    let (b1, b2) = (blob("b1"), blob("b2"));
     // The write-stall bound alone: the contended stall (which frees slots sooner when others
     // wait) is the subject of the tests below.
     let stall = "write_stall_ms = 1000\ncontended_stall_ms = 60000";
-    let d = dispatcher(&[("b1", b1.addr, "primary"), ("b2", b2.addr, "replica")], &slots(stall));
+    let ([_b1, _b2], d) = cluster().backends(2).dispatcher(&slots(stall)).with(Binary::default()).run().split();
     let addr = d.proc.addr;
     // Each asks 64 MiB and reads nothing: their slots fill the replica's limit.
     let mut stalled: Vec<TcpStream> = (0..STALLED)
@@ -144,8 +143,12 @@ fn slot_holder(d: &Dispatcher, bytes: u64, seed: u64) -> Client {
 #[test]
 fn a_paused_reader_keeps_its_backend_until_another_request_wants_it_then_reads_the_rest_from_a_spill() {
     const N: u64 = 16 << 20;
-    let b1 = blob("b1");
-    let d = dispatcher(&[("b1", b1.addr, "primary")], &format!("{CONTENDED}[limits]\nspill_bytes = {N}\n"));
+    let ([_b1], d) = cluster()
+        .backends(1)
+        .dispatcher(&format!("{CONTENDED}[limits]\nspill_bytes = {N}\n"))
+        .with(Binary::default())
+        .run()
+        .split();
     let mut a = slot_holder(&d, N, 5);
     // Nobody else wants the slot: a pause of four times the contended stall costs nothing.
     std::thread::sleep(Duration::from_millis(1200));
@@ -168,8 +171,7 @@ fn a_paused_reader_keeps_its_backend_until_another_request_wants_it_then_reads_t
 
 #[test]
 fn a_stalled_reader_whose_rest_cannot_be_spilled_is_reset_when_another_request_waits() {
-    let b1 = blob("b1");
-    let d = dispatcher(&[("b1", b1.addr, "primary")], CONTENDED);
+    let ([_b1], d) = cluster().backends(1).dispatcher(CONTENDED).with(Binary::default()).run().split();
     // 64 MiB, the default spill 1 MiB: no rest of it fits.
     let mut a = slot_holder(&d, BIG, 6);
     std::thread::sleep(Duration::from_millis(500));
@@ -205,9 +207,9 @@ fn read_slowly(s: &mut TcpStream, n: usize, chunk: usize, pause: Duration) -> Ve
 #[test]
 fn a_slow_reader_that_keeps_reading_keeps_its_backend_while_others_wait() {
     const N: usize = 6 << 20;
-    let b1 = blob("b1");
     // Never spilled: a reader taken for stalled would be reset.
-    let d = dispatcher(&[("b1", b1.addr, "primary")], &format!("{CONTENDED}[limits]\nspill_bytes = 0\n"));
+    let extra = format!("{CONTENDED}[limits]\nspill_bytes = 0\n");
+    let ([_b1], d) = cluster().backends(1).dispatcher(&extra).with(Binary::default()).run().split();
     let mut a = slot_holder(&d, N as u64, 7);
     let addr = d.proc.addr;
     let other = std::thread::spawn(move || get(addr, "/blob?bytes=10").status);
@@ -234,9 +236,8 @@ fn stalled_post(addr: SocketAddr, declared: usize, sent: usize) -> std::thread::
 
 #[test]
 fn stalled_request_bodies_do_not_block_writes_and_get_408() {
-    let b1 = blob("b1");
     // Longer than the 2 s a write may take: waiting for the stalled ones to time out is too late.
-    let d = dispatcher(&[("b1", b1.addr, "primary")], &slots("body_ms = 3000"));
+    let ([b1], d) = cluster().backends(1).dispatcher(&slots("body_ms = 3000")).with(Binary::default()).run().split();
     let addr = d.proc.addr;
     // 20 POSTs stop after 3 of their 1000 body bytes: read ahead, they hold no backend slot.
     let stalled: Vec<_> = (0..STALLED).map(|_| stalled_post(addr, 1000, 3)).collect();
@@ -257,9 +258,8 @@ fn stalled_request_bodies_do_not_block_writes_and_get_408() {
 
 #[test]
 fn a_stalled_body_too_large_to_buffer_frees_its_slot_within_the_body_timeout() {
-    let b1 = blob("b1");
     let extra = format!("{}[limits]\nmax_buffered_body = 1024\n", slots("body_ms = 1000"));
-    let d = dispatcher(&[("b1", b1.addr, "primary")], &extra);
+    let ([_b1], d) = cluster().backends(1).dispatcher(&extra).with(Binary::default()).run().split();
     // Streamed (larger than what is buffered): the backend holds a slot while it arrives.
     let h = stalled_post(d.proc.addr, 100_000, 2000);
     wait_in_flight(&d, "b1", 1, Duration::from_secs(5));
@@ -276,8 +276,7 @@ const HEAD: &str = "[timeouts]\nhead_ms = 1000\nclient_idle_ms = 2000\n";
 
 #[test]
 fn a_slow_head_is_served_while_it_keeps_coming_and_a_stalled_one_gets_408() {
-    let b1 = blob("b1");
-    let d = dispatcher(&[("b1", b1.addr, "primary")], HEAD);
+    let ([_b1], d) = cluster().backends(1).dispatcher(HEAD).with(Binary::default()).run().split();
     // 4 s in all, longer than both timeouts, but never 1 s without a byte.
     let mut c = Client::connect(d.proc.addr);
     for b in b"GET /blob?bytes=10 HTTP/1.1\r\nhost: t\r\n\r\n" {
@@ -300,8 +299,12 @@ fn a_slow_head_is_served_while_it_keeps_coming_and_a_stalled_one_gets_408() {
 
 #[test]
 fn an_idle_keep_alive_connection_is_closed_silently_after_the_idle_timeout() {
-    let b1 = blob("b1");
-    let d = dispatcher(&[("b1", b1.addr, "primary")], "[timeouts]\nhead_ms = 500\nclient_idle_ms = 1500\n");
+    let ([_b1], d) = cluster()
+        .backends(1)
+        .dispatcher("[timeouts]\nhead_ms = 500\nclient_idle_ms = 1500\n")
+        .with(Binary::default())
+        .run()
+        .split();
     let mut c = Client::connect(d.proc.addr);
     c.send(&raw_request("GET", "/blob?bytes=10", &[], b""));
     assert_eq!(c.read_response(false).unwrap().status, 200);
@@ -454,9 +457,7 @@ fn given_up(admin: SocketAddr, start: Instant, end: Instant) -> std::thread::Joi
 }
 
 fn stalled_readers(s: &Stalls) -> Measured {
-    let (b1, b2, b3) = (blob("b1"), blob("b2"), blob("b3"));
-    let backends = [("b1", b1.addr, "primary"), ("b2", b2.addr, "replica"), ("b3", b3.addr, "replica")];
-    let d = dispatcher(&backends, s.extra);
+    let ([_b1, _b2, _b3], d) = cluster().backends(3).dispatcher(s.extra).with(Binary::default()).run().split();
     let addr = d.proc.addr;
     let start = Instant::now();
     let end = start + s.run;

@@ -4,6 +4,7 @@ use crate::config::{BackendConfig, Role};
 use crate::metrics::BackendCounters;
 use crate::overload::{Admission, AdmissionConfig, PeakEwma};
 use bytes::BytesMut;
+use refract_vocab::{FrontKind, MemberName};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -36,8 +37,10 @@ pub enum ConnectError {
 /// One backend server.
 #[derive(Debug)]
 pub struct Backend {
-    /// Unique name.
+    /// Unique name (across both front ends' members).
     pub name: String,
+    /// The front end it belongs to.
+    pub front: FrontKind,
     /// Where it listens.
     pub addr: SocketAddr,
     /// Primary or replica.
@@ -92,6 +95,8 @@ pub struct BackendConn {
 pub struct BackendView {
     /// Name.
     pub name: String,
+    /// Its front end: `"http"` or `"postgres"`.
+    pub front: FrontKind,
     /// Address.
     pub addr: SocketAddr,
     /// Role.
@@ -127,14 +132,22 @@ impl Drop for InflightGuard {
 }
 
 impl Backend {
-    /// A backend from its configuration; it starts up (health checks correct that quickly).
-    pub fn new(cfg: &BackendConfig, max_idle: usize, counters: BackendCounters, mut adm: AdmissionConfig) -> Self {
+    /// A member of `front` from its configuration; it starts up (health checks correct that
+    /// quickly).
+    pub fn new(
+        cfg: &BackendConfig,
+        front: FrontKind,
+        max_idle: usize,
+        counters: BackendCounters,
+        mut adm: AdmissionConfig,
+    ) -> Self {
         if let Some(cap) = cfg.max_concurrency {
             adm.limit.max = cap as f64;
             adm.limit.initial = adm.limit.initial.min(cap as f64);
         }
         Backend {
             name: cfg.name.clone(),
+            front,
             addr: cfg.addr,
             role: cfg.role,
             up: AtomicBool::new(true),
@@ -154,6 +167,11 @@ impl Backend {
             window: Default::default(),
             ejected_until: AtomicU64::new(0),
         }
+    }
+
+    /// Its name and front end, as metrics label it.
+    pub fn member(&self) -> MemberName<'_> {
+        MemberName { name: &self.name, front: self.front }
     }
 
     /// Whether it is ejected for failing repeatedly.
@@ -308,6 +326,7 @@ impl Backend {
         let adm = self.admission.view();
         BackendView {
             name: self.name.clone(),
+            front: self.front,
             addr: self.addr,
             role: self.role,
             state: match (self.up.load(Relaxed), self.is_ejected()) {

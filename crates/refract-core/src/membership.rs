@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::overload::AdmissionConfig;
 use crate::partial::Shares;
 use rand::Rng;
-use refract_vocab::RouteClass;
+use refract_vocab::{FrontKind, MemberName, RouteClass};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -56,6 +56,8 @@ pub struct Membership<M: Member = Backend> {
     admission: AdmissionConfig,
     metrics: Arc<Metrics>,
     eject_max_fraction: f64,
+    /// The front end its members belong to (HTTP unless [`Membership::serving`] says).
+    front: FrontKind,
 }
 
 impl<M: Member> Membership<M> {
@@ -77,12 +79,21 @@ impl<M: Member> Membership<M> {
             admission,
             metrics,
             eject_max_fraction,
+            front: FrontKind::Http,
         }
     }
 
-    /// The engine part of a new member defined by `cfg`, its counters labelled `cfg.name`.
+    /// The same membership, its members belonging to `front` (their engine parts and metrics
+    /// say so).
+    pub fn serving(self, front: FrontKind) -> Self {
+        Membership { front, ..self }
+    }
+
+    /// The engine part of a new member defined by `cfg`, its counters labelled `cfg.name`
+    /// (and its front end).
     pub fn engine_part(&self, cfg: &BackendConfig) -> Backend {
-        Backend::new(cfg, self.max_idle, self.metrics.backend(&cfg.name), self.admission.clone())
+        let counters = self.metrics.backend(MemberName { name: &cfg.name, front: self.front });
+        Backend::new(cfg, self.front, self.max_idle, counters, self.admission.clone())
     }
 
     /// Makes `members` the membership (a front end building its list; those left are retired).
@@ -142,7 +153,7 @@ impl<M: Member> Membership<M> {
         let gone = next.remove(pos);
         gone.retire();
         *guard = Arc::new(next);
-        self.metrics.remove_backend(&gone.backend().name);
+        self.metrics.remove_backend(gone.backend().member());
         Some(gone)
     }
 
@@ -160,7 +171,7 @@ impl<M: Member> Membership<M> {
     pub fn set_drained(&self, name: &str, drained: bool) -> Option<bool> {
         let m = self.get(name)?;
         let changed = m.backend().set_drained(drained);
-        self.metrics.set_drained(&m.backend().name, drained);
+        self.metrics.set_drained(m.backend().member(), drained);
         if changed {
             tracing::info!(backend = %name, drained, "backend drain changed by the admin API");
         }
@@ -289,7 +300,7 @@ impl Membership {
         for old in guard.iter().filter(|o| !next.iter().any(|n| Arc::ptr_eq(n, o))) {
             old.retire();
             if !next.iter().any(|n| n.name == old.name) {
-                self.metrics.remove_backend(&old.name);
+                self.metrics.remove_backend(old.member());
                 changes.push(format!("removed {}", old.name));
             }
         }

@@ -5,21 +5,28 @@
 
 use crate::overload::AdmissionView;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use refract_vocab::RouteClass;
+use refract_vocab::{FrontKind, MemberName, RouteClass};
 use std::any::Any;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct RequestLabels {
     class: String,
-    backend: String,
+    member: BackendLabel,
+}
+
+impl EncodeLabelSet for RequestLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> std::fmt::Result {
+        let labels: Vec<_> = std::iter::once(("class", self.class.as_str())).chain(self.member.pairs()).collect();
+        EncodeLabelSet::encode(&labels.as_slice(), encoder)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,9 +44,29 @@ struct DirectionLabel {
     direction: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// A member's labels: `backend` (its plain name), and `front` on a PostgreSQL server's series
+/// (the families are both front ends': [`FrontKind::label`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct BackendLabel {
     backend: String,
+    front: FrontKind,
+}
+
+impl BackendLabel {
+    fn of(m: MemberName<'_>) -> Self {
+        BackendLabel { backend: m.name.into(), front: m.front }
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        std::iter::once(("backend", self.backend.as_str())).chain(self.front.label().map(|f| ("front", f)))
+    }
+}
+
+impl EncodeLabelSet for BackendLabel {
+    fn encode(&self, encoder: LabelSetEncoder) -> std::fmt::Result {
+        let labels: Vec<_> = self.pairs().collect();
+        EncodeLabelSet::encode(&labels.as_slice(), encoder)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,10 +74,17 @@ struct WorkerLabel {
     worker: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct HowLabels {
-    backend: String,
+    member: BackendLabel,
     how: String,
+}
+
+impl EncodeLabelSet for HowLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> std::fmt::Result {
+        let labels: Vec<_> = self.member.pairs().chain(std::iter::once(("how", self.how.as_str()))).collect();
+        EncodeLabelSet::encode(&labels.as_slice(), encoder)
+    }
 }
 
 /// The dispatcher's metrics.
@@ -142,7 +176,7 @@ impl Metrics {
         let backend_limit = Family::<BackendLabel, Gauge>::default();
         reg.register(
             "backend_concurrency_limit",
-            "Admission control's adaptive concurrency limit per backend (PostgreSQL servers: pg:NAME)",
+            "Admission control's adaptive concurrency limit per backend",
             backend_limit.clone(),
         );
         let backend_queued = Family::<BackendLabel, Gauge>::default();
@@ -196,10 +230,12 @@ impl Metrics {
         f
     }
 
-    /// Handles for a backend's counters.
-    pub fn backend(&self, name: &str) -> BackendCounters {
+    /// Handles for a member's counters.
+    pub fn backend<'a>(&self, member: impl Into<MemberName<'a>>) -> BackendCounters {
+        let member = BackendLabel::of(member.into());
         let get = |c: RouteClass| {
-            self.requests.get_or_create(&RequestLabels { class: c.as_str().into(), backend: name.into() }).clone()
+            let labels = RequestLabels { class: c.as_str().into(), member: member.clone() };
+            self.requests.get_or_create(&labels).clone()
         };
         BackendCounters { requests: RouteClass::ALL.map(get) }
     }
@@ -214,24 +250,24 @@ impl Metrics {
         self.latency[class_index(class)].observe(seconds);
     }
 
-    /// Sets a backend's state gauges (called at scrape time).
-    pub fn set_backend(&self, name: &str, up: bool, inflight: usize) {
-        let l = BackendLabel { backend: name.into() };
+    /// Sets a member's state gauges (called at scrape time).
+    pub fn set_backend<'a>(&self, member: impl Into<MemberName<'a>>, up: bool, inflight: usize) {
+        let l = BackendLabel::of(member.into());
         drop(self.backend_drained.get_or_create(&l));
         self.backend_up.get_or_create(&l).set(i64::from(up));
         self.backend_inflight.get_or_create(&l).set(inflight as i64);
     }
 
-    /// Sets a backend's admission gauges: its concurrency limit and its queue.
-    pub fn set_admission(&self, name: &str, v: &AdmissionView) {
-        let l = BackendLabel { backend: name.into() };
+    /// Sets a member's admission gauges: its concurrency limit and its queue.
+    pub fn set_admission<'a>(&self, member: impl Into<MemberName<'a>>, v: &AdmissionView) {
+        let l = BackendLabel::of(member.into());
         self.backend_limit.get_or_create(&l).set(v.limit as i64);
         self.backend_queued.get_or_create(&l).set(v.queued as i64);
     }
 
-    /// Sets whether backend `name` is drained (`refract_backend_drained`).
-    pub fn set_drained(&self, name: &str, drained: bool) {
-        self.backend_drained.get_or_create(&BackendLabel { backend: name.into() }).set(i64::from(drained));
+    /// Sets whether a member is drained (`refract_backend_drained`).
+    pub fn set_drained<'a>(&self, member: impl Into<MemberName<'a>>, drained: bool) {
+        self.backend_drained.get_or_create(&BackendLabel::of(member.into())).set(i64::from(drained));
     }
 
     /// The gauge of open client connections on worker `worker`.
@@ -242,13 +278,14 @@ impl Metrics {
     /// Counts a backend let go for a client that stopped reading while others waited for it:
     /// `how` is `spilled` (the rest of the response kept for the client) or `cut` (its
     /// connection reset).
-    pub fn stall_yield(&self, backend: &str, how: &str) {
-        self.stall_yields.get_or_create(&HowLabels { backend: backend.into(), how: how.into() }).inc();
+    pub fn stall_yield<'a>(&self, backend: impl Into<MemberName<'a>>, how: &str) {
+        let labels = HowLabels { member: BackendLabel::of(backend.into()), how: how.into() };
+        self.stall_yields.get_or_create(&labels).inc();
     }
 
-    /// Forgets a removed backend's gauges.
-    pub fn remove_backend(&self, name: &str) {
-        let l = BackendLabel { backend: name.into() };
+    /// Forgets a removed member's gauges.
+    pub fn remove_backend<'a>(&self, member: impl Into<MemberName<'a>>) {
+        let l = BackendLabel::of(member.into());
         self.backend_up.remove(&l);
         self.backend_drained.remove(&l);
         self.backend_inflight.remove(&l);
@@ -288,6 +325,24 @@ mod tests {
         assert!(text.contains(r#"refract_errors_total{kind="connect"} 1"#), "{text}");
         assert!(text.contains(r#"refract_backend_in_flight{backend="b1"} 2"#), "{text}");
         assert!(text.contains("refract_request_duration_seconds_count{class=\"read\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn a_postgres_servers_series_carry_its_plain_name_and_front() {
+        let m = Metrics::new();
+        let pg = MemberName::postgres("b1");
+        m.backend(pg).request(RouteClass::Write);
+        m.set_backend("b1", true, 0);
+        m.set_backend(pg, false, 3);
+        let text = m.render();
+        assert!(text.contains(r#"refract_backend_up{backend="b1"} 1"#), "{text}");
+        assert!(text.contains(r#"refract_backend_up{backend="b1",front="postgres"} 0"#), "{text}");
+        assert!(text.contains(r#"refract_backend_in_flight{backend="b1",front="postgres"} 3"#), "{text}");
+        assert!(text.contains(r#"refract_requests_total{class="write",backend="b1",front="postgres"} 1"#), "{text}");
+        m.remove_backend(pg);
+        let text = m.render();
+        assert!(!text.contains(r#"refract_backend_up{backend="b1",front="postgres"}"#), "{text}");
+        assert!(text.contains(r#"refract_backend_up{backend="b1"} 1"#), "the HTTP backend's stays: {text}");
     }
 
     struct Extra(Counter);

@@ -1,10 +1,10 @@
 //! The admin listener: `GET /backends`, `POST /backends`, `DELETE /backends/NAME`,
 //! `POST /backends/NAME/drain` and `/undrain`, `POST /reload`, `GET /metrics` (Prometheus
 //! text), `GET /health`, and with `[postgres]` `GET /pg/pools`, `GET /pg/clients`,
-//! `GET /pg/servers` (JSON). PostgreSQL servers are members too: `/backends` lists them after
-//! the HTTP backends (`"front": "postgres"`, named `pg:NAME` as in metrics), and the same calls
-//! add (`"front": "postgres"`), remove and drain them by their plain name (`pg:NAME` is still
-//! accepted, deprecated); a name is unique across both front ends. It runs on its own address
+//! `GET /pg/servers` (JSON). PostgreSQL servers are members too: `/backends` lists every member
+//! by its plain name with its `"front"` (`"http"`, then `"postgres"`), and the same calls add
+//! (`"front": "postgres"`), remove and drain them by that name (`pg:NAME` is still accepted,
+//! deprecated); a name is unique across both front ends. It runs on its own address
 //! so that operators reach it even when the client listener is saturated; `guard` decides who
 //! may use it (docs/operations.md).
 

@@ -96,14 +96,13 @@ pub(crate) fn servers_view(shared: &Shared) -> Value {
 }
 
 /// The servers as members of the engine, for `GET /backends` (after the HTTP backends): the
-/// engine's view of each (`pg:NAME`, state, admission, latency, counts) with `"front":
-/// "postgres"` and its replication lag.
+/// engine's view of each (its plain name, `"front": "postgres"`, state, admission, latency,
+/// counts) and its replication lag.
 pub(crate) fn members_view(shared: &Shared) -> Vec<Value> {
     let list = all(shared);
     let view = |s: &Arc<Server>| {
         let mut v = json!(s.member.view());
         if let Some(obj) = v.as_object_mut() {
-            obj.insert("front".into(), json!("postgres"));
             obj.insert("lag_bytes".into(), json!(s.lag_bytes()));
         }
         v

@@ -2,16 +2,33 @@
 //! dispatcher's one registry (`refract_core::metrics::Metrics::families`), counted wherever a
 //! connection is handed over, handed back or steered.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use refract_vocab::{FrontKind, MemberName};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// A member's labels: `backend` (its plain name), and `front` on a PostgreSQL server's series
+/// (the families are both front ends': [`FrontKind::label`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct BackendLabel {
     backend: String,
+    front: FrontKind,
+}
+
+impl BackendLabel {
+    fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        std::iter::once(("backend", self.backend.as_str())).chain(self.front.label().map(|f| ("front", f)))
+    }
+}
+
+impl EncodeLabelSet for BackendLabel {
+    fn encode(&self, encoder: LabelSetEncoder) -> std::fmt::Result {
+        let labels: Vec<_> = self.pairs().collect();
+        EncodeLabelSet::encode(&labels.as_slice(), encoder)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -19,26 +36,29 @@ struct KindLabel {
     kind: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    backend: String,
-    result: String,
+/// A member's labels and one more (`result`, `end`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct AndLabel {
+    member: BackendLabel,
+    key: &'static str,
+    value: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EndLabels {
-    backend: String,
-    end: String,
+impl EncodeLabelSet for AndLabel {
+    fn encode(&self, encoder: LabelSetEncoder) -> std::fmt::Result {
+        let labels: Vec<_> = self.member.pairs().chain(std::iter::once((self.key, self.value.as_str()))).collect();
+        EncodeLabelSet::encode(&labels.as_slice(), encoder)
+    }
 }
 
 /// The hand-over's metrics (`refract_handover_*`, `refract_handback`, `refract_bytes_direct`,
 /// `refract_steering_*`).
 pub struct HandoverMetrics {
-    handover: Family<ResultLabels, Counter>,
+    handover: Family<AndLabel, Counter>,
     handback: Family<BackendLabel, Counter>,
     kept: Family<BackendLabel, Counter>,
     forwarded: Family<BackendLabel, Counter>,
-    ended: Family<EndLabels, Counter>,
+    ended: Family<AndLabel, Counter>,
     seconds: Histogram,
     frozen_seconds: Histogram,
     bytes_direct: Family<BackendLabel, Counter>,
@@ -122,8 +142,8 @@ impl HandoverMetrics {
     }
 
     /// Counts a hand-over attempt for `backend`: `result` is `ok` or the reason it failed.
-    pub fn handover(&self, backend: &str, result: &str) {
-        self.handover.get_or_create(&ResultLabels { backend: backend.into(), result: result.into() }).inc();
+    pub fn handover<'a>(&self, backend: impl Into<MemberName<'a>>, result: &str) {
+        self.handover.get_or_create(&and(backend.into(), "result", result)).inc();
     }
 
     /// Records how long a hand-over took until the agent accepted it.
@@ -137,28 +157,28 @@ impl HandoverMetrics {
     }
 
     /// Counts a hand-back from `backend`'s agent.
-    pub fn handback(&self, backend: &str) {
+    pub fn handback<'a>(&self, backend: impl Into<MemberName<'a>>) {
         self.handback.get_or_create(&label(backend)).inc();
     }
 
     /// Counts a further request `backend`'s agent was let to serve on a connection it owned.
-    pub fn handover_kept(&self, backend: &str) {
+    pub fn handover_kept<'a>(&self, backend: impl Into<MemberName<'a>>) {
         self.kept.get_or_create(&label(backend)).inc();
     }
 
     /// Counts a read forwarded through `backend`'s agent (hybrid).
-    pub fn handover_forwarded(&self, backend: &str) {
+    pub fn handover_forwarded<'a>(&self, backend: impl Into<MemberName<'a>>) {
         self.forwarded.get_or_create(&label(backend)).inc();
     }
 
     /// Counts a handed-over connection that ended without a hand-back (`closed`, `lost` or
     /// `taken_back`).
-    pub fn handover_ended(&self, backend: &str, end: &str) {
-        self.ended.get_or_create(&EndLabels { backend: backend.into(), end: end.into() }).inc();
+    pub fn handover_ended<'a>(&self, backend: impl Into<MemberName<'a>>, end: &str) {
+        self.ended.get_or_create(&and(backend.into(), "end", end)).inc();
     }
 
     /// Adds bytes `backend`'s agent sent straight to a client.
-    pub fn bytes_direct(&self, backend: &str, n: u64) {
+    pub fn bytes_direct<'a>(&self, backend: impl Into<MemberName<'a>>, n: u64) {
         self.bytes_direct.get_or_create(&label(backend)).inc_by(n);
     }
 
@@ -176,9 +196,10 @@ impl HandoverMetrics {
         }
     }
 
-    /// A backend's hand-over totals for the admin view.
-    pub fn totals(&self, backend: &str) -> Totals {
-        let ok = ResultLabels { backend: backend.into(), result: "ok".into() };
+    /// A member's hand-over totals for the admin view.
+    pub fn totals<'a>(&self, backend: impl Into<MemberName<'a>>) -> Totals {
+        let backend = backend.into();
+        let ok = and(backend, "result", "ok");
         Totals {
             handovers: self.handover.get_or_create(&ok).get(),
             handbacks: self.handback.get_or_create(&label(backend)).get(),
@@ -198,8 +219,13 @@ pub struct Totals {
     pub bytes_direct: u64,
 }
 
-fn label(backend: &str) -> BackendLabel {
-    BackendLabel { backend: backend.into() }
+fn label<'a>(m: impl Into<MemberName<'a>>) -> BackendLabel {
+    let m = m.into();
+    BackendLabel { backend: m.name.into(), front: m.front }
+}
+
+fn and(m: MemberName<'_>, key: &'static str, value: &str) -> AndLabel {
+    AndLabel { member: label(m), key, value: value.into() }
 }
 
 #[cfg(test)]
@@ -238,5 +264,34 @@ mod tests {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
         assert_eq!(m.totals("b2"), Totals { handovers: 1, handbacks: 1, bytes_direct: 1000 });
+    }
+
+    #[test]
+    fn a_postgres_servers_series_carry_its_front() {
+        let mut reg = Registry::with_prefix("refract");
+        let m = HandoverMetrics::register(&mut reg);
+        let pg = MemberName::postgres("b2");
+        m.handover(pg, "ok");
+        m.handover_ended(pg, "closed");
+        m.handover_forwarded(pg);
+        m.bytes_direct(pg, 10);
+        m.bytes_direct("b2", 1);
+        let mut text = String::new();
+        encode(&mut text, &reg).unwrap();
+        for line in [
+            r#"refract_handover_total{backend="b2",front="postgres",result="ok"} 1"#,
+            r#"refract_handover_ended_total{backend="b2",front="postgres",end="closed"} 1"#,
+            r#"refract_handover_forwarded_total{backend="b2",front="postgres"} 1"#,
+            r#"refract_bytes_direct_total{backend="b2",front="postgres"} 10"#,
+            r#"refract_bytes_direct_total{backend="b2"} 1"#,
+        ] {
+            assert!(
+                text.contains(line),
+                "{line} missing from
+{text}"
+            );
+        }
+        assert_eq!(m.totals(pg).bytes_direct, 10);
+        assert_eq!(m.totals("b2").bytes_direct, 1);
     }
 }

@@ -1,5 +1,6 @@
 //! The words every refract crate shares, whatever the protocol: where a request may go
-//! ([`RouteClass`]) and whose fault a failure is ([`Side`]). The engine (`refract-core`) and
+//! ([`RouteClass`]), whose fault a failure is ([`Side`]), which front end a member serves
+//! ([`FrontKind`], [`MemberName`]). The engine (`refract-core`) and
 //! every front end speak them; this crate depends on nothing of refract's.
 
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,68 @@ pub enum Side {
     Backend,
     /// refract itself (e.g. no backend available).
     Internal,
+}
+
+/// The front end a member (an HTTP backend, a PostgreSQL server) belongs to: the admin API's
+/// `"front"` field (`"http"`, `"postgres"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrontKind {
+    /// An HTTP backend.
+    #[default]
+    Http,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+impl FrontKind {
+    /// The lowercase name the admin API and metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontKind::Http => "http",
+            FrontKind::Postgres => "postgres",
+        }
+    }
+
+    /// The `front` label of a member's series in the metric families both front ends share
+    /// (`refract_backend_*`, `refract_requests`, the hand-over's): `front="postgres"` on a
+    /// PostgreSQL server's, none on an HTTP backend's. A name may be both an HTTP backend's and a
+    /// server's (the configuration files allow it), and the label keeps their series apart.
+    pub fn label(self) -> Option<&'static str> {
+        match self {
+            FrontKind::Http => None,
+            FrontKind::Postgres => Some("postgres"),
+        }
+    }
+}
+
+/// A member as metrics name it: its plain name and its front end. A bare name (`&str`) is an
+/// HTTP backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemberName<'a> {
+    /// Its plain name.
+    pub name: &'a str,
+    /// Its front end.
+    pub front: FrontKind,
+}
+
+impl<'a> MemberName<'a> {
+    /// PostgreSQL server `name`.
+    pub fn postgres(name: &'a str) -> Self {
+        MemberName { name, front: FrontKind::Postgres }
+    }
+}
+
+impl<'a> From<&'a str> for MemberName<'a> {
+    fn from(name: &'a str) -> Self {
+        MemberName { name, front: FrontKind::Http }
+    }
+}
+
+impl<'a> From<&'a String> for MemberName<'a> {
+    fn from(name: &'a String) -> Self {
+        MemberName::from(name.as_str())
+    }
 }
 
 #[cfg(test)]

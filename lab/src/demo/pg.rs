@@ -126,9 +126,9 @@ mod tests {
     fn the_section_gives_both_rates_their_ratio_and_the_hand_overs() {
         let mib = f64::from(1u32 << 20);
         let handovers = HandoverStats::parse(
-            "refract_handover_total{backend=\"pg:b1\",result=\"ok\"} 1\n\
-             refract_handover_total{backend=\"pg:b2\",result=\"ok\"} 1\n\
-             refract_bytes_direct_total{backend=\"pg:b1\"} 134217728\n",
+            "refract_handover_total{backend=\"b1\",front=\"postgres\",result=\"ok\"} 1\n\
+             refract_handover_total{backend=\"b2\",front=\"postgres\",result=\"ok\"} 1\n\
+             refract_bytes_direct_total{backend=\"b1\",front=\"postgres\"} 134217728\n",
         );
         let story =
             Story { relay: 110.0 * mib, hybrid: 220.0 * mib, handovers, cluster_up: Duration::from_millis(7400) };
@@ -144,7 +144,9 @@ mod tests {
 
     #[test]
     fn declined_hand_overs_are_named() {
-        let handovers = HandoverStats::parse("refract_handover_total{backend=\"pg:b1\",result=\"not_quiescent\"} 2\n");
+        let handovers = HandoverStats::parse(
+            "refract_handover_total{backend=\"b1\",front=\"postgres\",result=\"not_quiescent\"} 2\n",
+        );
         let s = Story { relay: 1.0, hybrid: 1.0, handovers, ..Story::default() }.render();
         assert!(s.contains("hand-overs 0, 2 declined (not_quiescent), 0 B sent"), "{s}");
     }

@@ -121,10 +121,10 @@ fn handover_metrics() -> String {
     body.lines().filter(|l| l.starts_with("refract_hand")).collect::<Vec<_>>().join("\n")
 }
 
-/// `refract_handover_total{backend="pg:NAME",result="ok"}` on the hybrid dispatcher's admin.
+/// `refract_handover_total{backend="NAME",front="postgres",result="ok"}` on the hybrid dispatcher's admin.
 fn handovers_ok(name: &str) -> u64 {
     let body = handover_metrics();
-    let series = format!("refract_handover_total{{backend=\"pg:{name}\",result=\"ok\"}} ");
+    let series = format!("refract_handover_total{{backend=\"{name}\",front=\"postgres\",result=\"ok\"}} ");
     body.lines().find_map(|l| l.strip_prefix(&series)).map_or(0, |v| v.trim().parse::<f64>().unwrap_or(0.0) as u64)
 }
 

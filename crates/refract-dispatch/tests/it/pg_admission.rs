@@ -97,7 +97,7 @@ fn a_statement_refused_under_overload_gets_53300_and_the_session_goes_on() {
     }
     assert_eq!(primary_admission(&f), (1, 1), "one waits; the transaction holds the slot");
     assert!(f.metrics().contains("refract_errors_total{kind=\"overloaded\"}"));
-    assert!(f.metrics().contains("refract_backend_queued{backend=\"pg:primary\"} 1"));
+    assert!(f.metrics().contains("refract_backend_queued{backend=\"primary\",front=\"postgres\"} 1"));
 
     assert!(holder.query("COMMIT").error.is_none());
     let (mut a, mut b) = (first.join().unwrap(), second.join().unwrap());

@@ -542,12 +542,12 @@ fn admin_views_show_pools_clients_and_servers() {
 
     let metrics = f.metrics();
     for want in [
-        r#"refract_pg_pool_idle{backend="pg:primary"}"#,
-        r#"refract_pg_pool_busy{backend="pg:replica"}"#,
-        r#"refract_pg_pool_waiting{backend="pg:primary"}"#,
+        r#"refract_pg_pool_idle{backend="primary"}"#,
+        r#"refract_pg_pool_busy{backend="replica"}"#,
+        r#"refract_pg_pool_waiting{backend="primary"}"#,
         r#"refract_pg_clients{state="idle"}"#,
-        r#"refract_pg_replica_lag_seconds{backend="pg:replica"}"#,
-        r#"refract_pg_replica_lag_bytes{backend="pg:replica"}"#,
+        r#"refract_pg_replica_lag_seconds{backend="replica"}"#,
+        r#"refract_pg_replica_lag_bytes{backend="replica"}"#,
     ] {
         assert!(metrics.contains(want), "{want} missing from {metrics}");
     }

@@ -84,7 +84,8 @@ agents = {{ primary = "unix:{}" }}
     /// Bytes the agent wrote to clients so far (`refract_bytes_direct_total`).
     fn sent_direct(&self) -> u64 {
         let m = agent::metrics(self.admin);
-        let line = m.lines().find(|l| l.starts_with("refract_bytes_direct_total{backend=\"pg:primary\"}"));
+        let line =
+            m.lines().find(|l| l.starts_with("refract_bytes_direct_total{backend=\"primary\",front=\"postgres\"}"));
         line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0) as u64
     }
 }

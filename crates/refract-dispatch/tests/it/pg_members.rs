@@ -65,7 +65,7 @@ fn postgres_servers_are_members_that_join_drain_leave_and_are_ejected_when_slow(
     // default peak-EWMA policy would give it hardly any; see the next tests).
     let f = Fixture::start_with(&sections("[balance]\npolicy = \"round-robin\""), "");
     until("both servers up in /backends", || {
-        state(&f, "pg:primary").as_deref() == Some("up") && state(&f, "pg:replica").as_deref() == Some("up")
+        state(&f, "primary").as_deref() == Some("up") && state(&f, "replica").as_deref() == Some("up")
     });
 
     // Drained, the replica takes no reads: they go to the primary; undrained, back.
@@ -81,15 +81,15 @@ fn postgres_servers_are_members_that_join_drain_leave_and_are_ejected_when_slow(
     assert_eq!(f.admin_call("POST", "/backends", &def).0, 409, "its name is taken now");
     let primary = format!(r#"{{"name": "pg:p2", "addr": "{slow}", "role": "primary"}}"#);
     assert_eq!(f.admin_call("POST", "/backends", &primary).0, 409, "no second primary");
-    until("the new replica passes its probe", || state(&f, "pg:slow").as_deref() == Some("up"));
+    until("the new replica passes its probe", || state(&f, "slow").as_deref() == Some("up"));
 
     // Reads alternate over the two replicas until the outlier check ejects the slow one.
     let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
     until("the slow replica ejected", || {
         assert_eq!(c.query("SELECT 1").value(), "1");
-        state(&f, "pg:slow").as_deref() == Some("ejected")
+        state(&f, "slow").as_deref() == Some("ejected")
     });
-    assert_eq!(state(&f, "pg:replica").as_deref(), Some("up"), "the fast replica stays");
+    assert_eq!(state(&f, "replica").as_deref(), Some("up"), "the fast replica stays");
     // Ejected, it takes no reads: each now answers without the proxy's delay.
     for _ in 0..5 {
         let t = Instant::now();
@@ -99,7 +99,7 @@ fn postgres_servers_are_members_that_join_drain_leave_and_are_ejected_when_slow(
 
     // It leaves; the primary cannot.
     assert_eq!(f.admin_call("DELETE", "/backends/pg:slow", "").0, 200);
-    assert_eq!(state(&f, "pg:slow"), None);
+    assert_eq!(state(&f, "slow"), None);
     assert_eq!(f.admin_call("DELETE", "/backends/pg:slow", "").0, 404);
     assert_eq!(f.admin_call("DELETE", "/backends/pg:primary", "").0, 409);
     assert_eq!(c.query("SELECT 1").value(), "1");
@@ -109,19 +109,19 @@ fn postgres_servers_are_members_that_join_drain_leave_and_are_ejected_when_slow(
 fn reads_go_mostly_to_the_faster_replica_by_the_engines_balance_policy() {
     // The outlier check is off: the balancer alone must keep reads off the slow replica.
     let f = Fixture::start_with(&sections("[overload]\neject_slow_factor = 0"), "");
-    until("both servers up", || state(&f, "pg:replica").as_deref() == Some("up"));
+    until("both servers up", || state(&f, "replica").as_deref() == Some("up"));
     let slow = slow_proxy(f.cluster.replica().addr(), Duration::from_millis(100));
     let def = format!(r#"{{"name": "pg:slow", "addr": "{slow}", "role": "replica"}}"#);
     assert_eq!(f.admin_call("POST", "/backends", &def).0, 201);
-    until("the slow replica passes its probe", || state(&f, "pg:slow").as_deref() == Some("up"));
+    until("the slow replica passes its probe", || state(&f, "slow").as_deref() == Some("up"));
 
     let mut c = Client::connect(f.addr(), USER, PASSWORD).unwrap();
-    let (slow_before, fast_before) = (served(&f, "pg:slow"), served(&f, "pg:replica"));
+    let (slow_before, fast_before) = (served(&f, "slow"), served(&f, "replica"));
     for _ in 0..40 {
         assert_eq!(c.query("SELECT 1").value(), "1");
     }
-    let on_slow = served(&f, "pg:slow") - slow_before;
-    let on_fast = served(&f, "pg:replica") - fast_before;
+    let on_slow = served(&f, "slow") - slow_before;
+    let on_fast = served(&f, "replica") - fast_before;
     // Round robin would give each half; peak-EWMA cost gives the slow one its first reads
     // (no latency known yet) and then hardly any.
     assert_eq!(on_slow + on_fast, 40, "every read on a replica");
@@ -132,7 +132,7 @@ fn reads_go_mostly_to_the_faster_replica_by_the_engines_balance_policy() {
 fn with_read_from_primary_the_primary_and_the_replica_both_serve_reads() {
     let f = Fixture::start_with(&sections("[balance]\nread_from_primary = true"), "");
     until("both servers up", || {
-        state(&f, "pg:primary").as_deref() == Some("up") && state(&f, "pg:replica").as_deref() == Some("up")
+        state(&f, "primary").as_deref() == Some("up") && state(&f, "replica").as_deref() == Some("up")
     });
     // Four clients at once: each read holds its server 50 ms, so the in-flight count in the
     // balancer's cost spreads them over both servers.
@@ -154,7 +154,7 @@ fn with_read_from_primary_the_primary_and_the_replica_both_serve_reads() {
 #[test]
 fn postgres_servers_are_named_plainly_and_a_name_is_unique_across_both_front_ends() {
     let f = Fixture::start("");
-    until("the replica up", || state(&f, "pg:replica").as_deref() == Some("up"));
+    until("the replica up", || state(&f, "replica").as_deref() == Some("up"));
 
     // Drained and undrained by its plain name.
     assert_eq!(f.admin_call("POST", "/backends/replica/drain", "").0, 200);
@@ -173,11 +173,11 @@ fn postgres_servers_are_named_plainly_and_a_name_is_unique_across_both_front_end
     assert_eq!(f.admin_call("POST", "/backends", http).0, 409, "nor a configured server's");
     let odd = r#"{"front": "ftp", "name": "x", "addr": "127.0.0.1:9", "role": "replica"}"#;
     assert_eq!(f.admin_call("POST", "/backends", odd).0, 400);
-    until("the new replica passes its probe", || state(&f, "pg:extra").as_deref() == Some("up"));
+    until("the new replica passes its probe", || state(&f, "extra").as_deref() == Some("up"));
 
     // It leaves by its plain name; the primary cannot.
     assert_eq!(f.admin_call("DELETE", "/backends/extra", "").0, 200);
-    assert_eq!(state(&f, "pg:extra"), None);
+    assert_eq!(state(&f, "extra"), None);
     assert_eq!(f.admin_call("DELETE", "/backends/extra", "").0, 404);
     assert_eq!(f.admin_call("DELETE", "/backends/primary", "").0, 409);
 }

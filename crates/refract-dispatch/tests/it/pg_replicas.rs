@@ -52,7 +52,7 @@ fn lag_bound_read_your_writes_and_primary_failure() {
     assert_eq!((a.value(), a.rows[0][1].as_deref()), ("1", Some("t")), "replica caught up: reads go back");
 
     let metrics = f.metrics();
-    for want in [r#"refract_pg_replica_lag_bytes{backend="pg:replica"}"#, r#"backend="pg:replica""#, "backend_up"] {
+    for want in [r#"refract_pg_replica_lag_bytes{backend="replica"}"#, r#"backend="replica""#, "backend_up"] {
         assert!(metrics.contains(want), "{want} missing from {metrics}");
     }
 
@@ -92,7 +92,7 @@ fn a_replica_behind_by_time_is_skipped_and_an_idle_one_is_not() {
     eventually(&f, "SELECT pg_is_in_recovery()", "f");
     let r = replica(&f);
     assert!(r["lag_seconds"].as_f64().unwrap() > 1.0, "{r}");
-    assert!(f.metrics().contains(r#"refract_pg_replica_lag_seconds{backend="pg:replica"}"#));
+    assert!(f.metrics().contains(r#"refract_pg_replica_lag_seconds{backend="replica"}"#));
 
     f.cluster.psql(f.cluster.replica(), "SELECT pg_wal_replay_resume()").unwrap();
     f.replicated();

@@ -597,8 +597,8 @@ fn extended_protocol_named_statement_used_again_on_the_other_server() {
     refract.admin_post("/backends/pg:replica/drain");
     let mut steer = |i: usize| {
         let (drain, undrain) = if i % 2 == 1 { ("primary", "replica") } else { ("replica", "primary") };
-        refract.admin_post(&format!("/backends/pg:{undrain}/undrain"));
-        refract.admin_post(&format!("/backends/pg:{drain}/drain"));
+        refract.admin_post(&format!("/backends/{undrain}/undrain"));
+        refract.admin_post(&format!("/backends/{drain}/drain"));
     };
     same_bytes_steered(&e, &refract, &script, &mut steer);
     let on_replica = e.cluster.psql(e.cluster.replica(), &format!(

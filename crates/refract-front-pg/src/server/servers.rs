@@ -20,6 +20,7 @@ use refract_core::membership::{Member, Membership};
 use refract_core::metrics::Metrics;
 use refract_core::overload::AdmissionConfig;
 use refract_handover::config::{AgentAddr, HandoverConfig, HandoverMode};
+use refract_vocab::FrontKind;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -37,7 +38,7 @@ pub struct Server {
     /// Unique among the servers this front end ever had (clients name their bound server by it).
     pub index: usize,
     /// The engine's view of it: health, drain, ejection, admission control (`admit.rs`),
-    /// latency, its request counters (`pg:<name>`).
+    /// latency, its request counters (its name, `front="postgres"`).
     pub member: Arc<Backend>,
     /// Primary: current WAL position; replica: last replayed position (0 = unknown).
     pub(crate) lsn: AtomicU64,
@@ -80,7 +81,8 @@ pub(crate) struct AgentRoute {
 /// would read as 20× queueing).
 const NOISE: Duration = Duration::from_millis(1);
 
-/// A server is an engine member, named by its plain name; its engine part counts as `pg:NAME`.
+/// A server is an engine member, named by its plain name; its engine part's series carry
+/// `front="postgres"` beside it.
 impl Member for Server {
     fn name(&self) -> &str {
         &self.name
@@ -193,22 +195,18 @@ impl Server {
 
     /// Publishes its gauges (health loop and `/metrics` scrape time). Lives here, not in
     /// `status`, so that the health loop does not reach back into the admin views.
+    /// The engine's families (both front ends') label it by its name and `front="postgres"`,
+    /// the front end's own (`refract_pg_*`) by its name alone.
     pub(crate) fn publish(&self, metrics: &Metrics, pg: &PgMetrics) {
-        let name = metrics_name(&self.name);
-        metrics.set_backend(&name, self.is_up(), self.pool.in_use());
-        metrics.set_drained(&name, self.member.is_drained());
-        pg.set_pool(&name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
-        metrics.set_admission(&name, &self.member.admission.view());
+        let member = self.member.member();
+        metrics.set_backend(member, self.is_up(), self.pool.in_use());
+        metrics.set_drained(member, self.member.is_drained());
+        pg.set_pool(&self.name, self.pool.idle_count(), self.pool.in_use(), self.pool.waiting());
+        metrics.set_admission(member, &self.member.admission.view());
         if self.role == PgRole::Replica {
-            pg.set_lag(&name, self.lag_bytes(), self.lag_ms() as f64 / 1000.0);
+            pg.set_lag(&self.name, self.lag_bytes(), self.lag_ms() as f64 / 1000.0);
         }
     }
-}
-
-/// A server's name in metrics and in the admin API's `/backends` (`pg:NAME`: HTTP backends and
-/// PostgreSQL servers share those).
-pub fn metrics_name(name: &str) -> String {
-    format!("pg:{name}")
 }
 
 /// Why a server cannot join or leave.
@@ -270,7 +268,8 @@ impl Servers {
         // Each server's admission follows `admission_config` (`[overload]` capped by the pool).
         let admission = admission_config(overload, cfg);
         let fraction = overload.eject_max_fraction;
-        let members = Membership::of(Vec::new(), balance.clone(), 0, admission, metrics.clone(), fraction);
+        let members = Membership::of(Vec::new(), balance.clone(), 0, admission, metrics.clone(), fraction)
+            .serving(FrontKind::Postgres);
         let login = Arc::new(Login {
             user: cfg.server_user.clone(),
             password: cfg.server_password.clone(),
@@ -307,8 +306,7 @@ impl Servers {
             PgRole::Primary => Role::Primary,
             PgRole::Replica => Role::Replica,
         };
-        let name = metrics_name(&s.name);
-        let def = BackendConfig { name: name.clone(), addr: s.addr, role, max_concurrency: None, tables: None };
+        let def = BackendConfig { name: s.name.clone(), addr: s.addr, role, max_concurrency: None, tables: None };
         let member = Arc::new(self.members.engine_part(&def));
         let (agent, login) = self.through_agent(s);
         Arc::new(Server {
@@ -369,7 +367,7 @@ impl Servers {
         self.members.snapshot()
     }
 
-    /// A replica joins (`POST /backends` with a `pg:` name): it takes reads once its first
+    /// A replica joins (`POST /backends` with `"front": "postgres"`): it takes reads once its first
     /// probe passes. A second primary, or a name or address already there, is refused.
     pub fn add(&self, s: &PgServerConfig) -> Result<(), ChangeError> {
         let list = self.list();
@@ -396,7 +394,7 @@ impl Servers {
         if gone.role == PgRole::Primary {
             return Err(ChangeError::Conflict("the postgres primary cannot leave at run time".into()));
         }
-        // Retired (its idle connections close) and its counters gone (`pg:NAME`).
+        // Retired (its idle connections close) and its gauges gone.
         self.members.take(name).ok_or_else(|| ChangeError::Unknown(name.into()))?;
         tracing::info!(server = %name, "postgres replica left");
         Ok(())

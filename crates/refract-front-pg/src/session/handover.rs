@@ -28,6 +28,7 @@ use refract_handover::seam::{self, Back, Offer, Refusal, Seam};
 use refract_handover::{Serving, Socket};
 use refract_pg::hybrid;
 use refract_pg::Side;
+use refract_vocab::MemberName;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
@@ -80,10 +81,10 @@ fn bound_conn(bound: &mut Option<super::Bound>) -> Result<&mut crate::server::po
     bound.as_mut().map(|b| &mut b.guard).ok_or_else(|| PgError::Unavailable("internal: no server bound".into()))
 }
 
-/// Where an attempt's end is counted (`refract_handover_ended_total{backend, end}`).
+/// Where an attempt's end is counted (`refract_handover_ended_total{backend, front, end}`).
 struct Count<'a> {
     metrics: &'a HandoverMetrics,
-    name: &'a str,
+    name: MemberName<'a>,
 }
 
 impl Count<'_> {
@@ -138,8 +139,8 @@ impl Session {
                 // The client received them: the answer counts as large (no limit sample).
                 self.wire.count_sent_elsewhere(sent);
                 let m = &self.shared.handover_metrics;
-                m.handback(&name);
-                m.bytes_direct(&name, sent);
+                m.handback(MemberName::postgres(&name));
+                m.bytes_direct(MemberName::postgres(&name), sent);
                 let (tag, frame) = self.conn()?.wire.recv().await?;
                 if tag != hybrid::DELIVERED {
                     self.conn()?.broken = true;
@@ -150,7 +151,7 @@ impl Session {
             }
             Attempt::Declined { why, detail, tell_agent } => {
                 tracing::debug!(server = %name, "large result relayed: {detail}");
-                self.shared.handover_metrics.handover(&name, why.as_str());
+                self.shared.handover_metrics.handover(MemberName::postgres(&name), why.as_str());
                 if tell_agent {
                     let mut relay = bytes::BytesMut::new();
                     hybrid::encode_marker(hybrid::RELAY, &[], &mut relay);
@@ -161,8 +162,9 @@ impl Session {
         }
     }
 
+    /// The bound server's name (its metrics carry `front="postgres"` too).
     fn bound_name(&self) -> String {
-        self.bound.as_ref().map_or_else(String::new, |b| format!("pg:{}", b.server.name))
+        self.bound.as_ref().map_or_else(String::new, |b| b.server.name.clone())
     }
 
     /// Offers the client's socket to the agent and waits until it comes back. `Err`: the agent
@@ -193,7 +195,7 @@ impl Session {
     async fn same_host(&mut self, path: &std::path::Path) -> Result<Attempt, PgError> {
         let started = Instant::now();
         let (shared, name) = (self.shared.clone(), self.bound_name());
-        let count = Count { metrics: &shared.handover_metrics, name: &name };
+        let count = Count { metrics: &shared.handover_metrics, name: MemberName::postgres(&name) };
         let mut link = match tokio::time::timeout(CONNECT, LocalLink::connect(path)).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => return Ok(declined(Why::Unreachable, &format!("agent {}: {e}", path.display()))),
@@ -225,7 +227,7 @@ impl Session {
     /// socket is restored here from the `HandBack` (`refract_handover::across`).
     async fn across(&mut self, agent: &across::Agent<'_>) -> Result<Attempt, PgError> {
         let (shared, name) = (self.shared.clone(), self.bound_name());
-        let count = Count { metrics: &shared.handover_metrics, name: &name };
+        let count = Count { metrics: &shared.handover_metrics, name: MemberName::postgres(&name) };
         let mut ch = match across::channel(None, agent).await {
             Ok(ch) => ch,
             Err(d) => return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent: true }),

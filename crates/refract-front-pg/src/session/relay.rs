@@ -9,7 +9,6 @@ use super::{Session, Wrote, FLUSH_AT};
 use crate::client::wire::Frame;
 use crate::config::PoolMode;
 use crate::error::PgError;
-use crate::server::servers::metrics_name;
 use crate::server::sizes::Path;
 use bytes::BytesMut;
 use refract_pg::classify::Classification;
@@ -232,7 +231,7 @@ impl Session {
             let left_open = self.phase.tx() != TxStatus::Idle;
             self.servers().observe_size(sent.key, answered, left_open, failed);
             if b.guard.path() == Path::Agent && b.server.agent.is_some() {
-                self.shared.handover_metrics.handover_forwarded(&metrics_name(&b.server.name));
+                self.shared.handover_metrics.handover_forwarded(b.server.member.member());
             }
         }
     }

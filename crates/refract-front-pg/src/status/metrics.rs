@@ -1,5 +1,6 @@
 //! The PostgreSQL front end's metric families (`refract_pg_*`), registered into the
-//! dispatcher's one registry (`refract_core::metrics::Metrics::families`).
+//! dispatcher's one registry (`refract_core::metrics::Metrics::families`). Only servers are in
+//! them: a server's series are labelled by its plain name (`backend="NAME"`), with no `front`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -160,14 +161,14 @@ mod tests {
     fn renders_in_the_dispatchers_registry() {
         let m = Metrics::new();
         let pg = PgMetrics::of(&m);
-        pg.set_pool("pg:p", 2, 1, 0);
-        pg.set_lag("pg:r", 100, 0.5);
+        pg.set_pool("p", 2, 1, 0);
+        pg.set_lag("r", 100, 0.5);
         pg.shard_statement("s0");
         pg.scatter();
         let text = m.render();
         for line in [
-            r#"refract_pg_pool_idle{backend="pg:p"} 2"#,
-            r#"refract_pg_replica_lag_bytes{backend="pg:r"} 100"#,
+            r#"refract_pg_pool_idle{backend="p"} 2"#,
+            r#"refract_pg_replica_lag_bytes{backend="r"} 100"#,
             r#"refract_pg_shard_statements_total{shard="s0"} 1"#,
             "refract_pg_scatter_total 1",
         ] {

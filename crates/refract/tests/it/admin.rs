@@ -228,3 +228,43 @@ fn a_reload_cannot_take_the_token_from_the_running_admin_listener() {
     assert!(String::from_utf8_lossy(&r.body).contains("needs [admin] token"), "{r:?}");
     assert_eq!(get(d.admin, "/backends").status, 401, "still guarded");
 }
+
+/// `/backends` lists every member by its plain name with its front end (`"http"`, then
+/// `"postgres"`), and `/metrics` labels a PostgreSQL server by its plain name too: with
+/// `front="postgres"` in the families HTTP backends have as well (a name both front ends have,
+/// which the configuration files allow, stays two series), alone in the front end's own
+/// `refract_pg_*`. The servers need not answer for that.
+#[test]
+fn postgres_servers_are_listed_and_labelled_by_their_plain_name_and_front() {
+    let b1 = blob("b1");
+    let port = |p: u16| format!("127.0.0.1:{p}");
+    let servers = format!(
+        "[[postgres.server]]\nname = \"db\"\naddr = \"{}\"\nrole = \"primary\"\n\
+         [[postgres.server]]\nname = \"b1\"\naddr = \"{}\"\nrole = \"replica\"\n",
+        port(free_port()),
+        port(free_port()),
+    );
+    let extra = refract_testkit::postgres_section(&port(free_port()), "") + &servers;
+    let d = dispatcher(&[("b1", b1.addr, "primary")], &extra);
+
+    let list = admin_get(d.admin, "/backends").json();
+    let members: Vec<_> =
+        list.as_array().unwrap().iter().map(|m| (m["name"].as_str().unwrap(), m["front"].as_str().unwrap())).collect();
+    assert_eq!(members, [("b1", "http"), ("db", "postgres"), ("b1", "postgres")], "{list}");
+    assert_eq!(list[1]["role"], "primary", "{list}");
+    assert!(list[1]["lag_bytes"].is_u64(), "{list}");
+
+    let text = String::from_utf8(get(d.admin, "/metrics").body).unwrap();
+    for series in [
+        r#"refract_backend_up{backend="b1"} 1"#,
+        r#"refract_backend_up{backend="db",front="postgres"} "#,
+        r#"refract_backend_up{backend="b1",front="postgres"} "#,
+        r#"refract_backend_concurrency_limit{backend="db",front="postgres"} "#,
+        r#"refract_requests_total{class="read",backend="db",front="postgres"} 0"#,
+        r#"refract_pg_pool_idle{backend="db"} "#,
+        r#"refract_pg_replica_lag_bytes{backend="b1"} "#,
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(series)), "{series} missing from\n{text}");
+    }
+    assert!(!text.contains("pg:"), "no prefixed name:\n{text}");
+}

@@ -80,11 +80,11 @@ agents = {{ primary = "{control}" }}
     let large = "select n, md5(n::text) from generate_series(1, 20000) n";
     let direct = psql(&server.ip().to_string(), server.port(), &[large]);
     assert_eq!(psql(VIP, 6432, &[large]), direct, "the handed-over result reads as PostgreSQL's");
-    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="pg:primary",result="ok"}"#), 1);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="primary",front="postgres",result="ok"}"#), 1);
     // psql quits right after its result: its Terminate and FIN may reach the agent before the
     // hand-back (a socket in CLOSE_WAIT cannot be moved), so that connection ends either way.
-    let handback = r#"refract_handback_total{backend="pg:primary"}"#;
-    let closed = r#"refract_handover_ended_total{backend="pg:primary",end="closed"}"#;
+    let handback = r#"refract_handback_total{backend="primary",front="postgres"}"#;
+    let closed = r#"refract_handover_ended_total{backend="primary",front="postgres",end="closed"}"#;
     let deadline = Instant::now() + Duration::from_secs(10);
     while metric(d.admin, handback) + metric(d.admin, closed) < 1 {
         assert!(Instant::now() < deadline, "the handed-over connection neither came back nor ended");
@@ -97,7 +97,7 @@ agents = {{ primary = "{control}" }}
     let want = psql(&server.ip().to_string(), server.port(), &session);
     assert_eq!(psql(VIP, 6432, &session), want);
     wait_metric(d.admin, handback, before + 1);
-    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="pg:primary",result="ok"}"#), 2);
+    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="primary",front="postgres",result="ok"}"#), 2);
 }
 
 #[test]

@@ -97,7 +97,7 @@ pub fn handover_lines(admin: u16) -> String {
 
 /// Statements (and synced batches) that went through server `server`'s agent so far.
 pub fn through_agent(admin: u16, server: &str) -> u64 {
-    let line = format!("refract_handover_forwarded_total{{backend=\"pg:{server}\"}} ");
+    let line = format!("refract_handover_forwarded_total{{backend=\"{server}\",front=\"postgres\"}} ");
     let text = metrics(admin);
     text.lines().find_map(|l| l.strip_prefix(&line)?.parse::<f64>().ok()).unwrap_or(0.0) as u64
 }

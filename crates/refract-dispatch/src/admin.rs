@@ -1,6 +1,7 @@
 //! The admin listener: `GET /backends`, `POST /backends`, `DELETE /backends/NAME`,
 //! `POST /backends/NAME/drain` and `/undrain`, `POST /reload`, `GET /metrics` (Prometheus
-//! text), `GET /health`, and with `[postgres]` `GET /pg/pools`, `GET /pg/clients`,
+//! text), `GET /health`, with `[cluster]` `GET /cluster` (membership changes and reloads are
+//! then shared with the other dispatchers, `cluster.rs`), and with `[postgres]` `GET /pg/pools`, `GET /pg/clients`,
 //! `GET /pg/servers` (JSON). PostgreSQL servers are members too: `/backends` lists every member
 //! by its plain name with its `"front"` (`"http"`, then `"postgres"`), and the same calls add
 //! (`"front": "postgres"`), remove and drain them by that name (`pg:NAME` is still accepted,
@@ -10,15 +11,15 @@
 
 mod guard;
 
+use crate::cluster::{self, ClusterMetrics, Follower, Op};
+use crate::members::{self, Definition, Refusal};
 use bytes::Bytes;
 use refract_core::accept::named;
-use refract_core::config::BackendConfig;
 use refract_core::engine::{Front, Serving};
-use refract_core::membership::AddError;
 use refract_core::Config;
 use refract_core::Ctx;
 use refract_front_http::conn::{ClientConn, ClientStream};
-use refract_front_pg::{Change, ChangeError, PgFront, PgServerConfig};
+use refract_front_pg::PgFront;
 use refract_handover::metrics::HandoverMetrics;
 use refract_http::{reply, RequestHead};
 use std::path::{Path, PathBuf};
@@ -100,7 +101,8 @@ pub fn bind_socket(path: &Path, mode: u32) -> std::io::Result<AdminSocket> {
 }
 
 /// Accepts admin connections until the dispatcher stops.
-pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, pg: Arc<PgFront>, listener: L) {
+pub async fn serve<L: AdminListener>(api: Arc<Api>, listener: L) {
+    let ctx = api.ctx.clone();
     loop {
         let accepted = tokio::select! {
             a = listener.accept_one() => a,
@@ -108,8 +110,8 @@ pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, pg: Arc<PgFront>, listener: 
         };
         match accepted {
             Ok(stream) => {
-                let (ctx, pg) = (ctx.clone(), pg.clone());
-                let serve = async move { connection(&ctx, &pg, ClientConn::new(stream), L::LOCAL).await };
+                let api = api.clone();
+                let serve = async move { connection(&api, ClientConn::new(stream), L::LOCAL).await };
                 tokio::spawn(refract_process::contain("admin connection", serve));
             }
             Err(e) => {
@@ -120,7 +122,8 @@ pub async fn serve<L: AdminListener>(ctx: Arc<Ctx>, pg: Arc<PgFront>, listener: 
     }
 }
 
-async fn connection<S: ClientStream>(ctx: &Ctx, pg: &PgFront, mut conn: ClientConn<S>, local: bool) {
+async fn connection<S: ClientStream>(api: &Api, mut conn: ClientConn<S>, local: bool) {
+    let ctx = &*api.ctx;
     let idle = Duration::from_millis(ctx.cfg.timeouts.client_idle_ms);
     loop {
         let head = match conn.read_head(ctx.cfg.limits.max_head_bytes, idle, &ctx.stop).await {
@@ -141,7 +144,7 @@ async fn connection<S: ClientStream>(ctx: &Ctx, pg: &PgFront, mut conn: ClientCo
         };
         let close = !head.keep_alive;
         let answer = match guard::check(&ctx.cfg.admin, &head, &raw, local) {
-            Ok(()) => route(ctx, pg, &head, &body, close),
+            Ok(()) => route(api, &head, &body, close).await,
             Err(refusal) => {
                 tracing::warn!(
                     path = head.path(),
@@ -176,101 +179,68 @@ fn backend_view(ctx: &Ctx, b: &refract_core::backend::Backend) -> serde_json::Va
     v
 }
 
-/// `POST /backends`: an HTTP backend joins, or a PostgreSQL server (`"front": "postgres"` and
-/// a `[[postgres.server]]`'s fields; or, deprecated, an HTTP backend's named `pg:NAME`). A name
-/// either front end's members have already is refused.
-fn add(ctx: &Ctx, pg: &PgFront, body: &Bytes, close: bool) -> Bytes {
-    let json =
-        |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
-    let bad = |e: &dyn std::fmt::Display| reply::error(400, &format!("bad backend definition: {e}"), &[], close);
-    let taken = |name: &str| reply::error(409, &format!("backend {name} already exists"), &[], close);
-    let mut def: serde_json::Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return bad(&e),
-    };
-    let front = def.as_object_mut().and_then(|o| o.remove("front"));
-    let postgres = match front.as_ref().map(|f| f.as_str()) {
-        None => false,
-        Some(Some("postgres")) => true,
-        Some(Some("http")) => false,
-        Some(_) => return bad(&"`front` is \"http\" or \"postgres\""),
-    };
-    let changed = if postgres {
-        let cfg = match serde_json::from_value::<PgServerConfig>(def) {
-            Ok(c) => c,
-            Err(e) => return bad(&e),
-        };
-        if ctx.members.get(&cfg.name).is_some() {
-            return taken(&cfg.name);
-        }
-        (cfg.name.clone(), pg.change(Change::Join(&cfg)))
-    } else {
-        let cfg = match serde_json::from_value::<BackendConfig>(def) {
-            Ok(c) => c,
-            Err(e) => return bad(&e),
-        };
-        if pg.has(&cfg.name) || ctx.members.get(cfg.name.strip_prefix("pg:").unwrap_or(&cfg.name)).is_some() {
-            return taken(&cfg.name);
-        }
-        if !cfg.name.starts_with("pg:") {
-            return match ctx.members.add(cfg.clone()) {
-                Ok(()) => json(201, serde_json::json!({ "added": cfg.name })),
-                Err(AddError::Conflict(e)) => reply::error(409, &e, &[], close),
-                Err(AddError::Invalid(e)) => reply::error(400, &e, &[], close),
-            };
-        }
-        (cfg.name.clone(), pg.change(Change::Add(&cfg)))
-    };
-    match changed {
-        (name, Some(Ok(()))) => json(201, serde_json::json!({ "added": name })),
-        (_, Some(Err(e))) => reply::error(409, &e.to_string(), &[], close),
-        (_, None) => reply::error(404, "the PostgreSQL front end is not configured", &[], close),
+/// `POST /backends`, drain, undrain, `DELETE /backends/NAME`: made here when the dispatcher
+/// runs alone; shared through etcd first with `[cluster]`.
+async fn change(api: &Api, op: Op) -> Result<String, Refusal> {
+    if let Some(follower) = &api.follower {
+        return follower.share(op).await;
+    }
+    let (ctx, pg) = (&*api.ctx, &*api.pg);
+    match op {
+        Op::Add(def) => members::add(ctx, pg, Definition::parse(def)?),
+        Op::Drain(name, drain) => members::drain(ctx, pg, &name, drain).map(|()| name),
+        Op::Remove(name) => members::remove(ctx, pg, &name).map(|()| name),
     }
 }
 
-fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
+async fn route(api: &Api, head: &RequestHead, body: &Bytes, close: bool) -> Bytes {
+    let (ctx, pg) = (&*api.ctx, &*api.pg);
     let json =
         |status, v: serde_json::Value| reply::response(status, "application/json", v.to_string().as_bytes(), close);
+    let refused = |r: Refusal, name: &str| match name {
+        "" => reply::error(r.status, &r.message, &[], close),
+        _ => reply::error(r.status, &r.message, &[("backend", name)], close),
+    };
     match (head.method.as_str(), head.path()) {
         ("GET", "/backends") => {
             let mut views: Vec<_> = ctx.members.snapshot().iter().map(|b| backend_view(ctx, b)).collect();
             views.extend(pg.members());
             json(200, serde_json::json!(views))
         }
-        ("POST", "/backends") => add(ctx, pg, body, close),
-        ("POST", "/reload") => match crate::reload::reload_logged(ctx) {
-            Ok(changes) => json(200, serde_json::json!({ "reloaded": changes })),
-            Err(e) => reply::error(400, &format!("reload refused, the old configuration stays: {e}"), &[], close),
+        ("POST", "/backends") => {
+            let def = match serde_json::from_slice(body) {
+                Ok(def) => def,
+                Err(e) => return reply::error(400, &format!("bad backend definition: {e}"), &[], close),
+            };
+            match change(api, Op::Add(def)).await {
+                Ok(name) => json(201, serde_json::json!({ "added": name })),
+                Err(r) => refused(r, ""),
+            }
+        }
+        ("POST", "/reload") => match &api.follower {
+            Some(follower) => match follower.reload().await {
+                Ok(answer) => json(200, answer),
+                Err(r) => refused(r, ""),
+            },
+            None => match crate::reload::reload_logged(ctx) {
+                Ok(changes) => json(200, serde_json::json!({ "reloaded": changes })),
+                Err(e) => reply::error(400, &format!("reload refused, the old configuration stays: {e}"), &[], close),
+            },
         },
         ("POST", path)
             if path.starts_with("/backends/") && (path.ends_with("/drain") || path.ends_with("/undrain")) =>
         {
             let (name, action) = path["/backends/".len()..].rsplit_once('/').unwrap_or_default();
-            // A plain name is the HTTP backend's if there is one, else the PostgreSQL server's.
-            let in_pg = || pg.change(Change::Drain(name, action == "drain")).and_then(|r| r.ok()).map(|()| true);
-            let drained = match name.starts_with("pg:") {
-                true => in_pg(),
-                false => ctx.members.set_drained(name, action == "drain").or_else(in_pg),
-            };
-            match drained {
-                Some(_) => json(200, serde_json::json!({ "backend": name, "drained": action == "drain" })),
-                None => reply::error(404, "no such backend", &[("backend", name)], close),
+            match change(api, Op::Drain(name.to_owned(), action == "drain")).await {
+                Ok(_) => json(200, serde_json::json!({ "backend": name, "drained": action == "drain" })),
+                Err(r) => refused(r, name),
             }
         }
         ("DELETE", path) if path.starts_with("/backends/") && !path["/backends/".len()..].contains('/') => {
             let name = &path["/backends/".len()..];
-            let removed = match name.starts_with("pg:") || !ctx.members.remove(name) {
-                false => true,
-                true => match pg.change(Change::Remove(name)) {
-                    Some(Err(ChangeError::Conflict(e))) => return reply::error(409, &e, &[("backend", name)], close),
-                    Some(r) => r.is_ok(),
-                    None => false,
-                },
-            };
-            if removed {
-                json(200, serde_json::json!({ "removed": name }))
-            } else {
-                reply::error(404, "no such backend", &[("backend", name)], close)
+            match change(api, Op::Remove(name.to_owned())).await {
+                Ok(_) => json(200, serde_json::json!({ "removed": name })),
+                Err(r) => refused(r, name),
             }
         }
         ("GET", "/metrics") => {
@@ -281,15 +251,33 @@ fn route(ctx: &Ctx, pg: &PgFront, head: &RequestHead, body: &Bytes, close: bool)
             }
             pg.publish_metrics();
             refract_front_http::publish_metrics(ctx);
+            if let Some(f) = &api.follower {
+                ctx.metrics.families(ClusterMetrics::register).publish(&f.cluster.view());
+            }
             reply::response(200, "text/plain; version=0.0.4", ctx.metrics.render().as_bytes(), close)
         }
-        ("GET", "/health") => reply::response(200, "text/plain", b"ok\n", close),
+        ("GET", "/health") => {
+            let etcd = api.follower.as_ref().map(|f| cluster::health_line(&f.cluster)).unwrap_or_default();
+            reply::response(200, "text/plain", format!("ok\n{etcd}").as_bytes(), close)
+        }
+        ("GET", "/cluster") => match &api.follower {
+            Some(f) => json(200, cluster::view_json(&f.cluster)),
+            None => reply::error(404, "this dispatcher runs alone: no [cluster] section", &[], close),
+        },
         ("GET", path @ ("/pg/pools" | "/pg/clients" | "/pg/servers" | "/pg/shards")) => match pg.view(path) {
             None => reply::error(404, "the PostgreSQL front end is not configured", &[("path", path)], close),
             Some(view) => json(200, view),
         },
         _ => reply::error(404, "unknown admin path", &[("path", head.path())], close),
     }
+}
+
+/// What an admin request may reach: the engine, the PostgreSQL front end, and with `[cluster]`
+/// the follower that shares changes with the other dispatchers.
+pub struct Api {
+    ctx: Arc<Ctx>,
+    pg: Arc<PgFront>,
+    follower: Option<Arc<Follower>>,
 }
 
 /// The admin API as a front end of the engine: no client listener of its own kind, but its
@@ -312,17 +300,34 @@ impl Front for Admin {
     }
 
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
-        if let Some(path) = &ctx.cfg.listen.admin_socket {
-            let listener = bind_socket(path, ctx.cfg.admin.socket_mode)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("[listen] admin_socket {}: {e}", path.display())))?;
-            tokio::spawn(serve(ctx.clone(), self.pg.clone(), listener));
+        let socket = match &ctx.cfg.listen.admin_socket {
+            Some(path) => Some(bind_socket(path, ctx.cfg.admin.socket_mode).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("[listen] admin_socket {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        let tcp = match ctx.cfg.listen.admin {
+            Some(addr) => {
+                let std = std::net::TcpListener::bind(addr).map_err(named("[listen] admin", addr))?;
+                std.set_nonblocking(true)?;
+                let listener = TcpListener::from_std(std)?;
+                let _ = self.bound.set(listener.local_addr()?);
+                Some(listener)
+            }
+            None => None,
+        };
+        let follower = cluster::start(ctx, self.bound.get().copied())
+            .map(|c| Arc::new(Follower::new(ctx.clone(), self.pg.clone(), c)));
+        if let Some(f) = &follower {
+            tokio::spawn(refract_process::contain("cluster follower", f.clone().run()));
         }
-        let Some(addr) = ctx.cfg.listen.admin else { return Ok(()) };
-        let std = std::net::TcpListener::bind(addr).map_err(named("[listen] admin", addr))?;
-        std.set_nonblocking(true)?;
-        let listener = TcpListener::from_std(std)?;
-        let _ = self.bound.set(listener.local_addr()?);
-        tokio::spawn(serve(ctx.clone(), self.pg.clone(), listener));
+        let api = Arc::new(Api { ctx: ctx.clone(), pg: self.pg.clone(), follower });
+        if let Some(listener) = socket {
+            tokio::spawn(serve(api.clone(), listener));
+        }
+        if let Some(listener) = tcp {
+            tokio::spawn(serve(api, listener));
+        }
         Ok(())
     }
 

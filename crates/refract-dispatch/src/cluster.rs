@@ -4,12 +4,20 @@
 //! sees (`GET /cluster`, `/health`, `refract_cluster_*` metrics). Without `[cluster]` none of
 //! this runs.
 
+use crate::members::{self, Definition, Refusal};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use refract_cluster::{Cluster, ClusterConfig, Link, View};
+use refract_cluster::{Cluster, ClusterConfig, ClusterError, Link, View};
 use refract_core::Ctx;
+use refract_front_pg::PgFront;
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// How often every shared entry is applied again even without a change: what a local reload
+/// (SIGHUP) undid comes back within this.
+const REAPPLY: Duration = Duration::from_secs(1);
 
 /// The shared entry that asks every dispatcher to reload its file.
 pub(crate) const RELOAD: &str = "reload";
@@ -49,6 +57,169 @@ pub(crate) fn start(ctx: &Arc<Ctx>, admin: Option<std::net::SocketAddr>) -> Opti
     });
     tracing::info!(node_id = cfg.node_id, etcd = ?cfg.etcd, "joining the cluster of dispatchers");
     Some(Cluster::start(cfg, me, ctx.stop.clone()))
+}
+
+/// A membership change an operator asked of this dispatcher, to be shared.
+pub(crate) enum Op {
+    /// `POST /backends` with this body.
+    Add(serde_json::Value),
+    /// `POST /backends/NAME/drain` (`true`) or `/undrain`.
+    Drain(String, bool),
+    /// `DELETE /backends/NAME`.
+    Remove(String),
+}
+
+/// Applies what the cluster shares to this dispatcher: every `members/NAME` entry, and a
+/// changed `reload` entry. One entry at a time (the admin API's own changes and the watch's
+/// go through the same lock), each idempotent: an entry already in force changes nothing.
+pub(crate) struct Follower {
+    ctx: Arc<Ctx>,
+    pg: Arc<PgFront>,
+    pub cluster: Arc<Cluster>,
+    state: Mutex<Following>,
+}
+
+#[derive(Default)]
+struct Following {
+    /// The `reload` entry last acted on (`None` until the first view: a dispatcher that just
+    /// started has read its file already).
+    reload_seen: Option<Option<String>>,
+    /// Entries that could not be applied, by name, with the value that failed (logged once).
+    failed: HashMap<String, String>,
+}
+
+impl Follower {
+    pub fn new(ctx: Arc<Ctx>, pg: Arc<PgFront>, cluster: Arc<Cluster>) -> Follower {
+        Follower { ctx, pg, cluster, state: Mutex::default() }
+    }
+
+    /// Follows the view until the dispatcher stops: at each change, and every [`REAPPLY`].
+    pub async fn run(self: Arc<Self>) {
+        let mut rx = self.cluster.subscribe();
+        loop {
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(REAPPLY) => {}
+                _ = self.ctx.stop.cancelled() => return,
+            }
+            let view = rx.borrow_and_update().clone();
+            if view.revision > 0 {
+                self.apply_all(&view);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Following> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn apply_all(&self, view: &View) {
+        let reload = view.shared.get(RELOAD).cloned();
+        let seen = self.lock().reload_seen.replace(reload.clone());
+        if seen.is_some_and(|s| s != reload) {
+            tracing::info!(entry = ?reload, "a reload was asked through another dispatcher");
+            let _ = crate::reload::reload_logged(&self.ctx);
+        }
+        for (name, value) in view.entries(MEMBERS) {
+            let outcome = match MemberEntry::parse(value) {
+                Some(entry) => self.apply(name, &entry),
+                None => Err(Refusal::new(400, "an entry this version cannot read")),
+            };
+            let mut state = self.lock();
+            match outcome {
+                Ok(()) => drop(state.failed.remove(name)),
+                Err(r) if state.failed.get(name).map(String::as_str) != Some(value) => {
+                    tracing::warn!(
+                        member = name,
+                        entry = value,
+                        reason = r.message,
+                        "shared membership change not applied here"
+                    );
+                    state.failed.insert(name.to_owned(), value.to_owned());
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Puts one entry in force here.
+    fn apply(&self, name: &str, entry: &MemberEntry) -> Result<(), Refusal> {
+        let (ctx, pg) = (&*self.ctx, &*self.pg);
+        let exists = members::exists(ctx, pg, name);
+        if entry.removed {
+            return if exists { members::remove(ctx, pg, name) } else { Ok(()) };
+        }
+        if !exists {
+            let Some(def) = &entry.def else { return Ok(()) };
+            members::add(ctx, pg, Definition::parse(def.clone())?)?;
+        }
+        match (entry.drained, members::drained(ctx, pg, name)) {
+            (Some(want), Some(now)) if want != now => members::drain(ctx, pg, name, want),
+            _ => Ok(()),
+        }
+    }
+
+    /// An operator's change: checked here, written to etcd, then put in force here (the other
+    /// dispatchers follow from the watch). Refused, and made nowhere, while etcd is away; a
+    /// change this dispatcher then refuses is taken back from etcd.
+    pub async fn share(&self, op: Op) -> Result<String, Refusal> {
+        let view = self.cluster.view();
+        if let Link::Down { error, .. } = &view.link {
+            return Err(Refusal::new(503, ClusterError::Unavailable(error.clone()).to_string()));
+        }
+        let (ctx, pg) = (&*self.ctx, &*self.pg);
+        if let Op::Drain(name, _) | Op::Remove(name) = &op {
+            if !members::exists(ctx, pg, name) {
+                return Err(Refusal::new(404, format!("no such backend: {name}")));
+            }
+        }
+        let (name, entry) = match op {
+            Op::Add(def) => {
+                let name = Definition::parse(def.clone())?.name().to_owned();
+                if members::exists(ctx, pg, &name) {
+                    return Err(Refusal::new(409, format!("backend {name} already exists")));
+                }
+                (name, MemberEntry { def: Some(def), ..Default::default() })
+            }
+            Op::Drain(name, drain) => {
+                let key = format!("{MEMBERS}{name}");
+                let before = view.shared.get(&key).and_then(|v| MemberEntry::parse(v)).unwrap_or_default();
+                (name, MemberEntry { drained: Some(drain), removed: false, ..before })
+            }
+            Op::Remove(name) => (name, MemberEntry { removed: true, ..Default::default() }),
+        };
+        let key = format!("{MEMBERS}{name}");
+        let unshared = |e: ClusterError| Refusal::new(503, e.to_string());
+        let value = serde_json::to_string(&entry).map_err(|e| Refusal::new(500, e.to_string()))?;
+        self.cluster.put(&key, &value).await.map_err(unshared)?;
+        let Err(refused) = self.apply(&name, &entry) else { return Ok(name) };
+        let restored = match view.shared.get(&key) {
+            Some(before) => self.cluster.put(&key, before).await,
+            None => self.cluster.delete(&key).await,
+        };
+        if let Err(e) = restored {
+            tracing::warn!(member = name, error = %e, "a refused change could not be taken back from etcd");
+        }
+        Err(refused)
+    }
+
+    /// `POST /reload`: this dispatcher reloads its file, then asks every other to reload theirs.
+    pub async fn reload(&self) -> Result<serde_json::Value, Refusal> {
+        if let Link::Down { error, .. } = &self.cluster.view().link {
+            return Err(Refusal::new(503, ClusterError::Unavailable(error.clone()).to_string()));
+        }
+        let changes = crate::reload::reload_logged(&self.ctx)
+            .map_err(|e| Refusal::new(400, format!("reload refused, the old configuration stays: {e}")))?;
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let asked = serde_json::json!({ "by": self.cluster.node_id(), "at_ns": at.as_nanos() as u64 }).to_string();
+        // This dispatcher has reloaded: its follower must not do it again.
+        self.lock().reload_seen = Some(Some(asked.clone()));
+        let shared = self.cluster.put(RELOAD, &asked).await;
+        Ok(match shared {
+            Ok(()) => serde_json::json!({ "reloaded": changes, "shared": true }),
+            Err(e) => serde_json::json!({ "reloaded": changes, "shared": false, "error": e.to_string() }),
+        })
+    }
 }
 
 /// `GET /cluster`: this dispatcher's node id, the link to etcd, the dispatchers it sees.
@@ -94,7 +265,11 @@ impl ClusterMetrics {
     /// Registers the families into the dispatcher's registry.
     pub fn register(reg: &mut Registry) -> Self {
         let m = ClusterMetrics { dispatchers: Gauge::default(), etcd_up: Gauge::default() };
-        reg.register("cluster_dispatchers", "Dispatchers registered in etcd, as this one last saw", m.dispatchers.clone());
+        reg.register(
+            "cluster_dispatchers",
+            "Dispatchers registered in etcd, as this one last saw",
+            m.dispatchers.clone(),
+        );
         reg.register("cluster_etcd_up", "1 while this dispatcher is in touch with etcd, else 0", m.etcd_up.clone());
         m
     }

@@ -4,11 +4,11 @@
 //! keys refused and every error naming its line (`docs/config.md`). The front ends' sections
 //! ride in the engine's [`Config`] as [`Sections`](refract_core::config::Sections).
 
+use refract_cluster::ClusterConfig;
 use refract_core::config::{
     describe_toml_error, find_key_line, line_of, AdminConfig, BackendConfig, Balance, Config, ConfigError, Health,
     Limits, Listen, Overload, Sections, Timeouts,
 };
-use refract_cluster::ClusterConfig;
 use refract_core::partial::check_share;
 use refract_front_http::config::{HandoverConfig, HttpConfig, HttpSection, HttpShare, Listening};
 use refract_front_pg::PgConfig;

@@ -7,6 +7,7 @@
 //! - [`dispatcher`]: the front ends, started on the engine.
 //! - `admin`: `/backends`, drain, `/reload`, `/metrics`, `/pg/*`; who may use it
 //!   (`admin/guard.rs`).
+//! - `members`: membership changes on this dispatcher, either front end's members.
 //! - `cluster`: several dispatchers sharing membership and reloads through etcd (`[cluster]`).
 //! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
 
@@ -14,6 +15,7 @@ mod admin;
 mod cluster;
 pub mod config;
 pub mod dispatcher;
+mod members;
 mod reload;
 
 pub use dispatcher::{run_workers, Dispatcher};

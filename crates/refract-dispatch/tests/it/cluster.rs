@@ -139,7 +139,8 @@ async fn without_etcd_both_serve_and_refuse_changes_then_converge() {
 
     etcd.stop().unwrap();
     for n in [&d1, &d2] {
-        until(Duration::from_secs(5), "etcd seen down", async || json(n.admin, "/cluster").await["etcd"] == "down").await;
+        until(Duration::from_secs(5), "etcd seen down", async || json(n.admin, "/cluster").await["etcd"] == "down")
+            .await;
         let (status, health) = call(n.admin, "GET", "/health", "").await;
         assert_eq!(status, 200, "a dispatcher without etcd still serves");
         assert!(health.contains("etcd: unreachable"), "{health}");

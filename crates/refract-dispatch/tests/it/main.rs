@@ -5,6 +5,7 @@
 //! suite. Run: `cargo test --profile ci -p refract-dispatch --test it`.
 #![allow(clippy::unwrap_used)]
 
+mod cluster;
 mod examples;
 mod pg_admission;
 mod pg_common;

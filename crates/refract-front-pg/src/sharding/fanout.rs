@@ -11,6 +11,7 @@
 //!   committed is reported, not undone (docs/sharding.md).
 
 use super::route::Target;
+use super::transaction::End;
 use super::Sharding;
 use crate::error::PgError;
 use crate::server::pool::Guard;
@@ -180,7 +181,8 @@ impl Session {
         let requests: Vec<Bytes> = sqls.iter().map(|s| query_message(s)).collect();
         let mut got = written_on(legs, &requests).await?;
         if in_block {
-            if let Some(e) = end_block(sh, legs, got.error.is_none()).await? {
+            let end = if got.error.is_none() { End::Commit } else { End::Rollback };
+            if let Some(e) = end_block(sh, legs, end).await? {
                 got.error.get_or_insert(e);
             }
         }
@@ -232,7 +234,8 @@ impl Session {
         }
         let placement = if key.is_some() { Placement::Sharded } else { Placement::Replicated };
         let (tags, mut error) = self.copy_in_shards(sh, legs, sql, key).await?;
-        if let Some(e) = end_block(sh, legs, error.is_none()).await? {
+        let end = if error.is_none() { End::Commit } else { End::Rollback };
+        if let Some(e) = end_block(sh, legs, end).await? {
             error.get_or_insert(e);
         }
         self.written(Written { error, tags, description: None, rows: vec![] }, placement, legs.len(), true);
@@ -361,10 +364,11 @@ pub(super) async fn written_on(legs: &mut [Leg], requests: &[Bytes]) -> Result<W
     Ok(got)
 }
 
-/// Ends the transaction block open on every leg: when `commit`, two-phase commit where the
+/// Ends the transaction block open on every leg: [`End::Commit`], two-phase commit where the
 /// shards and the configuration allow it, else COMMIT on each; ROLLBACK on each otherwise.
 /// `Some`: the error the client gets (a commit that failed).
-pub(super) async fn end_block(sh: &Sharding, legs: &mut [Leg], commit: bool) -> Result<Option<ErrorFields>, PgError> {
+pub(super) async fn end_block(sh: &Sharding, legs: &mut [Leg], end: End) -> Result<Option<ErrorFields>, PgError> {
+    let commit = end == End::Commit;
     if commit && legs.len() > 1 && atomic_commit_possible(sh, legs).await? {
         if let Ok(log) = &sh.log {
             let mut conns: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();

@@ -6,6 +6,7 @@
 //! as two-phase commit is not implemented yet).
 
 use super::route::{route, Target};
+use super::transaction::End;
 use super::{tx, Sharding};
 use crate::error::PgError;
 use crate::session::phase::{BatchEnd, Event};
@@ -37,8 +38,8 @@ impl Session {
         }
         if !self.parked.is_empty() {
             match c.statements.as_slice() {
-                [Statement::Commit] => return self.end_on_shards(sh, true).await,
-                [Statement::Rollback] => return self.end_on_shards(sh, false).await,
+                [Statement::Commit] => return self.end_on_shards(sh, End::Commit).await,
+                [Statement::Rollback] => return self.end_on_shards(sh, End::Rollback).await,
                 _ => {}
             }
         }

@@ -26,6 +26,7 @@ use self::execute::unit;
 
 use super::fanout::{end_block, Leg};
 use super::route::{route, Target};
+use super::transaction::End;
 use super::Sharding;
 use crate::error::PgError;
 use crate::session::phase::{BatchEnd, Event};
@@ -52,8 +53,8 @@ const SYNTAX_ERROR: &str = "42601";
 enum Runs {
     /// A read or write on the shards of `Target`.
     Data(Target),
-    /// COMMIT (`true`) or ROLLBACK of the open transaction.
-    End(bool),
+    /// COMMIT or ROLLBACK of the open transaction.
+    End(End),
 }
 
 /// A portal of the batch.
@@ -182,7 +183,8 @@ impl Session {
             }
         }
         if lost.is_none() && run.block {
-            match end_block(sh, &mut run.legs, !run.failed).await {
+            let end = if run.failed { End::Rollback } else { End::Commit };
+            match end_block(sh, &mut run.legs, end).await {
                 Ok(Some(e)) => self.fail_here(&mut run, e),
                 Ok(None) => {}
                 Err(e) => lost = Some(e),
@@ -250,8 +252,8 @@ impl Session {
             return self.fail_here(run, error(super::session::IN_FAILED_TX, why.into()));
         }
         let runs = match c.statements.as_slice() {
-            [Statement::Commit] if self.phase().in_transaction() => Runs::End(true),
-            [Statement::Rollback] if self.phase().in_transaction() => Runs::End(false),
+            [Statement::Commit] if self.phase().in_transaction() => Runs::End(End::Commit),
+            [Statement::Rollback] if self.phase().in_transaction() => Runs::End(End::Rollback),
             all if !all.is_empty() && all.iter().all(|s| matches!(s, Statement::Read | Statement::Write)) => {
                 let values: Vec<Option<&[u8]>> = b.params.iter().map(|p| p.as_deref()).collect();
                 let params = Params { formats: &b.param_formats, values: &values };

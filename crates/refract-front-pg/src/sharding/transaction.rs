@@ -12,6 +12,13 @@ use refract_pg::classify::{Classification, Statement};
 use refract_pg::notice::sqlstate;
 use refract_pg::{reply, BackendMessage, TxStatus};
 
+/// How the client ends a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Commit,
+    Rollback,
+}
+
 impl Session {
     /// BEGIN is held (answered here); COMMIT or ROLLBACK of a transaction that never reached a
     /// shard, and any statement of a transaction failed here, are answered here too.
@@ -164,8 +171,8 @@ impl Session {
 
     /// COMMIT (two-phase, over every shard of the transaction) or ROLLBACK of a transaction
     /// on several shards, for a simple Query.
-    pub(super) async fn end_on_shards(&mut self, sh: &Sharding, commit: bool) -> Result<(), PgError> {
-        self.end_tx(sh, commit).await?;
+    pub(super) async fn end_on_shards(&mut self, sh: &Sharding, end: End) -> Result<(), PgError> {
+        self.end_tx(sh, end).await?;
         self.advance(Event::Ready(TxStatus::Idle));
         self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
         self.flush().await
@@ -173,9 +180,9 @@ impl Session {
 
     /// Ends the open transaction on each of its shards (see [`Session::end_on_shards`]): the
     /// client gets its CommandComplete or error; ReadyForQuery is the caller's.
-    pub(crate) async fn end_tx(&mut self, sh: &Sharding, commit: bool) -> Result<(), PgError> {
+    pub(crate) async fn end_tx(&mut self, sh: &Sharding, end: End) -> Result<(), PgError> {
         let failed = self.phase().tx() == TxStatus::Failed;
-        let commit = commit && !failed;
+        let commit = end == End::Commit && !failed;
         let mut all = self.take_tx_bindings();
         for (_, b) in all.iter_mut() {
             if let Some(a) = b.admitted.take() {

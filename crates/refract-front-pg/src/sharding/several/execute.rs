@@ -41,12 +41,12 @@ impl Session {
             return Ok(());
         };
         let target = match &portal.runs {
-            Runs::End(commit) => {
-                let commit = *commit;
+            Runs::End(end) => {
+                let end = *end;
                 if portal.describe && run.owes() {
                     self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
                 }
-                self.end_tx(sh, commit).await?;
+                self.end_tx(sh, end).await?;
                 run.status = TxStatus::Idle;
                 return Ok(());
             }

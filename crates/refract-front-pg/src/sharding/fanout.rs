@@ -88,7 +88,7 @@ impl Session {
             Target::CopyOut => match self.copy_out_shards(&mut legs, sql).await {
                 Ok(Some(e)) => {
                     self.advance(Event::QueryError);
-                    self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
                     Ok(())
                 }
                 other => other.map(|_| ()),
@@ -109,7 +109,7 @@ impl Session {
                     l.finish();
                 }
                 self.advance(Event::Ready(TxStatus::Idle));
-                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+                self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
                 self.flush().await
             }
             Err(e) => self.legs_lost(legs, e).await,
@@ -133,8 +133,8 @@ impl Session {
             return Err(e);
         }
         self.advance(Event::ServerLost);
-        self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
-        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.io.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+        self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
         self.flush().await
     }
 
@@ -196,7 +196,7 @@ impl Session {
     pub(super) fn written(&mut self, got: Written, placement: Placement, legs: usize, describe: bool) -> bool {
         let Written { error, tags, description, rows } = got;
         if let Some(e) = error {
-            self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
             self.advance(Event::QueryError);
             return true;
         }
@@ -204,20 +204,20 @@ impl Session {
         let tag = match tag {
             Ok(t) => t,
             Err(why) => {
-                self.out.extend_from_slice(&reply::error(sqlstate::INTERNAL_ERROR, &format!("refract: {why}")));
+                self.io.out.extend_from_slice(&reply::error(sqlstate::INTERNAL_ERROR, &format!("refract: {why}")));
                 return true;
             }
         };
         if let Some(d) = description {
             if describe {
-                self.out.extend_from_slice(&d);
+                self.io.out.extend_from_slice(&d);
             }
             // RETURNING of a replicated table: one copy's rows.
             let keep = if placement == Placement::Replicated { rows.len() / legs.max(1) } else { rows.len() };
-            rows.iter().take(keep).for_each(|r| self.out.extend_from_slice(r));
+            rows.iter().take(keep).for_each(|r| self.io.out.extend_from_slice(r));
         }
         self.advance(Event::Completed(&tag));
-        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
+        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
         false
     }
 
@@ -284,7 +284,7 @@ impl Session {
             Err(e) => return self.scatter_failed(legs, gather_error(&e)).await,
         };
         if describe {
-            self.out.extend_from_slice(&BackendMessage::RowDescription(gather.description().to_vec()).to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::RowDescription(gather.description().to_vec()).to_bytes());
         }
         loop {
             let step = match gather.step() {
@@ -293,8 +293,8 @@ impl Session {
             };
             match step {
                 Step::Row(row) => {
-                    self.out.extend_from_slice(&BackendMessage::DataRow(row).to_bytes());
-                    if self.out.len() >= FLUSH_AT {
+                    self.io.out.extend_from_slice(&BackendMessage::DataRow(row).to_bytes());
+                    if self.io.out.len() >= FLUSH_AT {
                         self.flush().await?;
                     }
                 }
@@ -310,7 +310,7 @@ impl Session {
                 },
                 Step::Done(tag) => {
                     self.advance(Event::Completed(&tag));
-                    self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
                     for l in legs.iter_mut() {
                         drain(l).await?;
                     }
@@ -322,7 +322,7 @@ impl Session {
 
     /// Ends a failed scatter: the error to the client, every leg read to its ReadyForQuery.
     async fn scatter_failed(&mut self, legs: &mut [&mut Guard], error: Vec<u8>) -> Result<bool, PgError> {
-        self.out.extend_from_slice(&error);
+        self.io.out.extend_from_slice(&error);
         self.advance(Event::QueryError);
         for l in legs.iter_mut() {
             drain(l).await?;

@@ -164,7 +164,7 @@ impl Session {
                         Of::Statement => drop(self.state.prepared.close(name)),
                         Of::Portal => drop(run.portals.remove(name)),
                     }
-                    self.out.extend_from_slice(&BackendMessage::CloseComplete.to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::CloseComplete.to_bytes());
                     Ok(())
                 }
                 FrontendMessage::Flush => self.flush().await,
@@ -175,7 +175,7 @@ impl Session {
                 lost = Some(e);
                 break;
             }
-            if self.out.len() >= FLUSH_AT {
+            if self.io.out.len() >= FLUSH_AT {
                 if let Err(e) = self.flush().await {
                     lost = Some(e);
                     break;
@@ -212,7 +212,7 @@ impl Session {
                     l.finish();
                 }
                 self.advance(if simple { Event::Ready(run.status) } else { Event::Synced(run.status) });
-                self.out.extend_from_slice(&reply::ready_for_query(run.status));
+                self.io.out.extend_from_slice(&reply::ready_for_query(run.status));
                 self.flush().await
             }
             Some(e) => self.legs_lost(run.legs, e).await,
@@ -235,7 +235,7 @@ impl Session {
         let read = self.is_read(query);
         self.state.prepared.parse(name, query, param_types, read);
         if run.owes() {
-            self.out.extend_from_slice(&BackendMessage::ParseComplete.to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::ParseComplete.to_bytes());
         }
     }
 
@@ -282,7 +282,7 @@ impl Session {
         let portal = Portal { query, param_types, bind: b.clone(), runs, describe: false };
         run.portals.insert(b.portal.clone(), portal);
         if run.owes() {
-            self.out.extend_from_slice(&BackendMessage::BindComplete.to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::BindComplete.to_bytes());
         }
     }
 
@@ -338,7 +338,7 @@ impl Session {
             Runs::Data(Target::Shards(s) | Target::Scatter(s, _)) => s[0],
             Runs::Data(_) => sh.any_shard(),
             Runs::End(_) => {
-                self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
+                self.io.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
                 return Ok(());
             }
         };
@@ -359,7 +359,7 @@ impl Session {
     fn fail_here(&mut self, run: &mut Several, e: ErrorFields) {
         run.failed = true;
         self.advance(Event::QueryError);
-        self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+        self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
     }
 }
 

@@ -37,8 +37,8 @@ impl Session {
             }
             _ if self.bound.is_none() && self.phase().tx() == TxStatus::Failed => {
                 let msg = "current transaction is aborted, commands ignored until end of transaction block";
-                self.out.extend_from_slice(&reply::error(IN_FAILED_TX, msg));
-                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Failed));
+                self.io.out.extend_from_slice(&reply::error(IN_FAILED_TX, msg));
+                self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Failed));
                 self.flush().await?;
                 return Ok(true);
             }
@@ -46,8 +46,8 @@ impl Session {
         };
         self.advance(Event::Completed(tag));
         self.advance(Event::Ready(status));
-        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
-        self.out.extend_from_slice(&reply::ready_for_query(status));
+        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+        self.io.out.extend_from_slice(&reply::ready_for_query(status));
         self.flush().await?;
         Ok(true)
     }
@@ -174,7 +174,7 @@ impl Session {
     pub(super) async fn end_on_shards(&mut self, sh: &Sharding, end: End) -> Result<(), PgError> {
         self.end_tx(sh, end).await?;
         self.advance(Event::Ready(TxStatus::Idle));
-        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
         self.flush().await
     }
 
@@ -207,11 +207,11 @@ impl Session {
                 match result {
                     Ok(()) => {
                         self.advance(Event::Completed(tag));
-                        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+                        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
                     }
                     Err(e) => {
                         self.advance(Event::QueryError);
-                        self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+                        self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
                     }
                 }
             }
@@ -222,7 +222,7 @@ impl Session {
                 drop(all);
                 self.advance(Event::QueryError);
                 let msg = format!("refract: a shard was lost while ending the transaction: {e}");
-                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &msg));
+                self.io.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &msg));
             }
         }
         Ok(())

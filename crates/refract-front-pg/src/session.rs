@@ -7,6 +7,8 @@
 //! - `simple`: simple queries and the FunctionCall fast path; `batch`: extended-protocol
 //!   batches, rewritten for per-server prepared statements; `bind`: large Bind messages
 //!   relayed in pieces; `extended`: SETs run through the extended protocol.
+//! - `client_io`: the client side (its connection, the bytes gathered for it, a hand-over's
+//!   replay).
 //! - `bound`: the server connection the session is bound to, and binding one; `relay`: the
 //!   server's answers relayed up to ReadyForQuery (COPY too), the sample booked.
 //! - `phase`: where the session stands in the protocol (one transition function).
@@ -15,7 +17,8 @@
 //! - `names`: the unnamed statement and SQL-prepared names on shared connections.
 //! - `listen`: a client's LISTEN/UNLISTEN answered by refract; `notify`: the one listener
 //!   connection to the primary in transaction mode.
-//! - `large`: large DataRow / CopyData relayed in pieces; `unreadable`: text that is not UTF-8.
+//! - `large`: large DataRow / CopyData relayed in pieces (by `Bound`); `unreadable`: text
+//!   that is not UTF-8.
 //! - `handover`: a large result written to the client by the server's agent.
 
 pub(crate) mod batch;

@@ -200,16 +200,14 @@ impl Session {
     /// ends a statement at any time: its time says nothing about the server's queue) or its
     /// answer was too large to have left without the client reading it.
     pub(crate) fn book(&self, sent: Sent, outcome: Outcome) {
-        let failed = outcome == Outcome::Failed;
         if let Some(b) = &self.bound {
             let took = sent.at.elapsed();
             b.server.book(took, true);
             let answered = self.io.sent() - sent.relayed;
-            if !failed && answered <= SAMPLE_MAX_RELAYED {
+            if outcome == Outcome::Ok && answered <= SAMPLE_MAX_RELAYED {
                 b.server.learn(sent.key, took);
             }
-            let left_open = self.phase.tx() != TxStatus::Idle;
-            self.servers().observe_size(sent.key, answered, left_open, failed);
+            self.servers().observe_size(sent.key, answered, self.phase.tx(), outcome);
             if b.guard.path() == Path::Agent && b.server.agent.is_some() {
                 self.shared.handover_metrics.handover_forwarded(&metrics_name(&b.server.name));
             }

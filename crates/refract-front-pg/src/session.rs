@@ -7,6 +7,8 @@
 //! - `simple`: simple queries and the FunctionCall fast path; `batch`: extended-protocol
 //!   batches, rewritten for per-server prepared statements; `bind`: large Bind messages
 //!   relayed in pieces; `extended`: SETs run through the extended protocol.
+//! - `client_io`: the client side (its connection, the bytes gathered for it, a hand-over's
+//!   replay).
 //! - `bound`: the server connection the session is bound to, and binding one; `relay`: the
 //!   server's answers relayed up to ReadyForQuery (COPY too), the sample booked.
 //! - `phase`: where the session stands in the protocol (one transition function).
@@ -15,12 +17,14 @@
 //! - `names`: the unnamed statement and SQL-prepared names on shared connections.
 //! - `listen`: a client's LISTEN/UNLISTEN answered by refract; `notify`: the one listener
 //!   connection to the primary in transaction mode.
-//! - `large`: large DataRow / CopyData relayed in pieces; `unreadable`: text that is not UTF-8.
+//! - `large`: large DataRow / CopyData relayed in pieces (by `Bound`); `unreadable`: text
+//!   that is not UTF-8.
 //! - `handover`: a large result written to the client by the server's agent.
 
 pub(crate) mod batch;
 pub(crate) mod bind;
 mod bound;
+pub(crate) mod client_io;
 pub(crate) mod extended;
 pub(crate) mod handover;
 pub(crate) mod held;
@@ -37,6 +41,7 @@ pub(crate) mod unreadable;
 
 pub(crate) use bound::{Bound, Floor, ParamSync, Wrote};
 
+use self::client_io::ClientIo;
 use self::held::{BatchStart, Held};
 use self::phase::{Event, Phase};
 use super::error::PgError;
@@ -48,7 +53,6 @@ use crate::client::startup::startup_sets;
 use crate::client::wire::{Incoming, Wire};
 use crate::config::PoolMode;
 use crate::sharding::tx::{self, ShardTx};
-use bytes::BytesMut;
 use refract_pg::notice::sqlstate;
 use refract_pg::session::SessionState;
 use refract_pg::{reply, text, FrontendMessage, Side, TxStatus};
@@ -63,9 +67,8 @@ pub(super) const FLUSH_AT: usize = 64 * 1024;
 /// A client session.
 pub(super) struct Session {
     pub shared: Arc<Shared>,
-    pub wire: Wire,
-    /// Bytes to the client not yet written.
-    pub out: BytesMut,
+    /// The client's connection and what goes to it.
+    pub io: ClientIo,
     pub state: SessionState,
     pub(super) key: CancelKey,
     pub bound: Option<Bound>,
@@ -93,10 +96,6 @@ pub(super) struct Session {
     pub(super) client: Registration,
     /// Session state refract keeps for it (pinning, LISTEN channels, extended-protocol SETs).
     pub(super) held: Held,
-    /// After a hand-over: the messages the agent delivered to the client itself (rows left
-    /// out), read before the server's next ones; while it is set, nothing goes to the client
-    /// (`handover.rs`).
-    replay: Option<BytesMut>,
 }
 
 /// How long pipelined messages wait for the client's next one before refract runs them
@@ -124,8 +123,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let floors = vec![Floor::default(); shared.shards.len()];
     let mut s = Session {
         shared,
-        wire,
-        out: BytesMut::new(),
+        io: ClientIo::new(wire),
         state,
         key: logged.key,
         bound: None,
@@ -139,7 +137,6 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         pool_mode,
         client,
         held: Held::default(),
-        replay: None,
     };
     match s.serve().await {
         Ok(()) => s.give_back().await,
@@ -147,11 +144,11 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         Err(e) => {
             tracing::debug!(error = %e, "postgres session ended");
             if e.side() == Side::Client {
-                let _ = s.wire.send(&login::protocol_error(&e.to_string())).await;
+                let _ = s.io.wire.send(&login::protocol_error(&e.to_string())).await;
             }
         }
     }
-    s.wire.close().await;
+    s.io.wire.close().await;
 }
 
 impl Session {
@@ -188,7 +185,7 @@ impl Session {
             if self.phase.discarding() {
                 if tag == b'S' {
                     self.advance(Event::ClientSync);
-                    self.wire.send(&reply::ready_for_query(self.phase.tx())).await?;
+                    self.io.wire.send(&reply::ready_for_query(self.phase.tx())).await?;
                 }
                 continue;
             }
@@ -214,8 +211,8 @@ impl Session {
                 _ => {
                     let code = sqlstate::FEATURE_NOT_SUPPORTED;
                     let text = format!("refract does not relay message type '{}'", char::from(tag));
-                    self.wire.send(&reply::error(code, &text)).await?;
-                    self.wire.send(&reply::ready_for_query(self.phase.tx())).await?;
+                    self.io.wire.send(&reply::error(code, &text)).await?;
+                    self.io.wire.send(&reply::ready_for_query(self.phase.tx())).await?;
                 }
             }
         }

@@ -13,6 +13,14 @@
 use super::lru::Lru;
 use std::time::Duration;
 
+/// How loaded a server was when a sample was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Load {
+    /// Few units were in flight (under half the limit): the sample may re-learn a baseline.
+    Light,
+    Heavy,
+}
+
 /// Kinds of statement kept per server.
 pub(crate) const CAPACITY: usize = 1024;
 
@@ -43,10 +51,12 @@ impl Default for Baselines {
 }
 
 impl Baselines {
-    /// Notes that a statement of kind `key` took `took` (`light`: few units were in flight);
+    /// Notes that a statement of kind `key` took `took` under `load` (light: few units were in
+    /// flight);
     /// returns the kind's baseline to read it against, or `None` for a kind's first sample
     /// (which only sets its baseline: it says nothing about queueing).
-    pub(crate) fn observe(&mut self, key: u64, took: Duration, light: bool) -> Option<Duration> {
+    pub(crate) fn observe(&mut self, key: u64, took: Duration, load: Load) -> Option<Duration> {
+        let light = load == Load::Light;
         let Some(k) = self.kinds.get_mut(key) else {
             self.kinds.insert(key, Kind { min: took, light_min: light.then_some(took), seen: 1 });
             return None;
@@ -82,50 +92,50 @@ mod tests {
     #[test]
     fn a_kind_is_read_against_its_own_fastest_time() {
         let mut b = Baselines::default();
-        assert_eq!(b.observe(1, 20 * MS, false), None, "the first sample only sets the baseline");
-        assert_eq!(b.observe(2, MS / 10, false), None);
-        assert_eq!(b.observe(1, 80 * MS, false), Some(20 * MS), "not against the other kind's 0.1 ms");
-        assert_eq!(b.observe(1, 18 * MS, false), Some(18 * MS));
-        assert_eq!(b.observe(2, MS, false), Some(MS / 10));
+        assert_eq!(b.observe(1, 20 * MS, Load::Heavy), None, "the first sample only sets the baseline");
+        assert_eq!(b.observe(2, MS / 10, Load::Heavy), None);
+        assert_eq!(b.observe(1, 80 * MS, Load::Heavy), Some(20 * MS), "not against the other kind's 0.1 ms");
+        assert_eq!(b.observe(1, 18 * MS, Load::Heavy), Some(18 * MS));
+        assert_eq!(b.observe(2, MS, Load::Heavy), Some(MS / 10));
     }
 
     #[test]
     fn the_table_is_bounded_and_forgets_the_kind_used_least_recently() {
         let mut b = Baselines::default();
         for key in 0..CAPACITY as u64 {
-            b.observe(key, MS, false);
+            b.observe(key, MS, Load::Heavy);
         }
-        b.observe(0, MS, false); // kind 0 is in use: kind 1 is now the least recent
+        b.observe(0, MS, Load::Heavy); // kind 0 is in use: kind 1 is now the least recent
         for key in CAPACITY as u64..3 * CAPACITY as u64 {
-            b.observe(key, MS, false);
+            b.observe(key, MS, Load::Heavy);
             assert!(b.len() <= CAPACITY);
         }
         assert_eq!(b.len(), CAPACITY);
         let mut b2 = Baselines::default();
         for key in 0..CAPACITY as u64 {
-            b2.observe(key, MS, false);
+            b2.observe(key, MS, Load::Heavy);
         }
-        b2.observe(0, MS, false);
-        b2.observe(CAPACITY as u64, MS, false);
-        assert!(b2.observe(0, MS, false).is_some(), "the kind in use was kept");
-        assert_eq!(b2.observe(1, MS, false), None, "the least recent one was forgotten");
+        b2.observe(0, MS, Load::Heavy);
+        b2.observe(CAPACITY as u64, MS, Load::Heavy);
+        assert!(b2.observe(0, MS, Load::Heavy).is_some(), "the kind in use was kept");
+        assert_eq!(b2.observe(1, MS, Load::Heavy), None, "the least recent one was forgotten");
     }
 
     #[test]
     fn a_slower_server_is_relearnt_from_lightly_loaded_samples() {
         let mut b = Baselines::default();
-        b.observe(7, 10 * MS, true);
+        b.observe(7, 10 * MS, Load::Light);
         // The server became 3× slower for good: under load nothing is re-learnt.
         for _ in 0..2 * RELEARN_EVERY {
-            assert_eq!(b.observe(7, 30 * MS, false), Some(10 * MS));
+            assert_eq!(b.observe(7, 30 * MS, Load::Heavy), Some(10 * MS));
         }
         // Under light load, a period later, 30 ms is the new baseline.
         for _ in 0..RELEARN_EVERY {
-            b.observe(7, 30 * MS, true);
+            b.observe(7, 30 * MS, Load::Light);
         }
-        assert_eq!(b.observe(7, 30 * MS, false), Some(30 * MS));
+        assert_eq!(b.observe(7, 30 * MS, Load::Heavy), Some(30 * MS));
         // And a faster time is taken at once.
-        b.observe(7, 12 * MS, false);
-        assert_eq!(b.observe(7, 30 * MS, false), Some(12 * MS));
+        b.observe(7, 12 * MS, Load::Heavy);
+        assert_eq!(b.observe(7, 30 * MS, Load::Heavy), Some(12 * MS));
     }
 }

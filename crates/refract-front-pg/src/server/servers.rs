@@ -11,8 +11,9 @@ use super::partial::{Holds, Shares};
 use super::pool::Pool;
 use super::sizes::{Path, Sizes};
 use super::{Login, Through};
-use crate::admit::baseline::Baselines;
+use crate::admit::baseline::{Baselines, Load};
 use crate::config::{PgConfig, PgRole, PgServerConfig};
+use crate::session::held::Outcome;
 use crate::status::metrics::PgMetrics;
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
@@ -20,6 +21,7 @@ use refract_core::membership::{Member, Membership};
 use refract_core::metrics::Metrics;
 use refract_core::overload::AdmissionConfig;
 use refract_handover::config::{AgentAddr, HandoverConfig, HandoverMode};
+use refract_pg::TxStatus;
 use refract_vocab::FrontKind;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -186,8 +188,8 @@ impl Server {
     pub(crate) fn learn(&self, key: u64, took: Duration) {
         let admission = &self.member.admission;
         let v = admission.view();
-        let light = v.inflight * 2 < v.limit;
-        let baseline = self.baselines.lock().unwrap_or_else(PoisonError::into_inner).observe(key, took, light);
+        let load = if v.inflight * 2 < v.limit { Load::Light } else { Load::Heavy };
+        let baseline = self.baselines.lock().unwrap_or_else(PoisonError::into_inner).observe(key, took, load);
         if let Some(b) = baseline {
             admission.learn(took, b + NOISE);
         }
@@ -354,11 +356,11 @@ impl Servers {
         }
     }
 
-    /// Notes that a statement of kind `key` answered `bytes`, left a transaction open or not,
-    /// `failed` or not (`Sizes::observe`).
-    pub(crate) fn observe_size(&self, key: u64, bytes: u64, left_open: bool, failed: bool) {
+    /// Notes that a statement of kind `key` answered `bytes`, left the session `tx`, and ended
+    /// with `outcome` (`Sizes::observe`).
+    pub(crate) fn observe_size(&self, key: u64, bytes: u64, tx: TxStatus, outcome: Outcome) {
         if let Some(sizes) = &self.sizes {
-            sizes.lock().unwrap_or_else(PoisonError::into_inner).observe(key, bytes, left_open, failed);
+            sizes.lock().unwrap_or_else(PoisonError::into_inner).observe(key, bytes, tx, outcome);
         }
     }
 

@@ -12,6 +12,8 @@
 //! not handed over), then goes through the agent again. The table is bounded ([`CAPACITY`]).
 
 use crate::admit::lru::Lru;
+use crate::session::held::Outcome;
+use refract_pg::TxStatus;
 
 /// Kinds of statement kept.
 pub(crate) const CAPACITY: usize = 4096;
@@ -51,13 +53,13 @@ impl Sizes {
         }
     }
 
-    /// Notes that a statement of kind `key` answered `bytes` (relayed or handed over) and
-    /// `left_open` a transaction, or not. A `failed` one (an error or a cancel ends a result
-    /// at any row) only counts when it was large.
-    pub(crate) fn observe(&mut self, key: u64, bytes: u64, left_open: bool, failed: bool) {
-        let small = bytes <= self.small_max && !left_open;
+    /// Notes that a statement of kind `key` answered `bytes` (relayed or handed over) and left
+    /// the session `tx` (a transaction left open makes it no small one). A failed one
+    /// (`outcome`: an error or a cancel ends a result at any row) only counts when it was large.
+    pub(crate) fn observe(&mut self, key: u64, bytes: u64, tx: TxStatus, outcome: Outcome) {
+        let small = bytes <= self.small_max && tx == TxStatus::Idle;
         match self.kinds.get_mut(key) {
-            _ if small && failed => {}
+            _ if small && outcome == Outcome::Failed => {}
             Some(run) if small => *run = run.saturating_add(1),
             Some(run) => *run = 0,
             None if small => self.kinds.insert(key, 1),
@@ -75,13 +77,13 @@ mod tests {
         let mut s = Sizes::new(1000);
         for _ in 0..SMALL_AFTER {
             assert_eq!(s.path(1), Path::Agent);
-            s.observe(1, 500, false, false);
+            s.observe(1, 500, TxStatus::Idle, Outcome::Ok);
         }
         assert_eq!(s.path(1), Path::Direct);
-        s.observe(1, 501, false, false);
+        s.observe(1, 501, TxStatus::Idle, Outcome::Ok);
         assert_eq!(s.path(1), Path::Agent, "one answer over half the threshold: unknown again");
         for _ in 0..SMALL_AFTER {
-            s.observe(1, 10, false, false);
+            s.observe(1, 10, TxStatus::Idle, Outcome::Ok);
         }
         assert_eq!(s.path(1), Path::Direct);
         assert_eq!(s.path(2), Path::Agent, "another kind knows nothing yet");
@@ -91,7 +93,7 @@ mod tests {
     fn a_kind_that_leaves_a_transaction_open_stays_with_the_agent() {
         let mut s = Sizes::new(1000);
         for _ in 0..2 * SMALL_AFTER {
-            s.observe(7, 10, true, false);
+            s.observe(7, 10, TxStatus::InTransaction, Outcome::Ok);
         }
         assert_eq!(s.path(7), Path::Agent);
     }
@@ -100,13 +102,13 @@ mod tests {
     fn a_failed_statement_counts_only_when_large() {
         let mut s = Sizes::new(1000);
         for _ in 0..2 * SMALL_AFTER {
-            s.observe(3, 10, false, true);
+            s.observe(3, 10, TxStatus::Idle, Outcome::Failed);
         }
         assert_eq!(s.path(3), Path::Agent, "errors before any row say nothing of the kind's size");
         for _ in 0..SMALL_AFTER {
-            s.observe(3, 10, false, false);
+            s.observe(3, 10, TxStatus::Idle, Outcome::Ok);
         }
-        s.observe(3, 5000, false, true);
+        s.observe(3, 5000, TxStatus::Idle, Outcome::Failed);
         assert_eq!(s.path(3), Path::Agent, "a result cancelled after 5000 bytes was large");
     }
 }

@@ -7,7 +7,7 @@ use super::handover::Rest;
 use super::held::{BatchStart, Outcome};
 use super::phase::{BatchEnd, Event};
 use super::relay::ReadyFor;
-use super::{Session, Wrote, FLUSH_AT};
+use super::{Bound, Session, Wrote, FLUSH_AT};
 use crate::error::PgError;
 use crate::sharding::Placed;
 use bytes::{Bytes, BytesMut};
@@ -144,7 +144,7 @@ impl Session {
         let Some(msgs) = self.listen_batch(msgs).await? else { return Ok(()) };
         let end = BatchEnd::of(&msgs);
         if self.bound.is_none() && end == BatchEnd::Sync && msgs.len() == 1 {
-            self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+            self.io.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
             return self.flush().await;
         }
         let route = self.batch_route(&msgs);
@@ -292,7 +292,7 @@ impl Session {
                     }
                     let (c, untracked) = self.classify_text(&query);
                     if untracked {
-                        self.note_untracked();
+                        self.bound.iter_mut().for_each(Bound::untrack);
                     }
                     let read = c.target(self.state.route) == Route::Read;
                     self.note_state(&c);
@@ -374,7 +374,7 @@ impl Session {
         loop {
             while let Some(Expect::Local(..)) = expect.front() {
                 if let Some(Expect::Local(b, _)) = expect.pop_front() {
-                    self.out.extend_from_slice(&b);
+                    self.io.out.extend_from_slice(&b);
                 }
             }
             if expect.is_empty() {
@@ -388,28 +388,28 @@ impl Session {
                     self.at_want(if verbatim { Rest::Verbatim } else { Rest::Edited }).await?
                 }
                 b'S' => {
-                    self.note_untracked();
-                    self.out.extend_from_slice(&frame);
+                    self.bound.iter_mut().for_each(Bound::untrack);
+                    self.io.out.extend_from_slice(&frame);
                 }
-                b'N' | b'A' => self.out.extend_from_slice(&frame),
+                b'N' | b'A' => self.io.out.extend_from_slice(&frame),
                 b'E' => {
                     outcome = Outcome::Failed;
                     self.held.ext_outcome = Outcome::Failed;
                     self.note_stale_plan(&frame);
                     let replaced = self.parse_failed(&expect).or_else(|| self.prepare_error_for(&frame));
                     let frame = replaced.unwrap_or(frame);
-                    self.out.extend_from_slice(&frame);
+                    self.io.out.extend_from_slice(&frame);
                     skip_to_sync(&mut expect);
                     self.advance(Event::BatchError { sync_pending: !expect.is_empty() });
                 }
                 b'G' => {
-                    self.out.extend_from_slice(&frame);
+                    self.io.out.extend_from_slice(&frame);
                     self.flush().await?;
                     self.copy_in().await?;
                 }
                 _ => self.answer(tag, frame, &mut expect)?,
             }
-            if self.out.len() >= FLUSH_AT {
+            if self.io.out.len() >= FLUSH_AT {
                 self.flush().await?;
             }
         }
@@ -435,7 +435,7 @@ impl Session {
             self.observe(tag, &frame, ReadyFor::Sync)?;
         }
         if relay {
-            self.out.extend_from_slice(&frame);
+            self.io.out.extend_from_slice(&frame);
         }
         if kind.ends_with(tag) {
             expect.pop_front();

@@ -39,11 +39,11 @@ impl Session {
         let (portal, statement, names) = self.read_bind_names(h).await?;
         let rest = h.total - HEAD_LEN - names;
         if self.phase().discarding() {
-            return self.wire.pass_on(None, rest).await;
+            return self.io.wire.pass_on(None, rest).await;
         }
         let queued = std::mem::take(&mut self.batch);
         if let Err(e) = self.bind(Route::Write, None, &[]).await {
-            self.wire.pass_on(None, rest).await?;
+            self.io.wire.pass_on(None, rest).await?;
             return self.refuse(e, BatchEnd::Flush).await;
         }
         let bind = FrontendMessage::Bind(Bind { portal, statement, ..Bind::default() });
@@ -54,7 +54,7 @@ impl Session {
                 self.note_write(if writes { Wrote::Yes } else { Wrote::No });
                 self.stream_bind(bind, rest).await
             }
-            Err(e) => self.wire.pass_on(None, rest).await.and(Err(e)),
+            Err(e) => self.io.wire.pass_on(None, rest).await.and(Err(e)),
         };
         self.settle(result).await
     }
@@ -71,7 +71,7 @@ impl Session {
     /// the first [`STREAM_ABOVE`] bytes), and consumes them.
     async fn read_bind_names(&mut self, h: Header) -> Result<(String, String, usize), PgError> {
         loop {
-            let buf = self.wire.buffered();
+            let buf = self.io.wire.buffered();
             let body = &buf[HEAD_LEN..buf.len().min(h.total)];
             if let Some((portal, statement, len)) = bind_names(body)? {
                 let _ = buf.split_to(HEAD_LEN + len);
@@ -81,7 +81,7 @@ impl Session {
                 let reason = "Bind: portal and statement names longer than 64 KiB".into();
                 return Err(Error::Malformed { from: Side::Client, reason }.into());
             }
-            self.wire.fill().await?;
+            self.io.wire.fill().await?;
         }
     }
 
@@ -109,12 +109,12 @@ impl Session {
         });
         let (prefixed, expect) = match head {
             Ok(head) => head,
-            Err(e) => return self.wire.pass_on(None, rest).await.and(Err(e)),
+            Err(e) => return self.io.wire.pass_on(None, rest).await.and(Err(e)),
         };
         let b = self.bound.as_mut().ok_or_else(|| PgError::Unavailable("internal: no server bound".into()))?;
         let sent = b.guard.wire.send(&out).await;
         let to = if sent.is_ok() { Some(&mut b.guard.wire) } else { None };
-        self.wire.pass_on(to, rest).await?;
+        self.io.wire.pass_on(to, rest).await?;
         sent?;
         let mut flush = BytesMut::new();
         FrontendMessage::Flush.encode(&mut flush);

@@ -13,7 +13,7 @@ use crate::server::servers::Server;
 use crate::server::sizes::Path;
 use crate::sharding::tx;
 use bytes::BytesMut;
-use refract_pg::classify::{Classification, Route};
+use refract_pg::classify::{Classification, Route, Statement};
 use refract_pg::notice::sqlstate;
 use refract_pg::session::ParamTracker;
 use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
@@ -73,6 +73,11 @@ impl Bound {
         Bound { guard, server, wrote: Wrote::No, params, changes: ParamChanges::None, admitted }
     }
 
+    /// The binding in a session's `bound`, which the caller knows is there.
+    pub(crate) fn of(bound: &mut Option<Bound>) -> Result<&mut Bound, PgError> {
+        bound.as_mut().ok_or_else(|| PgError::Unavailable("internal: no server bound".into()))
+    }
+
     /// A statement that `wrote` ran: noted when it ran on the primary.
     pub(crate) fn note_write(&mut self, wrote: Wrote) {
         if wrote == Wrote::Yes && self.server.role == PgRole::Primary {
@@ -114,9 +119,36 @@ impl Bound {
         true
     }
 
+    /// After a statement `c` succeeded: what it did to the connection (`params`: the session's
+    /// SET state, which knows the RESETs that bring back a startup value).
+    pub(crate) fn note_effects(&mut self, c: &Classification, params: &ParamTracker) {
+        if c.statements.iter().any(|st| params.resets_startup(st)) {
+            self.resync_startup();
+        }
+        for st in &c.statements {
+            match st {
+                Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { all: false } => self.touch(),
+                Statement::Discard { all: true } | Statement::Deallocate { name: None } => {
+                    self.touch();
+                    let conn = &mut *self.guard;
+                    conn.prepared.clear();
+                    conn.sql_prepared.clear();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The binding ends: the connection goes back to its pool, noted with the SET state it
+    /// carries now (`params`: the session's SET state, as for `note_applied`).
+    pub(crate) fn release(mut self, params: &ParamTracker) {
+        self.note_applied(params);
+        self.guard.release();
+    }
+
     /// At the binding's end: notes on the connection the SET state it carries now, `params`
     /// being the session's (not known after an untracked change).
-    pub(crate) fn note_applied(&mut self, params: &ParamTracker) {
+    fn note_applied(&mut self, params: &ParamTracker) {
         match self.changes {
             ParamChanges::Untracked => self.guard.applied = None,
             ParamChanges::Tracked => self.guard.applied = Some(applied(params)),
@@ -170,13 +202,13 @@ impl Session {
             // connection: end the client session too, as PostgreSQL would, not silently go on.
             let message = format!("refract: the server connection of this session failed: {e}");
             let _ = self.flush().await;
-            let _ = self.wire.send(&reply::fatal(sqlstate::CONNECTION_FAILURE, &message)).await;
+            let _ = self.io.wire.send(&reply::fatal(sqlstate::CONNECTION_FAILURE, &message)).await;
             return Err(PgError::Closed(Side::Backend));
         }
         self.advance(Event::ServerLost);
         self.state.params.end_transaction(false);
-        self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
-        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.io.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+        self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
         self.flush().await
     }
 
@@ -291,10 +323,10 @@ impl Session {
             _ => (sqlstate::CONNECTION_FAILURE, "pg_unavailable"),
         };
         self.shared.metrics.error(kind);
-        self.out.extend_from_slice(&reply::error(code, &e.to_string()));
+        self.io.out.extend_from_slice(&reply::error(code, &e.to_string()));
         self.advance(Event::Refused { end });
         if end == BatchEnd::Sync {
-            self.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
+            self.io.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
         }
         self.flush().await
     }

@@ -4,7 +4,7 @@
 //! before it (a failure rolls back the implicit transaction, SETs included).
 
 use super::held::Outcome;
-use super::Session;
+use super::{Bound, Session};
 use refract_pg::classify::{Classification, Statement};
 use refract_pg::session::Origin;
 use std::collections::HashMap;
@@ -25,7 +25,7 @@ impl Session {
         let Origin::Protocol { query, .. } = &self.state.prepared.get(name)?.origin else { return None };
         let (c, untracked) = self.classify_text(query);
         if untracked {
-            self.note_untracked();
+            self.bound.iter_mut().for_each(Bound::untrack);
         }
         Some(c)
     }

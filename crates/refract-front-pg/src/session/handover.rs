@@ -137,7 +137,7 @@ impl Session {
         match self.attempt(rest).await? {
             Attempt::Back { sent } => {
                 // The client received them: the answer counts as large (no limit sample).
-                self.wire.count_sent_elsewhere(sent);
+                self.io.wire.count_sent_elsewhere(sent);
                 let m = &self.shared.handover_metrics;
                 m.handback(MemberName::postgres(&name));
                 m.bytes_direct(MemberName::postgres(&name), sent);
@@ -146,7 +146,7 @@ impl Session {
                     self.conn()?.broken = true;
                     return Err(PgError::Unavailable("the agent sent no digest after the hand-back".into()));
                 }
-                self.replay_delivered(frame.slice(5..));
+                self.io.replay_delivered(frame.slice(5..));
                 Ok(())
             }
             Attempt::Declined { why, detail, tell_agent } => {
@@ -173,7 +173,7 @@ impl Session {
         if rest == Rest::Edited {
             return Ok(declined(Why::Unsupported, "refract answers part of the rest itself"));
         }
-        if self.wire.plain_fd().is_none() {
+        if self.io.wire.plain_fd().is_none() {
             return Ok(declined(Why::Unsupported, "the client is on TLS"));
         }
         let Some(agent) = self.bound.as_ref().and_then(|b| b.server.agent.clone()) else {
@@ -203,7 +203,7 @@ impl Session {
         };
         // Disjoint fields: the client's socket (kept here, untouched until it comes back; the
         // agent's descriptor is a duplicate) and the bound server connection.
-        let (wire, bound) = (&self.wire, &mut self.bound);
+        let (wire, bound) = (&self.io.wire, &mut self.bound);
         let Some(socket) = wire.plain_fd() else { return Ok(declined(Why::Unsupported, "the client is on TLS")) };
         let conn = bound_conn(bound)?;
         let Some(id) = conn.hybrid_id else { return Ok(declined(Why::Unsupported, "not through the agent")) };
@@ -232,7 +232,7 @@ impl Session {
             Ok(ch) => ch,
             Err(d) => return Ok(Attempt::Declined { why: d.why, detail: d.detail, tell_agent: true }),
         };
-        let (wire, bound) = (&mut self.wire, &mut self.bound);
+        let (wire, bound) = (&mut self.io.wire, &mut self.bound);
         let Some(stream) = wire.plain_stream() else { return Ok(declined(Why::Unsupported, "the client is on TLS")) };
         let conn = bound_conn(bound)?;
         let Some(id) = conn.hybrid_id else { return Ok(declined(Why::Unsupported, "not through the agent")) };

@@ -1,13 +1,17 @@
 //! The session state refract keeps for a client ([`Held`]): why it is pinned to its server
 //! connection ([`Pins`], set by `pin`), the channels it listens on and where its notifications
-//! go before a ReadyForQuery (`notify`, `listen`), the
+//! go before a ReadyForQuery (`notify`, `listen`; noted and put there by [`Held::note_ready`]
+//! and [`Held::notifications_before_ready`]), the
 //! SETs run by Execute since the last Sync (`extended`). A field of the session, below the
 //! modules that act on it; what touches only it is here ([`Held::note_statement`], the taking
 //! of what a check, a transaction's end or a Sync consumes), and its facts are small enums
 //! ([`Check`], [`BatchStart`], [`CatchUp`], [`Outcome`]), not bools.
 
 use super::notify::Listening;
+use crate::config::PgRole;
+use bytes::BytesMut;
 use refract_pg::classify::{Classification, Statement};
+use refract_pg::TxStatus;
 
 /// Why a client is pinned, as bits (shown in `/pg/clients`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -119,6 +123,18 @@ pub(crate) enum CatchUp {
     Needed,
 }
 
+impl CatchUp {
+    /// After a transaction on a server of `role` (`None`: none bound).
+    pub(crate) fn after(role: Option<PgRole>) -> CatchUp {
+        // A transaction on a replica notified nobody: what is queued is all there is.
+        if role == Some(PgRole::Primary) {
+            CatchUp::Needed
+        } else {
+            CatchUp::NotNeeded
+        }
+    }
+}
+
 /// How a unit of work (a statement, a batch, a Sync's run) ended for the client.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -173,6 +189,37 @@ impl Held {
     /// Whether DDL ran in the transaction that just ended, now that it is noted.
     pub(crate) fn take_schema_change(&mut self) -> bool {
         std::mem::take(&mut self.schema) == Schema::Changed
+    }
+
+    /// At a ReadyForQuery from the server that leaves the client `tx`, about to be added to
+    /// the client's output at offset `at`: when it leaves a listening client idle, notes where
+    /// it goes, for [`Held::notifications_before_ready`]; `catch_up`: whether the transaction
+    /// may have notified.
+    pub(crate) fn note_ready(&mut self, tx: TxStatus, catch_up: CatchUp, at: usize) {
+        let listens = self.listening.as_ref().is_some_and(Listening::listens);
+        if !listens || tx != TxStatus::Idle {
+            return;
+        }
+        self.ready_at = Some((at, catch_up));
+    }
+
+    /// Puts the client's notifications into its output `out`, before the ReadyForQuery noted
+    /// by [`Held::note_ready`]: after a transaction on the primary, once the listener has caught
+    /// up with it, so that the client's own notifications are there, as PostgreSQL delivers a
+    /// session's own before the ReadyForQuery of the transaction that committed them.
+    pub(crate) async fn notifications_before_ready(&mut self, out: &mut BytesMut) {
+        let Some((at, catch_up)) = self.ready_at.take() else { return };
+        let Some(l) = self.listening.as_mut() else { return };
+        if catch_up == CatchUp::Needed {
+            l.catch_up().await;
+        }
+        let mut queued = BytesMut::new();
+        l.take_queued(&mut queued);
+        if !queued.is_empty() {
+            let tail = out.split_off(at.min(out.len()));
+            out.extend_from_slice(&queued);
+            out.extend_from_slice(&tail);
+        }
     }
 
     /// At a Sync's ReadyForQuery: what Execute ran since the last Sync, and whether an error

@@ -1,10 +1,12 @@
-//! Large messages relayed in pieces rather than whole: DataRow and CopyData from the bound
-//! server to the client, CopyData from the client to the server during COPY FROM STDIN. Both
-//! are passed on unread, so refract only needs their type; see [`Wire::pipe_large`].
+//! Large messages relayed in pieces rather than whole, by the bound connection ([`Bound`]):
+//! DataRow and CopyData from the server to the client, CopyData from the client to the server
+//! during COPY FROM STDIN. Both are passed on unread, so refract only needs their type; see
+//! [`Wire::pipe_large`].
 //!
 //! [`Wire::pipe_large`]: crate::client::wire::Wire::pipe_large
 
-use super::{Bound, Session};
+use super::Bound;
+use crate::client::wire::Wire;
 use crate::error::PgError;
 
 /// Answers refract relays unread: DataRow, CopyData.
@@ -17,22 +19,16 @@ fn copy_data(tag: u8) -> bool {
     tag == b'd'
 }
 
-impl Session {
-    /// If the bound server's next message is a large DataRow or CopyData, streams it to the
-    /// client and returns `true`. Pending output must have been flushed (order).
-    pub(crate) async fn stream_from_server(&mut self) -> Result<bool, PgError> {
-        let b = bound(&mut self.bound)?;
-        b.guard.wire.pipe_large(&mut self.wire, answer_unread).await
+impl Bound {
+    /// If the server's next message is a large DataRow or CopyData, streams it to the client's
+    /// `wire` and returns `true`. Pending output must have been flushed (order).
+    pub(crate) async fn stream_to_client(&mut self, client: &mut Wire) -> Result<bool, PgError> {
+        self.guard.wire.pipe_large(client, answer_unread).await
     }
 
-    /// If the client's next message is a large CopyData, streams it to the bound server and
-    /// returns `true`. Pending input must have been sent on (order).
-    pub(crate) async fn stream_to_server(&mut self) -> Result<bool, PgError> {
-        let b = bound(&mut self.bound)?;
-        self.wire.pipe_large(&mut b.guard.wire, copy_data).await
+    /// If the client's next message (on `client`) is a large CopyData, streams it to the server
+    /// and returns `true`. Pending input must have been sent on (order).
+    pub(crate) async fn stream_from_client(&mut self, client: &mut Wire) -> Result<bool, PgError> {
+        client.pipe_large(&mut self.guard.wire, copy_data).await
     }
-}
-
-fn bound(b: &mut Option<Bound>) -> Result<&mut Bound, PgError> {
-    b.as_mut().ok_or_else(|| PgError::Unavailable("internal: no server bound".into()))
 }

@@ -1,17 +1,16 @@
 //! A transaction-mode client's LISTEN/UNLISTEN (simple or extended protocol), answered by
 //! refract through the shared listener (`notify`), and its notifications, sent to it while it
 //! is idle between transactions and, as on PostgreSQL, before the ReadyForQuery that ends a
-//! transaction: its own ones (the listener caught up first) and any others already in.
+//! transaction: its own ones (the listener caught up first) and any others already in (put
+//! there by [`Held::notifications_before_ready`](super::held::Held::notifications_before_ready)).
 
 use super::bind::streamed_from_client;
-use super::held::CatchUp;
 use super::notify::Listening;
 use super::phase::BatchEnd;
 use super::Session;
 use crate::client::wire::Incoming;
-use crate::config::{PgRole, PoolMode};
+use crate::config::PoolMode;
 use crate::error::PgError;
-use bytes::BytesMut;
 use refract_pg::classify::Statement;
 use refract_pg::frontend::Target;
 use refract_pg::notice::sqlstate;
@@ -27,55 +26,23 @@ impl Session {
         loop {
             let idle = self.batch.is_empty() && self.phase().tx() == TxStatus::Idle;
             let Some(l) = self.held.listening.as_mut().filter(|_| idle) else {
-                return self.wire.recv_unless_large(streamed_from_client).await;
+                return self.io.wire.recv_unless_large(streamed_from_client).await;
             };
-            l.take_queued(&mut self.out);
-            if !self.out.is_empty() {
-                self.wire.send(&self.out).await?;
-                self.out.clear();
+            l.take_queued(&mut self.io.out);
+            if !self.io.out.is_empty() {
+                self.io.wire.send(&self.io.out).await?;
+                self.io.out.clear();
                 continue;
             }
             tokio::select! {
                 biased;
-                f = self.wire.recv_unless_large(streamed_from_client) => return f,
+                f = self.io.wire.recv_unless_large(streamed_from_client) => return f,
                 n = l.next() => {
                     if let Some(n) = n {
-                        self.wire.send(&n).await?;
+                        self.io.wire.send(&n).await?;
                     }
                 }
             }
-        }
-    }
-
-    /// At a ReadyForQuery from the server, before it is added to `out`: when it leaves a
-    /// listening client idle, notes where it goes, for [`Session::notifications_before_ready`].
-    pub(crate) fn note_ready(&mut self) {
-        let listens = self.held.listening.as_ref().is_some_and(Listening::listens);
-        if !listens || self.phase().tx() != TxStatus::Idle {
-            return;
-        }
-        // A transaction on a replica notified nobody: what is queued is all there is.
-        let on_primary = self.bound.as_ref().is_some_and(|b| b.server.role == PgRole::Primary);
-        let catch_up = if on_primary { CatchUp::Needed } else { CatchUp::NotNeeded };
-        self.held.ready_at = Some((self.out.len(), catch_up));
-    }
-
-    /// Puts the client's notifications before the ReadyForQuery noted by
-    /// [`Session::note_ready`]: after a transaction on the primary, once the listener has caught
-    /// up with it, so that the client's own notifications are there, as PostgreSQL delivers a
-    /// session's own before the ReadyForQuery of the transaction that committed them.
-    pub(crate) async fn notifications_before_ready(&mut self) {
-        let Some((at, catch_up)) = self.held.ready_at.take() else { return };
-        let Some(l) = self.held.listening.as_mut() else { return };
-        if catch_up == CatchUp::Needed {
-            l.catch_up().await;
-        }
-        let mut queued = BytesMut::new();
-        l.take_queued(&mut queued);
-        if !queued.is_empty() {
-            let tail = self.out.split_off(at.min(self.out.len()));
-            self.out.extend_from_slice(&queued);
-            self.out.extend_from_slice(&tail);
         }
     }
 
@@ -86,14 +53,14 @@ impl Session {
         }
         for st in statements {
             match self.listen_statement(st).await {
-                Ok(tag) => self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes()),
+                Ok(tag) => self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes()),
                 Err(e) => {
-                    self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &e.to_string()));
+                    self.io.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &e.to_string()));
                     break;
                 }
             }
         }
-        self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+        self.io.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
         self.flush().await?;
         Ok(true)
     }
@@ -152,7 +119,7 @@ impl Session {
                 }
                 FrontendMessage::Bind(_) => BackendMessage::BindComplete.to_bytes(),
                 FrontendMessage::Describe(Target::Statement, _) => {
-                    self.out.extend_from_slice(&BackendMessage::ParameterDescription(vec![]).to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::ParameterDescription(vec![]).to_bytes());
                     BackendMessage::NoData.to_bytes()
                 }
                 FrontendMessage::Describe(Target::Portal, _) => BackendMessage::NoData.to_bytes(),
@@ -175,7 +142,7 @@ impl Session {
                 FrontendMessage::Sync => reply::ready_for_query(self.phase().tx()),
                 _ => continue,
             };
-            self.out.extend_from_slice(&answer);
+            self.io.out.extend_from_slice(&answer);
         }
         self.flush().await?;
         Ok(None)

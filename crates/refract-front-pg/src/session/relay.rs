@@ -2,19 +2,19 @@
 //! the session state it changes, COPY in both directions, flushing, and the sample of the
 //! statement's time booked for its server's limit.
 
+use super::client_io::Replay;
 use super::handover::Rest;
-use super::held::Outcome;
+use super::held::{CatchUp, Outcome};
 use super::phase::{CopyDir, Event};
-use super::{Session, Wrote, FLUSH_AT};
+use super::{Bound, Session, Wrote, FLUSH_AT};
 use crate::client::wire::Frame;
 use crate::config::PoolMode;
 use crate::error::PgError;
 use crate::server::sizes::Path;
 use bytes::BytesMut;
 use refract_pg::classify::Classification;
-use refract_pg::frame::{self, Limits};
 use refract_pg::hybrid;
-use refract_pg::{BackendMessage, Side, TxStatus};
+use refract_pg::{BackendMessage, TxStatus};
 use std::time::Instant;
 
 /// When a statement (or batch) went to its server, for its sample at ReadyForQuery.
@@ -63,26 +63,26 @@ impl Session {
                     outcome = Outcome::Failed;
                     self.advance(Event::QueryError);
                     if let Some(error) = self.prepare_error_for(&frame) {
-                        self.out.extend_from_slice(&error);
+                        self.io.out.extend_from_slice(&error);
                         continue;
                     }
                 }
-                b'S' if status == ParamStatus::Untracked => self.note_untracked(),
+                b'S' if status == ParamStatus::Untracked => self.bound.iter_mut().for_each(Bound::untrack),
                 b'C' | b'Z' => self.observe(tag, &frame, ReadyFor::Query)?,
                 b'G' => {
-                    self.out.extend_from_slice(&frame);
+                    self.io.out.extend_from_slice(&frame);
                     self.flush().await?;
                     self.copy_in().await?;
                     continue;
                 }
                 _ => {}
             }
-            self.out.extend_from_slice(&frame);
+            self.io.out.extend_from_slice(&frame);
             if tag == b'Z' {
                 self.flush().await?;
                 return Ok(outcome);
             }
-            if self.out.len() >= FLUSH_AT {
+            if self.io.out.len() >= FLUSH_AT {
                 self.flush().await?;
             }
         }
@@ -103,7 +103,8 @@ impl Session {
                 // Its transaction ended: Parses from now on see what it committed (or not).
                 self.shared.new_schema_epoch();
             }
-            self.note_ready();
+            let role = self.bound.as_ref().map(|b| b.server.role);
+            self.held.note_ready(self.phase.tx(), CatchUp::after(role), self.io.out.len());
         }
         Ok(())
     }
@@ -128,20 +129,10 @@ impl Session {
         }
     }
 
-    /// After a hand-over: what the agent delivered is read next, muted.
-    pub(crate) fn replay_delivered(&mut self, delivered: bytes::Bytes) {
-        self.replay = Some(BytesMut::from(&delivered[..]));
-    }
-
     /// The next message from the bound server; flushes to the client before waiting.
     pub(crate) async fn server_frame(&mut self) -> Result<Frame, PgError> {
-        if let Some(r) = self.replay.as_mut() {
-            if let Some(h) = frame::peek(r, Side::Backend, &Limits::default())? {
-                return Ok((h.tag, r.split_to(h.total).freeze()));
-            }
-            // What was gathered for the client meanwhile, it has from the agent.
-            self.replay = None;
-            self.out.clear();
+        if let Some(f) = self.io.next_replayed()? {
+            return Ok(f);
         }
         loop {
             let conn = self.conn()?;
@@ -152,7 +143,7 @@ impl Session {
                 return Ok(f);
             }
             self.flush().await?;
-            if !self.stream_from_server().await? {
+            if !Bound::of(&mut self.bound)?.stream_to_client(&mut self.io.wire).await? {
                 self.conn()?.wire.fill().await?;
             }
         }
@@ -163,13 +154,13 @@ impl Session {
         self.advance(Event::CopyStart(CopyDir::In));
         let mut buf = BytesMut::new();
         loop {
-            let Some((tag, frame)) = self.wire.next_frame()? else {
+            let Some((tag, frame)) = self.io.wire.next_frame()? else {
                 if !buf.is_empty() {
                     self.conn()?.wire.send(&buf).await?;
                     buf.clear();
                 }
-                if !self.stream_to_server().await? {
-                    self.wire.fill().await?;
+                if !Bound::of(&mut self.bound)?.stream_from_client(&mut self.io.wire).await? {
+                    self.io.wire.fill().await?;
                 }
                 continue;
             };
@@ -188,29 +179,17 @@ impl Session {
     /// Writes pending bytes to the client (a listening client's notifications put before the
     /// ReadyForQuery that ends a transaction first).
     pub(crate) async fn flush(&mut self) -> Result<(), PgError> {
-        if let Some(r) = &self.replay {
-            // Replaying what the agent delivered: the client has it.
-            if r.is_empty() {
-                self.replay = None;
-            }
-            self.out.clear();
+        if self.io.mute_replayed() == Replay::Muted {
             self.held.ready_at = None; // its notifications stay queued for later
             return Ok(());
         }
-        self.notifications_before_ready().await;
-        if !self.out.is_empty() {
-            self.wire.send(&self.out).await?;
-            self.out.clear();
-            if self.out.capacity() > crate::client::wire::KEEP_CAPACITY {
-                self.out = BytesMut::new(); // grown for one large message: give it back
-            }
-        }
-        Ok(())
+        self.held.notifications_before_ready(&mut self.io.out).await;
+        self.io.write_out().await
     }
 
     /// Marks a statement (or batch) of kind `key` about to go to the server.
     pub(crate) fn sent(&self, key: u64) -> Sent {
-        Sent { at: Instant::now(), relayed: self.wire.sent(), key }
+        Sent { at: Instant::now(), relayed: self.io.sent(), key }
     }
 
     /// Books a statement (or batch) `sent` whose ReadyForQuery came: the server answered,
@@ -220,16 +199,14 @@ impl Session {
     /// ends a statement at any time: its time says nothing about the server's queue) or its
     /// answer was too large to have left without the client reading it.
     pub(crate) fn book(&self, sent: Sent, outcome: Outcome) {
-        let failed = outcome == Outcome::Failed;
         if let Some(b) = &self.bound {
             let took = sent.at.elapsed();
             b.server.book(took, true);
-            let answered = self.wire.sent() - sent.relayed;
-            if !failed && answered <= SAMPLE_MAX_RELAYED {
+            let answered = self.io.sent() - sent.relayed;
+            if outcome == Outcome::Ok && answered <= SAMPLE_MAX_RELAYED {
                 b.server.learn(sent.key, took);
             }
-            let left_open = self.phase.tx() != TxStatus::Idle;
-            self.servers().observe_size(sent.key, answered, left_open, failed);
+            self.servers().observe_size(sent.key, answered, self.phase.tx(), outcome);
             if b.guard.path() == Path::Agent && b.server.agent.is_some() {
                 self.shared.handover_metrics.handover_forwarded(b.server.member.member());
             }

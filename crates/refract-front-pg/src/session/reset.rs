@@ -3,7 +3,7 @@
 //! which resets a session-mode connection with `DISCARD ALL` first.
 
 use super::phase::{Event, SyncState};
-use super::{Session, Wrote};
+use super::{Bound, Session, Wrote};
 use crate::config::PgRole;
 use crate::error::PgError;
 use bytes::BytesMut;
@@ -15,14 +15,20 @@ impl Session {
     /// write (read-your-writes) this session's reads must wait for a replica past the primary's
     /// WAL position as polled after now (no query here: see `Servers::write_committed`).
     pub(crate) async fn release(&mut self) {
-        let Some(mut b) = self.bound.take() else { return };
-        self.client.info.set_bound(None);
-        self.key.set(None);
+        let Some(b) = self.unbind() else { return };
         if b.wrote == Wrote::Yes && self.shared.cfg.read_your_writes {
             self.floors[self.shard].pending_write = Some(self.servers().write_committed());
         }
-        b.note_applied(&self.state.params);
-        b.guard.release();
+        b.release(&self.state.params);
+    }
+
+    /// Takes the bound connection, if any, out of the session: no longer shown bound, no
+    /// longer what a cancel request reaches.
+    fn unbind(&mut self) -> Option<Bound> {
+        let b = self.bound.take()?;
+        self.client.info.set_bound(None);
+        self.key.set(None);
+        Some(b)
     }
 
     /// Whether a write may leave the replica this session is bound to: outside a transaction,
@@ -60,9 +66,7 @@ impl Session {
     /// SETs, advisory locks, cursors, prepared statements, LISTENs) and goes back to the pool.
     /// A connection in an unknown state (an unsynced batch, a failed reset) is closed instead.
     pub(crate) async fn give_back(&mut self) {
-        let Some(mut b) = self.bound.take() else { return };
-        self.client.info.set_bound(None);
-        self.key.set(None);
+        let Some(mut b) = self.unbind() else { return };
         // A COPY not ended (the client left inside one) leaves the connection as unknown as
         // an unsynced batch does.
         if self.phase().unsynced() || self.phase().copy().is_some() || !self.batch.is_empty() {

@@ -4,7 +4,7 @@
 use super::held::Outcome;
 use super::phase::{BatchEnd, InTx};
 use super::relay::ParamStatus;
-use super::{Session, Wrote};
+use super::{Bound, Session, Wrote};
 use crate::error::PgError;
 use bytes::BytesMut;
 use refract_pg::classify::{fingerprint, Classification, Route, Statement};
@@ -101,11 +101,11 @@ impl Session {
         self.note_schema(c);
         if outcome == Outcome::Failed && sets {
             // Part of a multi-statement query may have committed its SETs: not tracked.
-            self.note_untracked();
+            self.bound.iter_mut().for_each(Bound::untrack);
         }
         if outcome == Outcome::Ok {
             self.statements_done(c, in_tx_before);
-            self.note_effects(c)?;
+            Bound::of(&mut self.bound)?.note_effects(c, &self.state.params);
         }
         self.sql_names_done(c, outcome)?;
         let writes = c.statements.iter().any(|s| matches!(s, Statement::Write | Statement::Execute { .. }));
@@ -157,40 +157,9 @@ impl Session {
             _ => return Ok(false),
         };
         self.state.statement_done(&c.statements[0], self.phase.in_transaction());
-        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
-        self.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
+        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+        self.io.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));
         self.flush().await?;
         Ok(true)
-    }
-
-    /// After a statement succeeded: what it did to the server connection.
-    pub(super) fn note_effects(&mut self, c: &Classification) -> Result<(), PgError> {
-        let Some(b) = self.bound.as_mut() else {
-            return Err(PgError::Unavailable("internal: no server bound".into()));
-        };
-        if c.statements.iter().any(|st| self.state.params.resets_startup(st)) {
-            b.resync_startup();
-        }
-        for st in &c.statements {
-            match st {
-                Statement::Set { .. } | Statement::Reset { .. } | Statement::Discard { all: false } => b.touch(),
-                Statement::Discard { all: true } | Statement::Deallocate { name: None } => {
-                    b.touch();
-                    let conn = &mut *b.guard;
-                    conn.prepared.clear();
-                    conn.sql_prepared.clear();
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// A ParameterStatus came that no tracked SET explains: the connection's parameters are
-    /// not (only) what refract knows of.
-    pub(crate) fn note_untracked(&mut self) {
-        if let Some(b) = self.bound.as_mut() {
-            b.untrack();
-        }
     }
 }

@@ -12,7 +12,7 @@
 //! wherever it runs (its identity includes the encoding: `names`).
 
 use super::phase::BatchEnd;
-use super::Session;
+use super::{Bound, Session};
 use crate::error::PgError;
 use bytes::Bytes;
 use refract_pg::classify::{Classification, Route, Statement};
@@ -81,7 +81,7 @@ impl Session {
             return self.refuse(e, BatchEnd::Sync).await;
         }
         if untracked {
-            self.note_untracked();
+            self.bound.iter_mut().for_each(Bound::untrack);
         }
         let result = self.run_simple(&c, frame, route, key).await;
         self.settle(result).await

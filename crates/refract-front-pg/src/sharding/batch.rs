@@ -111,10 +111,10 @@ impl Session {
             self.advance(Event::QueryError);
             self.advance(Event::Ready(TxStatus::Failed));
         }
-        self.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
+        self.io.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
         self.advance(Event::Refused { end });
         if end == BatchEnd::Sync {
-            self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+            self.io.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
         }
         self.flush().await
     }

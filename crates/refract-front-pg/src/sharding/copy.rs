@@ -37,17 +37,17 @@ impl Session {
                     b'H' if !started => {
                         started = true;
                         self.advance(Event::CopyStart(CopyDir::Out));
-                        self.out.extend_from_slice(&frame);
+                        self.io.out.extend_from_slice(&frame);
                     }
                     b'd' if error.is_none() => {
-                        self.out.extend_from_slice(&frame);
-                        if self.out.len() >= FLUSH_AT {
+                        self.io.out.extend_from_slice(&frame);
+                        if self.io.out.len() >= FLUSH_AT {
                             self.flush().await?;
                         }
                     }
                     b'c' if i == last && error.is_none() => {
                         self.advance(Event::CopyEnd);
-                        self.out.extend_from_slice(&frame);
+                        self.io.out.extend_from_slice(&frame);
                     }
                     b'C' => {
                         if let BackendMessage::CommandComplete(t) = BackendMessage::decode(tag, &frame[5..])? {
@@ -67,7 +67,7 @@ impl Session {
         if error.is_none() {
             let tag = format!("COPY {rows}");
             self.advance(Event::Completed(&tag));
-            self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
         }
         Ok(error)
     }
@@ -115,7 +115,7 @@ impl Session {
         };
         if let (None, Some(r)) = (&error, response) {
             self.advance(Event::CopyStart(CopyDir::In));
-            self.out.extend_from_slice(&r);
+            self.io.out.extend_from_slice(&r);
             self.flush().await?;
             error = self.route_rows(sh, legs, split).await?;
             self.advance(Event::CopyEnd);
@@ -173,8 +173,8 @@ impl Session {
         let mut bufs: Vec<BytesMut> = legs.iter().map(|_| BytesMut::new()).collect();
         let mut rows = split.as_ref().map(|s| Rows::new(s.format.clone()));
         loop {
-            let Some((tag, frame)) = self.wire.next_frame()? else {
-                self.wire.fill().await?;
+            let Some((tag, frame)) = self.io.wire.next_frame()? else {
+                self.io.wire.fill().await?;
                 continue;
             };
             match FrontendMessage::decode(tag, &frame[5..])? {

@@ -11,6 +11,7 @@
 //!   committed is reported, not undone (docs/sharding.md).
 
 use super::route::Target;
+use super::transaction::End;
 use super::Sharding;
 use crate::error::PgError;
 use crate::server::pool::Guard;
@@ -87,7 +88,7 @@ impl Session {
             Target::CopyOut => match self.copy_out_shards(&mut legs, sql).await {
                 Ok(Some(e)) => {
                     self.advance(Event::QueryError);
-                    self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
                     Ok(())
                 }
                 other => other.map(|_| ()),
@@ -108,7 +109,7 @@ impl Session {
                     l.finish();
                 }
                 self.advance(Event::Ready(TxStatus::Idle));
-                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+                self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
                 self.flush().await
             }
             Err(e) => self.legs_lost(legs, e).await,
@@ -132,8 +133,8 @@ impl Session {
             return Err(e);
         }
         self.advance(Event::ServerLost);
-        self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
-        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.io.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &format!("refract: {e}")));
+        self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
         self.flush().await
     }
 
@@ -180,7 +181,8 @@ impl Session {
         let requests: Vec<Bytes> = sqls.iter().map(|s| query_message(s)).collect();
         let mut got = written_on(legs, &requests).await?;
         if in_block {
-            if let Some(e) = end_block(sh, legs, got.error.is_none()).await? {
+            let end = if got.error.is_none() { End::Commit } else { End::Rollback };
+            if let Some(e) = end_block(sh, legs, end).await? {
                 got.error.get_or_insert(e);
             }
         }
@@ -194,7 +196,7 @@ impl Session {
     pub(super) fn written(&mut self, got: Written, placement: Placement, legs: usize, describe: bool) -> bool {
         let Written { error, tags, description, rows } = got;
         if let Some(e) = error {
-            self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
             self.advance(Event::QueryError);
             return true;
         }
@@ -202,20 +204,20 @@ impl Session {
         let tag = match tag {
             Ok(t) => t,
             Err(why) => {
-                self.out.extend_from_slice(&reply::error(sqlstate::INTERNAL_ERROR, &format!("refract: {why}")));
+                self.io.out.extend_from_slice(&reply::error(sqlstate::INTERNAL_ERROR, &format!("refract: {why}")));
                 return true;
             }
         };
         if let Some(d) = description {
             if describe {
-                self.out.extend_from_slice(&d);
+                self.io.out.extend_from_slice(&d);
             }
             // RETURNING of a replicated table: one copy's rows.
             let keep = if placement == Placement::Replicated { rows.len() / legs.max(1) } else { rows.len() };
-            rows.iter().take(keep).for_each(|r| self.out.extend_from_slice(r));
+            rows.iter().take(keep).for_each(|r| self.io.out.extend_from_slice(r));
         }
         self.advance(Event::Completed(&tag));
-        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
+        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
         false
     }
 
@@ -232,7 +234,8 @@ impl Session {
         }
         let placement = if key.is_some() { Placement::Sharded } else { Placement::Replicated };
         let (tags, mut error) = self.copy_in_shards(sh, legs, sql, key).await?;
-        if let Some(e) = end_block(sh, legs, error.is_none()).await? {
+        let end = if error.is_none() { End::Commit } else { End::Rollback };
+        if let Some(e) = end_block(sh, legs, end).await? {
             error.get_or_insert(e);
         }
         self.written(Written { error, tags, description: None, rows: vec![] }, placement, legs.len(), true);
@@ -281,7 +284,7 @@ impl Session {
             Err(e) => return self.scatter_failed(legs, gather_error(&e)).await,
         };
         if describe {
-            self.out.extend_from_slice(&BackendMessage::RowDescription(gather.description().to_vec()).to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::RowDescription(gather.description().to_vec()).to_bytes());
         }
         loop {
             let step = match gather.step() {
@@ -290,8 +293,8 @@ impl Session {
             };
             match step {
                 Step::Row(row) => {
-                    self.out.extend_from_slice(&BackendMessage::DataRow(row).to_bytes());
-                    if self.out.len() >= FLUSH_AT {
+                    self.io.out.extend_from_slice(&BackendMessage::DataRow(row).to_bytes());
+                    if self.io.out.len() >= FLUSH_AT {
                         self.flush().await?;
                     }
                 }
@@ -307,7 +310,7 @@ impl Session {
                 },
                 Step::Done(tag) => {
                     self.advance(Event::Completed(&tag));
-                    self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
                     for l in legs.iter_mut() {
                         drain(l).await?;
                     }
@@ -319,7 +322,7 @@ impl Session {
 
     /// Ends a failed scatter: the error to the client, every leg read to its ReadyForQuery.
     async fn scatter_failed(&mut self, legs: &mut [&mut Guard], error: Vec<u8>) -> Result<bool, PgError> {
-        self.out.extend_from_slice(&error);
+        self.io.out.extend_from_slice(&error);
         self.advance(Event::QueryError);
         for l in legs.iter_mut() {
             drain(l).await?;
@@ -361,10 +364,11 @@ pub(super) async fn written_on(legs: &mut [Leg], requests: &[Bytes]) -> Result<W
     Ok(got)
 }
 
-/// Ends the transaction block open on every leg: when `commit`, two-phase commit where the
+/// Ends the transaction block open on every leg: [`End::Commit`], two-phase commit where the
 /// shards and the configuration allow it, else COMMIT on each; ROLLBACK on each otherwise.
 /// `Some`: the error the client gets (a commit that failed).
-pub(super) async fn end_block(sh: &Sharding, legs: &mut [Leg], commit: bool) -> Result<Option<ErrorFields>, PgError> {
+pub(super) async fn end_block(sh: &Sharding, legs: &mut [Leg], end: End) -> Result<Option<ErrorFields>, PgError> {
+    let commit = end == End::Commit;
     if commit && legs.len() > 1 && atomic_commit_possible(sh, legs).await? {
         if let Ok(log) = &sh.log {
             let mut conns: Vec<&mut Guard> = legs.iter_mut().map(|l| &mut l.guard).collect();

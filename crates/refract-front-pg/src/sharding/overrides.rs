@@ -99,8 +99,8 @@ impl Session {
         let Some(setting) = setting(sql, c) else { return Ok(false) };
         if self.phase().tx() == TxStatus::Failed {
             let msg = "current transaction is aborted, commands ignored until end of transaction block";
-            self.out.extend_from_slice(&reply::error("25P02", msg));
-            self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Failed));
+            self.io.out.extend_from_slice(&reply::error("25P02", msg));
+            self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Failed));
             self.flush().await?;
             return Ok(true);
         }
@@ -129,12 +129,12 @@ impl Session {
             }
             Setting::Show => {
                 let value = self.shard_override.map(|i| sh.names[i].clone()).unwrap_or_default();
-                self.out.extend_from_slice(&reply::text_rows(NAME, &[value]));
+                self.io.out.extend_from_slice(&reply::text_rows(NAME, &[value]));
                 "SHOW"
             }
         };
-        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
-        self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+        self.io.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
         self.flush().await?;
         Ok(true)
     }

@@ -6,6 +6,7 @@
 //! as two-phase commit is not implemented yet).
 
 use super::route::{route, Target};
+use super::transaction::End;
 use super::{tx, Sharding};
 use crate::error::PgError;
 use crate::session::phase::{BatchEnd, Event};
@@ -37,8 +38,8 @@ impl Session {
         }
         if !self.parked.is_empty() {
             match c.statements.as_slice() {
-                [Statement::Commit] => return self.end_on_shards(sh, true).await,
-                [Statement::Rollback] => return self.end_on_shards(sh, false).await,
+                [Statement::Commit] => return self.end_on_shards(sh, End::Commit).await,
+                [Statement::Rollback] => return self.end_on_shards(sh, End::Rollback).await,
                 _ => {}
             }
         }
@@ -102,7 +103,7 @@ impl Session {
                 sh.count_statement(shards);
                 let status = if failed { TxStatus::Failed } else { TxStatus::InTransaction };
                 self.advance(Event::Ready(status));
-                self.out.extend_from_slice(&reply::ready_for_query(status));
+                self.io.out.extend_from_slice(&reply::ready_for_query(status));
                 self.flush().await
             }
             Err(e) => self.server_lost(e).await,
@@ -199,11 +200,11 @@ impl Session {
         if in_tx {
             self.abort_on_shard().await;
         }
-        self.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
+        self.io.out.extend_from_slice(&reply::error(code, &format!("refract: {why}")));
         let status = if in_tx { TxStatus::Failed } else { TxStatus::Idle };
         self.advance(Event::QueryError);
         self.advance(Event::Ready(status));
-        self.out.extend_from_slice(&reply::ready_for_query(status));
+        self.io.out.extend_from_slice(&reply::ready_for_query(status));
         self.flush().await
     }
 
@@ -213,10 +214,10 @@ impl Session {
         let read = self.route(c) == Route::Read;
         let target = self.target(sh, sql, c, read);
         let lines = self.explain_override(sh, sql, read).unwrap_or_else(|| explain_lines(sh, &target, read));
-        self.out.extend_from_slice(&reply::text_rows("route", &lines));
+        self.io.out.extend_from_slice(&reply::text_rows("route", &lines));
         let tag = format!("SELECT {}", lines.len());
-        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
-        self.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
+        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag).to_bytes());
+        self.io.out.extend_from_slice(&reply::ready_for_query(self.phase().tx()));
         self.flush().await
     }
 }

@@ -26,6 +26,7 @@ use self::execute::unit;
 
 use super::fanout::{end_block, Leg};
 use super::route::{route, Target};
+use super::transaction::End;
 use super::Sharding;
 use crate::error::PgError;
 use crate::session::phase::{BatchEnd, Event};
@@ -52,8 +53,8 @@ const SYNTAX_ERROR: &str = "42601";
 enum Runs {
     /// A read or write on the shards of `Target`.
     Data(Target),
-    /// COMMIT (`true`) or ROLLBACK of the open transaction.
-    End(bool),
+    /// COMMIT or ROLLBACK of the open transaction.
+    End(End),
 }
 
 /// A portal of the batch.
@@ -163,7 +164,7 @@ impl Session {
                         Of::Statement => drop(self.state.prepared.close(name)),
                         Of::Portal => drop(run.portals.remove(name)),
                     }
-                    self.out.extend_from_slice(&BackendMessage::CloseComplete.to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::CloseComplete.to_bytes());
                     Ok(())
                 }
                 FrontendMessage::Flush => self.flush().await,
@@ -174,7 +175,7 @@ impl Session {
                 lost = Some(e);
                 break;
             }
-            if self.out.len() >= FLUSH_AT {
+            if self.io.out.len() >= FLUSH_AT {
                 if let Err(e) = self.flush().await {
                     lost = Some(e);
                     break;
@@ -182,7 +183,8 @@ impl Session {
             }
         }
         if lost.is_none() && run.block {
-            match end_block(sh, &mut run.legs, !run.failed).await {
+            let end = if run.failed { End::Rollback } else { End::Commit };
+            match end_block(sh, &mut run.legs, end).await {
                 Ok(Some(e)) => self.fail_here(&mut run, e),
                 Ok(None) => {}
                 Err(e) => lost = Some(e),
@@ -210,7 +212,7 @@ impl Session {
                     l.finish();
                 }
                 self.advance(if simple { Event::Ready(run.status) } else { Event::Synced(run.status) });
-                self.out.extend_from_slice(&reply::ready_for_query(run.status));
+                self.io.out.extend_from_slice(&reply::ready_for_query(run.status));
                 self.flush().await
             }
             Some(e) => self.legs_lost(run.legs, e).await,
@@ -233,7 +235,7 @@ impl Session {
         let read = self.is_read(query);
         self.state.prepared.parse(name, query, param_types, read);
         if run.owes() {
-            self.out.extend_from_slice(&BackendMessage::ParseComplete.to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::ParseComplete.to_bytes());
         }
     }
 
@@ -250,8 +252,8 @@ impl Session {
             return self.fail_here(run, error(super::session::IN_FAILED_TX, why.into()));
         }
         let runs = match c.statements.as_slice() {
-            [Statement::Commit] if self.phase().in_transaction() => Runs::End(true),
-            [Statement::Rollback] if self.phase().in_transaction() => Runs::End(false),
+            [Statement::Commit] if self.phase().in_transaction() => Runs::End(End::Commit),
+            [Statement::Rollback] if self.phase().in_transaction() => Runs::End(End::Rollback),
             all if !all.is_empty() && all.iter().all(|s| matches!(s, Statement::Read | Statement::Write)) => {
                 let values: Vec<Option<&[u8]>> = b.params.iter().map(|p| p.as_deref()).collect();
                 let params = Params { formats: &b.param_formats, values: &values };
@@ -280,7 +282,7 @@ impl Session {
         let portal = Portal { query, param_types, bind: b.clone(), runs, describe: false };
         run.portals.insert(b.portal.clone(), portal);
         if run.owes() {
-            self.out.extend_from_slice(&BackendMessage::BindComplete.to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::BindComplete.to_bytes());
         }
     }
 
@@ -336,7 +338,7 @@ impl Session {
             Runs::Data(Target::Shards(s) | Target::Scatter(s, _)) => s[0],
             Runs::Data(_) => sh.any_shard(),
             Runs::End(_) => {
-                self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
+                self.io.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
                 return Ok(());
             }
         };
@@ -357,7 +359,7 @@ impl Session {
     fn fail_here(&mut self, run: &mut Several, e: ErrorFields) {
         run.failed = true;
         self.advance(Event::QueryError);
-        self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+        self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
     }
 }
 

@@ -12,6 +12,13 @@ use refract_pg::classify::{Classification, Statement};
 use refract_pg::notice::sqlstate;
 use refract_pg::{reply, BackendMessage, TxStatus};
 
+/// How the client ends a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Commit,
+    Rollback,
+}
+
 impl Session {
     /// BEGIN is held (answered here); COMMIT or ROLLBACK of a transaction that never reached a
     /// shard, and any statement of a transaction failed here, are answered here too.
@@ -30,8 +37,8 @@ impl Session {
             }
             _ if self.bound.is_none() && self.phase().tx() == TxStatus::Failed => {
                 let msg = "current transaction is aborted, commands ignored until end of transaction block";
-                self.out.extend_from_slice(&reply::error(IN_FAILED_TX, msg));
-                self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Failed));
+                self.io.out.extend_from_slice(&reply::error(IN_FAILED_TX, msg));
+                self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Failed));
                 self.flush().await?;
                 return Ok(true);
             }
@@ -39,8 +46,8 @@ impl Session {
         };
         self.advance(Event::Completed(tag));
         self.advance(Event::Ready(status));
-        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
-        self.out.extend_from_slice(&reply::ready_for_query(status));
+        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+        self.io.out.extend_from_slice(&reply::ready_for_query(status));
         self.flush().await?;
         Ok(true)
     }
@@ -164,18 +171,18 @@ impl Session {
 
     /// COMMIT (two-phase, over every shard of the transaction) or ROLLBACK of a transaction
     /// on several shards, for a simple Query.
-    pub(super) async fn end_on_shards(&mut self, sh: &Sharding, commit: bool) -> Result<(), PgError> {
-        self.end_tx(sh, commit).await?;
+    pub(super) async fn end_on_shards(&mut self, sh: &Sharding, end: End) -> Result<(), PgError> {
+        self.end_tx(sh, end).await?;
         self.advance(Event::Ready(TxStatus::Idle));
-        self.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
+        self.io.out.extend_from_slice(&reply::ready_for_query(TxStatus::Idle));
         self.flush().await
     }
 
     /// Ends the open transaction on each of its shards (see [`Session::end_on_shards`]): the
     /// client gets its CommandComplete or error; ReadyForQuery is the caller's.
-    pub(crate) async fn end_tx(&mut self, sh: &Sharding, commit: bool) -> Result<(), PgError> {
+    pub(crate) async fn end_tx(&mut self, sh: &Sharding, end: End) -> Result<(), PgError> {
         let failed = self.phase().tx() == TxStatus::Failed;
-        let commit = commit && !failed;
+        let commit = end == End::Commit && !failed;
         let mut all = self.take_tx_bindings();
         for (_, b) in all.iter_mut() {
             if let Some(a) = b.admitted.take() {
@@ -200,11 +207,11 @@ impl Session {
                 match result {
                     Ok(()) => {
                         self.advance(Event::Completed(tag));
-                        self.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
+                        self.io.out.extend_from_slice(&BackendMessage::CommandComplete(tag.into()).to_bytes());
                     }
                     Err(e) => {
                         self.advance(Event::QueryError);
-                        self.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
+                        self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(e).to_bytes());
                     }
                 }
             }
@@ -215,7 +222,7 @@ impl Session {
                 drop(all);
                 self.advance(Event::QueryError);
                 let msg = format!("refract: a shard was lost while ending the transaction: {e}");
-                self.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &msg));
+                self.io.out.extend_from_slice(&reply::error(sqlstate::CONNECTION_FAILURE, &msg));
             }
         }
         Ok(())

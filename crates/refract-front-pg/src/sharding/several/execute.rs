@@ -41,12 +41,12 @@ impl Session {
             return Ok(());
         };
         let target = match &portal.runs {
-            Runs::End(commit) => {
-                let commit = *commit;
+            Runs::End(end) => {
+                let end = *end;
                 if portal.describe && run.owes() {
-                    self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
+                    self.io.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
                 }
-                self.end_tx(sh, commit).await?;
+                self.end_tx(sh, end).await?;
                 run.status = TxStatus::Idle;
                 return Ok(());
             }
@@ -144,7 +144,7 @@ impl Session {
         run.legs.append(&mut legs);
         let got = got?;
         if describe && got.description.is_none() && got.error.is_none() && run.owes() {
-            self.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
+            self.io.out.extend_from_slice(&BackendMessage::NoData.to_bytes());
         }
         run.failed |= self.written(got, placement, n, describe);
         Ok(())
@@ -219,16 +219,16 @@ impl Session {
                     if let BackendMessage::CommandComplete(t) = BackendMessage::decode(tag, &frame[5..])? {
                         self.advance(Event::Completed(&t));
                     }
-                    self.out.extend_from_slice(&frame);
+                    self.io.out.extend_from_slice(&frame);
                 }
                 b'E' => {
                     failed = true;
                     self.advance(Event::QueryError);
-                    self.out.extend_from_slice(&frame);
+                    self.io.out.extend_from_slice(&frame);
                 }
-                _ => self.out.extend_from_slice(&frame),
+                _ => self.io.out.extend_from_slice(&frame),
             }
-            if self.out.len() >= FLUSH_AT {
+            if self.io.out.len() >= FLUSH_AT {
                 self.flush().await?;
             }
         }

@@ -35,6 +35,14 @@ pub struct ClusterConfig {
     /// The key of `cert_file`.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// Where this dispatcher takes CancelRequests forwarded by its peers (a client's cancel
+    /// that reached a dispatcher other than the one holding its session); published to them.
+    #[serde(default)]
+    pub cancel_listen: Option<std::net::SocketAddr>,
+    /// A file holding the key the dispatchers authenticate forwarded cancels with (at least
+    /// 16 bytes, the same on every dispatcher); required with `cancel_listen`.
+    #[serde(default)]
+    pub peer_key_file: Option<PathBuf>,
 }
 
 fn default_prefix() -> String {
@@ -76,6 +84,9 @@ impl ClusterConfig {
         if self.cert_file.is_some() != self.key_file.is_some() {
             return Err("[cluster] cert_file and key_file go together".into());
         }
+        if self.cancel_listen.is_some() != self.peer_key_file.is_some() {
+            return Err("[cluster] cancel_listen and peer_key_file go together".into());
+        }
         let tls = self.etcd.iter().any(|e| e.starts_with("https://"));
         if (self.ca_file.is_some() || self.cert_file.is_some()) && !tls {
             return Err("[cluster] ca_file / cert_file need https:// endpoints".into());
@@ -103,6 +114,7 @@ mod tests {
             ("user = \"u\"", "password_file"),
             ("cert_file = \"c.pem\"", "key_file"),
             ("ca_file = \"ca.pem\"", "https"),
+            ("cancel_listen = \"127.0.0.1:6500\"", "peer_key_file"),
             ("colour = 1", "unknown field"),
         ] {
             let e = parse(extra).expect_err(extra);

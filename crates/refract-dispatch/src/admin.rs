@@ -13,7 +13,9 @@ mod guard;
 
 use crate::cluster::{self, ClusterMetrics, Follower, Op};
 use crate::members::{self, Definition, Refusal};
+use crate::peers::{self, PeerCancels};
 use bytes::Bytes;
+use refract_cluster::ClusterConfig;
 use refract_core::accept::named;
 use refract_core::engine::{Front, Serving};
 use refract_core::Config;
@@ -22,6 +24,7 @@ use refract_front_http::conn::{ClientConn, ClientStream};
 use refract_front_pg::PgFront;
 use refract_handover::metrics::HandoverMetrics;
 use refract_http::{reply, RequestHead};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -290,6 +293,22 @@ pub struct Admin {
     pub bound: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
+impl Admin {
+    /// With `[cluster] cancel_listen`: its listener bound, and the peers' shared key read.
+    #[allow(clippy::type_complexity)]
+    fn bind_cancels(&self, ctx: &Ctx) -> std::io::Result<Option<(SocketAddr, TcpListener, Arc<Vec<u8>>)>> {
+        let cfg = ctx.cfg.sections.get::<ClusterConfig>();
+        let Some((addr, file)) = cfg.and_then(|c| Some((c.cancel_listen?, c.peer_key_file.clone()?))) else {
+            return Ok(None);
+        };
+        let key = Arc::new(peers::read_key(&file)?);
+        let std = std::net::TcpListener::bind(addr).map_err(named("[cluster] cancel_listen", addr))?;
+        std.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(std)?;
+        Ok(Some((listener.local_addr()?, listener, key)))
+    }
+}
+
 impl Front for Admin {
     fn name(&self) -> &'static str {
         "admin"
@@ -316,8 +335,14 @@ impl Front for Admin {
             }
             None => None,
         };
-        let follower = cluster::start(ctx, self.bound.get().copied())
-            .map(|c| Arc::new(Follower::new(ctx.clone(), self.pg.clone(), c)));
+        let cancels = self.bind_cancels(ctx)?;
+        let cluster = cluster::start(ctx, self.bound.get().copied(), cancels.as_ref().map(|c| c.0));
+        if let (Some(c), Some((_, listener, key))) = (&cluster, cancels) {
+            let relay = PeerCancels { cluster: c.clone(), key: key.clone() };
+            self.pg.join_cluster(ctx, peers::slot(c.node_id()), Arc::new(relay));
+            tokio::spawn(peers::serve(listener, key, self.pg.clone(), ctx.stop.clone()));
+        }
+        let follower = cluster.map(|c| Arc::new(Follower::new(ctx.clone(), self.pg.clone(), c)));
         if let Some(f) = &follower {
             tokio::spawn(refract_process::contain("cluster follower", f.clone().run()));
         }

@@ -46,12 +46,17 @@ impl MemberEntry {
     }
 }
 
-/// Starts the etcd session when `[cluster]` is configured; `admin` is the admin address the
-/// peers see in `GET /cluster`.
-pub(crate) fn start(ctx: &Arc<Ctx>, admin: Option<std::net::SocketAddr>) -> Option<Arc<Cluster>> {
+/// Starts the etcd session when `[cluster]` is configured; `admin` and `cancel` are the
+/// addresses the peers see (`GET /cluster`; where they forward CancelRequests).
+pub(crate) fn start(
+    ctx: &Arc<Ctx>,
+    admin: Option<std::net::SocketAddr>,
+    cancel: Option<std::net::SocketAddr>,
+) -> Option<Arc<Cluster>> {
     let cfg = ctx.cfg.sections.get::<ClusterConfig>()?.clone();
     let me = serde_json::json!({
         "admin": admin.map(|a| a.to_string()),
+        "cancel": cancel.map(|a| a.to_string()),
         "pid": std::process::id(),
         "version": env!("CARGO_PKG_VERSION"),
     });

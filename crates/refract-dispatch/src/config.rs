@@ -109,7 +109,8 @@ pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
     if let Some(cluster) = f.cluster {
         let at = find_key_line(text, "[cluster]");
         let mut cluster = cluster.validate().map_err(|e| format!("line {at}: {e}"))?;
-        for file in [&mut cluster.password_file, &mut cluster.ca_file, &mut cluster.cert_file, &mut cluster.key_file] {
+        let files = [&mut cluster.password_file, &mut cluster.ca_file, &mut cluster.cert_file, &mut cluster.key_file];
+        for file in files.into_iter().chain([&mut cluster.peer_key_file]) {
             if let Some(f) = file.as_mut().filter(|f| f.is_relative()) {
                 *f = base.join(&*f);
             }

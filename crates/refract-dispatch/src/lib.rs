@@ -9,6 +9,7 @@
 //!   (`admin/guard.rs`).
 //! - `members`: membership changes on this dispatcher, either front end's members.
 //! - `cluster`: several dispatchers sharing membership and reloads through etcd (`[cluster]`).
+//! - `peers`: CancelRequests forwarded between dispatchers, authenticated.
 //! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
 
 mod admin;
@@ -16,6 +17,7 @@ mod cluster;
 pub mod config;
 pub mod dispatcher;
 mod members;
+mod peers;
 mod reload;
 
 pub use dispatcher::{run_workers, Dispatcher};

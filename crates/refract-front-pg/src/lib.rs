@@ -32,6 +32,7 @@ mod sharding;
 mod shared;
 mod status;
 
+pub use client::cancel::{slot_of, CancelRelay, SLOTS};
 pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
 pub use error::PgError;
 pub use server::servers::ChangeError;
@@ -90,6 +91,25 @@ impl PgFront {
                 })
                 .clone(),
         )
+    }
+
+    /// Several dispatchers behind one address: cancel ids come from `slot` (below [`SLOTS`]),
+    /// and CancelRequests for ids this dispatcher did not hand out go to `relay`. `false`
+    /// without `[postgres]` or when already joined.
+    pub fn join_cluster(&self, ctx: &Ctx, slot: u32, relay: Arc<dyn CancelRelay>) -> bool {
+        self.shared(ctx).is_some_and(|s| s.cancels.join(slot, relay))
+    }
+
+    /// A CancelRequest another dispatcher forwarded: sent on to the server connection of this
+    /// dispatcher's client with that key, if there is one; never forwarded again.
+    pub async fn cancel_forwarded(&self, pid: i32, secret: [u8; 4]) {
+        let Some(shared) = self.shared.get() else { return };
+        if let Some(key) = shared.cancels.lookup(pid, &secret) {
+            let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
+            if let Err(e) = server::cancel(&key, timeout).await {
+                tracing::debug!(error = %e, "forwarded cancel request not delivered");
+            }
+        }
     }
 
     /// An admin view (`/pg/pools`, `/pg/clients`, `/pg/servers`), once the front end runs.

@@ -8,6 +8,7 @@
 mod cluster;
 mod examples;
 mod pg_admission;
+mod pg_cluster;
 mod pg_common;
 mod pg_drivers;
 mod pg_encoding;

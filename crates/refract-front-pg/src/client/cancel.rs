@@ -5,6 +5,11 @@
 //! (Linux caps `pid_max` at 2^22), so a client that passes its own to `pg_terminate_backend`
 //! or `pg_cancel_backend` gets PostgreSQL's "not a PostgreSQL server process" warning rather
 //! than ending an unrelated backend that happens to have that id.
+//!
+//! Several dispatchers behind one address: each gives ids from its own slot of the range
+//! ([`Cancels::join`], 2^22 ids a slot), so an id says which dispatcher handed it out; a
+//! CancelRequest for an id this dispatcher did not hand out goes to the [`CancelRelay`],
+//! which passes it to the peers of that slot.
 
 use crate::server::ServerKey;
 use rand::RngCore;
@@ -14,12 +19,38 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 type Slot = Arc<Mutex<Option<ServerKey>>>;
 
+/// Passes a CancelRequest this dispatcher cannot resolve to the dispatcher that handed out its
+/// id (several dispatchers, `[cluster]`); fire and forget, as PostgreSQL answers none.
+pub trait CancelRelay: Send + Sync {
+    /// Forwards the request for (`pid`, `secret`).
+    fn relay(&self, pid: i32, secret: [u8; 4]);
+}
+
 /// All clients' cancel keys.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Cancels {
     keys: Mutex<HashMap<i32, ([u8; 4], Slot)>>,
     /// Ids handed out so far (the next is `FIRST_PID` plus this, modulo `PIDS`).
     handed: AtomicU32,
+    /// With several dispatchers: this one's slot of the id range and where unknown ids go.
+    cluster: std::sync::OnceLock<(u32, Arc<dyn CancelRelay>)>,
+}
+
+impl std::fmt::Debug for Cancels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cancels").field("slot", &self.cluster.get().map(|c| c.0)).finish_non_exhaustive()
+    }
+}
+
+/// Ids in one dispatcher's slot.
+const SLOT_IDS: u32 = 1 << 22;
+
+/// How many slots the id range holds (from `FIRST_PID` to `i32::MAX`).
+pub const SLOTS: u32 = PIDS / SLOT_IDS;
+
+/// The slot an id handed out by a dispatcher in a cluster is in.
+pub fn slot_of(pid: i32) -> Option<u32> {
+    (pid >= FIRST_PID).then(|| (pid - FIRST_PID) as u32 / SLOT_IDS)
 }
 
 /// The lowest process id refract gives a client: 2^22, one above Linux's largest `pid_max`.
@@ -48,8 +79,12 @@ impl Cancels {
         rand::thread_rng().fill_bytes(&mut secret);
         let slot: Slot = Arc::default();
         let mut keys = self.lock();
+        let (base, span) = match self.cluster.get() {
+            Some((slot, _)) => (FIRST_PID + (slot * SLOT_IDS) as i32, SLOT_IDS),
+            None => (FIRST_PID, PIDS),
+        };
         let pid = loop {
-            let pid = FIRST_PID + (self.handed.fetch_add(1, Ordering::Relaxed) % PIDS) as i32;
+            let pid = base + (self.handed.fetch_add(1, Ordering::Relaxed) % span) as i32;
             if !keys.contains_key(&pid) {
                 break pid;
             }
@@ -68,6 +103,25 @@ impl Cancels {
         }
         let key = slot.lock().unwrap_or_else(PoisonError::into_inner).clone();
         key
+    }
+
+    /// From now on ids come from `slot` (below [`SLOTS`]) and requests for ids this dispatcher
+    /// did not hand out go to `relay`. Once; `false` if already joined.
+    pub fn join(&self, slot: u32, relay: Arc<dyn CancelRelay>) -> bool {
+        self.cluster.set((slot % SLOTS, relay)).is_ok()
+    }
+
+    /// A CancelRequest from a client: sent on to the server connection its session is using,
+    /// or, for an id this dispatcher did not hand out, to the dispatcher that did. `None`:
+    /// nothing to do here (the session is idle, the secret is wrong, or it was relayed).
+    pub fn route(&self, pid: i32, secret: &[u8]) -> Option<ServerKey> {
+        if !self.lock().contains_key(&pid) {
+            if let (Some((_, relay)), Ok(secret)) = (self.cluster.get(), <[u8; 4]>::try_from(secret)) {
+                relay.relay(pid, secret);
+            }
+            return None;
+        }
+        self.lookup(pid, secret)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, ([u8; 4], Slot)>> {
@@ -106,6 +160,28 @@ mod tests {
         drop(a);
         cancels.handed.store(PIDS, Ordering::Relaxed);
         assert_eq!(cancels.register().pid, FIRST_PID, "free again once a left");
+    }
+
+    struct Relayed(Mutex<Vec<(i32, [u8; 4])>>);
+
+    impl CancelRelay for Relayed {
+        fn relay(&self, pid: i32, secret: [u8; 4]) {
+            self.0.lock().unwrap().push((pid, secret));
+        }
+    }
+
+    #[test]
+    fn in_a_cluster_ids_come_from_the_slot_and_unknown_ones_are_relayed() {
+        let cancels = Arc::new(Cancels::default());
+        let relayed = Arc::new(Relayed(Mutex::default()));
+        assert!(cancels.join(3, relayed.clone()));
+        let key = cancels.register();
+        assert_eq!((key.pid, slot_of(key.pid)), (FIRST_PID + 3 * (1 << 22), Some(3)));
+        assert_eq!(cancels.route(key.pid, &key.secret), None, "idle: nothing to cancel, nothing relayed");
+        assert_eq!(cancels.route(key.pid + 1, b"abcd"), None);
+        assert_eq!(*relayed.0.lock().unwrap(), [(key.pid + 1, *b"abcd")]);
+        assert_eq!(slot_of(i32::MAX), Some(SLOTS - 1));
+        assert_eq!(slot_of(7), None);
     }
 
     #[test]

@@ -95,7 +95,7 @@ async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup
                 wire.send(reply::REFUSE_ENCRYPTION).await.map_err(refusal)?
             }
             StartupPacket::Cancel(c) => {
-                if let Some(key) = shared.cancels.lookup(c.pid, &c.secret) {
+                if let Some(key) = shared.cancels.route(c.pid, &c.secret) {
                     let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
                     if let Err(e) = server::cancel(&key, timeout).await {
                         tracing::debug!(error = %e, "cancel request not delivered");

@@ -1,0 +1,163 @@
+//! CancelRequests across dispatchers (`[cluster] cancel_listen`). A client's cancel opens a new
+//! connection, which the network may send to any dispatcher behind the address; the one that
+//! gets a key it did not hand out passes it to the peers whose id slot the key is in (the slot
+//! is a hash of the node id, so normally one peer), which cancel the statement if the session
+//! is theirs. Peers prove themselves with an HMAC-SHA256 over the request and its time under
+//! the key every dispatcher shares (`peer_key_file`); a forged, altered or stale request (more
+//! than 30 s off) is dropped without effect, and nothing is ever answered, as PostgreSQL does.
+
+use hmac::{Hmac, Mac};
+use refract_cluster::Cluster;
+use refract_front_pg::{slot_of, CancelRelay, PgFront, SLOTS};
+use sha2::Sha256;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+const MAGIC: &[u8; 4] = b"RFC1";
+/// magic, pid, secret, milliseconds since the epoch, HMAC.
+const FRAME: usize = 4 + 4 + 4 + 8 + 32;
+/// How far a forwarded request's time may be from this dispatcher's clock.
+const WINDOW_MS: u64 = 30_000;
+/// The least key length.
+pub(crate) const MIN_KEY: usize = 16;
+/// How long forwarding or reading one request may take.
+const IO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The id slot of the dispatcher called `node_id` (FNV-1a of the name, modulo [`SLOTS`]).
+pub(crate) fn slot(node_id: &str) -> u32 {
+    let hash = node_id.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    hash % SLOTS
+}
+
+/// Reads the shared key: the file's bytes without a trailing newline, at least [`MIN_KEY`].
+pub(crate) fn read_key(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let mut key = std::fs::read(path)?;
+    while key.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        key.pop();
+    }
+    if key.len() < MIN_KEY {
+        let e = format!("[cluster] peer_key_file {}: at least {MIN_KEY} bytes", path.display());
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+    }
+    Ok(key)
+}
+
+fn mac(key: &[u8], body: &[u8]) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(body);
+    m
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A forwarded request for (`pid`, `secret`) at `at_ms`.
+fn seal(key: &[u8], pid: i32, secret: [u8; 4], at_ms: u64) -> [u8; FRAME] {
+    let mut f = [0u8; FRAME];
+    f[..4].copy_from_slice(MAGIC);
+    f[4..8].copy_from_slice(&pid.to_be_bytes());
+    f[8..12].copy_from_slice(&secret);
+    f[12..20].copy_from_slice(&at_ms.to_be_bytes());
+    let tag = mac(key, &f[..20]).finalize().into_bytes();
+    f[20..].copy_from_slice(&tag);
+    f
+}
+
+/// The (`pid`, `secret`) of a genuine, fresh request; `None` for anything else.
+fn open(key: &[u8], f: &[u8; FRAME], now_ms: u64) -> Option<(i32, [u8; 4])> {
+    if &f[..4] != MAGIC || mac(key, &f[..20]).verify_slice(&f[20..]).is_err() {
+        return None;
+    }
+    let at = u64::from_be_bytes(f[12..20].try_into().ok()?);
+    if at.abs_diff(now_ms) > WINDOW_MS {
+        return None;
+    }
+    Some((i32::from_be_bytes(f[4..8].try_into().ok()?), f[8..12].try_into().ok()?))
+}
+
+/// Forwards CancelRequests for keys this dispatcher did not hand out to the peers of their slot.
+pub(crate) struct PeerCancels {
+    pub cluster: Arc<Cluster>,
+    pub key: Arc<Vec<u8>>,
+}
+
+impl CancelRelay for PeerCancels {
+    fn relay(&self, pid: i32, secret: [u8; 4]) {
+        let view = self.cluster.view();
+        let me = self.cluster.node_id();
+        let want = slot_of(pid);
+        let targets: Vec<SocketAddr> = view
+            .peers
+            .values()
+            .filter(|p| p.node_id != me && Some(slot(&p.node_id)) == want)
+            .filter_map(|p| p.info["cancel"].as_str()?.parse().ok())
+            .collect();
+        if targets.is_empty() {
+            tracing::debug!(pid, "cancel request for a key no dispatcher's slot holds: dropped");
+        }
+        let frame = seal(&self.key, pid, secret, now_ms());
+        for peer in targets {
+            tokio::spawn(async move {
+                let sent =
+                    tokio::time::timeout(IO_TIMEOUT, async { TcpStream::connect(peer).await?.write_all(&frame).await });
+                if let Ok(Err(e)) | Err(e) = sent.await.map_err(std::io::Error::from) {
+                    tracing::debug!(%peer, error = %e, "cancel request not forwarded");
+                }
+            });
+        }
+    }
+}
+
+/// Takes forwarded CancelRequests until `stop`.
+pub(crate) async fn serve(listener: TcpListener, key: Arc<Vec<u8>>, pg: Arc<PgFront>, stop: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.cancelled() => return,
+        };
+        let Ok((mut s, peer)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let (key, pg) = (key.clone(), pg.clone());
+        tokio::spawn(async move {
+            let mut f = [0u8; FRAME];
+            let read = tokio::time::timeout(IO_TIMEOUT, s.read_exact(&mut f)).await;
+            match read.ok().and_then(|r| r.ok()).and_then(|_| open(&key, &f, now_ms())) {
+                Some((pid, secret)) => pg.cancel_forwarded(pid, secret).await,
+                None => tracing::warn!(%peer, "a forwarded cancel request failed authentication: dropped"),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_requests_open_only_with_the_key_unaltered_and_in_time() {
+        let key = b"0123456789abcdef";
+        let f = seal(key, 4_194_305, *b"wxyz", 1_000_000);
+        assert_eq!(open(key, &f, 1_000_000 + WINDOW_MS), Some((4_194_305, *b"wxyz")));
+        assert_eq!(open(b"another key of 16", &f, 1_000_000), None, "wrong key");
+        assert_eq!(open(key, &f, 1_000_000 + WINDOW_MS + 1), None, "stale");
+        for i in [0, 5, 9, 13, 25] {
+            let mut bad = f;
+            bad[i] ^= 1;
+            assert_eq!(open(key, &bad, 1_000_000), None, "byte {i} altered");
+        }
+    }
+
+    #[test]
+    fn slots_are_stable_and_in_range() {
+        assert_eq!(slot("d1"), slot("d1"));
+        assert_ne!(slot("d1"), slot("d2"));
+        assert!(["a", "d1", "node-7", ""].iter().all(|n| slot(n) < SLOTS));
+    }
+}

@@ -1,16 +1,11 @@
-//! The PostgreSQL front end as the admin listener shows it: `GET /pg/pools`, `/pg/clients`,
-//! `/pg/servers` (JSON), and the pool, client and lag gauges of `/metrics`.
-//!
-//! # Layout
-//! - this file: the admin views and the gauges set at scrape time.
-//! - `metrics.rs`: the front end's metric families ([`metrics::PgMetrics`]).
+//! The servers as the admin listener shows them: `GET /pg/pools`, `/pg/servers` (JSON), the
+//! servers as the engine's members (`GET /backends`), and their pool and lag gauges of
+//! `/metrics`. Each takes the servers (or every shard's), not the front end's shared state.
 
-pub(crate) mod metrics;
-
-use super::shared::Shared;
-use crate::client::clients::ClientState;
+use super::metrics::PgMetrics;
+use super::servers::{Server, Servers};
 use crate::config::PgRole;
-use crate::server::servers::Server;
+use refract_core::metrics::Metrics;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -21,10 +16,10 @@ fn role(s: &Server) -> &'static str {
     }
 }
 
-/// `GET /pg/pools`: per server, its connections and who waits for one.
-pub(crate) fn pools_view(shared: &Shared) -> Value {
-    let pools: Vec<Value> = shared
-        .servers
+/// `GET /pg/pools`: per server (of `servers`, the cluster or shard 0), its connections and who
+/// waits for one.
+pub(crate) fn pools_view(servers: &Servers) -> Value {
+    let pools: Vec<Value> = servers
         .list()
         .iter()
         .map(|s| {
@@ -43,35 +38,10 @@ pub(crate) fn pools_view(shared: &Shared) -> Value {
     json!(pools)
 }
 
-/// `GET /pg/clients`: every logged-in client and the server connection it holds.
-pub(crate) fn clients_view(shared: &Shared) -> Value {
-    let clients: Vec<Value> = shared
-        .clients
-        .snapshot()
-        .iter()
-        .map(|c| {
-            let bound = c.bound().and_then(|i| all(shared).into_iter().find(|s| s.index == i).map(|s| s.name.clone()));
-            json!({
-                "id": c.id,
-                "user": c.user,
-                "database": c.database,
-                "remote": c.remote.map(|a| a.to_string()),
-                "pool_mode": c.pool_mode.as_str(),
-                "state": c.state().as_str(),
-                "server": bound,
-                "pinned": crate::session::held::Pins(c.pinned()).names(),
-                "tls": c.tls,
-                "shard": c.shard,
-            })
-        })
-        .collect();
-    json!(clients)
-}
-
 /// `GET /pg/servers`: health and replication lag from the last probe, and admission control
 /// (the limit, units of work in flight and waiting, whether the queue is in overload mode).
-pub(crate) fn servers_view(shared: &Shared) -> Value {
-    let servers: Vec<Value> = all(shared)
+pub(crate) fn servers_view(shards: &[Arc<Servers>]) -> Value {
+    let servers: Vec<Value> = all(shards)
         .iter()
         .map(|s| {
             let adm = s.member.admission.view();
@@ -98,8 +68,8 @@ pub(crate) fn servers_view(shared: &Shared) -> Value {
 /// The servers as members of the engine, for `GET /backends` (after the HTTP backends): the
 /// engine's view of each (its plain name, `"front": "postgres"`, state, admission, latency,
 /// counts) and its replication lag.
-pub(crate) fn members_view(shared: &Shared) -> Vec<Value> {
-    let list = all(shared);
+pub(crate) fn members_view(shards: &[Arc<Servers>]) -> Vec<Value> {
+    let list = all(shards);
     let view = |s: &Arc<Server>| {
         let mut v = json!(s.member.view());
         if let Some(obj) = v.as_object_mut() {
@@ -110,23 +80,14 @@ pub(crate) fn members_view(shared: &Shared) -> Vec<Value> {
     list.iter().map(view).collect()
 }
 
-/// Refreshes every PostgreSQL gauge (called when `/metrics` is scraped).
-pub(crate) fn publish_metrics(shared: &Shared) {
-    for s in all(shared) {
-        s.publish(&shared.metrics, &shared.pg_metrics);
+/// Refreshes every server's gauges (called when `/metrics` is scraped).
+pub(crate) fn publish_metrics(shards: &[Arc<Servers>], metrics: &Metrics, pg_metrics: &PgMetrics) {
+    for s in all(shards) {
+        s.publish(metrics, pg_metrics);
     }
-    let mut counts = [0usize; ClientState::ALL.len()];
-    for c in shared.clients.snapshot() {
-        counts[c.state() as usize] += 1;
-    }
-    for (state, n) in ClientState::ALL.iter().zip(counts) {
-        shared.pg_metrics.set_clients(state.as_str(), n);
-    }
-    let pinned = shared.clients.snapshot().iter().filter(|c| c.pinned() != 0).count();
-    shared.pg_metrics.set_pinned_clients(pinned);
 }
 
 /// Every server of the cluster (of every shard).
-fn all(shared: &Shared) -> Vec<Arc<Server>> {
-    shared.shards.iter().flat_map(|s| s.list().iter().cloned().collect::<Vec<_>>()).collect()
+pub(crate) fn all(shards: &[Arc<Servers>]) -> Vec<Arc<Server>> {
+    shards.iter().flat_map(|s| s.list().iter().cloned().collect::<Vec<_>>()).collect()
 }

@@ -7,7 +7,7 @@
 //! - `startup`: what the client's startup settings become (SETs replayed, greetings kept).
 //! - `cancel`: cancel keys.
 //! - `wire`: framed sockets (plain or TLS).
-//! - `clients`: the connected clients.
+//! - `clients`: the connected clients, their admin view (`/pg/clients`) and gauges.
 
 pub(crate) mod cancel;
 pub(crate) mod clients;

@@ -4,22 +4,23 @@
 //!
 //! # Layout
 //! Folders are layers, each a `foo.rs` beside `foo/` whose `//!` lists its files:
-//! - [`PgFront`]: the [`Front`](refract_core::engine::Front) the engine runs (this file).
+//! - this file: [`PgFront`], the [`Front`](refract_core::engine::Front) the engine runs, and
+//!   `Shared`, what every session shares (which the [`PgFront`] keeps).
 //! - `client/`: login (startup, SSLRequest and TLS, authentication), the ParameterStatus
 //!   greeting, what the startup settings become, cancel keys, the client's framed socket, the
-//!   connected clients.
+//!   connected clients (`/pg/clients` and their gauges).
 //! - `session.rs`, `session/`: the per-client loop: simple queries, extended batches, binding a
 //!   server connection and relaying its answers, the protocol phase, what the session holds
 //!   (pins, SETs, prepared names, LISTEN), large messages, reset, its side of the hand-over.
 //! - `server.rs`, `server/`: one server connection; the servers (members, health, lag, the
-//!   choice of one), pools, probes, partial replicas, which statements answer small.
+//!   choice of one), pools, probes, partial replicas, which statements answer small; their
+//!   admin views (`/pg/pools`, `/pg/servers`, `/backends`) and gauges; the front end's metric
+//!   families (`refract_pg_*`).
 //! - `admit.rs`, `admit/`: admission control (adaptive limit, deadline queue) before a server
 //!   connection, its permits, the no-load baselines its limit reads.
 //! - `sharding.rs`, `sharding/`: a sharded cluster: the rules (which shard holds a key), each
 //!   statement's shards, scatter-gather reads and writes over several shards, `/pg/shards`.
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
-//! - `shared`: what every session shares (kept by the [`PgFront`]).
-//! - `status`: the admin views (`/pg/*`) and pool gauges.
 //! - `error`: the error type.
 
 mod admit;
@@ -29,8 +30,6 @@ mod error;
 mod server;
 mod session;
 mod sharding;
-mod shared;
-mod status;
 
 pub use client::cancel::{slot_of, CancelRelay, SLOTS};
 pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
@@ -61,15 +60,28 @@ fn plain(name: &str) -> &str {
     }
 }
 
+use client::cancel::Cancels;
+use client::clients::Clients;
+use client::startup::Greetings;
+use refract_core::config::{Balance, Overload};
 use refract_core::engine::{Front, Serving};
+use refract_core::metrics::Metrics;
 use refract_core::{Config, Ctx};
 use refract_handover::config::HandoverConfig;
+use refract_handover::metrics::HandoverMetrics;
+use refract_pg::classify::{Classifier, ClassifierConfig};
 use serde_json::Value;
-use shared::Shared;
+use server::metrics::PgMetrics;
+use server::servers::Servers;
+use session::notify::Notifier;
+use sharding::Sharding;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 /// The PostgreSQL front end: clients on `[postgres] listen`, servers from `[[postgres.server]]`.
 #[derive(Default)]
@@ -116,9 +128,9 @@ impl PgFront {
     pub fn view(&self, path: &str) -> Option<Value> {
         let shared = self.shared.get()?;
         match path {
-            "/pg/pools" => Some(status::pools_view(shared)),
-            "/pg/clients" => Some(status::clients_view(shared)),
-            "/pg/servers" => Some(status::servers_view(shared)),
+            "/pg/pools" => Some(server::views::pools_view(&shared.servers)),
+            "/pg/clients" => Some(shared.clients.view(&server::views::all(&shared.shards))),
+            "/pg/servers" => Some(server::views::servers_view(&shared.shards)),
             "/pg/shards" => Some(match &shared.sharding {
                 Some(sh) => sharding::view(sh, &shared.shards),
                 None => serde_json::json!({"sharded": false, "shards": []}),
@@ -129,7 +141,7 @@ impl PgFront {
 
     /// The servers as the engine's members, for `GET /backends` (empty when not running).
     pub fn members(&self) -> Vec<Value> {
-        self.shared.get().map_or_else(Vec::new, |s| status::members_view(s))
+        self.shared.get().map_or_else(Vec::new, |s| server::views::members_view(&s.shards))
     }
 
     /// Whether a server of the (unsharded) cluster is called `name`, plain or `pg:NAME`.
@@ -171,10 +183,11 @@ impl PgFront {
         })
     }
 
-    /// Brings the pool gauges up to date (before `/metrics` is written).
+    /// Brings the server, pool and client gauges up to date (before `/metrics` is written).
     pub fn publish_metrics(&self) {
         if let Some(shared) = self.shared.get() {
-            status::publish_metrics(shared);
+            server::views::publish_metrics(&shared.shards, &shared.metrics, &shared.pg_metrics);
+            shared.clients.publish_metrics(&shared.pg_metrics);
         }
     }
 }
@@ -195,7 +208,7 @@ impl Front for PgFront {
 
     /// Starts the health checks and lag polls.
     fn start(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
-        status::metrics::PgMetrics::of(&ctx.metrics);
+        PgMetrics::of(&ctx.metrics);
         let Some(shared) = self.shared(ctx) else { return Ok(()) };
         let interval = Duration::from_millis(shared.cfg.health_interval_ms);
         for servers in &shared.shards {
@@ -218,5 +231,103 @@ impl Front for PgFront {
                 session::run(shared, stream, peer).await;
             }
         })
+    }
+}
+
+/// What every PostgreSQL session shares: the configuration, the servers and their pools and
+/// admission control, the classifier, cancel keys, the greetings, the clients, the LISTEN
+/// channels. Kept by the [`PgFront`] (the engine's `ctx` holds the front end) for the admin
+/// views, so it imports neither.
+pub(crate) struct Shared {
+    pub(crate) cfg: PgConfig,
+    /// The servers of an unsharded cluster, or of shard 0 (`shards[0]`).
+    pub(crate) servers: Arc<Servers>,
+    /// Each shard's servers (one entry, `servers`, when the cluster is not sharded).
+    pub(crate) shards: Vec<Arc<Servers>>,
+    /// The sharding rules when `[[postgres.shard]]` is configured.
+    pub(crate) sharding: Option<Arc<Sharding>>,
+    pub(crate) classifier: Classifier,
+    pub(crate) cancels: Arc<Cancels>,
+    /// The ParameterStatus values of the last server login refract read (its server version,
+    /// and the greeting when the primary cannot be asked).
+    pub(crate) server_params: RwLock<Vec<(String, String)>>,
+    /// The greeting per set of startup settings, learnt from the primary.
+    pub(crate) greetings: Greetings,
+    pub(crate) metrics: Arc<Metrics>,
+    /// The front end's own metric families (`refract_pg_*`).
+    pub(crate) pg_metrics: Arc<PgMetrics>,
+    /// The hand-over's metric families, shared with the HTTP front end.
+    pub(crate) handover_metrics: Arc<HandoverMetrics>,
+    pub(crate) next_client: AtomicU64,
+    pub(crate) stop: CancellationToken,
+    /// Present when `tls_cert`/`tls_key` are configured: SSLRequest is answered `S`.
+    pub(crate) tls: Option<TlsAcceptor>,
+    /// The logged-in clients (admin views).
+    pub(crate) clients: Arc<Clients>,
+    /// LISTEN channels of transaction-mode clients.
+    pub(crate) notifier: Arc<Notifier>,
+    /// `[overload] default_timeout_ms`: the deadline of a statement whose session set no
+    /// `statement_timeout` (0 = none).
+    pub(crate) default_timeout_ms: u64,
+    /// Advanced by DDL run through refract, and again when its transaction ends: a client's
+    /// Parse after it never reuses a server statement prepared before it
+    /// (`PreparedRegistry::follow_epoch`).
+    pub(crate) schema_epoch: Arc<AtomicU64>,
+}
+
+impl Shared {
+    /// The state for `cfg` under the engine's `[overload]` and `[balance]`; `stop` ends its
+    /// background work.
+    fn new(
+        cfg: &PgConfig,
+        metrics: &Arc<Metrics>,
+        stop: &CancellationToken,
+        overload: &Overload,
+        balance: &Balance,
+        handover: Option<HandoverConfig>,
+    ) -> Shared {
+        let mut ccfg = ClassifierConfig::default();
+        if let Some(f) = &cfg.write_functions {
+            ccfg.write_functions = f.clone();
+        }
+        let shards: Vec<Arc<Servers>> = if cfg.shards.is_empty() {
+            vec![Arc::new(Servers::new(cfg, metrics, overload, balance, handover))]
+        } else {
+            (0..cfg.shards.len())
+                .map(|i| Arc::new(Servers::new(&cfg.for_shard(i), metrics, overload, balance, handover.clone())))
+                .collect()
+        };
+        let sharding = (!cfg.shards.is_empty()).then(|| Arc::new(Sharding::new(cfg, metrics)));
+        Shared {
+            servers: shards[0].clone(),
+            shards,
+            sharding,
+            classifier: Classifier::new(ccfg),
+            cancels: Arc::default(),
+            server_params: RwLock::new(vec![]),
+            greetings: Greetings::default(),
+            metrics: metrics.clone(),
+            pg_metrics: PgMetrics::of(metrics),
+            handover_metrics: metrics.families(HandoverMetrics::register),
+            next_client: AtomicU64::new(1),
+            stop: stop.clone(),
+            tls: cfg.tls().cloned().map(TlsAcceptor::from),
+            clients: Arc::default(),
+            notifier: Arc::default(),
+            default_timeout_ms: overload.default_timeout_ms,
+            schema_epoch: Arc::default(),
+            cfg: cfg.clone(),
+        }
+    }
+
+    /// The schema may have changed (DDL ran, its transaction ended, a server said a plan is
+    /// stale): Parses from now on do not share server statements prepared before.
+    pub(crate) fn new_schema_epoch(&self) {
+        self.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// The servers of shard `i` (of the cluster when it is not sharded).
+    pub(crate) fn shard_servers(&self, i: usize) -> &Arc<Servers> {
+        self.shards.get(i).unwrap_or(&self.servers)
     }
 }

@@ -6,12 +6,16 @@
 //! - `servers`: the servers of a cluster (or shard), health, lag, the choice of one.
 //! - `pool`: connections per server; `sizes`: which kinds of statement answer small.
 //! - `probes`: health checks and lag polls; `partial`: the tables a partial replica holds.
+//! - `views`: the servers' admin views (`/pg/pools`, `/pg/servers`, `/backends`) and gauges.
+//! - `metrics`: the front end's metric families (`refract_pg_*`, [`metrics::PgMetrics`]).
 
+pub(crate) mod metrics;
 pub(crate) mod partial;
 pub(crate) mod pool;
 pub(crate) mod probes;
 pub(crate) mod servers;
 pub(crate) mod sizes;
+pub(crate) mod views;
 
 use super::error::PgError;
 use crate::client::wire::Wire;

@@ -32,8 +32,8 @@ pub(crate) use batch::Placed;
 pub(crate) use twophase::recover;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};
+use crate::server::metrics::PgMetrics;
 use crate::server::servers::Servers;
-use crate::status::metrics::PgMetrics;
 use refract_core::metrics::Metrics;
 use refract_shard::partition::{self, Key, KeyType};
 use refract_shard::shardkey::{Schema, TableKeys};

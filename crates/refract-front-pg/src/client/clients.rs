@@ -1,6 +1,11 @@
-//! [`Clients`]: the connected PostgreSQL clients and what each is doing (`GET /pg/clients`).
+//! [`Clients`]: the connected PostgreSQL clients and what each is doing: `GET /pg/clients`
+//! ([`Clients::view`]) and the client gauges of `/metrics` ([`Clients::publish_metrics`]).
 
 use crate::config::PoolMode;
+use crate::server::metrics::PgMetrics;
+use crate::server::servers::Server;
+use crate::session::held::Pins;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -144,6 +149,44 @@ impl Clients {
     /// Every client, by id.
     pub fn snapshot(&self) -> Vec<Arc<ClientInfo>> {
         self.lock().values().cloned().collect()
+    }
+
+    /// `GET /pg/clients`: every logged-in client and the server connection it holds, named
+    /// from `servers` (every server of the cluster, of every shard).
+    pub(crate) fn view(&self, servers: &[Arc<Server>]) -> Value {
+        let clients: Vec<Value> = self
+            .snapshot()
+            .iter()
+            .map(|c| {
+                let bound = c.bound().and_then(|i| servers.iter().find(|s| s.index == i).map(|s| s.name.clone()));
+                json!({
+                    "id": c.id,
+                    "user": c.user,
+                    "database": c.database,
+                    "remote": c.remote.map(|a| a.to_string()),
+                    "pool_mode": c.pool_mode.as_str(),
+                    "state": c.state().as_str(),
+                    "server": bound,
+                    "pinned": Pins(c.pinned()).names(),
+                    "tls": c.tls,
+                    "shard": c.shard,
+                })
+            })
+            .collect();
+        json!(clients)
+    }
+
+    /// Refreshes the client gauges (by state, pinned; called when `/metrics` is scraped).
+    pub(crate) fn publish_metrics(&self, pg_metrics: &PgMetrics) {
+        let mut counts = [0usize; ClientState::ALL.len()];
+        for c in self.snapshot() {
+            counts[c.state() as usize] += 1;
+        }
+        for (state, n) in ClientState::ALL.iter().zip(counts) {
+            pg_metrics.set_clients(state.as_str(), n);
+        }
+        let pinned = self.snapshot().iter().filter(|c| c.pinned() != 0).count();
+        pg_metrics.set_pinned_clients(pinned);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ClientInfo>>> {

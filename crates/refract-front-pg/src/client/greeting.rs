@@ -21,7 +21,7 @@ use super::startup::{literal, startup_sets, Params, Refusal, TRACKED_PARAMS};
 use crate::error::PgError;
 use crate::server::sizes::Path;
 use crate::server::ServerConn;
-use crate::shared::Shared;
+use crate::Shared;
 use refract_pg::Startup;
 
 /// The ParameterStatus set for a client with `startup` (see the module's text); a refusal when

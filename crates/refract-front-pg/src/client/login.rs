@@ -8,7 +8,7 @@ use super::startup::{options, Refusal};
 use super::wire::Wire;
 use crate::error::PgError;
 use crate::server;
-use crate::shared::Shared;
+use crate::Shared;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
 use refract_pg::notice::sqlstate;

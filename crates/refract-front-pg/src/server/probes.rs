@@ -7,7 +7,7 @@ use super::partial::{holds_from_rows, TABLES_PROBE};
 use super::servers::{unix_ms, Server, Servers};
 use super::{parse_lsn, ServerConn};
 use crate::config::PgRole;
-use crate::status::metrics::PgMetrics;
+use crate::server::metrics::PgMetrics;
 use refract_core::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

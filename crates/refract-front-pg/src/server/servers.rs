@@ -13,8 +13,8 @@ use super::sizes::{Path, Sizes};
 use super::{Login, Through};
 use crate::admit::baseline::{Baselines, Load};
 use crate::config::{PgConfig, PgRole, PgServerConfig};
+use crate::server::metrics::PgMetrics;
 use crate::session::held::Outcome;
-use crate::status::metrics::PgMetrics;
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
 use refract_core::membership::{Member, Membership};
@@ -196,7 +196,7 @@ impl Server {
     }
 
     /// Publishes its gauges (health loop and `/metrics` scrape time). Lives here, not in
-    /// `status`, so that the health loop does not reach back into the admin views.
+    /// `views`, so that the health loop does not reach back into the admin views.
     /// The engine's families (both front ends') label it by its name and `front="postgres"`,
     /// the front end's own (`refract_pg_*`) by its name alone.
     pub(crate) fn publish(&self, metrics: &Metrics, pg: &PgMetrics) {

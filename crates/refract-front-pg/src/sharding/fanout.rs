@@ -50,7 +50,7 @@ impl Leg {
     }
 
     /// Marks the connection's server failed (its state is not known; it is dropped).
-    pub(super) fn failed(&self, shared: &crate::shared::Shared) {
+    pub(super) fn failed(&self, shared: &crate::Shared) {
         shared.shard_servers(self.shard).failed(&self.server);
     }
 }

@@ -1,6 +1,8 @@
 //! The PostgreSQL front end's metric families (`refract_pg_*`), registered into the
 //! dispatcher's one registry (`refract_core::metrics::Metrics::families`). Only servers are in
 //! them: a server's series are labelled by its plain name (`backend="NAME"`), with no `front`.
+//! Kept beside the servers, which set most of them; the clients and the sharding layer set
+//! theirs (`client::clients`, `sharding`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -80,13 +80,34 @@ async fn backend_view(n: &Node, name: &str) -> Option<serde_json::Value> {
     all.as_array().unwrap().iter().find(|b| b["name"] == name).cloned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn membership_changes_reach_the_other_dispatcher_within_a_second() {
+/// What every test starts with: dispatchers d1 and d2 sharing etcd, both in front of the blob
+/// server b0 (b1, another, is for the test to add), their config files in `dir`; returned once
+/// both see etcd up. A test binds the fields in the order they were started (etcd first), so
+/// that they are dropped the other way round.
+struct Two {
+    d1: Node,
+    d2: Node,
+    b0: SocketAddr,
+    b1: SocketAddr,
+    dir: tempfile::TempDir,
+    etcd: Etcd,
+}
+
+async fn two_dispatchers() -> Two {
     let etcd = Etcd::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (b0, b1) = (backend("b0").await, backend("b1").await);
     let d1 = node(&etcd, "d1", b0, dir.path()).await;
     let d2 = node(&etcd, "d2", b0, dir.path()).await;
+    for n in [&d1, &d2] {
+        until(Duration::from_secs(5), "up", async || json(n.admin, "/cluster").await["etcd"] == "up").await;
+    }
+    Two { d1, d2, b0, b1, dir, etcd }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_reach_the_other_dispatcher_within_a_second() {
+    let Two { etcd, dir, b0, b1, d1, d2 } = two_dispatchers().await;
     for n in [&d1, &d2] {
         until(Duration::from_secs(5), "both registered", async || {
             let c = json(n.admin, "/cluster").await;
@@ -128,14 +149,7 @@ async fn membership_changes_reach_the_other_dispatcher_within_a_second() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_etcd_both_serve_and_refuse_changes_then_converge() {
-    let mut etcd = Etcd::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (b0, b1) = (backend("b0").await, backend("b1").await);
-    let d1 = node(&etcd, "d1", b0, dir.path()).await;
-    let d2 = node(&etcd, "d2", b0, dir.path()).await;
-    for n in [&d1, &d2] {
-        until(Duration::from_secs(5), "up", async || json(n.admin, "/cluster").await["etcd"] == "up").await;
-    }
+    let Two { mut etcd, dir: _dir, b1, d1, d2, .. } = two_dispatchers().await;
 
     etcd.stop().unwrap();
     for n in [&d1, &d2] {
@@ -172,14 +186,7 @@ async fn without_etcd_both_serve_and_refuse_changes_then_converge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_asked_of_one_dispatcher_reloads_every_one() {
-    let etcd = Etcd::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (b0, b1) = (backend("b0").await, backend("b1").await);
-    let d1 = node(&etcd, "d1", b0, dir.path()).await;
-    let d2 = node(&etcd, "d2", b0, dir.path()).await;
-    for n in [&d1, &d2] {
-        until(Duration::from_secs(5), "up", async || json(n.admin, "/cluster").await["etcd"] == "up").await;
-    }
+    let Two { etcd: _etcd, dir, b1, d1, d2, .. } = two_dispatchers().await;
     // d2's own file gains a backend; the reload is asked of d1.
     let path = dir.path().join("d2.toml");
     let text = std::fs::read_to_string(&path).unwrap();

@@ -8,7 +8,7 @@ use crate::pg_common;
 use pg_common::{Client, Fixture};
 use refract_pg::TxStatus;
 use refract_testkit::{PASSWORD, USER};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// One unit of work in flight per server, one waiting; refusals and waits are what is tested.
@@ -41,18 +41,17 @@ fn wait_primary(f: &Fixture, want: (u64, u64)) {
     pg_common::until(&format!("primary admission at {want:?}"), || primary_admission(f) == want);
 }
 
+/// A client's thread: its answer's SQLSTATE (`None`: served), how long it took, and the client.
+type Waiter = std::thread::JoinHandle<(Option<String>, Duration, Client)>;
+
 /// A client (in its own thread) whose write waits in the primary's queue; returns its answer's
 /// SQLSTATE (`None`: served), how long it took, and the client.
-fn queue_a_write(f: &Arc<Fixture>) -> std::thread::JoinHandle<(Option<String>, Duration, Client)> {
+fn queue_a_write(f: &Arc<Fixture>) -> Waiter {
     queue_a_write_as(f, USER, PASSWORD)
 }
 
 /// [`queue_a_write`] as `user`.
-fn queue_a_write_as(
-    f: &Arc<Fixture>,
-    user: &'static str,
-    password: &'static str,
-) -> std::thread::JoinHandle<(Option<String>, Duration, Client)> {
+fn queue_a_write_as(f: &Arc<Fixture>, user: &'static str, password: &'static str) -> Waiter {
     let f = f.clone();
     std::thread::spawn(move || {
         let mut c = Client::connect(f.addr(), user, password).unwrap();
@@ -77,15 +76,35 @@ fn calm(f: &Fixture) {
     panic!("the queue stayed in overload mode");
 }
 
-#[test]
-fn a_statement_refused_under_overload_gets_53300_and_the_session_goes_on() {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+/// One test at a time on the shared fixture, its queue calm: the guard of [`SERIAL`] (held as
+/// long as the test keeps it) and the fixture.
+fn serial() -> (MutexGuard<'static, ()>, Arc<Fixture>) {
+    let one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let f = fixture();
     calm(&f);
-    let mut holder = connect(&f);
+    (one, f)
+}
+
+/// A client whose open transaction holds the primary's slot.
+fn hold_the_slot(f: &Fixture) -> Client {
+    let mut holder = connect(f);
     assert_eq!(holder.query("BEGIN").status, Some(TxStatus::InTransaction));
-    let first = queue_a_write(&f);
-    wait_primary(&f, (1, 1));
+    holder
+}
+
+/// [`hold_the_slot`], and a write waiting in the primary's queue behind it ([`queue_a_write`]):
+/// the holder and the waiter.
+fn hold_the_slot_and_queue_a_write(f: &Arc<Fixture>) -> (Client, Waiter) {
+    let holder = hold_the_slot(f);
+    let waiter = queue_a_write(f);
+    wait_primary(f, (1, 1));
+    (holder, waiter)
+}
+
+#[test]
+fn a_statement_refused_under_overload_gets_53300_and_the_session_goes_on() {
+    let (_one, f) = serial();
+    let (mut holder, first) = hold_the_slot_and_queue_a_write(&f);
     // The queue is full. Whether the newcomer is refused or, the queue being in overload mode
     // (two arrivals within an interval over a limit of one), pushes out the older waiter, one
     // of them gets 53300 at once.
@@ -116,13 +135,10 @@ fn a_statement_refused_under_overload_gets_53300_and_the_session_goes_on() {
 
 #[test]
 fn a_statement_whose_deadline_passes_in_the_queue_gets_57014() {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let f = fixture();
-    calm(&f);
+    let (_one, f) = serial();
     let mut late = connect(&f);
     assert!(late.query("SET statement_timeout = 1500").error.is_none());
-    let mut holder = connect(&f);
-    assert_eq!(holder.query("BEGIN").status, Some(TxStatus::InTransaction));
+    let mut holder = hold_the_slot(&f);
 
     let started = Instant::now();
     let a = late.query("SELECT txid_current()");
@@ -140,13 +156,8 @@ fn a_statement_whose_deadline_passes_in_the_queue_gets_57014() {
 
 #[test]
 fn statements_of_an_open_transaction_are_never_refused_nor_queued() {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let f = fixture();
-    calm(&f);
-    let mut holder = connect(&f);
-    assert_eq!(holder.query("BEGIN").status, Some(TxStatus::InTransaction));
-    let waiter = queue_a_write(&f);
-    wait_primary(&f, (1, 1));
+    let (_one, f) = serial();
+    let (mut holder, waiter) = hold_the_slot_and_queue_a_write(&f);
     // The slot is taken and the queue full: a new unit would be refused, but these statements
     // belong to the transaction holding the slot (were they queued behind the waiter, which
     // waits for this transaction, they would never run).
@@ -171,13 +182,8 @@ fn statements_of_an_open_transaction_are_never_refused_nor_queued() {
 
 #[test]
 fn a_low_priority_user_never_pushes_a_normal_users_statement_out_of_the_queue() {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let f = fixture();
-    calm(&f);
-    let mut holder = connect(&f);
-    assert_eq!(holder.query("BEGIN").status, Some(TxStatus::InTransaction));
-    let normal = queue_a_write(&f);
-    wait_primary(&f, (1, 1));
+    let (_one, f) = serial();
+    let (mut holder, normal) = hold_the_slot_and_queue_a_write(&f);
     // The waiter has stood past the 5 ms target: the next arrival turns the queue to overload
     // mode, where a newcomer pushes out an older waiter of its own priority or lower. A
     // low-priority newcomer finds none to push out, so it is the one refused.

@@ -83,42 +83,38 @@ impl Start for InProcess<'_> {
     /// refract with `extra` lines in `[postgres]` in front of the primary and the replica
     /// (through their agents, in hybrid hand-over, when there are agents): (port, admin, it).
     fn dispatcher(&self, extra: &str, rig: Rig<'_, Self>) -> (u16, u16, Refract) {
-        launch(self.listen, extra, &servers(rig.pg(), rig.agents))
+        launch(self.listen, extra, &(USERS.to_owned() + &servers(rig.pg(), rig.agents)))
     }
 }
 
 /// The `[[postgres.server]]` tables of the primary and the replica of `pg`, through `agents`
 /// (hybrid hand-over, threshold 64 KiB) when there are.
 fn servers(pg: &PgCluster, agents: &[(String, agent::Agent)]) -> String {
-    let through = |i: usize| agents.get(i).map_or(String::new(), |(_, a)| format!("through = \"{}\"", a.through));
-    let (through_primary, through_replica) = (through(0), through(1));
-    let handover = match agents {
-        [(_, p), (_, r)] => format!(
-            "[handover]\nmode = \"hybrid\"\npostgres_threshold = 65536\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
-            p.sock.display(),
-            r.sock.display()
-        ),
-        _ => String::new(),
-    };
-    format!(
-        r#"
-[[postgres.server]]
-name = "primary"
-addr = "{}"
-{through_primary}
-role = "primary"
+    let agent = |i: usize| agents.get(i).map(|(_, a)| a);
+    server_tables(&[("primary", pg.primary.addr(), agent(0)), ("replica", pg.replica().addr(), agent(1))], 65536)
+}
 
-[[postgres.server]]
-name = "replica"
-addr = "{}"
-{through_replica}
-role = "replica"
-
-{handover}
-"#,
-        pg.primary.addr(),
-        pg.replica().addr()
-    )
+/// `[[postgres.server]]` tables, one per `(name, addr, agent)`, each named after its role
+/// (`primary`, `replica`) and reached through its agent when it has one; when any has, the
+/// `[handover]` naming the agents, in hybrid mode with results past `threshold` bytes handed
+/// over.
+pub fn server_tables(servers: &[(&str, SocketAddr, Option<&agent::Agent>)], threshold: usize) -> String {
+    let mut text = String::new();
+    for (name, addr, agent) in servers {
+        let through = agent.map_or(String::new(), |a| format!("through = \"{}\"\n", a.through));
+        text += &format!("\n[[postgres.server]]\nname = \"{name}\"\naddr = \"{addr}\"\n{through}role = \"{name}\"\n");
+    }
+    let agents: Vec<String> = servers
+        .iter()
+        .filter_map(|(name, _, agent)| Some(format!("{name} = \"unix:{}\"", (*agent)?.sock.display())))
+        .collect();
+    if !agents.is_empty() {
+        text += &format!(
+            "\n[handover]\nmode = \"hybrid\"\npostgres_threshold = {threshold}\nagents = {{ {} }}\n",
+            agents.join(", ")
+        );
+    }
+    text
 }
 
 /// Where a shared fixture is kept while tests hold it.
@@ -244,7 +240,7 @@ impl Fixture {
     /// refract in front of `cluster` with `servers` (the `[[postgres.server]]` tables and what
     /// follows them) and `extra` lines in `[postgres]`.
     pub fn start_servers(cluster: PgCluster, extra: &str, servers: &str) -> Fixture {
-        let (port, admin, refract) = launch("", extra, servers);
+        let (port, admin, refract) = launch("", extra, &(USERS.to_owned() + servers));
         Fixture { port, admin, refract, agents: vec![], cluster }
     }
 
@@ -352,24 +348,9 @@ fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String, String> {
     }
 }
 
-/// refract with `listen` lines in `[listen]`, `extra` lines in `[postgres]` and `servers`
-/// (the `[[postgres.server]]` tables and what follows them): (port, admin, it).
-fn launch(listen: &str, extra: &str, servers: &str) -> (u16, u16, Refract) {
-    let (port, admin) = (free_port(), free_port());
-    // `extra` may set its own health interval.
-    let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
-    let postgres = postgres_section(&format!("127.0.0.1:{port}"), &format!("{health}\n{extra}"));
-    let text = format!(
-        r#"
-[listen]
-http = "127.0.0.1:0"
-admin = "127.0.0.1:{admin}"
-{listen}
-
-[admin]
-token = "{ADMIN_TOKEN}"
-
-{postgres}
+/// The users the fixture's refract knows besides the kit's own: one with md5 authentication,
+/// one trusted, one in session mode.
+const USERS: &str = r#"
 [[postgres.user]]
 name = "md5user"
 password = "md5pass"
@@ -383,8 +364,28 @@ auth = "trust"
 name = "sessionuser"
 password = "sessionpass"
 pool_mode = "session"
+"#;
 
-{servers}
+/// refract in this process, its config written out here and nowhere else: `listen` lines in
+/// `[listen]`, `extra` lines in `[postgres]` (with a health interval of 200 ms unless they set
+/// one) and `tables` after it (more `[[postgres.user]]`, the servers ([`server_tables`]),
+/// `[handover]`, other sections); admin token [`ADMIN_TOKEN`]: (port, admin, it).
+pub fn launch(listen: &str, extra: &str, tables: &str) -> (u16, u16, Refract) {
+    let (port, admin) = (free_port(), free_port());
+    let health = if extra.contains("health_interval_ms") { "" } else { "health_interval_ms = 200" };
+    let postgres = postgres_section(&format!("127.0.0.1:{port}"), &format!("{health}\n{extra}"));
+    let text = format!(
+        r#"
+[listen]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:{admin}"
+{listen}
+
+[admin]
+token = "{ADMIN_TOKEN}"
+
+{postgres}
+{tables}
 "#
     );
     (port, admin, Refract::start(&text, port))

@@ -12,7 +12,7 @@ use pg_common::agent::{self, Agent};
 use pg_common::{Answer, Client, Refract};
 use refract_pg::frontend::Bind;
 use refract_pg::FrontendMessage;
-use refract_testkit::{postgres_section, PgCluster, PASSWORD, USER};
+use refract_testkit::{PgCluster, PASSWORD, USER};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -26,8 +26,6 @@ struct Hybrid {
     cluster: PgCluster,
 }
 
-use refract_testkit::free_port;
-
 impl Hybrid {
     fn start() -> Hybrid {
         Hybrid::with("")
@@ -37,34 +35,8 @@ impl Hybrid {
     fn with(extra: &str) -> Hybrid {
         let cluster = PgCluster::start().expect("PostgreSQL test cluster");
         let agent = Agent::start(cluster.primary.addr(), agent::sock_path("handover"));
-        let (through, sock) = (agent.through, agent.sock.clone());
-        let (port, admin) = (free_port(), free_port());
-        let postgres = postgres_section(&format!("127.0.0.1:{port}"), &format!("health_interval_ms = 200\n{extra}"));
-        let text = format!(
-            r#"
-[listen]
-http = "127.0.0.1:0"
-admin = "127.0.0.1:{admin}"
-
-[admin]
-token = "t0ken-for-the-pg-handover-test"
-
-{postgres}
-[[postgres.server]]
-name = "primary"
-addr = "{}"
-through = "{through}"
-role = "primary"
-
-[handover]
-mode = "hybrid"
-postgres_threshold = 65536
-agents = {{ primary = "unix:{}" }}
-"#,
-            cluster.primary.addr(),
-            sock.display()
-        );
-        let _refract = Refract::start(&text, port);
+        let servers = pg_common::server_tables(&[("primary", cluster.primary.addr(), Some(&agent))], 65536);
+        let (port, admin, _refract) = pg_common::launch("", extra, &servers);
         Hybrid { _refract, port, admin, agent, cluster }
     }
 

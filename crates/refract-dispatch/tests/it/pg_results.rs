@@ -17,7 +17,7 @@
 //! make it the larger documented run (docs/postgres.md, *Results identical to PostgreSQL*).
 #![allow(clippy::unwrap_used)]
 
-use crate::pg_common::{agent, Refract};
+use crate::pg_common::{agent, launch, server_tables, Refract, ADMIN_TOKEN};
 
 use agent::Agent;
 use bytes::{Bytes, BytesMut};
@@ -26,7 +26,7 @@ use refract_pg::auth::{ClientAuth, ClientStep};
 use refract_pg::frontend::{Bind, Target};
 use refract_pg::startup::PROTOCOL_3_0;
 use refract_pg::{BackendMessage, FrontendMessage, Limits, Startup, StartupPacket};
-use refract_testkit::{postgres_section, PgCluster, DATABASE, PASSWORD, USER};
+use refract_testkit::{PgCluster, DATABASE, PASSWORD, USER};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -42,9 +42,6 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Streams up to this size are kept whole, so a mismatch can show the differing message's bytes.
 const KEEP_BYTES: usize = 1 << 20;
-
-/// The admin token of the refract under test.
-const ADMIN_TOKEN: &str = "pg-results-admin-token";
 
 // ---------------------------------------------------------------------------------------------
 // The refract under test.
@@ -78,8 +75,6 @@ impl Dispatcher {
     }
 }
 
-use refract_testkit::free_port;
-
 /// **The refract under test**, in front of the PostgreSQL `primary` and `replica` (reads
 /// balanced over both, as in the lab), in transaction mode, with `extra` lines in `[postgres]`.
 ///
@@ -93,56 +88,24 @@ fn refract_under_test(
     extra: &str,
     agents: Option<&[Agent; 2]>,
 ) -> Dispatcher {
-    let (port, admin) = (free_port(), free_port());
-    let through = |i: usize| agents.map_or(String::new(), |a| format!("through = \"{}\"", a[i].through));
-    let handover = agents.map_or(String::new(), |a| {
-        format!(
-            "[handover]\nmode = \"hybrid\"\npostgres_threshold = {HYBRID_THRESHOLD}\nagents = {{ primary = \"unix:{}\", replica = \"unix:{}\" }}\n",
-            a[0].sock.display(),
-            a[1].sock.display()
-        )
-    });
-    let (through_primary, through_replica) = (through(0), through(1));
-    let postgres = postgres_section(&format!("127.0.0.1:{port}"), &format!("health_interval_ms = 200\n{extra}"));
-    let text = format!(
-        r#"
-[listen]
-http = "127.0.0.1:0"
-admin = "127.0.0.1:{admin}"
+    let agent = |i: usize| agents.map(|a| &a[i]);
+    let servers = server_tables(&[("primary", primary, agent(0)), ("replica", replica, agent(1))], HYBRID_THRESHOLD);
+    let (port, admin, _refract) = launch("", extra, &(BYTES_NOT_OVERLOAD.to_owned() + &servers));
+    Dispatcher { port, admin, _refract }
+}
 
-[admin]
-token = "{ADMIN_TOKEN}"
-
+/// Reads balanced over both servers, and the limit held at the pool size (20), as a fixed pool
+/// would: these tests compare bytes, and the larger mixed run (50 clients pulling up to 64 MiB
+/// each on a 2-core machine) saturates the servers' CPU, where the adaptive limit shrinks and
+/// the queue refuses (53300) the clients it cannot serve in time (docs/overload.md) — right for
+/// overload, noise for a byte comparison.
+const BYTES_NOT_OVERLOAD: &str = "
 [balance]
 read_from_primary = true
 
-# The limit held at the pool size (20), as a fixed pool would: these tests compare bytes, and
-# the larger mixed run (50 clients pulling up to 64 MiB each on a 2-core machine) saturates
-# the servers' CPU, where the adaptive limit shrinks and the queue refuses (53300) the clients
-# it cannot serve in time (docs/overload.md) — right for overload, noise for a byte comparison.
 [overload]
 min_concurrency = 20
-
-{postgres}
-[[postgres.server]]
-name = "primary"
-addr = "{primary}"
-{through_primary}
-role = "primary"
-
-[[postgres.server]]
-name = "replica"
-addr = "{replica}"
-{through_replica}
-role = "replica"
-
-{handover}
-"#
-    );
-    // Two event loops, as `[listen] workers = 2` runs them.
-    let _refract = Refract::start(&text, port);
-    Dispatcher { port, admin, _refract }
-}
+";
 
 /// Results past this many bytes are handed over by the hybrid refract under test.
 const HYBRID_THRESHOLD: usize = 16 << 10;

@@ -27,6 +27,14 @@ pub fn root_or_skip(test: &str) -> bool {
     false
 }
 
+/// [`in_netns`] for the test named `test`, which needs root: skipped otherwise, saying why
+/// ([`root_or_skip`]).
+pub fn in_netns_as_root(test: &str, lo_mtu: Option<u32>, f: impl FnOnce() + Send + 'static) {
+    if root_or_skip(test) {
+        in_netns(lo_mtu, f);
+    }
+}
+
 fn thread_netns() -> u64 {
     std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino()
 }

@@ -72,10 +72,7 @@ fn a_held_back_ack_is_asked_for_not_waited_for() {
 
 #[test]
 fn a_client_that_never_acknowledges_is_not_quiescent() {
-    if !root_or_skip("a_client_that_never_acknowledges_is_not_quiescent") {
-        return;
-    }
-    in_netns(None, || {
+    in_netns_as_root("a_client_that_never_acknowledges_is_not_quiescent", None, || {
         let p = pair(None);
         let (mut client, mut server) = (p.client, TcpStream::from(p.server));
         interactive_exchange(&mut client, &mut server);

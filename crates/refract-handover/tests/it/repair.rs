@@ -12,11 +12,8 @@ use refract_handover::{conn_info, snapshot, unacked, TcpOptions};
 
 #[test]
 fn two_thousand_round_trips_with_both_queues_non_empty() {
-    if !root_or_skip("two_thousand_round_trips_with_both_queues_non_empty") {
-        return;
-    }
     const ROUNDS: usize = 2000;
-    in_netns(None, || {
+    in_netns_as_root("two_thousand_round_trips_with_both_queues_non_empty", None, || {
         // A small client receive buffer closes the window, so part of what the server writes
         // stays unsent in its send queue.
         let mut f = flow(Some(4096));
@@ -85,10 +82,7 @@ fn options_on_and_off_and_mss_are_preserved() {
 
 #[test]
 fn refuses_a_socket_that_is_not_established() {
-    if !root_or_skip("refuses_a_socket_that_is_not_established") {
-        return;
-    }
-    in_netns(None, || {
+    in_netns_as_root("refuses_a_socket_that_is_not_established", None, || {
         let mut f = flow(None);
         f.client.shutdown(std::net::Shutdown::Write).unwrap(); // server goes to CLOSE_WAIT
         let mut buf = [0u8; 1];
@@ -105,10 +99,7 @@ fn refuses_a_socket_that_is_not_established() {
 
 #[test]
 fn unacked_reports_quiescence() {
-    if !root_or_skip("unacked_reports_quiescence") {
-        return;
-    }
-    in_netns(None, || {
+    in_netns_as_root("unacked_reports_quiescence", None, || {
         let mut f = flow(Some(4096));
         assert_eq!(unacked(&f.server).unwrap(), 0);
         f.fill_send_queue(64 * 1024);

@@ -29,10 +29,7 @@ fn move_with(f: &mut Flow, rules: Rules) -> refract_handover::TcpState {
 
 #[test]
 fn without_maxseg_before_connect_the_mss_is_524() {
-    if !root_or_skip("without_maxseg_before_connect_the_mss_is_524") {
-        return;
-    }
-    in_netns(Some(1500), || {
+    in_netns_as_root("without_maxseg_before_connect_the_mss_is_524", Some(1500), || {
         let mut f = flow(None);
         assert_eq!(conn_info(&f.server).unwrap().mss, 1448);
         move_with(&mut f, without(|r| r.maxseg_before_connect = false));
@@ -51,13 +48,10 @@ fn without_maxseg_before_connect_the_mss_is_524() {
 
 #[test]
 fn mss_bounded_by_a_small_peer_window_is_kept() {
-    if !root_or_skip("mss_bounded_by_a_small_peer_window_is_kept") {
-        return;
-    }
     // The kernel bounds the MSS by half the largest window the peer advertised. Restoring with
     // the clamp instead gives an MSS above the peer's window: the socket then sends only from
     // its persist timer. The state carries the MSS in use; the restored socket has it again.
-    in_netns(Some(1500), || {
+    in_netns_as_root("mss_bounded_by_a_small_peer_window_is_kept", Some(1500), || {
         let mut f = flow(Some(1024));
         f.fill_send_queue(8 * 1024);
         f.drain_and_check();
@@ -73,10 +67,7 @@ fn mss_bounded_by_a_small_peer_window_is_kept() {
 
 #[test]
 fn without_reuseaddr_after_repair_the_listener_cannot_rebind() {
-    if !root_or_skip("without_reuseaddr_after_repair_the_listener_cannot_rebind") {
-        return;
-    }
-    in_netns(None, || {
+    in_netns_as_root("without_reuseaddr_after_repair_the_listener_cannot_rebind", None, || {
         for rule in [false, true] {
             let mut f = flow(None);
             let addr = f.listener.local_addr().unwrap();
@@ -128,10 +119,7 @@ fn open_window_during_repair(rules: Rules) -> WindowOpened {
 
 #[test]
 fn without_selecting_the_send_queue_first_bytes_leave_during_the_snapshot() {
-    if !root_or_skip("without_selecting_the_send_queue_first_bytes_leave_during_the_snapshot") {
-        return;
-    }
-    in_netns(None, || {
+    in_netns_as_root("without_selecting_the_send_queue_first_bytes_leave_during_the_snapshot", None, || {
         let mut w = open_window_during_repair(without(|r| r.select_send_queue_first = false));
         assert!(w.sent > 0, "the socket in repair mode should have transmitted");
         assert!(matches!(w.capture, Err(Error::QueueMoved("send"))), "{:?}", w.capture);
@@ -171,10 +159,7 @@ fn data_arrives_during_snapshot(f: &mut Flow, rules: Rules) -> Result<refract_ha
 
 #[test]
 fn without_the_recheck_bytes_received_during_the_snapshot_are_lost() {
-    if !root_or_skip("without_the_recheck_bytes_received_during_the_snapshot_are_lost") {
-        return;
-    }
-    in_netns(None, || {
+    in_netns_as_root("without_the_recheck_bytes_received_during_the_snapshot_are_lost", None, || {
         let mut f = flow(None);
         let res = data_arrives_during_snapshot(&mut f, Rules::ALL);
         assert!(matches!(res, Err(Error::QueueMoved("receive"))), "{res:?}");

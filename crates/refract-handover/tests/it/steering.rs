@@ -54,17 +54,41 @@ fn d_target(lab: &Lab) -> SteerTarget {
     SteerTarget { ifindex, dst_mac: A_MAC, src_mac: D_MAC }
 }
 
-#[test]
-fn freeze_steer_hand_off_and_hand_back() {
-    if !root_or_skip("freeze_steer_hand_off_and_hand_back") {
+/// Runs `test`'s `body` (skipped unless root) in a lab of its own (`tag`, one letter), on a
+/// thread of its own that moves between the lab's hosts.
+fn in_lab(test: &str, tag: &str, body: impl FnOnce(&Lab) + Send) {
+    if !root_or_skip(test) {
         return;
     }
-    let lab = Lab::up("s");
-    lab.thread(|| {
-        let target = d_target(&lab);
-        let mut steering = Steering::attach("eth0", 64).unwrap();
+    let lab = Lab::up(tag);
+    lab.thread(|| body(&lab));
+}
+
+/// A flow to hand off: steering attached at d's `eth0`, a client in c connected to a listener
+/// on the VIP at a port in d ([`connect`]), and where steered frames go (a's `eth0`, d's MAC as
+/// their source). The thread is left in d.
+struct Flow {
+    target: SteerTarget,
+    steering: Steering,
+    client: TcpStream,
+    server: TcpStream,
+    key: FlowKey,
+}
+
+impl Flow {
+    fn open(lab: &Lab, port: u16) -> Flow {
+        let target = d_target(lab);
+        let steering = Steering::attach("eth0", 64).unwrap();
+        let (client, server, key) = connect(lab, port);
+        Flow { target, steering, client, server, key }
+    }
+}
+
+#[test]
+fn freeze_steer_hand_off_and_hand_back() {
+    in_lab("freeze_steer_hand_off_and_hand_back", "s", |lab| {
+        let Flow { target, mut steering, mut client, mut server, key } = Flow::open(lab, 7000);
         assert!(lab.tc_filters("d").contains("refract_ingress"));
-        let (mut client, mut server, key) = connect(&lab, 7000);
         client.write_all(b"ping").unwrap();
         expect(&mut server, b"ping");
 
@@ -138,14 +162,8 @@ fn freeze_steer_hand_off_and_hand_back() {
 
 #[test]
 fn without_the_guard_an_early_segment_resets_the_client() {
-    if !root_or_skip("without_the_guard_an_early_segment_resets_the_client") {
-        return;
-    }
-    let lab = Lab::up("g");
-    lab.thread(|| {
-        let target = d_target(&lab);
-        let mut steering = Steering::attach("eth0", 64).unwrap();
-        let (mut client, server, key) = connect(&lab, 7001);
+    in_lab("without_the_guard_an_early_segment_resets_the_client", "g", |lab| {
+        let Flow { target, mut steering, mut client, server, key } = Flow::open(lab, 7001);
         steering.freeze(key).unwrap();
         let _state = snapshot(&server).unwrap();
         discard(server.into()).unwrap();
@@ -161,11 +179,7 @@ fn without_the_guard_an_early_segment_resets_the_client() {
 
 #[test]
 fn a_full_map_is_reported_so_the_caller_relays() {
-    if !root_or_skip("a_full_map_is_reported_so_the_caller_relays") {
-        return;
-    }
-    let lab = Lab::up("m");
-    lab.thread(|| {
+    in_lab("a_full_map_is_reported_so_the_caller_relays", "m", |lab| {
         lab.enter("d");
         let mut steering = Steering::attach("eth0", 2).unwrap();
         let key = |port| FlowKey::new(SocketAddrV4::new(Ipv4Addr::new(198, 18, 1, 1), port), vip(80));
@@ -187,12 +201,8 @@ fn a_full_map_is_reported_so_the_caller_relays() {
 #[test]
 #[ignore = "not deterministic in release builds (the client still receives the result: the bridge relearns its MAC); to be fixed with issue 3"]
 fn without_the_source_mac_rewrite_the_agents_replies_go_to_the_dispatcher() {
-    if !root_or_skip("without_the_source_mac_rewrite_the_agents_replies_go_to_the_dispatcher") {
-        return;
-    }
-    let lab = Lab::up("n");
-    lab.thread(|| {
-        let mut target = d_target(&lab);
+    in_lab("without_the_source_mac_rewrite_the_agents_replies_go_to_the_dispatcher", "n", |lab| {
+        let Flow { mut target, mut steering, mut client, server, key } = Flow::open(lab, 7002);
         // The agent host already knows the client's MAC (as after any earlier exchange): an
         // ARP reply from the client would re-teach the switch its port for a moment and hide
         // the failure until the client's next steered segment.
@@ -200,8 +210,6 @@ fn without_the_source_mac_rewrite_the_agents_replies_go_to_the_dispatcher() {
         assert!(std::process::Command::new("ip").args(neigh).args(["nud", "permanent"]).status().unwrap().success());
         // ★ rule off: steered frames keep the client's source MAC.
         target.src_mac = C_MAC;
-        let mut steering = Steering::attach("eth0", 64).unwrap();
-        let (mut client, server, key) = connect(&lab, 7002);
         client.write_all(b"GET 1\n").unwrap();
         assert!(wait_until(Duration::from_secs(2), || inq(&server) == 6));
         steering.freeze(key).unwrap();
@@ -246,15 +254,9 @@ fn without_the_source_mac_rewrite_the_agents_replies_go_to_the_dispatcher() {
 
 #[test]
 fn sent_but_unacknowledged_bytes_move_with_the_state() {
-    if !root_or_skip("sent_but_unacknowledged_bytes_move_with_the_state") {
-        return;
-    }
     const N: usize = 8000; // under the initial congestion window: all of it goes out at once
-    let lab = Lab::up("u");
-    lab.thread(|| {
-        let target = d_target(&lab);
-        let mut steering = Steering::attach("eth0", 64).unwrap();
-        let (mut client, mut server, key) = connect(&lab, 7003);
+    in_lab("sent_but_unacknowledged_bytes_move_with_the_state", "u", |lab| {
+        let Flow { target, mut steering, mut client, mut server, key } = Flow::open(lab, 7003);
         // FREEZE drops the client's ACKs at d's ingress: what d sends stays unacknowledged.
         steering.freeze(key).unwrap();
         server.write_all(&pattern(A2B, 0, N)).unwrap();

@@ -52,30 +52,43 @@ fn connections_to(port: u16) -> usize {
     String::from_utf8(out.unwrap().stdout).unwrap().lines().filter(|l| !l.trim().is_empty()).count()
 }
 
-fn scenario() {
+/// What every scenario starts with: blob servers b1 (the primary) and b2 (a replica), an agent
+/// in front of b2 on a control port of its own, a dispatcher on `VIP:8080` in hand-over `mode`
+/// (`extra_handover`: more `[handover]` keys), and a client connected to it (20 s read timeout).
+/// Dropped in this order: the client, the dispatcher, the agent, the blob servers.
+struct Rig {
+    c: Client,
+    d: Dispatcher,
+    agent: Proc,
+    b1: Proc,
+    b2: Proc,
+    control: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+fn rig(mode: &str, extra_handover: &str) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let (b1, b2) = (blob("b1"), blob("b2"));
     let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let _agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "always", "idle_ms = 0\n");
-    let mut c = Client::connect(d.proc.addr);
+    let agent = agent(dir.path(), b2.addr, control);
+    let d = dispatcher(dir.path(), &b1, &b2, control, mode, extra_handover);
+    let c = Client::connect(d.proc.addr);
     c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    common::check_always_session(&mut c);
+    Rig { c, d, agent, b1, b2, control, _dir: dir }
+}
+
+fn scenario() {
+    let mut t = rig("always", "idle_ms = 0\n");
+    common::check_always_session(&mut t.c);
 }
 
 /// Hybrid, threshold 64 KiB, on one keep-alive connection: small results relayed through the
 /// agent (no tag), large ones handed over (tagged with the epoch), pipelined requests riding
 /// with a hand-over, a write relayed by the dispatcher in between; one control channel for all.
 fn hybrid_scenario() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let _agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 0\n");
-    let mut c = Client::connect(d.proc.addr);
-    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut t = rig("hybrid", "threshold = 65536\nidle_ms = 0\n");
     let (mut sent_direct, mut relayed) = (0, 0);
-    let admin = d.admin;
+    let admin = t.d.admin;
     let mut read = |c: &mut Client, n: u64, seed: u64, via: Option<&str>| {
         let r = c.read_response(false).unwrap();
         if r.header("x-refract-handover").as_deref() != via {
@@ -90,68 +103,62 @@ fn hybrid_scenario() {
             relayed += (r.head.len() + r.body.len()) as u64;
         }
     };
-    c.send(get(1000, 1).as_bytes());
-    read(&mut c, 1000, 1, None);
-    c.send(get(65535, 2).as_bytes());
-    read(&mut c, 65535, 2, None);
-    c.send(get(65536, 3).as_bytes());
-    read(&mut c, 65536, 3, Some("1"));
+    t.c.send(get(1000, 1).as_bytes());
+    read(&mut t.c, 1000, 1, None);
+    t.c.send(get(65535, 2).as_bytes());
+    read(&mut t.c, 65535, 2, None);
+    t.c.send(get(65536, 3).as_bytes());
+    read(&mut t.c, 65536, 3, Some("1"));
     // Back at the dispatcher: small reads relayed again, a write relayed by the dispatcher.
-    c.send(get(0, 0).as_bytes());
-    read(&mut c, 0, 0, None);
-    relayed_write(&mut c);
-    c.send(get(3 << 20, 4).as_bytes());
-    read(&mut c, 3 << 20, 4, Some("3"));
+    t.c.send(get(0, 0).as_bytes());
+    read(&mut t.c, 0, 0, None);
+    relayed_write(&mut t.c);
+    t.c.send(get(3 << 20, 4).as_bytes());
+    read(&mut t.c, 3 << 20, 4, Some("3"));
     // Pipelined small, large, small, large: the first is relayed; the hand-over of the second
     // carries the rest, which the agent serves itself before handing back.
     let sizes = [(5000u64, 5u64), (1 << 20, 6), (10, 7), (70_000, 8)];
-    c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
+    t.c.send(sizes.iter().map(|&(n, s)| get(n, s)).collect::<String>().as_bytes());
     for ((n, s), via) in sizes.into_iter().zip([None, Some("5"), Some("5"), Some("5")]) {
-        read(&mut c, n, s, via);
+        read(&mut t.c, n, s, via);
     }
-    c.send(get(20_000, 9).as_bytes());
-    read(&mut c, 20_000, 9, None);
-    c.send(get(100_000, 10).as_bytes());
-    read(&mut c, 100_000, 10, Some("7"));
-    c.send(get(300, 11).as_bytes());
-    read(&mut c, 300, 11, None);
+    t.c.send(get(20_000, 9).as_bytes());
+    read(&mut t.c, 20_000, 9, None);
+    t.c.send(get(100_000, 10).as_bytes());
+    read(&mut t.c, 100_000, 10, Some("7"));
+    t.c.send(get(300, 11).as_bytes());
+    read(&mut t.c, 300, 11, None);
     // Four hand-overs and hand-backs; direct and relayed bytes as the client received them;
     // every request went over the one control channel the session kept.
-    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 4);
-    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 4);
-    assert_eq!(metric(d.admin, r#"refract_bytes_direct_total{backend="b2"}"#), sent_direct);
-    assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
-    let to_client = metric(d.admin, r#"refract_bytes_total{direction="to_client"}"#);
+    wait_metric(t.d.admin, r#"refract_handback_total{backend="b2"}"#, 4);
+    assert_eq!(metric(t.d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 4);
+    assert_eq!(metric(t.d.admin, r#"refract_bytes_direct_total{backend="b2"}"#), sent_direct);
+    assert_eq!(metric(t.d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
+    let to_client = metric(t.d.admin, r#"refract_bytes_total{direction="to_client"}"#);
     assert!(to_client >= relayed, "relayed {relayed} bytes, counted {to_client}");
-    assert_eq!(connections_to(control.port()), 1, "one control channel, reused");
+    assert_eq!(connections_to(t.control.port()), 1, "one control channel, reused");
 }
 
 /// Hybrid with the agent killed (after its last hand-back's tombstone expired): the kept
 /// channel is found dead, the agent unreachable, and every read — small or large — relayed.
 fn hybrid_agent_killed_scenario() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 0\n");
-    let mut c = Client::connect(d.proc.addr);
-    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c.send(get(100, 1).as_bytes());
-    check(&c.read_response(false).unwrap(), 100, 1, None);
-    c.send(get(1 << 20, 2).as_bytes());
-    check(&c.read_response(false).unwrap(), 1 << 20, 2, Some("1"));
-    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    let mut t = rig("hybrid", "threshold = 65536\nidle_ms = 0\n");
+    t.c.send(get(100, 1).as_bytes());
+    check(&t.c.read_response(false).unwrap(), 100, 1, None);
+    t.c.send(get(1 << 20, 2).as_bytes());
+    check(&t.c.read_response(false).unwrap(), 1 << 20, 2, Some("1"));
+    wait_metric(t.d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
     std::thread::sleep(Duration::from_millis(1300)); // the agent's tombstone grace (1 s)
-    agent.signal("KILL");
-    drop(agent);
+    t.agent.signal("KILL");
+    drop(t.agent);
     for (n, s) in [(100u64, 3u64), (1 << 20, 4), (70_000, 5), (0, 6)] {
-        c.send(get(n, s).as_bytes());
-        check(&c.read_response(false).unwrap(), n, s, None);
+        t.c.send(get(n, s).as_bytes());
+        check(&t.c.read_response(false).unwrap(), n, s, None);
     }
-    let unreachable = metric(d.admin, r#"refract_handover_total{backend="b2",result="unreachable"}"#);
+    let unreachable = metric(t.d.admin, r#"refract_handover_total{backend="b2",result="unreachable"}"#);
     assert_eq!(unreachable, 4, "each read tried the agent once and relayed");
     // A new connection is served too.
-    let mut c2 = Client::connect(d.proc.addr);
+    let mut c2 = Client::connect(t.d.proc.addr);
     c2.send(get(2 << 20, 7).as_bytes());
     check(&c2.read_response(false).unwrap(), 2 << 20, 7, None);
 }
@@ -160,15 +167,9 @@ fn hybrid_agent_killed_scenario() {
 /// asks about the write (`Next`), is told to hand it back (`Return`), and the dispatcher sends
 /// it to the primary — never to the agent's backend, a replica.
 fn pipelined_write_scenario(mode: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let _agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, mode, "threshold = 65536\n");
-    let mut c = Client::connect(d.proc.addr);
-    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    check_pipelined_write(&mut c, d.admin, &b1, &b2);
-    assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
+    let mut t = rig(mode, "threshold = 65536\n");
+    check_pipelined_write(&mut t.c, t.d.admin, &t.b1, &t.b2);
+    assert_eq!(metric(t.d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
 }
 
 fn pipelined_write_always() {
@@ -184,50 +185,38 @@ fn pipelined_write_hybrid() {
 /// request waits for a retransmission (the hand-back race costs ~200 ms each).
 fn consecutive_reads_scenario() {
     const N: u64 = 20;
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let _agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 1000\n");
-    let mut c = Client::connect(d.proc.addr);
-    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c.send(get(1 << 20, 0).as_bytes());
-    check(&c.read_response(false).unwrap(), 1 << 20, 0, Some("1"));
+    let mut t = rig("hybrid", "threshold = 65536\nidle_ms = 1000\n");
+    t.c.send(get(1 << 20, 0).as_bytes());
+    check(&t.c.read_response(false).unwrap(), 1 << 20, 0, Some("1"));
     let started = Instant::now();
     for seed in 1..N {
-        c.send(get(1 << 20, seed).as_bytes());
-        check(&c.read_response(false).unwrap(), 1 << 20, seed, Some("1"));
+        t.c.send(get(1 << 20, seed).as_bytes());
+        check(&t.c.read_response(false).unwrap(), 1 << 20, seed, Some("1"));
     }
     let took = started.elapsed();
     assert!(took < Duration::from_secs(2), "{} reads of 1 MiB took {took:?}", N - 1);
-    assert_eq!(metric(d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 1);
-    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), N - 1);
+    assert_eq!(metric(t.d.admin, r#"refract_handover_total{backend="b2",result="ok"}"#), 1);
+    assert_eq!(metric(t.d.admin, r#"refract_handover_kept_total{backend="b2"}"#), N - 1);
     // Idle for longer than idle_ms: the connection comes back once.
-    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
-    assert_eq!(metric(d.admin, r#"refract_requests_total{class="read",backend="b2"}"#), N - 1);
+    wait_metric(t.d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    assert_eq!(metric(t.d.admin, r#"refract_requests_total{class="read",backend="b2"}"#), N - 1);
 }
 
 /// A connection idle for longer than `idle_ms` is handed back; the next requests are routed by
 /// the dispatcher as usual (a small read relayed through the agent, a write to the primary),
 /// and a large read is handed over again.
 fn idle_hand_back_scenario() {
-    let dir = tempfile::tempdir().unwrap();
-    let (b1, b2) = (blob("b1"), blob("b2"));
-    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let _agent = agent(dir.path(), b2.addr, control);
-    let d = dispatcher(dir.path(), &b1, &b2, control, "hybrid", "threshold = 65536\nidle_ms = 50\n");
-    let mut c = Client::connect(d.proc.addr);
-    c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c.send(get(1 << 20, 1).as_bytes());
-    check(&c.read_response(false).unwrap(), 1 << 20, 1, Some("1"));
-    wait_metric(d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
-    c.send(get(1000, 2).as_bytes());
-    check(&c.read_response(false).unwrap(), 1000, 2, None);
-    relayed_write(&mut c);
-    assert_eq!((writes(&b1), writes(&b2)), (1, 0));
-    c.send(get(1 << 20, 3).as_bytes());
-    check(&c.read_response(false).unwrap(), 1 << 20, 3, Some("3"));
-    assert_eq!(metric(d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
+    let mut t = rig("hybrid", "threshold = 65536\nidle_ms = 50\n");
+    t.c.send(get(1 << 20, 1).as_bytes());
+    check(&t.c.read_response(false).unwrap(), 1 << 20, 1, Some("1"));
+    wait_metric(t.d.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    t.c.send(get(1000, 2).as_bytes());
+    check(&t.c.read_response(false).unwrap(), 1000, 2, None);
+    relayed_write(&mut t.c);
+    assert_eq!((writes(&t.b1), writes(&t.b2)), (1, 0));
+    t.c.send(get(1 << 20, 3).as_bytes());
+    check(&t.c.read_response(false).unwrap(), 1 << 20, 3, Some("3"));
+    assert_eq!(metric(t.d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
 }
 
 fn relayed_write(c: &mut Client) {

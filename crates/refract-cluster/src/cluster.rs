@@ -1,17 +1,15 @@
-//! [`Cluster`]: the handle a dispatcher holds: its view of the cluster (kept by the etcd
-//! session in `session.rs`), and writes of shared entries that return once etcd has them
+//! [`Cluster`]: the handle a dispatcher holds (started in `lib.rs`): its view of the cluster
+//! (kept by the etcd session in `session.rs`), and writes of shared entries that return once etcd has them
 //! and this dispatcher's own view shows them.
 
 use crate::config::ClusterConfig;
 use crate::error::ClusterError;
 use crate::keys::Keys;
-use crate::session;
 use crate::view::View;
-use etcd_client::Client;
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 /// How long a shared write may take, etcd's answer and this view's catching up together.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -28,17 +26,6 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the etcd session on the current runtime: it registers this dispatcher, reads
-    /// and watches the shared state, and keeps trying while etcd is away. `stop` ends it and
-    /// revokes the lease, so peers see this dispatcher leave at once rather than at expiry.
-    pub fn start(cfg: ClusterConfig, me: serde_json::Value, stop: CancellationToken) -> Arc<Cluster> {
-        let keys = Keys::new(&cfg.prefix);
-        let (view, _) = watch::channel(Arc::new(View::new()));
-        let cluster = Arc::new(Cluster { cfg, keys, me, view, client: Mutex::new(None) });
-        tokio::spawn(session::run(cluster.clone(), stop));
-        cluster
-    }
-
     /// This dispatcher's node id.
     pub fn node_id(&self) -> &str {
         &self.cfg.node_id
@@ -71,6 +58,36 @@ impl Cluster {
         let resp =
             tokio::time::timeout(WRITE_TIMEOUT, delete).await.map_err(|_| ClusterError::Timeout(WRITE_TIMEOUT))??;
         self.caught_up(resp.header().map_or(0, |h| h.revision())).await
+    }
+
+    /// Records `outcome` for two-phase transaction `gid` unless an outcome is recorded already
+    /// (one etcd transaction: the first writer wins); returns the outcome in force.
+    pub async fn decide(&self, gid: &str, outcome: &str) -> Result<String, ClusterError> {
+        let mut client = self.writer()?;
+        let key = self.keys.decision(gid);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), outcome, None)])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = tokio::time::timeout(WRITE_TIMEOUT, client.txn(txn))
+            .await
+            .map_err(|_| ClusterError::Timeout(WRITE_TIMEOUT))??;
+        if resp.succeeded() {
+            return Ok(outcome.to_owned());
+        }
+        let recorded = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            _ => None,
+        });
+        recorded.ok_or_else(|| ClusterError::WatchEnded("the decision vanished while read".into()))
+    }
+
+    /// Forgets two-phase transaction `gid`'s outcome (carried out on every shard).
+    pub async fn forget(&self, gid: &str) -> Result<(), ClusterError> {
+        let mut client = self.writer()?;
+        let delete = client.delete(self.keys.decision(gid), None);
+        tokio::time::timeout(WRITE_TIMEOUT, delete).await.map_err(|_| ClusterError::Timeout(WRITE_TIMEOUT))??;
+        Ok(())
     }
 
     fn writer(&self) -> Result<Client, ClusterError> {

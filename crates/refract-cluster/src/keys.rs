@@ -1,6 +1,6 @@
 //! Where refract's keys live in etcd, under `[cluster] prefix`:
-//! `PREFIX/nodes/NODE_ID` (each dispatcher, under its lease) and `PREFIX/shared/NAME` (the
-//! state every dispatcher follows). Pure: names in, names out.
+//! `PREFIX/nodes/NODE_ID` (each dispatcher, under its lease), `PREFIX/shared/NAME` (the
+//! state every dispatcher follows) and `PREFIX/2pc/GID` (two-phase decisions, not watched). Pure: names in, names out.
 
 /// The key layout under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +41,11 @@ impl Keys {
         format!("{}{SHARED}{name}", self.prefix)
     }
 
+    /// A two-phase transaction's decision (kept apart from the shared entries: not watched).
+    pub fn decision(&self, gid: &str) -> String {
+        format!("{}/2pc/{gid}", self.prefix)
+    }
+
     /// What `key` is, or `None` for a key of ours this version does not know.
     pub fn parse<'a>(&self, key: &'a str) -> Option<Key<'a>> {
         let rest = key.strip_prefix(self.prefix.as_str())?;
@@ -61,6 +66,7 @@ mod tests {
         assert_eq!(k.parse(&k.node("d1")), Some(Key::Node("d1")));
         assert_eq!(k.parse(&k.shared("members/b1")), Some(Key::Shared("members/b1")));
         assert_eq!(k.parse("/refract/other/x"), None);
+        assert_eq!(k.parse(&k.decision("refract:d1:1:2")), None, "decisions are not in the view");
         assert_eq!(k.parse("/refracted/nodes/x"), None);
         assert_eq!(k.all(), "/refract/");
     }

@@ -10,7 +10,8 @@
 //!
 //! # Layout
 //! - `config`: `[cluster]` ([`ClusterConfig`]).
-//! - `cluster`: the handle ([`Cluster`]): the view, shared writes.
+//! - this file: starting a [`Cluster`]; `cluster`: the handle: the view, shared writes,
+//!   two-phase decisions.
 //! - `session`: the etcd session: connect, register, read, renew, watch; start again.
 //! - `view`: what a dispatcher knows ([`View`], [`Link`], [`Peer`]), folded from etcd's events.
 //! - `keys`: where the keys live under the prefix ([`Keys`]).
@@ -28,3 +29,19 @@ pub use config::{ClusterConfig, MAX_LEASE_TTL_S};
 pub use error::ClusterError;
 pub use keys::{Key, Keys};
 pub use view::{Change, Link, Peer, View};
+
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+impl Cluster {
+    /// Starts the etcd session on the current runtime: it registers this dispatcher, reads
+    /// and watches the shared state, and keeps trying while etcd is away. `stop` ends it and
+    /// revokes the lease, so peers see this dispatcher leave at once rather than at expiry.
+    pub fn start(cfg: ClusterConfig, me: serde_json::Value, stop: CancellationToken) -> Arc<Cluster> {
+        let keys = Keys::new(&cfg.prefix);
+        let (view, _) = tokio::sync::watch::channel(Arc::new(View::new()));
+        let cluster = Arc::new(Cluster { cfg, keys, me, view, client: Mutex::new(None) });
+        tokio::spawn(session::run(cluster.clone(), stop));
+        cluster
+    }
+}

@@ -342,6 +342,9 @@ impl Front for Admin {
             self.pg.join_cluster(ctx, peers::slot(c.node_id()), Arc::new(relay));
             tokio::spawn(peers::serve(listener, key, self.pg.clone(), ctx.stop.clone()));
         }
+        if let Some(c) = &cluster {
+            self.pg.share_decisions(ctx, Arc::new(cluster::EtcdDecisions(c.clone())));
+        }
         let follower = cluster.map(|c| Arc::new(Follower::new(ctx.clone(), self.pg.clone(), c)));
         if let Some(f) = &follower {
             tokio::spawn(refract_process::contain("cluster follower", f.clone().run()));

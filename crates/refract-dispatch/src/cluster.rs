@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use refract_cluster::{Cluster, ClusterConfig, ClusterError, Link, View};
 use refract_core::Ctx;
-use refract_front_pg::PgFront;
+use refract_front_pg::{PgFront, SharedDecisions};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -226,6 +226,36 @@ impl Follower {
         })
     }
 }
+
+/// Two-phase decisions kept in etcd, for the PostgreSQL front end.
+pub(crate) struct EtcdDecisions(pub Arc<Cluster>);
+
+impl SharedDecisions for EtcdDecisions {
+    fn node_id(&self) -> String {
+        self.0.node_id().to_owned()
+    }
+
+    fn decide<'a>(&'a self, gid: &'a str, commit: bool) -> Boxed<'a, Result<bool, String>> {
+        Box::pin(async move {
+            let outcome = self.0.decide(gid, if commit { "commit" } else { "rollback" }).await;
+            outcome.map(|o| o == "commit").map_err(|e| e.to_string())
+        })
+    }
+
+    fn forget<'a>(&'a self, gid: &'a str) -> Boxed<'a, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.0.forget(gid).await {
+                tracing::warn!(gid, error = %e, "a finished two-phase decision stays in etcd");
+            }
+        })
+    }
+
+    fn is_alive(&self, node_id: &str) -> bool {
+        self.0.view().peers.contains_key(node_id)
+    }
+}
+
+type Boxed<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// `GET /cluster`: this dispatcher's node id, the link to etcd, the dispatchers it sees.
 pub(crate) fn view_json(cluster: &Cluster) -> serde_json::Value {

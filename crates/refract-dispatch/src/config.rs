@@ -103,7 +103,11 @@ pub fn parse_in(text: &str, base: &Path) -> Result<Config, String> {
     check_shares(&cfg, &f.shares, text)?;
     let shares = f.shares.into_iter().map(Spanned::into_inner).collect();
     cfg.sections.insert(HttpConfig { listening, ..HttpConfig::new(f.routes, f.handover, shares) });
-    if let Some(pg) = f.postgres {
+    if let Some(mut pg) = f.postgres {
+        // Several dispatchers keep two-phase decisions in etcd, where all of them find them.
+        if f.cluster.is_some() {
+            pg.share_decisions();
+        }
         cfg.sections.insert(pg);
     }
     if let Some(cluster) = f.cluster {

@@ -114,6 +114,10 @@ pub struct PgSettings {
     /// it a transaction stays on one shard.
     #[serde(default)]
     pub twophase_log: Option<PathBuf>,
+    /// Set by the dispatcher with `[cluster]`: two-phase decisions are kept in etcd, shared
+    /// by every dispatcher (`twophase_log` is then needed only for ids it recorded before).
+    #[serde(skip)]
+    pub shared_decisions: bool,
     /// `[[postgres.sharded_table]]`: the tables split over the shards; every other table is
     /// replicated (a full copy on every shard).
     #[serde(default, rename = "sharded_table")]
@@ -520,6 +524,13 @@ impl PgConfig {
         settings.shards = vec![];
         settings.sharded_tables = vec![];
         c
+    }
+}
+
+impl PgConfig {
+    /// Two-phase decisions are kept in etcd by several dispatchers (`[cluster]`).
+    pub fn share_decisions(&mut self) {
+        self.settings.shared_decisions = true;
     }
 }
 

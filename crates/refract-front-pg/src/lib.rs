@@ -35,6 +35,7 @@ pub use client::cancel::{slot_of, CancelRelay, SLOTS};
 pub use config::{AuthKind, PgConfig, PgRole, PgServerConfig, PgSettings, PgUser, PoolMode};
 pub use error::PgError;
 pub use server::servers::ChangeError;
+pub use sharding::SharedDecisions;
 
 /// A membership change from the admin API. A server is named plainly (`NAME`); `pg:NAME` is
 /// still accepted for one release (deprecated: a warning is logged).
@@ -110,6 +111,20 @@ impl PgFront {
     /// without `[postgres]` or when already joined.
     pub fn join_cluster(&self, ctx: &Ctx, slot: u32, relay: Arc<dyn CancelRelay>) -> bool {
         self.shared(ctx).is_some_and(|s| s.cancels.join(slot, relay))
+    }
+
+    /// Several dispatchers: two-phase decisions are recorded in `decisions` from now on, and
+    /// this dispatcher keeps finishing the prepared transactions of dispatchers that are gone.
+    /// `false` when not sharded or already shared.
+    pub fn share_decisions(&self, ctx: &Ctx, decisions: Arc<dyn SharedDecisions>) -> bool {
+        let Some(shared) = self.shared(ctx) else { return false };
+        let Some(Ok(log)) = shared.sharding.as_ref().map(|s| s.log.clone()) else { return false };
+        if !log.share(decisions) {
+            return false;
+        }
+        let interval = Duration::from_millis(shared.cfg.health_interval_ms);
+        tokio::spawn(sharding::recover(log, shared.shards.clone(), interval, ctx.stop.clone()));
+        true
     }
 
     /// A CancelRequest another dispatcher forwarded: sent on to the server connection of this
@@ -218,7 +233,9 @@ impl Front for PgFront {
             let (min_idle, metrics, stop) = (shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone());
             tokio::spawn(server::probes::run_health(servers.clone(), interval, min_idle, metrics, stop));
         }
-        if let Some(Ok(log)) = shared.sharding.as_ref().map(|s| s.log.clone()) {
+        // With shared decisions recovery starts once they are reachable (`share_decisions`).
+        if let Some(Ok(log)) = shared.sharding.as_ref().map(|s| s.log.clone()).filter(|_| !shared.cfg.shared_decisions)
+        {
             tokio::spawn(sharding::recover(log, shared.shards.clone(), interval, ctx.stop.clone()));
         }
         Ok(())

@@ -30,6 +30,7 @@ mod txread;
 
 pub(crate) use batch::Placed;
 pub(crate) use twophase::recover;
+pub use twophase::SharedDecisions;
 
 use crate::config::{compare, key_type, rule_keys, PgConfig, ShardMethod};
 use crate::server::metrics::PgMetrics;
@@ -299,6 +300,9 @@ impl Sharding {
 
 /// The decision log of `cfg`, or why there is none.
 fn open_log(cfg: &PgConfig) -> Result<Arc<twophase::DecisionLog>, String> {
+    if cfg.twophase_log.is_none() && cfg.shared_decisions {
+        return Ok(Arc::new(twophase::DecisionLog::shared_only()));
+    }
     let path = cfg.twophase_log.as_ref().ok_or("no [postgres] twophase_log is configured")?;
     twophase::DecisionLog::open(path).map(Arc::new).map_err(|e| {
         let why = format!("the two-phase log {} cannot be opened: {e}", path.display());

@@ -9,12 +9,12 @@
 
 use super::partial::{Holds, Shares};
 use super::pool::Pool;
+use super::sizes::Outcome;
 use super::sizes::{Path, Sizes};
 use super::{Login, Through};
 use crate::admit::baseline::{Baselines, Load};
 use crate::config::{PgConfig, PgRole, PgServerConfig};
 use crate::server::metrics::PgMetrics;
-use crate::session::held::Outcome;
 use refract_core::backend::Backend;
 use refract_core::config::{BackendConfig, Balance, Overload, Role};
 use refract_core::membership::{Member, Membership};

@@ -12,7 +12,6 @@
 //! not handed over), then goes through the agent again. The table is bounded ([`CAPACITY`]).
 
 use crate::admit::lru::Lru;
-use crate::session::held::Outcome;
 use refract_pg::TxStatus;
 
 /// Kinds of statement kept.
@@ -66,6 +65,15 @@ impl Sizes {
             None => {}
         }
     }
+}
+
+/// How a unit of work (a statement, a batch, a Sync's run) ended for the client.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    #[default]
+    Ok,
+    /// An error came.
+    Failed,
 }
 
 #[cfg(test)]

@@ -135,14 +135,7 @@ impl CatchUp {
     }
 }
 
-/// How a unit of work (a statement, a batch, a Sync's run) ended for the client.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    #[default]
-    Ok,
-    /// An error came.
-    Failed,
-}
+pub(crate) use crate::server::sizes::Outcome;
 
 impl Held {
     /// Whether the client is pinned to its server connection.

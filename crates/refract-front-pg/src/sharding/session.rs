@@ -6,7 +6,7 @@
 //! as two-phase commit is not implemented yet).
 
 use super::route::{route, Target};
-use super::transaction::End;
+use super::tx::End;
 use super::{tx, Sharding};
 use crate::error::PgError;
 use crate::session::phase::{BatchEnd, Event};

@@ -12,12 +12,7 @@ use refract_pg::classify::{Classification, Statement};
 use refract_pg::notice::sqlstate;
 use refract_pg::{reply, BackendMessage, TxStatus};
 
-/// How the client ends a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum End {
-    Commit,
-    Rollback,
-}
+pub(crate) use super::tx::End;
 
 impl Session {
     /// BEGIN is held (answered here); COMMIT or ROLLBACK of a transaction that never reached a

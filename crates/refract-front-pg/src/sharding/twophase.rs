@@ -4,7 +4,15 @@
 //! failure before the record rolls every shard back. After a crash, [`recover`] resolves the
 //! prepared transactions refract left (their ids start with [`GID_PREFIX`]): committed where
 //! the log holds the decision, rolled back where it does not, so a transaction is committed on
-//! every shard or on none. One refract instance per cluster owns these ids.
+//! every shard or on none.
+//!
+//! Several dispatchers (`[cluster]`, [`SharedDecisions`]): the decision lives in etcd instead
+//! of the file, and ids carry the deciding dispatcher's node id (`refract:NODE:STAMP:N`). The
+//! outcome of an id is whichever is recorded first, the decider's commit or anyone's
+//! rollback, so a dispatcher that finds another's prepared transaction after that one's lease
+//! lapsed finishes it (commits if the decision was recorded) or rolls it back (recording the
+//! rollback first, so that the decider, should it still be running, cannot commit it). Every
+//! dispatcher looks for such transactions every half second while it runs.
 
 use crate::error::PgError;
 use crate::server::pool::Guard;
@@ -22,10 +30,34 @@ use tokio_util::sync::CancellationToken;
 /// The prefix of refract's prepared-transaction ids.
 pub(crate) const GID_PREFIX: &str = "refract:";
 
+type Boxed<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Two-phase decisions shared by several dispatchers (etcd).
+pub trait SharedDecisions: Send + Sync {
+    /// This dispatcher's node id (in every id it makes).
+    fn node_id(&self) -> String;
+    /// Records `gid`'s outcome (`commit`) unless one is recorded already; the outcome in force.
+    fn decide<'a>(&'a self, gid: &'a str, commit: bool) -> Boxed<'a, Result<bool, String>>;
+    /// Forgets `gid`'s outcome: it is carried out on every shard.
+    fn forget<'a>(&'a self, gid: &'a str) -> Boxed<'a, ()>;
+    /// Whether dispatcher `node_id` is registered (its lease alive).
+    fn is_alive(&self, node_id: &str) -> bool;
+}
+
+/// The dispatcher that made `gid` (`refract:NODE:STAMP:N`); `None` for a file-log id.
+fn owner(gid: &str) -> Option<&str> {
+    let mut parts = gid.strip_prefix(GID_PREFIX)?.split(':');
+    let node = parts.next()?;
+    (parts.count() == 2).then_some(node)
+}
+
 /// The decision log and the transactions this process has in flight.
 pub(crate) struct DecisionLog {
     path: PathBuf,
-    file: Mutex<std::fs::File>,
+    /// The file log (`None` when only shared decisions are kept).
+    file: Option<Mutex<std::fs::File>>,
+    /// With several dispatchers: the decisions in etcd, once joined.
+    shared: std::sync::OnceLock<Arc<dyn SharedDecisions>>,
     /// Decided to commit, not known to be committed everywhere yet.
     committed: Mutex<HashSet<String>>,
     /// Prepared (or preparing) by this process and not finished: recovery leaves them alone.
@@ -62,7 +94,8 @@ impl DecisionLog {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
         Ok(DecisionLog {
             path: path.to_owned(),
-            file: Mutex::new(file),
+            file: Some(Mutex::new(file)),
+            shared: std::sync::OnceLock::new(),
             committed: Mutex::new(committed),
             in_flight: Mutex::default(),
             stamp,
@@ -70,16 +103,42 @@ impl DecisionLog {
         })
     }
 
+    /// A log without a file, for decisions shared through etcd ([`DecisionLog::share`]): until
+    /// then no decision can be recorded.
+    pub(crate) fn shared_only() -> DecisionLog {
+        DecisionLog {
+            path: PathBuf::from("etcd"),
+            file: None,
+            shared: std::sync::OnceLock::new(),
+            committed: Mutex::default(),
+            in_flight: Mutex::default(),
+            stamp: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// Decisions are recorded in `shared` from now on. Once; `false` if already shared.
+    pub(crate) fn share(&self, shared: Arc<dyn SharedDecisions>) -> bool {
+        self.shared.set(shared).is_ok()
+    }
+
     /// A fresh transaction id, in flight until [`DecisionLog::done`].
     fn new_gid(&self) -> String {
-        let gid = format!("{GID_PREFIX}{:x}:{}", self.stamp, self.next.fetch_add(1, Relaxed));
+        let n = self.next.fetch_add(1, Relaxed);
+        let gid = match self.shared.get() {
+            Some(s) => format!("{GID_PREFIX}{}:{:x}:{n}", s.node_id(), self.stamp),
+            None => format!("{GID_PREFIX}{:x}:{n}", self.stamp),
+        };
         lock(&self.in_flight).insert(gid.clone());
         gid
     }
 
     /// Records the decision to commit `gid`, durably.
     fn decide_commit(&self, gid: &str) -> std::io::Result<()> {
-        let mut f = lock(&self.file);
+        let Some(file) = &self.file else { return Err(std::io::Error::other("no decision log")) };
+        let mut f = lock(file);
         f.write_all(format!("commit {gid}\n").as_bytes())?;
         f.sync_data()?;
         lock(&self.committed).insert(gid.to_owned());
@@ -88,9 +147,10 @@ impl DecisionLog {
 
     /// `gid` is resolved on every shard.
     fn done(&self, gid: &str) {
-        let mut f = lock(&self.file);
-        if let Err(e) = f.write_all(format!("done {gid}\n").as_bytes()) {
-            tracing::warn!(log = %self.path.display(), "two-phase log: {e}");
+        if let Some(file) = &self.file {
+            if let Err(e) = lock(file).write_all(format!("done {gid}\n").as_bytes()) {
+                tracing::warn!(log = %self.path.display(), "two-phase log: {e}");
+            }
         }
         lock(&self.committed).remove(gid);
         lock(&self.in_flight).remove(gid);
@@ -112,7 +172,7 @@ impl DecisionLog {
             self.done(&gid);
         }
         if lock(&self.committed).is_empty() && lock(&self.in_flight).is_empty() {
-            if let Err(e) = lock(&self.file).set_len(0) {
+            if let Some(Err(e)) = self.file.as_ref().map(|f| lock(f).set_len(0)) {
                 tracing::warn!(log = %self.path.display(), "two-phase log: {e}");
             }
         }
@@ -177,11 +237,7 @@ pub(crate) async fn commit(
     }
     if failure.is_none() {
         failpoint("2pc-before-decision");
-        // The fsync runs off the event loop.
-        let (l, g) = (log.clone(), gid.clone());
-        let recorded = tokio::task::spawn_blocking(move || l.decide_commit(&g)).await;
-        let recorded = recorded.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-        if let Err(e) = recorded {
+        if let Err(e) = record_commit(log, &gid).await {
             failure = Some(error(format!("the two-phase decision could not be recorded: {e}")));
         }
     }
@@ -214,8 +270,28 @@ pub(crate) async fn commit(
             }
         }
     }
+    if let Some(shared) = log.shared.get() {
+        shared.forget(&gid).await;
+    }
     log.done(&gid);
     Ok(Ok(()))
+}
+
+/// Records the decision to commit `gid`: in etcd with several dispatchers (refused if a
+/// rollback was recorded first), else in the file (its fsync off the event loop).
+async fn record_commit(log: &Arc<DecisionLog>, gid: &str) -> Result<(), String> {
+    if let Some(shared) = log.shared.get() {
+        return match shared.decide(gid, true).await? {
+            true => Ok(()),
+            false => Err("another dispatcher rolled it back".into()),
+        };
+    }
+    if log.file.is_none() {
+        return Err("the shared decisions are not reachable yet".into());
+    }
+    let (l, g) = (log.clone(), gid.to_owned());
+    let recorded = tokio::task::spawn_blocking(move || l.decide_commit(&g)).await;
+    recorded.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))).map_err(|e| e.to_string())
 }
 
 /// Resolves the prepared transactions refract left on `shards` (each shard's primary): commits
@@ -235,14 +311,42 @@ pub(crate) async fn recover(
                 complete = false;
             }
         }
-        if complete {
+        if complete && log.file.is_some() {
             log.compact();
+        }
+        // With several dispatchers recovery never ends: another's lease may lapse any time.
+        if complete && log.shared.get().is_none() {
             return;
         }
+        let interval = if log.shared.get().is_some() { SHARED_INTERVAL.min(interval) } else { interval };
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+/// How often a dispatcher among several looks for prepared transactions to finish.
+const SHARED_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What recovery does with a prepared transaction it found: `None` leaves it (its dispatcher
+/// is running it), else whether to commit it.
+async fn verdict(log: &DecisionLog, gid: &str) -> Result<Option<bool>, String> {
+    let Some(shared) = log.shared.get() else {
+        if lock(&log.in_flight).contains(gid) {
+            return Ok(None);
+        }
+        return Ok(Some(lock(&log.committed).contains(gid)));
+    };
+    match owner(gid) {
+        Some(node) if node == shared.node_id() && lock(&log.in_flight).contains(gid) => Ok(None),
+        Some(node) if node != shared.node_id() && shared.is_alive(node) => Ok(None),
+        Some(_) => shared.decide(gid, false).await.map(Some),
+        // A file-log id: the file's decision if there is a file, else left alone.
+        None if log.file.is_some() && !lock(&log.in_flight).contains(gid) => {
+            Ok(Some(lock(&log.committed).contains(gid)))
+        }
+        None => Ok(None),
     }
 }
 
@@ -253,10 +357,7 @@ async fn recover_shard(log: &DecisionLog, servers: &Servers) -> Result<(), Strin
         format!("select gid from pg_prepared_xacts where gid like '{GID_PREFIX}%' and database = current_database()");
     let gids = g.query(&q).await.map_err(|e| e.to_string())?;
     for gid in gids.into_iter().filter_map(|r| r.into_iter().next().flatten()) {
-        if lock(&log.in_flight).contains(&gid) {
-            continue;
-        }
-        let commit = lock(&log.committed).contains(&gid);
+        let Some(commit) = verdict(log, &gid).await? else { continue };
         let sql = if commit { format!("COMMIT PREPARED '{gid}'") } else { format!("ROLLBACK PREPARED '{gid}'") };
         match exec(&mut g, &sql).await.map_err(|e| e.to_string())? {
             Ok(_) => tracing::info!(gid, commit, "two-phase recovery resolved a prepared transaction"),
@@ -270,6 +371,13 @@ async fn recover_shard(log: &DecisionLog, servers: &Servers) -> Result<(), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_id_names_its_dispatcher() {
+        assert_eq!(owner("refract:d1:18c0ffee:7"), Some("d1"));
+        assert_eq!(owner("refract:18c0ffee:7"), None, "a file-log id");
+        assert_eq!(owner("other:d1:1:2"), None);
+    }
 
     #[test]
     fn the_log_keeps_decisions_until_done_and_ignores_a_torn_line() {

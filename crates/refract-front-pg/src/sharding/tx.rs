@@ -106,6 +106,13 @@ fn begun(begin: Option<String>) -> ShardTx {
     }
 }
 
+/// How the client ends a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Commit,
+    Rollback,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,14 +45,25 @@ fn on(server: &PgServer, sql: &str) -> String {
 
 /// A refract over `shards` with `extra` in `[postgres]`, `failpoint` set (or not).
 fn refract(dir: &Path, shards: &[&PgServer], extra: &str, failpoint: Option<&str>) -> (Child, SocketAddr) {
-    let port = free_port();
+    let (child, addr, _) = refract_admin(dir, shards, extra, failpoint);
+    (child, addr)
+}
+
+/// [`refract`], with its admin address.
+fn refract_admin(
+    dir: &Path,
+    shards: &[&PgServer],
+    extra: &str,
+    failpoint: Option<&str>,
+) -> (Child, SocketAddr, SocketAddr) {
+    let (port, admin) = (free_port(), free_port());
     let mut text = format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:{}\"\n[admin]\ninsecure_loopback = true\n\
          [postgres]\nlisten = \"127.0.0.1:{port}\"\nserver_user = \"{USER}\"\nserver_password = \"{PASSWORD}\"\n\
          health_interval_ms = 200\n{extra}\n[[postgres.user]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\
          [[postgres.sharded_table]]\nname = \"accounts\"\nkey = \"id\"\n\
          [[postgres.sharded_table]]\nname = \"big\"\nkey = \"id\"\n",
-        free_port()
+        admin
     );
     for (i, s) in shards.iter().enumerate() {
         text.push_str(&format!(
@@ -70,7 +81,25 @@ fn refract(dir: &Path, shards: &[&PgServer], extra: &str, failpoint: Option<&str
     let child = cmd.spawn().unwrap();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     wait_listening(addr);
-    (child, addr)
+    (child, addr, ([127, 0, 0, 1], admin).into())
+}
+
+/// Waits until the dispatcher with admin address `admin` is in touch with etcd and sees `n`
+/// dispatchers.
+fn wait_clustered(admin: SocketAddr, n: usize) {
+    until("the dispatcher in touch with etcd", || {
+        // The admin listener without a token answers requests naming a loopback host.
+        let mut c = std::net::TcpStream::connect(admin).unwrap();
+        std::io::Write::write_all(&mut c, b"GET /cluster HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut c, &mut text);
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        text.starts_with("HTTP/1.1 200")
+            && v["etcd"] == "up"
+            && v["dispatchers"].as_array().is_some_and(|d| d.len() == n)
+    });
 }
 
 /// An id on shard `want` of 2.
@@ -136,6 +165,77 @@ fn a_crash_after_the_decision_commits_on_every_shard() {
 fn a_crash_before_the_decision_commits_on_no_shard() {
     let (n0, n1) = crash_and_recover("2pc-before-decision", "before");
     assert_eq!((n0.as_str(), n1.as_str()), ("a", "b"));
+}
+
+/// A dispatcher process killed when dropped, so that a failing test leaves none behind.
+struct Killed(Child);
+
+impl Killed {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Two dispatchers sharing decisions in etcd: the one deciding dies at `failpoint` during the
+/// commit; the survivor finishes its prepared transactions once its lease lapses (2 s). Returns
+/// the names on each shard and how long after the death nothing was left prepared.
+fn crash_and_survive(failpoint: &str, name: &str) -> (String, String, Duration) {
+    let mut cluster = PgCluster::start_with_replicas(0).expect("PostgreSQL test cluster");
+    let i = cluster.add_standalone().unwrap();
+    let etcd = testkit::Etcd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = |id: &str| format!("[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nlease_ttl_s = 2\n", etcd.endpoint());
+    let (s0, s1) = (&cluster.primary, &cluster.standalone[i]);
+    let (a, b) = (id_on(0, 1), id_on(1, 1));
+    let (survivor, at, survivor_admin) = refract_admin(dir.path(), &[s0, s1], &node("d2"), None);
+    let mut survivor = Killed(survivor);
+    wait_clustered(survivor_admin, 1);
+    let load = format!("insert into accounts values ({a}, 'a'), ({b}, 'b')");
+    let (ok, text) = psql(at, &["create table accounts (id int8 primary key, name text)", &load]);
+    assert!(ok, "{text}");
+    let (decider, addr, admin) = refract_admin(dir.path(), &[s0, s1], &node("d1"), Some(failpoint));
+    let mut decider = Killed(decider);
+    wait_clustered(admin, 2);
+    let (u0, u1) = (
+        format!("update accounts set name = '{name}' where id = {a}"),
+        format!("update accounts set name = '{name}' where id = {b}"),
+    );
+    let (ok, text) = psql(addr, &["begin", &u0, &u1, "commit"]);
+    assert!(!ok, "the deciding dispatcher died in the commit: {text}");
+    let _ = decider.0.wait();
+    let died = Instant::now();
+    let prepared = "select count(*) from pg_prepared_xacts";
+    assert_eq!((on(s0, prepared).as_str(), on(s1, prepared).as_str()), ("1", "1"), "both shards prepared");
+    until("the survivor's recovery", || on(s0, prepared) == "0" && on(s1, prepared) == "0");
+    let took = died.elapsed();
+    survivor.stop();
+    (
+        on(s0, &format!("select name from accounts where id = {a}")),
+        on(s1, &format!("select name from accounts where id = {b}")),
+        took,
+    )
+}
+
+#[test]
+fn a_dead_dispatchers_decided_commit_is_finished_by_another() {
+    let (n0, n1, took) = crash_and_survive("2pc-after-decision", "after");
+    assert_eq!((n0.as_str(), n1.as_str()), ("after", "after"));
+    println!("the survivor finished the commit {took:?} after the decider died (lease 2 s)");
+    assert!(took < Duration::from_millis(4500), "not within the lease time and a recovery pass: {took:?}");
+}
+
+#[test]
+fn a_dead_dispatchers_undecided_commit_is_rolled_back_by_another() {
+    let (n0, n1, took) = crash_and_survive("2pc-before-decision", "before");
+    assert_eq!((n0.as_str(), n1.as_str()), ("a", "b"));
+    assert!(took < Duration::from_millis(4500), "{took:?}");
 }
 
 #[test]

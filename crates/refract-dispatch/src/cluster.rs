@@ -82,6 +82,9 @@ pub(crate) struct Follower {
     pg: Arc<PgFront>,
     pub cluster: Arc<Cluster>,
     state: Mutex<Following>,
+    /// Held while an entry is put in force, so that the admin API's own change and the
+    /// watch's copy of it never both add the member.
+    applying: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -95,7 +98,7 @@ struct Following {
 
 impl Follower {
     pub fn new(ctx: Arc<Ctx>, pg: Arc<PgFront>, cluster: Arc<Cluster>) -> Follower {
-        Follower { ctx, pg, cluster, state: Mutex::default() }
+        Follower { ctx, pg, cluster, state: Mutex::default(), applying: Mutex::default() }
     }
 
     /// Follows the view until the dispatcher stops: at each change, and every [`REAPPLY`].
@@ -149,6 +152,7 @@ impl Follower {
 
     /// Puts one entry in force here.
     fn apply(&self, name: &str, entry: &MemberEntry) -> Result<(), Refusal> {
+        let _one_at_a_time = self.applying.lock().unwrap_or_else(PoisonError::into_inner);
         let (ctx, pg) = (&*self.ctx, &*self.pg);
         let exists = members::exists(ctx, pg, name);
         if entry.removed {

@@ -56,6 +56,27 @@ fn wait_for_peers(d: &Dispatcher) {
     }
 }
 
+/// What two dispatchers stand on (bound first, so dropped after them).
+struct Rig {
+    _etcd: Etcd,
+    _dir: tempfile::TempDir,
+    _pg: PgCluster,
+}
+
+/// A primary, etcd and two dispatchers sharing `key` (its file's text), each seeing the other.
+fn two_dispatchers(key: &str) -> (Rig, Dispatcher, Dispatcher) {
+    let pg = PgCluster::start_with_replicas(0).unwrap();
+    let etcd = Etcd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("peer.key");
+    std::fs::write(&key_file, key).unwrap();
+    let d1 = dispatcher(&pg, &etcd, "d1", &key_file);
+    let d2 = dispatcher(&pg, &etcd, "d2", &key_file);
+    wait_for_peers(&d1);
+    wait_for_peers(&d2);
+    (Rig { _etcd: etcd, _dir: dir, _pg: pg }, d1, d2)
+}
+
 /// Starts `SELECT pg_sleep(10)` on `c` and waits until it runs.
 fn sleeping(c: &mut Client) {
     c.send(&[FrontendMessage::Query("SELECT pg_sleep(10)".into())]);
@@ -64,15 +85,7 @@ fn sleeping(c: &mut Client) {
 
 #[test]
 fn a_cancel_reaching_the_other_dispatcher_cancels_the_statement() {
-    let pg = PgCluster::start_with_replicas(0).unwrap();
-    let etcd = Etcd::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let key_file = dir.path().join("peer.key");
-    std::fs::write(&key_file, "a-peer-key-of-at-least-16-bytes\n").unwrap();
-    let d1 = dispatcher(&pg, &etcd, "d1", &key_file);
-    let d2 = dispatcher(&pg, &etcd, "d2", &key_file);
-    wait_for_peers(&d1);
-    wait_for_peers(&d2);
+    let (_rig, d1, d2) = two_dispatchers("a-peer-key-of-at-least-16-bytes\n");
     // Each dispatcher's ids are in its own slot.
     let (a, b) = (Client::connect(d1.addr, USER, PASSWORD).unwrap(), Client::connect(d2.addr, USER, PASSWORD).unwrap());
     assert_ne!(refract_front_pg::slot_of(a.key.0), refract_front_pg::slot_of(b.key.0));
@@ -109,15 +122,7 @@ fn a_cancel_reaching_the_other_dispatcher_cancels_the_statement() {
 
 #[test]
 fn forged_or_wrong_cancels_change_nothing() {
-    let pg = PgCluster::start_with_replicas(0).unwrap();
-    let etcd = Etcd::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let key_file = dir.path().join("peer.key");
-    std::fs::write(&key_file, "a-peer-key-of-at-least-16-bytes").unwrap();
-    let d1 = dispatcher(&pg, &etcd, "d1", &key_file);
-    let d2 = dispatcher(&pg, &etcd, "d2", &key_file);
-    wait_for_peers(&d1);
-    wait_for_peers(&d2);
+    let (_rig, d1, d2) = two_dispatchers("a-peer-key-of-at-least-16-bytes");
     let mut c = Client::connect(d1.addr, USER, PASSWORD).unwrap();
     c.send(&[FrontendMessage::Query("SELECT pg_sleep(1.5)".into())]);
     std::thread::sleep(Duration::from_millis(300));

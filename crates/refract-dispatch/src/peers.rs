@@ -105,7 +105,7 @@ impl CancelRelay for PeerCancels {
             tokio::spawn(async move {
                 let sent =
                     tokio::time::timeout(IO_TIMEOUT, async { TcpStream::connect(peer).await?.write_all(&frame).await });
-                if let Ok(Err(e)) | Err(e) = sent.await.map_err(std::io::Error::from) {
+                if let Err(e) = sent.await.map_err(std::io::Error::from).and_then(|r| r) {
                     tracing::debug!(%peer, error = %e, "cancel request not forwarded");
                 }
             });

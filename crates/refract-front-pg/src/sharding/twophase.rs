@@ -90,31 +90,25 @@ impl DecisionLog {
             }
         }
         let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        let stamp =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
-        Ok(DecisionLog {
-            path: path.to_owned(),
-            file: Some(Mutex::new(file)),
-            shared: std::sync::OnceLock::new(),
-            committed: Mutex::new(committed),
-            in_flight: Mutex::default(),
-            stamp,
-            next: AtomicU64::new(1),
-        })
+        Ok(DecisionLog::new(path.to_owned(), Some(file), committed))
     }
 
     /// A log without a file, for decisions shared through etcd ([`DecisionLog::share`]): until
     /// then no decision can be recorded.
     pub(crate) fn shared_only() -> DecisionLog {
+        DecisionLog::new(PathBuf::from("etcd"), None, HashSet::new())
+    }
+
+    fn new(path: PathBuf, file: Option<std::fs::File>, committed: HashSet<String>) -> DecisionLog {
+        let stamp =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
         DecisionLog {
-            path: PathBuf::from("etcd"),
-            file: None,
+            path,
+            file: file.map(Mutex::new),
             shared: std::sync::OnceLock::new(),
-            committed: Mutex::default(),
+            committed: Mutex::new(committed),
             in_flight: Mutex::default(),
-            stamp: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as u64),
+            stamp,
             next: AtomicU64::new(1),
         }
     }

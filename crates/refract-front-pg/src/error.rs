@@ -23,6 +23,10 @@ pub enum PgError {
     /// The server answered with an error.
     #[error("server error {}: {}", .0.code().unwrap_or("?"), .0.message().unwrap_or(""))]
     Server(ErrorFields),
+    /// The server refused the session's SETs on the connection bound for a statement, which
+    /// was not sent: its error is the client's answer.
+    #[error("the server refused this session's settings: {}", .0.message().unwrap_or(""))]
+    Settings(ErrorFields),
     /// Connecting, logging in or waiting for a connection took too long.
     #[error("timed out: {0}")]
     Timeout(&'static str),
@@ -50,7 +54,7 @@ impl PgError {
         match self {
             PgError::Io { side, .. } | PgError::Closed(side) => *side,
             PgError::Protocol(e) => e.side(),
-            PgError::Server(_) | PgError::Timeout(_) => Side::Backend,
+            PgError::Server(_) | PgError::Settings(_) | PgError::Timeout(_) => Side::Backend,
             PgError::Unavailable(_) | PgError::Refused { .. } => Side::Internal,
         }
     }
@@ -60,7 +64,7 @@ impl PgError {
         match self {
             PgError::Io { side, .. } | PgError::Closed(side) => *side == Side::Backend,
             PgError::Timeout(_) | PgError::Unavailable(_) | PgError::Refused { .. } => true,
-            PgError::Protocol(_) | PgError::Server(_) => false,
+            PgError::Protocol(_) | PgError::Server(_) | PgError::Settings(_) => false,
         }
     }
 }

@@ -408,6 +408,8 @@ pub struct Answer {
     pub rows: Vec<Vec<Option<String>>>,
     /// The error, if one came.
     pub error: Option<ErrorFields>,
+    /// The notices and warnings, in order.
+    pub notices: Vec<ErrorFields>,
     /// Every message type byte, in order.
     pub tags: String,
     /// The final transaction status.
@@ -508,6 +510,7 @@ impl Client {
                     a.rows.push(cols.into_iter().map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
                 }
                 BackendMessage::ErrorResponse(e) => a.error = Some(e),
+                BackendMessage::NoticeResponse(n) => a.notices.push(n),
                 BackendMessage::ReadyForQuery(s) => {
                     a.status = Some(s);
                     break;

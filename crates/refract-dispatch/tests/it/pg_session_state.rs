@@ -431,6 +431,56 @@ fn partial_and_custom_settings_are_carried_as_postgresql_keeps_them() {
     assert_eq!(primary(&mut a, "SHOW custom.rf_x").value(), "");
 }
 
+/// The warning PostgreSQL gives when a library reserves the prefix of a parameter the session set.
+fn removed(a: &Answer, name: &str) -> bool {
+    let message = format!("invalid configuration parameter name \"{name}\", removing it");
+    a.notices.iter().any(|n| n.code() == Some("42602") && n.message() == Some(message.as_str()))
+}
+
+#[test]
+fn a_custom_setting_whose_prefix_a_library_reserved_leaves_the_session_as_on_postgresql() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    ok(&mut a, "SET plpgsql.rf_gone = 'on'"); // plpgsql is not loaded in that server process yet
+    ok(&mut a, "SET work_mem = '3MB'");
+    // Another client loads plpgsql in the primary's only connection, which a uses next: the
+    // replay of plpgsql.rf_gone fails there. a's statement still runs with its other settings,
+    // and a is told what PostgreSQL tells a session that loads the library.
+    primary(&mut b, "LOAD 'plpgsql'");
+    let answer = primary(&mut a, "SHOW work_mem");
+    assert_eq!(answer.value(), "3MB", "the statement runs with the session's settings");
+    assert!(removed(&answer, "plpgsql.rf_gone"), "{answer:?}");
+    assert_eq!(a.query("/* refract: route=primary */ SHOW plpgsql.rf_gone").code(), Some("42704"));
+    // The client's own LOAD (on the replica's connection, where plpgsql was not loaded)
+    // removes its placeholder there, with the server's warning: refract no longer carries it,
+    // so the client is not told again on its next connection.
+    ok(&mut a, "/* refract: route=replica */ SET plpgsql.rf_own = 'on'");
+    assert!(removed(&ok(&mut a, "/* refract: route=replica */ LOAD 'plpgsql'"), "plpgsql.rf_own"));
+    let next = primary(&mut a, "SHOW work_mem");
+    assert_eq!(next.value(), "3MB");
+    assert!(next.notices.is_empty(), "told once, as on PostgreSQL: {next:?}");
+}
+
+#[test]
+fn a_setting_the_server_refuses_on_replay_refuses_the_statement_and_leaves_the_session() {
+    let f = pool_of_one();
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    primary(&mut a, "CREATE TABLE rf_replay_refused (n int)");
+    primary(&mut a, "CREATE ROLE regress_rf_dropped SUPERUSER");
+    ok(&mut a, "SET ROLE regress_rf_dropped");
+    ok(&mut a, "SET work_mem = '3MB'");
+    primary(&mut b, "DROP ROLE regress_rf_dropped");
+    // The role's SET fails on the next connection a gets: the insert must not run without it.
+    let refused = a.query("/* refract: route=primary */ INSERT INTO rf_replay_refused VALUES (1)");
+    assert_eq!(refused.code(), Some("22023"), "the server's own error: {refused:?}");
+    assert!(refused.error.as_ref().unwrap().get(b'W').is_some_and(|w| w.starts_with("refract:")), "{refused:?}");
+    assert_eq!(primary(&mut b, "SELECT count(*) FROM rf_replay_refused").value(), "0", "the statement did not run");
+    // The refused setting is gone from the session; the others stay.
+    assert_eq!(primary(&mut a, "SELECT current_user").value(), USER);
+    assert_eq!(primary(&mut a, "SHOW work_mem").value(), "3MB");
+    primary(&mut a, "DROP TABLE rf_replay_refused");
+}
+
 #[test]
 fn a_prepared_statement_run_inside_another_statement_is_the_clients_own() {
     let f = pool_of_one();

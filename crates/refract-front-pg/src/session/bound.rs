@@ -14,7 +14,7 @@ use crate::server::sizes::Path;
 use crate::sharding::tx;
 use bytes::BytesMut;
 use refract_pg::classify::{Classification, Route, Statement};
-use refract_pg::notice::sqlstate;
+use refract_pg::notice::{field, sqlstate, ErrorFields};
 use refract_pg::session::ParamTracker;
 use refract_pg::{reply, BackendMessage, FrontendMessage, Side, TxStatus};
 use refract_vocab::RouteClass;
@@ -119,6 +119,45 @@ impl Bound {
         true
     }
 
+    /// Gives the connection the session's SETs now, as their own round trip, before the first
+    /// statement of the binding is sent: for a session whose replay may fail there
+    /// ([`ParamTracker::replay_may_fail`]), so that its statement never runs without them.
+    /// When the server refuses them, each is tried on its own (from the defaults) and the
+    /// refused ones leave the session: a custom parameter whose prefix a library reserved in
+    /// that server process with PostgreSQL's own warning (added to `notices`), as loading the
+    /// library drops it on PostgreSQL; any other with the server's error, the statement's
+    /// answer ([`PgError::Settings`]).
+    async fn give_params(&mut self, params: &mut ParamTracker, notices: &mut BytesMut) -> Result<(), PgError> {
+        self.params = ParamSync::Done;
+        let Some(sql) = self.guard.params_sql(params) else { return Ok(()) };
+        match self.guard.query(&sql).await {
+            Ok(_) => {
+                self.guard.applied = Some(applied(params));
+                return Ok(());
+            }
+            Err(PgError::Server(_)) => self.guard.applied = None,
+            Err(e) => return Err(e),
+        }
+        self.guard.query(refract_pg::session::BACK_TO_DEFAULTS).await?;
+        let mut refused = None;
+        for (name, text) in applied(params) {
+            match self.guard.query(&text).await {
+                Ok(_) => {}
+                Err(PgError::Server(e)) => {
+                    if params.reserved_placeholder(&e).is_some() {
+                        notices.extend_from_slice(&placeholder_removed(&name));
+                    } else {
+                        refused.get_or_insert(e);
+                    }
+                    params.forget(&name);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.guard.applied = Some(applied(params));
+        refused.map_or(Ok(()), |e| Err(PgError::Settings(e)))
+    }
+
     /// After a statement `c` succeeded: what it did to the connection (`params`: the session's
     /// SET state, which knows the RESETs that bring back a startup value).
     pub(crate) fn note_effects(&mut self, c: &Classification, params: &ParamTracker) {
@@ -155,6 +194,16 @@ impl Bound {
             ParamChanges::None => {}
         }
     }
+}
+
+/// PostgreSQL's warning when a library reserves the prefix of a custom parameter the session
+/// has set (`MarkGUCPrefixReserved`): the parameter is removed.
+fn placeholder_removed(name: &str) -> bytes::Bytes {
+    let prefix = name.split('.').next().unwrap_or(name);
+    let warning =
+        ErrorFields::new("WARNING", "42602", format!("invalid configuration parameter name \"{name}\", removing it"))
+            .with(field::DETAIL, format!("\"{prefix}\" is now a reserved prefix."));
+    BackendMessage::NoticeResponse(warning).to_bytes()
 }
 
 /// The parameters of `params` as a connection's record of what it carries.
@@ -267,7 +316,17 @@ impl Session {
                     let class = if route == Route::Read { RouteClass::Read } else { RouteClass::Write };
                     server.member.counters.request(class);
                     self.client.info.set_bound(Some(server.index));
-                    let b = Bound::new(guard, server, Some(admitted), ParamSync::Pending);
+                    let mut b = Bound::new(guard, server, Some(admitted), ParamSync::Pending);
+                    if self.state.params.replay_may_fail() {
+                        if let Err(e) = b.give_params(&mut self.state.params, &mut self.io.out).await {
+                            self.client.info.set_bound(None);
+                            self.key.set(None);
+                            if matches!(e, PgError::Settings(_)) {
+                                b.release(&self.state.params); // at ReadyForQuery, parameters unknown
+                            }
+                            return Err(e);
+                        }
+                    }
                     self.bound = Some(b);
                     return Ok(());
                 }
@@ -320,10 +379,25 @@ impl Session {
             PgError::Timeout(_) => (sqlstate::TOO_MANY_CONNECTIONS, "pg_unavailable"),
             // Counted as the HTTP path counts its refusals.
             PgError::Refused { sqlstate, .. } => (sqlstate, "overloaded"),
+            // The server refused the session's SETs on the connection bound for the statement
+            // (`Bound::give_params`): its own error, which names what it refused.
+            PgError::Settings(fields) => {
+                self.shared.metrics.error("pg_settings");
+                let context = "refract: the server connection for this statement refused a setting of this \
+                               session; the statement did not run, and the setting is no longer the session's";
+                let fields = fields.with(b'W', context);
+                self.io.out.extend_from_slice(&BackendMessage::ErrorResponse(fields).to_bytes());
+                return self.refused(end).await;
+            }
             _ => (sqlstate::CONNECTION_FAILURE, "pg_unavailable"),
         };
         self.shared.metrics.error(kind);
         self.io.out.extend_from_slice(&reply::error(code, &e.to_string()));
+        self.refused(end).await
+    }
+
+    /// After the refusal's ErrorResponse: the phase, and ReadyForQuery if the client synced.
+    async fn refused(&mut self, end: BatchEnd) -> Result<(), PgError> {
         self.advance(Event::Refused { end });
         if end == BatchEnd::Sync {
             self.io.out.extend_from_slice(&reply::ready_for_query(self.phase.tx()));

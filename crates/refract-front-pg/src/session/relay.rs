@@ -68,6 +68,7 @@ impl Session {
                     }
                 }
                 b'S' if status == ParamStatus::Untracked => self.bound.iter_mut().for_each(Bound::untrack),
+                b'N' => self.note_notice(&frame),
                 b'C' | b'Z' => self.observe(tag, &frame, ReadyFor::Query)?,
                 b'G' => {
                     self.io.out.extend_from_slice(&frame);
@@ -85,6 +86,17 @@ impl Session {
             if self.io.out.len() >= FLUSH_AT {
                 self.flush().await?;
             }
+        }
+    }
+
+    /// A NoticeResponse from the server: PostgreSQL's warning that a library it loaded reserved
+    /// the prefix of a custom parameter the session set, which it removed (`42602`), drops the
+    /// parameter from what the session carries to its next connections.
+    pub(crate) fn note_notice(&mut self, frame: &[u8]) {
+        let Ok(BackendMessage::NoticeResponse(n)) = BackendMessage::decode(b'N', &frame[5..]) else { return };
+        if let Some(name) = self.state.params.reserved_placeholder(&n) {
+            self.state.params.forget(&name);
+            self.bound.iter_mut().for_each(Bound::touch);
         }
     }
 

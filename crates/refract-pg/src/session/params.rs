@@ -2,6 +2,7 @@
 //! connection runs its next transaction.
 
 use crate::classify::Statement;
+use crate::notice::ErrorFields;
 
 /// Parameters `RESET ALL` leaves alone (PostgreSQL's `GUC_NO_RESET_ALL`): who the session
 /// is and acts as. Only `DISCARD ALL` (`SET SESSION AUTHORIZATION DEFAULT`) and their own
@@ -12,6 +13,22 @@ pub const NO_RESET_ALL: [&str; 2] = ["session_authorization", "role"];
 /// leaves alone included ([`NO_RESET_ALL`]): what a server connection gets before another
 /// client's SETs when it carries settings that client does not want.
 pub const BACK_TO_DEFAULTS: &str = "RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL";
+
+/// Parameters whose SET a server checks against more than its own value (the catalog, the
+/// role): a SET that worked on one connection may be refused on another (the role or text
+/// search configuration was dropped since, a SUSET parameter after a `SET ROLE`).
+const CHECKED_ELSEWHERE: [&str; 6] = [
+    "role",
+    "session_authorization",
+    "default_text_search_config",
+    "default_tablespace",
+    "temp_tablespaces",
+    "default_table_access_method",
+];
+
+/// SQLSTATE `42602` invalid_name: how PostgreSQL refuses (`ERROR`) or drops (`WARNING`, when
+/// the library loads) a custom parameter whose prefix a library has reserved.
+const INVALID_NAME: &str = "42602";
 
 /// Changes made inside the open transaction; they count only if it commits.
 #[derive(Debug, Clone, Default)]
@@ -217,6 +234,39 @@ impl ParamTracker {
         self.session.iter().map(|(n, t)| (n.as_str(), t.as_str()))
     }
 
+    /// Whether replaying this session's SETs on another connection may fail where they worked
+    /// before: it has a custom parameter (`a.b`: a library that reserves `a` may be loaded in
+    /// that server process) or one in [`CHECKED_ELSEWHERE`]. Such a replay must run on its own,
+    /// before the client's statement, so that the statement never runs without its settings.
+    pub fn replay_may_fail(&self) -> bool {
+        self.session.iter().any(|(n, _)| n.contains('.') || CHECKED_ELSEWHERE.contains(&n.as_str()))
+    }
+
+    /// The custom parameter of this session that `e` names if it is PostgreSQL's refusal or
+    /// removal of a placeholder whose prefix a library reserved (`42602`, `invalid
+    /// configuration parameter name "plpgsql.x"`, in any message language: the name is quoted).
+    pub fn reserved_placeholder(&self, e: &ErrorFields) -> Option<String> {
+        if e.code() != Some(INVALID_NAME) {
+            return None;
+        }
+        let message = e.message()?;
+        let named = |n: &str| n.contains('.') && message.contains(&format!("\"{n}\""));
+        let session = self.session.iter().map(|(n, _)| n);
+        let pending = self.pending.iter().flat_map(|p| p.changes.iter().map(|(n, _)| n));
+        session.chain(pending).find(|n| named(n)).cloned()
+    }
+
+    /// Drops a custom parameter PostgreSQL no longer keeps ([`Self::reserved_placeholder`]):
+    /// a library that reserved its prefix was loaded, which removes it from the session there.
+    pub fn forget(&mut self, name: &str) {
+        self.session.retain(|(n, _)| n != name);
+        self.startup.retain(|(n, _)| n != name);
+        if let Some(p) = &mut self.pending {
+            p.changes.retain(|(n, _)| n != name);
+        }
+        self.generation += 1;
+    }
+
     /// Changes whenever the committed state changes: a server connection that last replayed
     /// this generation needs nothing.
     pub fn generation(&self) -> u64 {
@@ -394,5 +444,32 @@ mod tests {
         p.apply(&set("my.y", "2"), false);
         p.apply(&Statement::Reset { name: None }, false);
         assert_eq!(p.replay_sql().as_deref(), Some("RESET \"custom.x\"; RESET \"my.y\""));
+    }
+
+    #[test]
+    fn a_placeholder_a_library_reserved_is_forgotten() {
+        let mut p = ParamTracker::new();
+        p.apply(&set("work_mem", "'2MB'"), false);
+        assert!(!p.replay_may_fail(), "a built-in parameter checked by its value alone");
+        p.apply(&set("plpgsql.extra_foo_warnings", "true"), false);
+        assert!(p.replay_may_fail(), "a custom parameter may be refused once its prefix is reserved");
+        let refused =
+            ErrorFields::new("ERROR", "42602", "invalid configuration parameter name \"plpgsql.extra_foo_warnings\"");
+        let other =
+            ErrorFields::new("ERROR", "42704", "unrecognized configuration parameter \"plpgsql.extra_foo_warnings\"");
+        assert_eq!(p.reserved_placeholder(&other), None, "only 42602");
+        let name = p.reserved_placeholder(&refused).expect("named");
+        assert_eq!(name, "plpgsql.extra_foo_warnings");
+        p.forget(&name);
+        assert_eq!(p.replay_sql().as_deref(), Some("SET work_mem = '2MB'"));
+        assert!(!p.replay_may_fail());
+        assert_eq!(p.reserved_placeholder(&refused), None, "no longer the session's");
+    }
+
+    #[test]
+    fn a_role_makes_the_replay_one_that_may_fail() {
+        let mut p = ParamTracker::new();
+        p.apply(&set("role", "regress_x"), false);
+        assert!(p.replay_may_fail());
     }
 }

@@ -1,7 +1,7 @@
 # refract — fresh machine: `make demo`, `make test`. Both install what they need first.
 SHELL := /bin/bash
 CARGO ?= cargo
-APT_PACKAGES := clang libbpf-dev haproxy wrk iproute2 curl fonts-dejavu-core procps pgbouncer pgpool2 python3-psycopg2 etcd-server protobuf-compiler
+APT_PACKAGES := clang libbpf-dev bpftool haproxy wrk iproute2 curl fonts-dejavu-core procps pgbouncer pgpool2 python3-psycopg2 etcd-server protobuf-compiler
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: deps build release test demo lint fmt bench clean conformance

@@ -6,6 +6,7 @@
 //! results in the lab: direct, relay, hybrid, PgBouncer), [`pgshard`] (what sharding's routing
 //! costs on keyed reads: refract sharded vs unsharded over one server).
 
+pub mod cluster;
 pub mod loadgen;
 pub mod overload;
 pub mod pairs;
@@ -14,4 +15,5 @@ pub mod pgbench;
 pub mod pglarge;
 pub mod pgoverload;
 pub mod pgshard;
+pub mod streams;
 pub mod sweep;

@@ -32,6 +32,18 @@ pub enum LabCmd {
         /// restores the host's list); one the kernel lacks falls back to the host's default.
         #[arg(long)]
         cc: Option<String>,
+        /// With `--cluster` (HTTP): also N dispatcher hosts rf-d1…rf-dN (the VIP on `lo`), a
+        /// router rf-r with an ECMP route to the VIP over them (4-tuple hash) that the clients
+        /// go through, and etcd in rf-e; each host runs refract relay-only (VIP:8081) and
+        /// hybrid (VIP:8080) with `[cluster]` (docs/deploy.md, "The lab").
+        #[arg(long, requires = "cluster", value_parser = clap::value_parser!(u8).range(1..=2))]
+        dispatchers: Option<u8>,
+    },
+    /// Kill the dispatchers of one host of `lab up --dispatchers` (SIGKILL, as a host failure)
+    /// and withdraw its next hop from rf-r's route, as a BGP withdrawal would.
+    KillDispatcher {
+        /// The host: `d1` or `d2`.
+        host: String,
     },
     /// Stop the cluster (agents included; PostgreSQL by `pg_ctl stop -m fast`, its data
     /// deleted) and remove every rf-* namespace.
@@ -52,8 +64,19 @@ impl LabCmd {
     /// Run the subcommand.
     pub fn run(self) -> Result<()> {
         match self {
-            LabCmd::Up { rate, cluster, db, cc } => {
-                lab::up(rate, cluster.then_some(db), &crate::fabric::congestion::requested(cc.as_deref()))
+            LabCmd::Up { rate, cluster, db, cc, dispatchers } => {
+                if dispatchers.is_some() && db != lab::Db::Http {
+                    anyhow::bail!("--dispatchers runs the HTTP cluster's dispatchers (--db http)");
+                }
+                lab::up(rate, cluster.then_some(db), &crate::fabric::congestion::requested(cc.as_deref()))?;
+                match dispatchers {
+                    Some(n) => lab::up_dispatchers(usize::from(n), rate, &std::env::current_exe()?),
+                    None => Ok(()),
+                }
+            }
+            LabCmd::KillDispatcher { host } => {
+                lab::require_root()?;
+                crate::multi::kill_dispatcher(&host)
             }
             LabCmd::Down => lab::down(),
             LabCmd::Status => lab::status(),
@@ -100,6 +123,13 @@ pub enum BenchCmd {
     /// shards, both on one server) vs unsharded, in paired runs (simple and extended protocol);
     /// writes section `pgshard:loopback` of docs/benchmarks.md.
     PgShard(crate::bench::pgshard::PgShardArgs),
+    /// Several dispatchers behind one address: relay through one dispatcher vs two, hybrid
+    /// through two (16 MiB results, 4 connections, rf-r's ECMP route; `lab up --dispatchers`);
+    /// writes section `cluster:RATE` of docs/benchmarks.md.
+    Cluster(crate::bench::cluster::ClusterArgs),
+    /// The byte-checking pipelined client `bench cluster` runs in a client namespace (JSON).
+    #[command(hide = true)]
+    Streams(crate::bench::streams::StreamsSpec),
     /// The open-loop load generator `bench overload` runs in a client namespace (JSON on stdout).
     #[command(hide = true)]
     Loadgen(crate::bench::loadgen::Spec),
@@ -146,6 +176,8 @@ impl BenchCmd {
             BenchCmd::PgOverload(a) => crate::bench::pgoverload::run(a),
             BenchCmd::PgLarge(a) => crate::bench::pglarge::run(&a),
             BenchCmd::PgShard(a) => crate::bench::pgshard::run(a),
+            BenchCmd::Cluster(a) => crate::bench::cluster::run(&a),
+            BenchCmd::Streams(spec) => crate::bench::streams::main(&spec),
             BenchCmd::Loadgen(spec) => crate::bench::loadgen::main(&spec),
         }
     }

@@ -32,11 +32,17 @@ pub struct Running {
 
 /// Write the configs and start every process, then wait until every listener answers.
 pub fn start(layout: &Layout) -> Result<Running> {
+    start_with(layout, &std::env::current_exe().context("locating the refract binary")?)
+}
+
+/// [`start`] with `refract_bin` as the binary of refract's processes (tests run this library,
+/// not refract).
+pub fn start_with(layout: &Layout, refract_bin: &std::path::Path) -> Result<Running> {
     write_configs(layout)?;
     // On any error below, dropping `running` stops what was already started.
     let mut running = Running { children: Vec::new() };
     for p in layout.procs() {
-        let child = spawn(&p)?;
+        let child = spawn(&p, refract_bin)?;
         running.children.push((p, child));
     }
     wait_ready(layout, &mut running)?;
@@ -79,9 +85,8 @@ pub fn haproxy_config(layout: &Layout) -> Result<String> {
 }
 
 /// Start one daemon, its output going to `NAME.log`, its pid to `NAME.pid`.
-fn spawn(p: &Proc) -> Result<Child> {
-    let exe = std::env::current_exe().context("locating the refract binary")?;
-    let program = if p.haproxy { haproxy::BINARY.to_string() } else { exe.to_string_lossy().into_owned() };
+fn spawn(p: &Proc, refract_bin: &std::path::Path) -> Result<Child> {
+    let program = if p.haproxy { haproxy::BINARY.to_string() } else { refract_bin.to_string_lossy().into_owned() };
     let args: Vec<&str> = p.args.iter().map(String::as_str).collect();
     let mut c = sh::cmd(p.ns.as_deref(), &program, &args);
     let log = File::create(state::path(&format!("{}.log", p.name)))?;
@@ -197,9 +202,10 @@ pub fn wait_for(client: &Client, running: &mut Running, mut pending: Vec<Probe>)
 /// Start processes as daemons, as [`start`] does but without configs or readiness probes;
 /// dropping the handle stops them (the overload bench starts its own rig this way).
 pub fn spawn_all(procs: Vec<Proc>) -> Result<Running> {
+    let exe = std::env::current_exe().context("locating the refract binary")?;
     let mut running = Running { children: Vec::new() };
     for p in procs {
-        let child = spawn(&p)?;
+        let child = spawn(&p, &exe)?;
         running.children.push((p, child));
     }
     Ok(running)

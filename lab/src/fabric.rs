@@ -37,6 +37,9 @@ pub fn up_with(rate: Rate, cc: &str) -> Result<bool> {
     }
     pin_congestion_control(cc)?;
     shape(rate)?;
+    // The clients reach the VIP on the dispatcher host unless `lab up --dispatchers` says
+    // otherwise (`crate::multi`).
+    crate::multi::clients_direct();
     Ok(rebuilt)
 }
 
@@ -126,7 +129,7 @@ fn host_complete(h: &Host, bridge_ports: &str) -> bool {
 }
 
 /// `ip -n NS ARGS…`.
-fn ns_ip(ns: &str, args: &[&str]) -> Result<String> {
+pub(crate) fn ns_ip(ns: &str, args: &[&str]) -> Result<String> {
     let mut all = vec!["-n", ns];
     all.extend_from_slice(args);
     sh::ip(&all)
@@ -153,7 +156,7 @@ fn build() -> Result<()> {
 /// What `refract agent` checks on a backend host (LVS-DR): the VIP on `lo`, so the agent can
 /// rebuild handed-over sockets on it, and no ARP for it (`arp_ignore = 1`, `arp_announce = 2`
 /// on `all` and the NIC), so the switch keeps sending the VIP's traffic to the dispatcher.
-fn prepare_agent_host(h: &Host) -> Result<()> {
+pub(crate) fn prepare_agent_host(h: &Host) -> Result<()> {
     let ns = h.ns();
     ns_ip(&ns, &["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
     let mut keys = Vec::new();
@@ -168,7 +171,7 @@ fn prepare_agent_host(h: &Host) -> Result<()> {
 
 /// Turn IPv6 off in a namespace (best effort): the lab is IPv4 only, and router and multicast
 /// listener chatter would otherwise cross the shaped links during measurements.
-fn quiet_ipv6(ns: &str) {
+pub(crate) fn quiet_ipv6(ns: &str) {
     let keys = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"];
     let mut args = vec!["-q", "-w"];
     args.extend_from_slice(&keys);
@@ -176,7 +179,7 @@ fn quiet_ipv6(ns: &str) {
 }
 
 /// One host's veth: `eth0` in the host, `p-NAME` on the bridge.
-fn link(h: &Host) -> Result<()> {
+pub(crate) fn link(h: &Host) -> Result<()> {
     let (ns, port) = (h.ns(), h.port());
     ns_ip(SWITCH_NS, &["link", "add", "name", &port, "type", "veth", "peer", "name", HOST_IF, "netns", &ns])?;
     ns_ip(SWITCH_NS, &["link", "set", &port, "master", BRIDGE, "up"])?;
@@ -203,7 +206,7 @@ pub fn current_rate() -> Option<Rate> {
 }
 
 /// Set (or, for no rate, remove) the root qdisc of one interface.
-fn set_qdisc(ns: &str, dev: &str, rate: Rate) -> Result<()> {
+pub(crate) fn set_qdisc(ns: &str, dev: &str, rate: Rate) -> Result<()> {
     match Tbf::for_rate(rate) {
         Some(tbf) => {
             let mut args = vec!["qdisc", "replace", "dev", dev, "root"];

@@ -42,14 +42,14 @@ pub fn up_with(rate: Rate, cluster: Option<Db>, cc: &str, refract_bin: &Path) ->
     );
     match cluster {
         None => return Ok(()),
-        Some(Db::Http) => up_http(rebuilt)?,
+        Some(Db::Http) => up_http(rebuilt, refract_bin)?,
         Some(Db::Postgres) => up_postgres(rebuilt, refract_bin)?,
     }
     eprintln!("logs and pid files: {}", state::dir().display());
     Ok(())
 }
 
-fn up_http(rebuilt: bool) -> Result<()> {
+fn up_http(rebuilt: bool, refract_bin: &Path) -> Result<()> {
     let layout = Layout::lab()?;
     if !rebuilt && cluster::is_ready(&layout) {
         eprintln!("cluster already running");
@@ -58,7 +58,7 @@ fn up_http(rebuilt: bool) -> Result<()> {
     pglab::stop();
     cluster::stop(&layout);
     // The daemons outlive this process; `lab down` stops them.
-    cluster::start(&layout)?.detach();
+    cluster::start_with(&layout, refract_bin)?.detach();
     eprintln!("cluster running: {}", describe(&layout));
     Ok(())
 }
@@ -77,6 +77,21 @@ fn up_postgres(rebuilt: bool, refract_bin: &Path) -> Result<()> {
     for line in pglab::status_lines() {
         eprintln!("{line}");
     }
+    Ok(())
+}
+
+/// `lab up --cluster --dispatchers N`: the hosts, router, etcd and dispatchers of
+/// [`crate::multi`] on the running lab, the clients routed through the router.
+pub fn up_dispatchers(n: usize, rate: Rate, refract_bin: &Path) -> Result<()> {
+    crate::multi::up(n, rate, refract_bin)?;
+    let names: Vec<String> =
+        crate::multi::nodes(n).iter().map(|d| format!("{} (admin {})", d.name(), d.admin())).collect();
+    eprintln!(
+        "{n} dispatcher host(s) behind {VIP} through rf-r (ECMP over {}): {}; etcd {}",
+        crate::multi::next_hops().join(", "),
+        names.join(", "),
+        crate::multi::ETCD_URL
+    );
     Ok(())
 }
 

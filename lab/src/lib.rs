@@ -39,6 +39,7 @@ pub mod cluster;
 pub mod demo;
 pub mod fabric;
 pub mod lab;
+pub mod multi;
 pub mod pglab;
 pub mod report;
 pub mod support;

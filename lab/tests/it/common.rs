@@ -43,3 +43,10 @@ impl Drop for Down {
         }
     }
 }
+
+/// Held by every test that builds the lab: they run one at a time in this binary (the lab's
+/// namespaces have fixed names), instead of the later ones finding a lab up and skipping.
+pub fn lab_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

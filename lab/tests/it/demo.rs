@@ -44,6 +44,7 @@ fn figure(text: &str, after: &str, unit: &str) -> f64 {
 
 #[test]
 fn the_postgres_section_shows_relay_and_hybrid_and_the_hand_overs() {
+    let _lab = crate::common::lab_lock();
     if let Some(why) = skip_reason() {
         skip(&why);
         return;

@@ -78,6 +78,7 @@ fn kernel_has(cc: &str) -> bool {
 /// list back; asked for the host's own default, it changes nothing on the host.
 #[test]
 fn lab_up_exec_repair_down() {
+    let _lab = crate::common::lab_lock();
     if let Some(why) = skip_reason() {
         skip(&why);
         return;

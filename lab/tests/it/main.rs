@@ -3,6 +3,7 @@
 //! Run: `cargo test --profile ci -p refract-lab --test it`.
 #![allow(clippy::unwrap_used)]
 
+mod cluster;
 mod common;
 mod demo;
 mod lab;

@@ -150,6 +150,7 @@ fn large_result_handed_over() {
 
 #[test]
 fn postgres_lab_up_query_replicate_status_down() {
+    let _lab = crate::common::lab_lock();
     if let Some(why) = skip_reason() {
         skip(&why);
         return;

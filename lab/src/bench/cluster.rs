@@ -1,0 +1,378 @@
+//! `refract bench cluster`: several dispatchers behind one address ([`crate::multi`]). In the
+//! lab with two dispatcher hosts behind rf-r's ECMP route, large results (16 MiB) on 4 client
+//! connections (2 from each client host, one wrk each): relay-only through one dispatcher (rf-r
+//! routes the VIP to d1 only), relay-only through both, hybrid through both, taking turns in
+//! each repeat. Every run records how rf-r spread the connections (requests per dispatcher,
+//! from each one's `/metrics`): the ECMP hash of 4 connections is not always 2 + 2, and a
+//! dispatcher's link is the bottleneck. Writes section `cluster:RATE` of docs/benchmarks.md.
+
+use crate::bench::streams::ConnResult;
+use crate::cluster::http_client::Client;
+use crate::fabric::topology::{Host, B1, B2, C1, C2, VIP};
+use crate::lab::LabGuard;
+use crate::multi::{self, Node, DISPATCHERS};
+use crate::report::environment::Environment;
+use crate::support::interrupt;
+use crate::support::sh;
+use crate::support::units::{parse_duration, sig3, ByteSize, Rate};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// Options of `bench cluster`.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// Link rate (`1gbit`, …).
+    #[arg(long, default_value = "1gbit", value_parser = Rate::parse)]
+    rate: Rate,
+    /// Result size (K = 1024).
+    #[arg(long, default_value = "16M", value_parser = ByteSize::parse)]
+    size: ByteSize,
+    /// Connections per client host (two client hosts).
+    #[arg(long, default_value_t = 2)]
+    per_client: usize,
+    /// wrk duration per run.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Repeats (each runs every target once, in turn).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// The markdown page; section `cluster:RATE` is (re)written.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+}
+
+/// A target: its name, the dispatcher hosts rf-r routes to, the kind of dispatcher.
+struct Target {
+    name: &'static str,
+    hosts: usize,
+    kind: &'static str,
+}
+
+const TARGETS: [Target; 3] = [
+    Target { name: "relay, 1 dispatcher", hosts: 1, kind: "relay" },
+    Target { name: "relay, 2 dispatchers", hosts: 2, kind: "relay" },
+    Target { name: "hybrid, 2 dispatchers", hosts: 2, kind: "hybrid" },
+];
+
+/// One run of one target.
+struct Run {
+    target: usize,
+    /// Payload bytes per second, all connections.
+    throughput: f64,
+    /// Requests each dispatcher host served during the run.
+    split: Vec<u64>,
+    errors: u64,
+}
+
+/// Runs the benchmark and writes its section.
+pub fn run(a: &ClusterArgs) -> Result<()> {
+    let guard = LabGuard::ensure(a.rate)?;
+    let was_up = multi::is_up();
+    let exe = std::env::current_exe().context("locating the refract binary")?;
+    multi::up(DISPATCHERS.len(), a.rate, &exe)?;
+    let result = measure(a, &exe).and_then(|runs| Ok((runs, failover(a.rate, &exe)?)));
+    if !was_up {
+        multi::down();
+    } else {
+        let _ = multi::route(&DISPATCHERS);
+    }
+    drop(guard);
+    let (runs, failover) = result?;
+    let mut body = render(a, &runs);
+    body += &render_failover(&failover);
+    crate::report::write_marked(&a.out, "cluster", &a.rate.label(), &body)?;
+    eprintln!("wrote section cluster:{} of {}", a.rate.label(), a.out.display());
+    print!("{body}");
+    Ok(())
+}
+
+fn measure(a: &ClusterArgs, exe: &std::path::Path) -> Result<Vec<Run>> {
+    let probe = Client::Curl(C1.ns());
+    let mut runs = vec![];
+    for rep in 0..a.repeat {
+        for (i, t) in TARGETS.iter().enumerate() {
+            interrupt::check()?;
+            multi::route(&DISPATCHERS[..t.hosts])?;
+            let nodes: Vec<Node> = multi::nodes(DISPATCHERS.len()).into_iter().filter(|n| n.kind == t.kind).collect();
+            let before: Vec<u64> = nodes.iter().map(|n| requests(&probe, n)).collect();
+            let port = if t.kind == "hybrid" { 8080 } else { 8081 };
+            let mut children = vec![];
+            for c in [C1, C2] {
+                // Ports rf-r spreads evenly over the dispatchers it routes to (one each, or all
+                // on d1): the split is the dispatchers', not the hash's luck with 4 connections.
+                let per_hop = a.per_client / t.hosts;
+                let from = 42000 + (rep * TARGETS.len() + i) as u16 * 40;
+                let ports = multi::ports_per_hop(&c, port, per_hop, from)?;
+                let spec = streams_args(&c, port, &ports, a.duration, &[a.size], 1);
+                children.push(spawn_streams(exe, &c, &spec)?);
+            }
+            let mut results = vec![];
+            for child in children {
+                results.extend(collect(child)?);
+            }
+            let after: Vec<u64> = nodes.iter().map(|n| requests(&probe, n)).collect();
+            let run = Run {
+                target: i,
+                throughput: results.iter().map(|r| r.bytes as f64 / r.seconds.max(1e-3)).sum(),
+                split: after.iter().zip(&before).map(|(a, b)| a.saturating_sub(*b)).collect(),
+                errors: results.iter().filter(|r| r.error.is_some()).count() as u64,
+            };
+            eprintln!(
+                "[cluster] run {}/{} {:<22} {:>7} MB/s, requests per dispatcher {:?}",
+                rep + 1,
+                a.repeat,
+                t.name,
+                sig3(run.throughput / 1e6),
+                run.split
+            );
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+/// `refract bench streams` arguments for `ports` from client host `c` to VIP:`port`.
+fn streams_args(
+    c: &Host,
+    port: u16,
+    ports: &[(u16, Host)],
+    duration: Duration,
+    sizes: &[ByteSize],
+    pipeline: usize,
+) -> Vec<String> {
+    let ports: Vec<String> = ports.iter().map(|(p, _)| p.to_string()).collect();
+    let sizes: Vec<String> = sizes.iter().map(|s| s.0.to_string()).collect();
+    vec![
+        "bench".into(),
+        "streams".into(),
+        "--target".into(),
+        format!("{VIP}:{port}"),
+        "--source".into(),
+        c.addr.into(),
+        "--ports".into(),
+        ports.join(","),
+        "--duration".into(),
+        format!("{}ms", duration.as_millis()),
+        "--sizes".into(),
+        sizes.join(","),
+        "--pipeline".into(),
+        pipeline.to_string(),
+    ]
+}
+
+fn spawn_streams(exe: &std::path::Path, c: &Host, args: &[String]) -> Result<std::process::Child> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = sh::cmd(Some(&c.ns()), &exe.to_string_lossy(), &args);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().with_context(|| format!("cannot start `{}`", sh::show(&cmd)))
+}
+
+/// The result lines of a `bench streams` run.
+fn collect(child: std::process::Child) -> Result<Vec<ConnResult>> {
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("bench streams failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().filter(|l| l.contains("\"responses\"")).filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// What the failover run found.
+pub struct Failover {
+    /// Per connection: its client host, the dispatcher host rf-r sent it to, its outcome.
+    pub conns: Vec<(Host, Host, ConnResult)>,
+    /// Milliseconds from the run's start to the kill.
+    pub killed_at_ms: u64,
+    /// Per client host: how long after the kill a new connection first got a response.
+    pub new_connection_ms: Vec<Option<u64>>,
+    /// Hash-map entries left on each host after the run (`None`: bpftool could not tell).
+    pub left: Vec<(Host, Option<usize>)>,
+}
+
+/// Hybrid streams (pipelined, mixed sizes, every byte checked) from both client hosts through
+/// both dispatchers; d2 killed (and withdrawn from rf-r) in the middle; d2 started again after.
+/// Needs the lab with `--dispatchers 2` up (`exe`: the refract binary).
+pub fn failover(rate: Rate, exe: &std::path::Path) -> Result<Failover> {
+    multi::route(&DISPATCHERS)?;
+    multi::up(DISPATCHERS.len(), rate, exe)?; // d2 back if an earlier run killed it
+    let sizes = [ByteSize(1024), ByteSize(64 * 1024), ByteSize(1 << 20), ByteSize(4 << 20)];
+    let duration = Duration::from_secs(8);
+    let mut children = vec![];
+    let mut hops = vec![];
+    for c in [C1, C2] {
+        let ports = multi::ports_per_hop(&c, 8080, 2, 43000)?;
+        hops.extend(ports.iter().map(|(p, h)| (c, *p, *h)));
+        children.push(spawn_streams(exe, &c, &streams_args(&c, 8080, &ports, duration, &sizes, 2))?);
+    }
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    multi::kill_dispatcher(DISPATCHERS[1].name)?;
+    let killed_at_ms = started.elapsed().as_millis() as u64;
+    let killed = Instant::now();
+    let mut new_connection_ms = vec![];
+    for c in [C1, C2] {
+        let probe = Client::Curl(c.ns());
+        let mut ok = None;
+        while killed.elapsed() < Duration::from_secs(10) {
+            if probe.get(&format!("{VIP}:8080"), "/blob?bytes=1").is_ok_and(|r| r.status == 200) {
+                ok = Some(killed.elapsed().as_millis() as u64);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        new_connection_ms.push(ok);
+    }
+    let mut conns = vec![];
+    for (c, child) in [C1, C2].into_iter().zip(children) {
+        for r in collect(child)? {
+            if let Some((_, _, h)) = hops.iter().find(|(hc, p, _)| *hc == c && *p == r.port) {
+                conns.push((c, *h, r));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2)); // the agents' tombstone grace
+    let left = [DISPATCHERS[0], B1, B2].iter().map(|h| (*h, multi::flow_entries(h))).collect();
+    multi::up(DISPATCHERS.len(), rate, exe)?;
+    Ok(Failover { conns, killed_at_ms, new_connection_ms, left })
+}
+
+/// Requests a dispatcher has forwarded (`refract_requests_total`, every label).
+fn requests(probe: &Client, n: &Node) -> u64 {
+    let text = probe.get(&n.admin(), "/metrics").map(|r| r.body).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("refract_requests_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn render(a: &ClusterArgs, runs: &[Run]) -> String {
+    let env = Environment::detect();
+    let mut out = String::new();
+    let _ = writeln!(out, "## Several dispatchers behind one address `{}`\n", a.rate.label());
+    let _ = writeln!(
+        out,
+        "Two dispatcher hosts (rf-d1, rf-d2, the VIP on `lo`) behind router rf-r's ECMP route to the \
+         VIP (4-tuple hash); {} results, {} client connections ({} per client host, one `wrk -c1` \
+         each, source ports chosen so that rf-r's hash gives each dispatcher it routes to the \
+         same number; every byte checked), {:?} per run, links shaped at {}; the targets take turns in each of {} repeats. \
+         `relay, 1 dispatcher` is the same setup with rf-r routing the VIP to d1 only. \
+         Requests per dispatcher show how rf-r spread the connections in that run. {}, {} cores, \
+         kernel {}, {}; {}.\n",
+        a.size.human(),
+        2 * a.per_client,
+        a.per_client,
+        a.duration,
+        a.rate.label(),
+        a.repeat,
+        env.cpu,
+        env.cores,
+        env.kernel,
+        env.refract,
+        env.date
+    );
+    let _ = writeln!(
+        out,
+        "Rerun: `sudo refract bench cluster --rate {} --size {} --per-client {} --duration {}s --repeat {}`\n",
+        a.rate.label(),
+        a.size.0,
+        a.per_client,
+        a.duration.as_secs(),
+        a.repeat
+    );
+    let _ = writeln!(out, "| target | median MB/s | runs (MB/s; requests on d1 / d2) | errors |");
+    let _ = writeln!(out, "|---|---:|---|---:|");
+    let mut medians = vec![];
+    for (i, t) in TARGETS.iter().enumerate() {
+        let mine: Vec<&Run> = runs.iter().filter(|r| r.target == i).collect();
+        let m = median(mine.iter().map(|r| r.throughput).collect());
+        medians.push(m);
+        let each: Vec<String> = mine
+            .iter()
+            .map(|r| {
+                let split: Vec<String> = r.split.iter().map(u64::to_string).collect();
+                format!("{} ({})", sig3(r.throughput / 1e6), split.join(" / "))
+            })
+            .collect();
+        let errors: u64 = mine.iter().map(|r| r.errors).sum();
+        let _ = writeln!(out, "| {} | {} | {} | {errors} |", t.name, sig3(m / 1e6), each.join(", "));
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Medians: two dispatchers / one, relay: **{}**; hybrid / relay, two dispatchers: **{}**.",
+        crate::report::ratio(medians[1], medians[0]),
+        crate::report::ratio(medians[2], medians[1])
+    );
+    let balanced: Vec<f64> =
+        runs.iter().filter(|r| r.target == 1 && r.split.iter().all(|n| *n > 0)).map(|r| r.throughput).collect();
+    if !balanced.is_empty() && balanced.len() < a.repeat {
+        let _ = writeln!(
+            out,
+            "Relay through two dispatchers in the runs where both got connections: median {} MB/s \
+             ({} / {} runs), **{}** one dispatcher's median.",
+            sig3(median(balanced.clone()) / 1e6),
+            balanced.len(),
+            a.repeat,
+            crate::report::ratio(median(balanced), medians[0])
+        );
+    }
+    out
+}
+
+fn render_failover(f: &Failover) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n### A dispatcher killed\n\nHybrid (VIP:8080), 8 connections (4 per client host, 2 of them \
+         through each dispatcher), each keeping 2 requests in flight for 1 KiB, 64 KiB, 1 MiB and \
+         4 MiB blobs in turn for 8 s, every byte checked; `lab kill-dispatcher d2` (SIGKILL, its \
+         next hop withdrawn from rf-r) after {} ms.\n",
+        f.killed_at_ms
+    );
+    let _ = writeln!(out, "| connection | dispatcher | responses | MiB | ended |");
+    let _ = writeln!(out, "|---|---|---:|---:|---|");
+    for (c, h, r) in &f.conns {
+        let ended = match (&r.error, r.error_after_ms) {
+            (Some(e), Some(ms)) => format!("{e}, {} ms after the kill", ms as i64 - f.killed_at_ms as i64),
+            (Some(e), None) => e.clone(),
+            (None, _) => "no error".into(),
+        };
+        let mib = r.bytes as f64 / 1048576.0;
+        let _ = writeln!(out, "| {}:{} | {} | {} | {mib:.0} | {ended} |", c.name, r.port, h.name, r.responses);
+    }
+    let news: Vec<String> = f
+        .new_connection_ms
+        .iter()
+        .zip(["c1", "c2"])
+        .map(|(ms, c)| match ms {
+            Some(ms) => format!("{c} {ms} ms"),
+            None => format!("{c} none within 10 s"),
+        })
+        .collect();
+    let left: Vec<String> = f
+        .left
+        .iter()
+        .map(|(h, n)| format!("{} {}", h.name, n.map_or("unknown (no bpftool)".into(), |n| n.to_string())))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nA new connection answered after the kill: {}. Flow entries (steering, tombstones) left \
+         2 s after the run: {}.",
+        news.join(", "),
+        left.join(", ")
+    );
+    out
+}

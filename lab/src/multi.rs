@@ -14,7 +14,7 @@
 
 use crate::cluster::http_client::Client;
 use crate::cluster::layout::{HYBRID_TOML, RELAY_TOML};
-use crate::fabric::topology::{Host, C1, C2, HOST_IF, NS_PREFIX, VIP};
+use crate::fabric::topology::{Host, C1, C2, DISPATCHER, HOST_IF, NS_PREFIX, VIP};
 use crate::fabric::{self, congestion};
 use crate::support::sh::{self, cmd};
 use crate::support::state;
@@ -36,61 +36,105 @@ pub const ETCD_URL: &str = "http://198.18.0.5:2379";
 /// The clients that reach the VIP through the router.
 const CLIENTS: [Host; 2] = [C1, C2];
 
-/// One dispatcher process: `d1-relay` or `d1-hybrid`.
+/// A kind of dispatcher the hosts run: the one-dispatcher lab's config of that kind, with the
+/// host's own address for the dispatcher host's (`198.18.0.2`) and `[cluster]` added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kind {
+    /// `relay`, `hybrid`, `pg-relay` or `pg-hybrid`.
+    pub name: &'static str,
+    /// Its client port on the VIP.
+    pub port: u16,
+    /// Its admin port (on the host's own address).
+    pub admin_port: u16,
+    base: &'static str,
+}
+
+/// The HTTP cluster's dispatchers (examples/lab/relay.toml, hybrid.toml).
+pub const HTTP_KINDS: [Kind; 2] = [
+    Kind { name: "relay", port: 8081, admin_port: 8181, base: RELAY_TOML },
+    Kind { name: "hybrid", port: 8080, admin_port: 8180, base: HYBRID_TOML },
+];
+
+/// The PostgreSQL cluster's dispatchers (examples/lab/pg-relay.toml, pg-hybrid.toml), which
+/// forward CancelRequests to each other (`cancel_listen` on port [`CANCEL_PORT`]).
+pub const PG_KINDS: [Kind; 2] = [
+    Kind { name: "pg-relay", port: 6433, admin_port: 6533, base: crate::pglab::layout::PG_RELAY_TOML },
+    Kind { name: "pg-hybrid", port: 6432, admin_port: 6532, base: crate::pglab::layout::PG_HYBRID_TOML },
+];
+
+/// Each PostgreSQL dispatcher's `cancel_listen` port (relay; hybrid is one more).
+pub const CANCEL_PORT: u16 = 6590;
+
+/// The key file of forwarded cancels (`[cluster] peer_key_file`), in the state directory.
+const PEER_KEY: &str = "peer.key";
+
+/// One dispatcher process: `d1-relay`, `d2-pg-hybrid`…
 #[derive(Debug, Clone)]
 pub struct Node {
     /// Its host.
     pub host: Host,
-    /// `relay` or `hybrid`.
-    pub kind: &'static str,
+    /// What it is.
+    pub kind: Kind,
 }
 
 impl Node {
     /// Its name: the log, pid file and `[cluster] node_id`.
     pub fn name(&self) -> String {
-        format!("{}-{}", self.host.name, self.kind)
+        format!("{}-{}", self.host.name, self.kind.name)
     }
 
     /// Its client port on the VIP.
     pub fn port(&self) -> u16 {
-        if self.kind == "hybrid" {
-            8080
-        } else {
-            8081
-        }
+        self.kind.port
+    }
+
+    /// Whether it serves PostgreSQL.
+    pub fn is_pg(&self) -> bool {
+        self.kind.name.starts_with("pg-")
     }
 
     /// Its admin listener (on the host's own address).
     pub fn admin(&self) -> String {
-        format!("{}:{}", self.host.addr, self.port() + 100)
+        format!("{}:{}", self.host.addr, self.kind.admin_port)
     }
 
-    /// Its config: the one-dispatcher lab's, with its own admin address and `[cluster]`.
+    /// Its config: the one-dispatcher lab's, on the host's own address, with `[cluster]`.
     pub fn config(&self) -> String {
-        let base = if self.kind == "hybrid" { HYBRID_TOML } else { RELAY_TOML };
-        let own = format!("admin = \"{}\"", self.admin());
-        let text = base.replace(&format!("admin = \"198.18.0.2:{}\"", self.port() + 100), &own);
-        format!(
+        let text = self.kind.base.replace(&format!("\"{}:", DISPATCHER.addr), &format!("\"{}:", self.host.addr));
+        let mut cluster = format!(
             "{text}\n# Added by `refract lab up --dispatchers`: state shared with the other dispatchers.\n\
              [cluster]\netcd = [\"{ETCD_URL}\"]\nnode_id = \"{}\"\nprefix = \"/refract-lab/{}\"\nlease_ttl_s = 2\n",
             self.name(),
-            self.kind
-        )
+            self.kind.name
+        );
+        if self.is_pg() {
+            let port = CANCEL_PORT + u16::from(self.kind.name == "pg-hybrid");
+            let key = state::path(PEER_KEY);
+            cluster += &format!("cancel_listen = \"{}:{port}\"\npeer_key_file = \"{}\"\n", self.host.addr, key.display());
+        }
+        cluster
     }
 }
 
-/// The dispatcher processes of `n` hosts.
+/// The dispatcher processes of `n` hosts, of `kinds`.
+pub fn nodes_of(n: usize, kinds: &[Kind]) -> Vec<Node> {
+    DISPATCHERS[..n.min(DISPATCHERS.len())].iter().flat_map(|h| kinds.iter().map(|k| Node { host: *h, kind: *k })).collect()
+}
+
+/// The HTTP dispatcher processes of `n` hosts.
 pub fn nodes(n: usize) -> Vec<Node> {
-    DISPATCHERS[..n.min(DISPATCHERS.len())]
-        .iter()
-        .flat_map(|h| ["relay", "hybrid"].map(|kind| Node { host: *h, kind }))
-        .collect()
+    nodes_of(n, &HTTP_KINDS)
 }
 
 /// Brings up (or repairs) `n` dispatcher hosts, the router and etcd on the running lab (its
 /// fabric and HTTP cluster must be up), starts etcd and the dispatchers, and routes the
 /// clients' VIP traffic through the router.
 pub fn up(n: usize, rate: Rate, refract_bin: &std::path::Path) -> Result<()> {
+    up_kinds(n, &HTTP_KINDS, rate, refract_bin)
+}
+
+/// [`up`] with the dispatchers of `kinds` ([`HTTP_KINDS`] or [`PG_KINDS`]).
+pub fn up_kinds(n: usize, kinds: &[Kind], rate: Rate, refract_bin: &std::path::Path) -> Result<()> {
     if !(1..=DISPATCHERS.len()).contains(&n) {
         bail!("--dispatchers must be 1 to {}", DISPATCHERS.len());
     }
@@ -117,7 +161,11 @@ pub fn up(n: usize, rate: Rate, refract_bin: &std::path::Path) -> Result<()> {
     sysctl(&router, &["net.ipv4.fib_multipath_hash_fields=0x0037"])?; // src/dst IP, proto, ports
     sysctl(&router, &["net.ipv4.conf.all.send_redirects=0", &format!("net.ipv4.conf.{HOST_IF}.send_redirects=0")])?;
     start_etcd(etcd_fresh)?;
-    for node in nodes(n) {
+    if kinds.iter().any(|k| k.name.starts_with("pg-")) && state::read(PEER_KEY).is_none() {
+        let key: String = (0..32).map(|_| char::from(b'a' + rand::random::<u8>() % 26)).collect();
+        crate::cluster::write_private(&state::path(PEER_KEY), &key)?;
+    }
+    for node in nodes_of(n, kinds) {
         start_node(&node, refract_bin)?;
     }
     route(&DISPATCHERS[..n])?;
@@ -125,7 +173,7 @@ pub fn up(n: usize, rate: Rate, refract_bin: &std::path::Path) -> Result<()> {
         sysctl(&c.ns(), &["net.ipv4.conf.all.accept_redirects=0"])?;
         fabric::ns_ip(&c.ns(), &["route", "replace", &format!("{VIP}/32"), "via", ROUTER.addr])?;
     }
-    wait_ready(&nodes(n))
+    wait_ready(&nodes_of(n, kinds))
 }
 
 /// The hosts this module adds to the lab.
@@ -274,7 +322,7 @@ fn wait_ready(nodes: &[Node]) -> Result<()> {
     for n in nodes {
         let client = format!("{VIP}:{}", n.port());
         let local = Client::Curl(n.host.ns());
-        let serves = || local.get(&client, "/blob?bytes=1").is_ok_and(|r| r.status == 200);
+        let serves = || n.is_pg() && listening(&n.host.ns(), &client) || local.get(&client, "/blob?bytes=1").is_ok_and(|r| r.status == 200);
         let shares = || local.get(&n.admin(), "/health").is_ok_and(|r| r.body.contains("etcd: up"));
         while !(serves() && shares()) {
             if Instant::now() > deadline {
@@ -297,8 +345,8 @@ pub fn kill_dispatcher(name: &str) -> Result<()> {
     let left: Vec<Host> =
         DISPATCHERS.iter().filter(|h| h.name != short && next_hops().iter().any(|a| a == h.addr)).copied().collect();
     route(&left)?;
-    for kind in ["relay", "hybrid"] {
-        let node = Node { host: *host, kind };
+    for kind in HTTP_KINDS.iter().chain(&PG_KINDS) {
+        let node = Node { host: *host, kind: *kind };
         if let Some(pid) = state::read(&format!("{}.pid", node.name())).and_then(|p| p.trim().parse::<u32>().ok()) {
             sh::signal(pid, "KILL");
         }
@@ -366,13 +414,19 @@ mod tests {
     fn each_node_has_its_own_admin_address_and_cluster_identity() {
         let all = nodes(2);
         assert_eq!(all.iter().map(Node::name).collect::<Vec<_>>(), ["d1-relay", "d1-hybrid", "d2-relay", "d2-hybrid"]);
+        let pg = nodes_of(2, &PG_KINDS);
+        let relay = pg[2].config();
+        assert!(relay.contains("listen = \"198.18.0.4:6633\"") && relay.contains("admin = \"198.18.0.4:6533\""), "{relay}");
+        assert!(relay.contains("cancel_listen = \"198.18.0.4:6590\"") && relay.contains("peer_key_file"), "{relay}");
+        let settings: Vec<&str> = relay.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+        assert!(!settings.iter().any(|l| l.contains("198.18.0.2:")), "nothing on the one-dispatcher host's address: {relay}");
         let relay = all[2].config();
         assert!(relay.contains("admin = \"198.18.0.4:8181\""), "{relay}");
         assert!(!relay.contains("198.18.0.2:8181"), "not the one-dispatcher host's admin address");
         assert!(relay.contains("node_id = \"d2-relay\"") && relay.contains("prefix = \"/refract-lab/relay\""));
         let hybrid = all[1].config();
         assert!(hybrid.contains("admin = \"198.18.0.3:8180\"") && hybrid.contains("listen = \"198.18.0.100:8080\""));
-        for n in &all {
+        for n in all.iter().chain(&pg) {
             let cfg: toml::Value = toml::from_str(&n.config()).expect("valid TOML");
             assert!(cfg.get("cluster").is_some(), "{}", n.name());
         }

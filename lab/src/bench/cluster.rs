@@ -97,7 +97,7 @@ fn measure(a: &ClusterArgs, exe: &std::path::Path) -> Result<Vec<Run>> {
         for (i, t) in TARGETS.iter().enumerate() {
             interrupt::check()?;
             multi::route(&DISPATCHERS[..t.hosts])?;
-            let nodes: Vec<Node> = multi::nodes(DISPATCHERS.len()).into_iter().filter(|n| n.kind == t.kind).collect();
+            let nodes: Vec<Node> = multi::nodes(DISPATCHERS.len()).into_iter().filter(|n| n.kind.name == t.kind).collect();
             let before: Vec<u64> = nodes.iter().map(|n| requests(&probe, n)).collect();
             let port = if t.kind == "hybrid" { 8080 } else { 8081 };
             let mut children = vec![];

@@ -3,7 +3,12 @@
  * The agent host has the VIP on lo. A TCP segment to the VIP that is neither SYN nor RST and
  * matches no non-listening socket belongs to a flow this host does not own (yet, or any more):
  * the stack would answer it with RST and kill the client's connection, so it is dropped. Flows
- * in `tombstones` (being handed back) are dropped whatever they carry. */
+ * in `tombstones` (being handed back) are dropped whatever they carry.
+ *
+ * It only ever drops: every other packet gets TC_ACT_UNSPEC (go on with the next filter, pass
+ * if none), never TC_ACT_OK, which would end tc's chain and skip another program on the same
+ * interface (a second agent's guard, whose tombstone may be the one that must drop a segment
+ * its socket would still ACK, or a dispatcher's ingress program). */
 #include "common.h"
 
 /* The VIP in network order; set at load time. */
@@ -32,7 +37,7 @@ int refract_guard(struct __sk_buff *skb)
 	struct tcphdr *th;
 
 	if (!parse_tcp4(skb, &eth, &ip, &th) || ip->daddr != VIP)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	struct flow_key k = {
 		.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest,
 	};
@@ -43,7 +48,7 @@ int refract_guard(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	if (th->syn || th->rst)
-		return TC_ACT_OK; /* new connections and resets: the stack decides */
+		return TC_ACT_UNSPEC; /* new connections and resets: the stack decides */
 	struct bpf_sock_tuple t = {};
 	t.ipv4.saddr = ip->saddr;
 	t.ipv4.daddr = ip->daddr;
@@ -56,7 +61,7 @@ int refract_guard(struct __sk_buff *skb)
 		bpf_sk_release(sk);
 		if (!listener) {
 			bump(&guard_stats, 0);
-			return TC_ACT_OK;
+			return TC_ACT_UNSPEC;
 		}
 	}
 	bump(&guard_stats, 1);

@@ -6,7 +6,10 @@
  *   STEER  - rewrite the destination MAC to the agent's and the source MAC to our own (or the
  *            bridge learns the client's MAC on our port), then redirect out of `ifindex`
  *            (hairpin out of the same interface works).
- * Flows without an entry pass to the stack untouched. */
+ * Packets of flows without an entry, and anything not TCP over IPv4, get TC_ACT_UNSPEC: tc goes
+ * on with the next filter on the interface (another dispatcher's program, whose flows these may
+ * be), and passes the packet to the stack untouched if there is none. TC_ACT_OK would end the
+ * chain there and hide every other dispatcher's flows from its program. */
 #include "common.h"
 
 #define ACT_FREEZE 1
@@ -46,13 +49,13 @@ int refract_ingress(struct __sk_buff *skb)
 	struct tcphdr *th;
 
 	if (!parse_tcp4(skb, &eth, &ip, &th))
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	struct flow_key k = {
 		.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest,
 	};
 	struct flow_val *v = bpf_map_lookup_elem(&flows, &k);
 	if (!v)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC; /* not ours: the next filter's, or the stack's */
 	__sync_fetch_and_add(&v->packets, 1);
 	if (v->action == ACT_FREEZE) {
 		bump(&ingress_stats, 0);
@@ -65,7 +68,7 @@ int refract_ingress(struct __sk_buff *skb)
 		bump(&ingress_stats, rc == TC_ACT_REDIRECT ? 1 : 2);
 		return rc;
 	}
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }
 
 char LICENSE[] SEC("license") = "GPL";

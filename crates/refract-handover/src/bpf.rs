@@ -68,6 +68,12 @@ pub(crate) fn load(obj: &[u8], map: &str, capacity: u32, globals: &[(&str, &u32)
 
 /// Loads program `name` and attaches it as a tc cls_bpf direct-action filter on `iface`'s
 /// ingress (adding the clsact qdisc if missing). The filter goes when the `Ebpf` is dropped.
+///
+/// Each attach adds a filter of its own beside any already there (another dispatcher's, or
+/// another agent's): priority 0 and handle 0 let the kernel choose (a new priority, numbered in
+/// front of the existing filters; 49152 on an empty chain), and aya asks with `NLM_F_CREATE |
+/// NLM_F_EXCL`, so nothing is replaced. Detaching deletes by that priority and handle: only
+/// this filter goes. The programs hand what is not theirs to the next filter (TC_ACT_UNSPEC).
 pub(crate) fn attach_ingress(ebpf: &mut Ebpf, name: &str, iface: &str) -> Result<()> {
     if let Err(e) = tc::qdisc_add_clsact(iface) {
         if e.raw_os_error() != Some(libc::EEXIST) {

@@ -1,4 +1,5 @@
-//! FREEZE / STEER / guard in a namespace lab: a whole hand-off to an agent host and back.
+//! FREEZE / STEER / guard in a namespace lab: a whole hand-off to an agent host and back; and
+//! several dispatchers' programs (or guards) on one interface, in an anonymous namespace.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
@@ -287,5 +288,155 @@ fn sent_but_unacknowledged_bytes_move_with_the_state() {
         drop(guard);
         lab.enter("d");
         drop(steering);
+    });
+}
+
+/// The address the one-namespace tests below listen on (on `lo`).
+const LO_VIP: &str = "198.18.7.100";
+/// The MAC of `st1`, where STEER sends frames in those tests.
+const ST1_MAC: [u8; 6] = [0x02, 0x52, 0x46, 0, 0, 0x71];
+
+/// The priorities (`pref`) of the filters running `program` on `iface`'s ingress, in the
+/// calling thread's namespace.
+fn prefs(iface: &str, program: &str) -> Vec<u32> {
+    let out = std::process::Command::new("tc").args(["filter", "show", "dev", iface, "ingress"]).output().unwrap();
+    assert!(out.status.success(), "tc filter show failed");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut prefs: Vec<u32> = text
+        .lines()
+        .filter(|l| l.contains(program))
+        .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "pref").nth(1)?.parse().ok())
+        .collect();
+    prefs.sort_unstable();
+    prefs
+}
+
+/// In the namespace of [`common::in_netns`]: a client connected to a listener on
+/// `LO_VIP:port` over `lo`. Returns (client, server, key).
+fn lo_connect(port: u16) -> (TcpStream, TcpStream, FlowKey) {
+    let listener = TcpListener::bind(vip_at(LO_VIP, port)).unwrap();
+    let client = TcpStream::connect(vip_at(LO_VIP, port)).unwrap();
+    timeouts(&client);
+    let (server, peer) = listener.accept().unwrap();
+    timeouts(&server);
+    (client, server, FlowKey::new(v4(peer), vip_at(LO_VIP, port)))
+}
+
+fn vip_at(ip: &str, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(ip.parse().unwrap(), port)
+}
+
+/// Frames `st1` has received (from `/proc/thread-self/net/dev`: this thread's namespace).
+fn st1_rx_packets() -> u64 {
+    let dev = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
+    let line = dev.lines().find(|l| l.trim_start().starts_with("st1:")).unwrap();
+    line.split(':').nth(1).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Two dispatchers' ingress programs on one interface (`lo` of an anonymous namespace): the
+/// second attach adds a filter of its own in front of the first (the kernel's choice of
+/// priority), each program freezes and steers its own flows — the first one's too, which it
+/// only sees because the second passes on what is not its own (TC_ACT_UNSPEC; TC_ACT_OK would
+/// end the chain) — a flow in neither map reaches the stack, and dropping one program leaves
+/// the other attached and working.
+#[test]
+fn two_dispatchers_steering_programs_share_one_interface() {
+    common::in_netns_as_root("two_dispatchers_steering_programs_share_one_interface", None, || {
+        common::ip(&["addr", "add", &format!("{LO_VIP}/32"), "dev", "lo"]);
+        // STEER's way out: frames redirected out of st0 arrive at st1 and end there (their
+        // source address is this namespace's own: a martian, dropped, never answered).
+        common::ip(&["link", "add", "st0", "type", "veth", "peer", "name", "st1"]);
+        common::ip(&["link", "set", "st1", "address", &mac(ST1_MAC)]);
+        common::ip(&["link", "set", "st0", "up"]);
+        common::ip(&["link", "set", "st1", "up"]);
+        let target =
+            SteerTarget { ifindex: nix::net::if_::if_nametoindex("st0").unwrap(), dst_mac: ST1_MAC, src_mac: D_MAC };
+
+        let mut first = Steering::attach("lo", 16).unwrap();
+        let p_first = prefs("lo", "refract_ingress");
+        assert_eq!(p_first.len(), 1);
+        let mut second = Steering::attach("lo", 16).unwrap();
+        let both = prefs("lo", "refract_ingress");
+        assert_eq!(both.len(), 2, "the second program is added beside the first: {both:?}");
+        assert!(both[0] < p_first[0] && both[1] == p_first[0], "the later one runs first: {both:?}");
+
+        // a: frozen by the first (runs last), b: frozen by the second, c: steered by the first,
+        // d: steered by the second, e: in neither map.
+        let (mut ca, mut sa, ka) = lo_connect(7010);
+        let (mut cb, mut sb, kb) = lo_connect(7011);
+        let (mut cc, mut sc, kc) = lo_connect(7012);
+        let (mut cd, mut sd, kd) = lo_connect(7013);
+        let (mut ce, mut se, _) = lo_connect(7014);
+        first.freeze(ka).unwrap();
+        second.freeze(kb).unwrap();
+        first.steer(kc, target, 1).unwrap();
+        second.steer(kd, target, 2).unwrap();
+        let rx = st1_rx_packets();
+        for c in [&mut ca, &mut cb, &mut cc, &mut cd, &mut ce] {
+            c.write_all(b"x").unwrap();
+        }
+        expect(&mut se, b"x"); // in neither map: passes both programs to the stack
+        se.write_all(b"y").unwrap();
+        expect(&mut ce, b"y");
+        for (s, k, owner) in
+            [(&first, ka, "first"), (&second, kb, "second"), (&first, kc, "first"), (&second, kd, "second")]
+        {
+            let met = || s.entry(&k).unwrap().is_some_and(|e| e.packets >= 1);
+            assert!(wait_until(Duration::from_secs(2), met), "{}: no packet met the {owner}'s entry", k.vip());
+        }
+        assert!(second.entry(&ka).unwrap().is_none() && first.entry(&kb).unwrap().is_none());
+        std::thread::sleep(Duration::from_millis(100));
+        for s in [&sa, &sb, &sc, &sd] {
+            assert_eq!(inq(s), 0, "a frozen or steered flow must not reach this stack");
+        }
+        for s in [&first, &second] {
+            let st = s.stats().unwrap();
+            assert!(st.frozen_drops >= 1 && st.steered >= 1 && st.redirect_errors == 0, "{st:?}");
+        }
+        assert!(st1_rx_packets() >= rx + 2, "steered frames left through st0");
+
+        // The first goes: the second stays attached and keeps its flows; the first's reach the
+        // stack again (their retransmissions).
+        drop(first);
+        assert_eq!(prefs("lo", "refract_ingress"), [both[0]]);
+        expect(&mut sa, b"x");
+        expect(&mut sc, b"x");
+        let frozen = second.entry(&kb).unwrap().unwrap().packets;
+        assert!(wait_until(Duration::from_secs(5), || second.entry(&kb).unwrap().unwrap().packets > frozen));
+        assert_eq!(inq(&sb), 0, "still frozen by the second");
+        assert!(second.remove(&kb).unwrap() && second.remove(&kd).unwrap());
+        expect(&mut sb, b"x");
+        expect(&mut sd, b"x");
+        drop(second);
+        assert!(prefs("lo", "refract_ingress").is_empty(), "filter left behind");
+    });
+}
+
+/// Two guards on one interface (say, two agents on one host): a flow tombstoned in the guard
+/// that runs last is dropped although the one in front finds its socket — it passes the
+/// segment on (TC_ACT_UNSPEC) instead of ending the chain — and comes through once the
+/// tombstone is lifted.
+#[test]
+fn two_guards_share_one_interface() {
+    common::in_netns_as_root("two_guards_share_one_interface", None, || {
+        common::ip(&["addr", "add", &format!("{LO_VIP}/32"), "dev", "lo"]);
+        let vip_ip = LO_VIP.parse().unwrap();
+        let mut first = Guard::attach("lo", vip_ip, 16).unwrap();
+        let second = Guard::attach("lo", vip_ip, 16).unwrap();
+        let both = prefs("lo", "refract_guard");
+        assert_eq!(both.len(), 2, "{both:?}");
+        let (mut client, mut server, key) = lo_connect(7020);
+        first.tombstone(key).unwrap();
+        client.write_all(b"t").unwrap();
+        assert!(wait_until(Duration::from_secs(2), || first.stats().unwrap().tombstone_drops >= 1));
+        assert!(second.stats().unwrap().passed >= 1, "the second guard saw the socket and passed");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(inq(&server), 0, "a tombstoned flow must not reach the stack");
+        assert!(first.remove(&key).unwrap());
+        expect(&mut server, b"t");
+        drop(second);
+        assert_eq!(prefs("lo", "refract_guard").len(), 1, "the first guard stays");
+        drop(first);
+        assert!(prefs("lo", "refract_guard").is_empty());
     });
 }

@@ -34,9 +34,22 @@ fn agent(dir: &std::path::Path, backend: SocketAddr, control: SocketAddr) -> Pro
 /// A dispatcher on `VIP:8080` whose reads go to `b2`, fronted by the agent at `control`, in
 /// hand-over `mode` (`extra_handover`: more `[handover]` keys).
 fn dispatcher(dir: &Path, b1: &Proc, b2: &Proc, control: SocketAddr, mode: &str, extra_handover: &str) -> Dispatcher {
+    dispatcher_on(8080, dir, b1, b2, control, mode, extra_handover)
+}
+
+/// [`dispatcher`] on `VIP:port`.
+fn dispatcher_on(
+    port: u16,
+    dir: &Path,
+    b1: &Proc,
+    b2: &Proc,
+    control: SocketAddr,
+    mode: &str,
+    extra_handover: &str,
+) -> Dispatcher {
     let key_file = dir.join("control.key");
     std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
-    let http: SocketAddr = format!("{VIP}:8080").parse().unwrap();
+    let http: SocketAddr = format!("{VIP}:{port}").parse().unwrap();
     let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let extra = format!(
         "[handover]\nmode = \"{mode}\"\nkey_file = \"{}\"\nagents = {{ b2 = \"{control}\" }}\n{extra_handover}",
@@ -219,6 +232,48 @@ fn idle_hand_back_scenario() {
     assert_eq!(metric(t.d.admin, r#"refract_handover_kept_total{backend="b2"}"#), 0);
 }
 
+/// Two dispatchers (`VIP:8080`, `VIP:8081`) in front of one agent, each handing its client's
+/// connection over on a control channel of its own — both as connection 1 at epoch 1: the ids
+/// are the dispatcher's. The agent hands each connection back on the channel its `HandOff` came
+/// on, so to the dispatcher that sent it: the second's comes back (and its client goes on
+/// there) while the first's adoption is still streaming, then the first's.
+fn two_dispatchers_scenario() {
+    const BIG: u64 = 32 << 20; // more than the client's socket buffers: the agent stays on it
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (blob("b1"), blob("b2"));
+    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let _agent = agent(dir.path(), b2.addr, control);
+    let d1 = dispatcher_on(8080, dir.path(), &b1, &b2, control, "always", "idle_ms = 0\n");
+    let d2 = dispatcher_on(8081, dir.path(), &b1, &b2, control, "always", "idle_ms = 0\n");
+    let handbacks = |d: &Dispatcher| metric(d.admin, r#"refract_handback_total{backend="b2"}"#);
+    let mut c1 = Client::connect(d1.proc.addr);
+    let mut c2 = Client::connect(d2.proc.addr);
+    for c in [&c1, &c2] {
+        c.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    }
+    // The first's client asks for more than it can buffer and does not read yet.
+    c1.send(get(BIG, 1).as_bytes());
+    wait_metric(d1.admin, r#"refract_handover_total{backend="b2",result="ok"}"#, 1);
+    // The second's whole session: handed over, back (to it), a write relayed by it on the
+    // restored socket, handed over and back again.
+    c2.send(get(1 << 20, 2).as_bytes());
+    check(&c2.read_response(false).unwrap(), 1 << 20, 2, Some("1"));
+    relayed_write(&mut c2);
+    c2.send(get(70_000, 3).as_bytes());
+    check(&c2.read_response(false).unwrap(), 70_000, 3, Some("3"));
+    wait_metric(d2.admin, r#"refract_handback_total{backend="b2"}"#, 2);
+    assert_eq!(handbacks(&d1), 0, "the first's connection is still at the agent");
+    // Now the first's client reads: its connection comes back to the first, which serves on.
+    check(&c1.read_response(false).unwrap(), BIG, 1, Some("1"));
+    wait_metric(d1.admin, r#"refract_handback_total{backend="b2"}"#, 1);
+    relayed_write(&mut c1);
+    assert_eq!((writes(&b1), writes(&b2)), (2, 0));
+    assert_eq!(handbacks(&d2), 2);
+    for d in [&d1, &d2] {
+        assert_eq!(metric(d.admin, r#"refract_handover_ended_total{backend="b2",end="lost"}"#), 0);
+    }
+}
+
 fn relayed_write(c: &mut Client) {
     c.send(b"POST /blob HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc");
     let w = c.read_response(false).unwrap();
@@ -262,4 +317,9 @@ fn tcp_consecutive_large_reads_stay_at_the_agent() {
 #[test]
 fn tcp_an_idle_connection_is_handed_back() {
     in_netns("tcp_an_idle_connection_is_handed_back", idle_hand_back_scenario);
+}
+
+#[test]
+fn tcp_two_dispatchers_each_get_their_connection_back() {
+    in_netns("tcp_two_dispatchers_each_get_their_connection_back", two_dispatchers_scenario);
 }

@@ -32,10 +32,11 @@ pub enum LabCmd {
         /// restores the host's list); one the kernel lacks falls back to the host's default.
         #[arg(long)]
         cc: Option<String>,
-        /// With `--cluster` (HTTP): also N dispatcher hosts rf-d1…rf-dN (the VIP on `lo`), a
-        /// router rf-r with an ECMP route to the VIP over them (4-tuple hash) that the clients
-        /// go through, and etcd in rf-e; each host runs refract relay-only (VIP:8081) and
-        /// hybrid (VIP:8080) with `[cluster]` (docs/deploy.md, "The lab").
+        /// With `--cluster`: also N dispatcher hosts rf-d1…rf-dN (the VIP on `lo`), a router
+        /// rf-r with an ECMP route to the VIP over them (5-tuple hash) that the clients go
+        /// through, and etcd in rf-e; each host runs refract relay-only (VIP:8081) and hybrid
+        /// (VIP:8080), or with `--db postgres` VIP:6433 and VIP:6432, each with `[cluster]`
+        /// (docs/deploy.md, "Several dispatchers in the lab").
         #[arg(long, requires = "cluster", value_parser = clap::value_parser!(u8).range(1..=2))]
         dispatchers: Option<u8>,
     },
@@ -65,12 +66,9 @@ impl LabCmd {
     pub fn run(self) -> Result<()> {
         match self {
             LabCmd::Up { rate, cluster, db, cc, dispatchers } => {
-                if dispatchers.is_some() && db != lab::Db::Http {
-                    anyhow::bail!("--dispatchers runs the HTTP cluster's dispatchers (--db http)");
-                }
                 lab::up(rate, cluster.then_some(db), &crate::fabric::congestion::requested(cc.as_deref()))?;
                 match dispatchers {
-                    Some(n) => lab::up_dispatchers(usize::from(n), rate, &std::env::current_exe()?),
+                    Some(n) => lab::up_dispatchers(usize::from(n), db, rate, &std::env::current_exe()?),
                     None => Ok(()),
                 }
             }

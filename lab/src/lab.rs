@@ -82,10 +82,14 @@ fn up_postgres(rebuilt: bool, refract_bin: &Path) -> Result<()> {
 
 /// `lab up --cluster --dispatchers N`: the hosts, router, etcd and dispatchers of
 /// [`crate::multi`] on the running lab, the clients routed through the router.
-pub fn up_dispatchers(n: usize, rate: Rate, refract_bin: &Path) -> Result<()> {
-    crate::multi::up(n, rate, refract_bin)?;
+pub fn up_dispatchers(n: usize, db: Db, rate: Rate, refract_bin: &Path) -> Result<()> {
+    let kinds: &[crate::multi::Kind] = match db {
+        Db::Http => &crate::multi::HTTP_KINDS,
+        Db::Postgres => &crate::multi::PG_KINDS,
+    };
+    crate::multi::up_kinds(n, kinds, rate, refract_bin)?;
     let names: Vec<String> =
-        crate::multi::nodes(n).iter().map(|d| format!("{} (admin {})", d.name(), d.admin())).collect();
+        crate::multi::nodes_of(n, kinds).iter().map(|d| format!("{} (admin {})", d.name(), d.admin())).collect();
     eprintln!(
         "{n} dispatcher host(s) behind {VIP} through rf-r (ECMP over {}): {}; etcd {}",
         crate::multi::next_hops().join(", "),

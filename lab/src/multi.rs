@@ -62,6 +62,9 @@ pub const PG_KINDS: [Kind; 2] = [
     Kind { name: "pg-hybrid", port: 6432, admin_port: 6532, base: crate::pglab::layout::PG_HYBRID_TOML },
 ];
 
+/// `[postgres] pool_size` of the PostgreSQL dispatchers here (20 on the one-dispatcher host).
+pub const PG_POOL_SIZE: usize = 40;
+
 /// Each PostgreSQL dispatcher's `cancel_listen` port (relay; hybrid is one more).
 pub const CANCEL_PORT: u16 = 6590;
 
@@ -100,7 +103,12 @@ impl Node {
 
     /// Its config: the one-dispatcher lab's, on the host's own address, with `[cluster]`.
     pub fn config(&self) -> String {
-        let text = self.kind.base.replace(&format!("\"{}:", DISPATCHER.addr), &format!("\"{}:", self.host.addr));
+        let mut text = self.kind.base.replace(&format!("\"{}:", DISPATCHER.addr), &format!("\"{}:", self.host.addr));
+        if self.is_pg() {
+            // Room for 100 clients' statements at once over two dispatchers and two servers
+            // (the cancel check), with an uneven spread: 2 × 2 × 40 connections.
+            text = text.replace("pool_size = 20", &format!("pool_size = {PG_POOL_SIZE}"));
+        }
         let mut cluster = format!(
             "{text}\n# Added by `refract lab up --dispatchers`: state shared with the other dispatchers.\n\
              [cluster]\netcd = [\"{ETCD_URL}\"]\nnode_id = \"{}\"\nprefix = \"/refract-lab/{}\"\nlease_ttl_s = 2\n",
@@ -110,7 +118,8 @@ impl Node {
         if self.is_pg() {
             let port = CANCEL_PORT + u16::from(self.kind.name == "pg-hybrid");
             let key = state::path(PEER_KEY);
-            cluster += &format!("cancel_listen = \"{}:{port}\"\npeer_key_file = \"{}\"\n", self.host.addr, key.display());
+            cluster +=
+                &format!("cancel_listen = \"{}:{port}\"\npeer_key_file = \"{}\"\n", self.host.addr, key.display());
         }
         cluster
     }
@@ -118,7 +127,10 @@ impl Node {
 
 /// The dispatcher processes of `n` hosts, of `kinds`.
 pub fn nodes_of(n: usize, kinds: &[Kind]) -> Vec<Node> {
-    DISPATCHERS[..n.min(DISPATCHERS.len())].iter().flat_map(|h| kinds.iter().map(|k| Node { host: *h, kind: *k })).collect()
+    DISPATCHERS[..n.min(DISPATCHERS.len())]
+        .iter()
+        .flat_map(|h| kinds.iter().map(|k| Node { host: *h, kind: *k }))
+        .collect()
 }
 
 /// The HTTP dispatcher processes of `n` hosts.
@@ -322,7 +334,10 @@ fn wait_ready(nodes: &[Node]) -> Result<()> {
     for n in nodes {
         let client = format!("{VIP}:{}", n.port());
         let local = Client::Curl(n.host.ns());
-        let serves = || n.is_pg() && listening(&n.host.ns(), &client) || local.get(&client, "/blob?bytes=1").is_ok_and(|r| r.status == 200);
+        let serves = || {
+            n.is_pg() && listening(&n.host.ns(), &client)
+                || local.get(&client, "/blob?bytes=1").is_ok_and(|r| r.status == 200)
+        };
         let shares = || local.get(&n.admin(), "/health").is_ok_and(|r| r.body.contains("etcd: up"));
         while !(serves() && shares()) {
             if Instant::now() > deadline {
@@ -333,6 +348,16 @@ fn wait_ready(nodes: &[Node]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Stops the dispatchers of `kinds` on every dispatcher host (SIGTERM, then SIGKILL after 2 s).
+pub fn stop_nodes(kinds: &[Kind]) {
+    let pids: Vec<u32> = nodes_of(DISPATCHERS.len(), kinds)
+        .iter()
+        .filter_map(|n| state::read(&format!("{}.pid", n.name()))?.trim().parse().ok())
+        .filter(|p| sh::alive(*p))
+        .collect();
+    sh::stop_pids(&pids);
 }
 
 /// `lab kill-dispatcher NAME`: kills the dispatchers of host `name` (`d2`) with SIGKILL, as a
@@ -416,10 +441,17 @@ mod tests {
         assert_eq!(all.iter().map(Node::name).collect::<Vec<_>>(), ["d1-relay", "d1-hybrid", "d2-relay", "d2-hybrid"]);
         let pg = nodes_of(2, &PG_KINDS);
         let relay = pg[2].config();
-        assert!(relay.contains("listen = \"198.18.0.4:6633\"") && relay.contains("admin = \"198.18.0.4:6533\""), "{relay}");
+        assert!(
+            relay.contains("listen = \"198.18.0.4:6633\"") && relay.contains("admin = \"198.18.0.4:6533\""),
+            "{relay}"
+        );
         assert!(relay.contains("cancel_listen = \"198.18.0.4:6590\"") && relay.contains("peer_key_file"), "{relay}");
+        assert!(relay.contains("pool_size = 40"), "{relay}");
         let settings: Vec<&str> = relay.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
-        assert!(!settings.iter().any(|l| l.contains("198.18.0.2:")), "nothing on the one-dispatcher host's address: {relay}");
+        assert!(
+            !settings.iter().any(|l| l.contains("198.18.0.2:")),
+            "nothing on the one-dispatcher host's address: {relay}"
+        );
         let relay = all[2].config();
         assert!(relay.contains("admin = \"198.18.0.4:8181\""), "{relay}");
         assert!(!relay.contains("198.18.0.2:8181"), "not the one-dispatcher host's admin address");

@@ -6,6 +6,8 @@
 //! from each one's `/metrics`): the ECMP hash of 4 connections is not always 2 + 2, and a
 //! dispatcher's link is the bottleneck. Writes section `cluster:RATE` of docs/benchmarks.md.
 
+pub mod cancels;
+
 use crate::bench::streams::ConnResult;
 use crate::cluster::http_client::Client;
 use crate::fabric::topology::{Host, B1, B2, C1, C2, VIP};
@@ -40,6 +42,10 @@ pub struct ClusterArgs {
     /// Repeats (each runs every target once, in turn).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// PostgreSQL clients (half in each client host) that each cancel a `pg_sleep(10)` through
+    /// the VIP, after the HTTP runs (0: none).
+    #[arg(long, default_value_t = 100)]
+    cancels: usize,
     /// The markdown page; section `cluster:RATE` is (re)written.
     #[arg(long, default_value = "docs/benchmarks.md")]
     out: PathBuf,
@@ -74,16 +80,23 @@ pub fn run(a: &ClusterArgs) -> Result<()> {
     let was_up = multi::is_up();
     let exe = std::env::current_exe().context("locating the refract binary")?;
     multi::up(DISPATCHERS.len(), a.rate, &exe)?;
-    let result = measure(a, &exe).and_then(|runs| Ok((runs, failover(a.rate, &exe)?)));
+    let mut guard = guard;
+    let result = measure(a, &exe).and_then(|runs| Ok((runs, failover(a.rate, &exe)?))).and_then(|(runs, f)| {
+        let cancelled = if a.cancels > 0 { Some(pg_cancels(&mut guard, a, &exe)?) } else { None };
+        Ok((runs, f, cancelled))
+    });
     if !was_up {
         multi::down();
     } else {
         let _ = multi::route(&DISPATCHERS);
     }
     drop(guard);
-    let (runs, failover) = result?;
+    let (runs, failover, cancelled) = result?;
     let mut body = render(a, &runs);
     body += &render_failover(&failover);
+    if let Some(c) = &cancelled {
+        body += &render_cancels(c);
+    }
     crate::report::write_marked(&a.out, "cluster", &a.rate.label(), &body)?;
     eprintln!("wrote section cluster:{} of {}", a.rate.label(), a.out.display());
     print!("{body}");
@@ -97,7 +110,8 @@ fn measure(a: &ClusterArgs, exe: &std::path::Path) -> Result<Vec<Run>> {
         for (i, t) in TARGETS.iter().enumerate() {
             interrupt::check()?;
             multi::route(&DISPATCHERS[..t.hosts])?;
-            let nodes: Vec<Node> = multi::nodes(DISPATCHERS.len()).into_iter().filter(|n| n.kind.name == t.kind).collect();
+            let nodes: Vec<Node> =
+                multi::nodes(DISPATCHERS.len()).into_iter().filter(|n| n.kind.name == t.kind).collect();
             let before: Vec<u64> = nodes.iter().map(|n| requests(&probe, n)).collect();
             let port = if t.kind == "hybrid" { 8080 } else { 8081 };
             let mut children = vec![];
@@ -374,5 +388,52 @@ fn render_failover(f: &Failover) -> String {
         news.join(", "),
         left.join(", ")
     );
+    out
+}
+
+/// The PostgreSQL cluster in place of the HTTP one, its dispatchers on both hosts, and the
+/// cancels through the VIP's hybrid port.
+fn pg_cancels(guard: &mut LabGuard, a: &ClusterArgs, exe: &std::path::Path) -> Result<Vec<cancels::Cancelled>> {
+    guard.stop_cluster();
+    multi::stop_nodes(&multi::HTTP_KINDS);
+    crate::pglab::start(exe)?;
+    let result = multi::up_kinds(DISPATCHERS.len(), &multi::PG_KINDS, a.rate, exe)
+        .and_then(|()| cancels::run(6432, a.cancels.div_ceil(2)));
+    multi::stop_nodes(&multi::PG_KINDS);
+    crate::pglab::stop();
+    result
+}
+
+fn render_cancels(c: &[cancels::Cancelled]) -> String {
+    let mut out = String::new();
+    let took: Vec<f64> = c.iter().filter(|x| x.code.as_deref() == Some("57014")).filter_map(|x| x.seconds).collect();
+    let within = took.iter().filter(|s| **s <= 1.0).count();
+    let _ = writeln!(
+        out,
+        "\n### PostgreSQL cancels through either dispatcher\n\n{} psycopg2 clients (half in each client \
+         host) each run `SELECT pg_sleep(10)` through VIP:6432 (refract hybrid on both dispatcher \
+         hosts, `[cluster] cancel_listen`, `pool_size = {}`) and cancel it after 0.5 s with \
+         `connection.cancel()`, whose CancelRequest rf-r hashes to either dispatcher. \
+         **{within} / {}** cancels took effect (`57014`) within 1 s; median {} ms, slowest {} ms.",
+        c.len(),
+        multi::PG_POOL_SIZE,
+        c.len(),
+        sig3(median(took.clone()) * 1000.0),
+        sig3(took.iter().copied().fold(0.0, f64::max) * 1000.0)
+    );
+    let others: Vec<String> = c
+        .iter()
+        .filter(|x| x.code.as_deref() != Some("57014"))
+        .map(|x| {
+            format!(
+                "{} {}",
+                x.code.as_deref().unwrap_or("-"),
+                x.message.as_deref().or(x.error.as_deref()).unwrap_or("")
+            )
+        })
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(out, "Not cancelled: {}.", others.join("; "));
+    }
     out
 }

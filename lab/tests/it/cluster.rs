@@ -83,7 +83,7 @@ fn two_dispatchers_share_membership_survive_a_kill_and_an_etcd_outage() {
     let _down = Down;
     let gbit = Rate::parse("1gbit").expect("rate");
     lab::up_with(gbit, Some(Db::Http), &congestion::requested(None), &bin).expect("lab up --cluster");
-    lab::up_dispatchers(2, gbit, &bin).expect("lab up --dispatchers 2");
+    lab::up_dispatchers(2, Db::Http, gbit, &bin).expect("lab up --dispatchers 2");
     assert_eq!(multi::next_hops(), ["198.18.0.3", "198.18.0.4"]);
     let [d1, d2] = [0, 1].map(|i| format!("{}:8181", DISPATCHERS[i].addr));
     let (code, body) = admin("GET", &d1, "/cluster");
@@ -140,4 +140,35 @@ fn two_dispatchers_share_membership_survive_a_kill_and_an_etcd_outage() {
     assert_eq!(admin("POST", &d2, "/backends/b1/drain").0, 200);
     assert!(within(Duration::from_secs(1), || drained(&d1, "b1") == Some(true)).is_some(), "converged");
     assert_eq!(admin("POST", &d1, "/backends/b1/undrain").0, 200);
+}
+
+#[test]
+fn pg_cancels_through_either_dispatcher_take_effect_within_a_second() {
+    let _lab = common::lab_lock();
+    if let Some(why) = skip_reason() {
+        skip(&why);
+        return;
+    }
+    for tool in ["initdb", "pg_ctl", "pg_basebackup"] {
+        if !refract_testkit::tool(tool).is_ok_and(|p| p.exists()) {
+            skip(&format!("PostgreSQL's {tool} is not installed"));
+            return;
+        }
+    }
+    if refract_lab::bench::cluster::cancels::python().is_none() {
+        skip("no python3 with psycopg2 (apt-get install python3-psycopg2)");
+        return;
+    }
+    let bin = refract_bin().expect("refract binary");
+    let _down = Down;
+    let gbit = Rate::parse("1gbit").expect("rate");
+    lab::up_with(gbit, Some(Db::Postgres), &congestion::requested(None), &bin).expect("lab up --db postgres");
+    lab::up_dispatchers(2, Db::Postgres, gbit, &bin).expect("lab up --dispatchers 2");
+    // 100 clients, as the acceptance asks: each one's CancelRequest lands on either dispatcher.
+    let results = refract_lab::bench::cluster::cancels::run(6432, 50).expect("cancels");
+    assert_eq!(results.len(), 100);
+    for r in &results {
+        assert_eq!(r.code.as_deref(), Some("57014"), "every statement cancelled: {r:?}");
+        assert!(r.seconds.is_some_and(|s| s <= 1.0), "within 1 s: {r:?}");
+    }
 }

@@ -17,7 +17,22 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-type Slot = Arc<Mutex<Option<ServerKey>>>;
+type Slot = Arc<SlotState>;
+
+/// What a client's statement is doing, as far as a cancel is concerned.
+#[derive(Debug, Default)]
+struct SlotState {
+    /// The server connection it runs on, if any.
+    server: Mutex<Option<ServerKey>>,
+    /// Wakes a statement that waits for a server connection ([`CancelKey::unless_cancelled`]).
+    wait: tokio::sync::Notify,
+}
+
+impl SlotState {
+    fn server(&self) -> std::sync::MutexGuard<'_, Option<ServerKey>> {
+        self.server.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// Passes a CancelRequest this dispatcher cannot resolve to the dispatcher that handed out its
 /// id (several dispatchers, `[cluster]`); fire and forget, as PostgreSQL answers none.
@@ -94,14 +109,19 @@ impl Cancels {
         CancelKey { pid, secret, slot, owner: self.clone() }
     }
 
-    /// The server connection to cancel for a client's (pid, secret), if it is using one.
+    /// The server connection to cancel for a client's (pid, secret), if it is using one. A
+    /// statement still waiting for a server connection is cancelled here: its wait ends with
+    /// `57014`, as the statement would on PostgreSQL ([`CancelKey::unless_cancelled`]).
     pub fn lookup(&self, pid: i32, secret: &[u8]) -> Option<ServerKey> {
         let keys = self.lock();
         let (s, slot) = keys.get(&pid)?;
         if s.as_slice() != secret {
             return None;
         }
-        let key = slot.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let key = slot.server().clone();
+        if key.is_none() {
+            slot.wait.notify_waiters();
+        }
         key
     }
 
@@ -132,7 +152,32 @@ impl Cancels {
 impl CancelKey {
     /// The client now runs on `key` (or on nothing).
     pub fn set(&self, key: Option<ServerKey>) {
-        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = key;
+        *self.slot.server() = key;
+    }
+
+    /// What a wait for a server connection needs to end at this client's cancel.
+    pub fn waiter(&self) -> CancelWaiter {
+        CancelWaiter { slot: self.slot.clone() }
+    }
+}
+
+/// Ends a client's wait for a server connection when the client cancels ([`CancelKey::waiter`]).
+#[derive(Debug, Clone)]
+pub struct CancelWaiter {
+    slot: Slot,
+}
+
+impl CancelWaiter {
+    /// `wait`'s output, or `None` if the client cancelled (a CancelRequest with its key, here or
+    /// forwarded by another dispatcher) while it ran.
+    pub async fn unless_cancelled<F: std::future::Future>(&self, wait: F) -> Option<F::Output> {
+        let cancelled = self.slot.wait.notified();
+        tokio::pin!(cancelled);
+        cancelled.as_mut().enable(); // a cancel from now on ends it
+        tokio::select! {
+            out = wait => Some(out),
+            () = cancelled => None,
+        }
     }
 }
 
@@ -182,6 +227,25 @@ mod tests {
         assert_eq!(*relayed.0.lock().unwrap(), [(key.pid + 1, *b"abcd")]);
         assert_eq!(slot_of(i32::MAX), Some(SLOTS - 1));
         assert_eq!(slot_of(7), None);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_ends_a_wait_for_a_server_connection() {
+        let cancels = Arc::new(Cancels::default());
+        let key = cancels.register();
+        let waiter = key.waiter();
+        let (pid, secret) = (key.pid, key.secret);
+        let c = cancels.clone();
+        let cancel = async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            assert_eq!(c.lookup(pid, b"nope"), None);
+            assert_eq!(c.lookup(pid, &secret), None, "no server yet");
+        };
+        let forever = std::future::pending::<()>();
+        let (out, ()) = tokio::join!(waiter.unless_cancelled(forever), cancel);
+        assert_eq!(out, None, "cancelled");
+        // A cancel that came before a wait does not end it.
+        assert_eq!(waiter.unless_cancelled(async { 7 }).await, Some(7));
     }
 
     #[test]

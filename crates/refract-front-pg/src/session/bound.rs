@@ -196,6 +196,9 @@ impl Bound {
     }
 }
 
+/// PostgreSQL's message for a statement its client cancelled.
+const CANCELLED: &str = "canceling statement due to user request";
+
 /// PostgreSQL's warning when a library reserves the prefix of a custom parameter the session
 /// has set (`MarkGUCPrefixReserved`): the parameter is removed.
 fn placeholder_removed(name: &str) -> bytes::Bytes {
@@ -304,6 +307,21 @@ impl Session {
             };
             return Err(PgError::Unavailable(format!("refract: {what}")));
         }
+        // A cancel while the statement waits (admission, a free connection) ends the wait.
+        let waiter = self.key.waiter();
+        match waiter.unless_cancelled(self.bind_one_of(candidates, path, route)).await {
+            Some(bound) => bound,
+            None => {
+                self.client.info.set_bound(None);
+                self.key.set(None);
+                Err(PgError::Refused { sqlstate: sqlstate::QUERY_CANCELED, message: CANCELLED.into() })
+            }
+        }
+    }
+
+    /// Binds the first of `candidates` that admits the statement and has a connection of kind
+    /// `path`, giving it the session's SETs first when they may be refused there.
+    async fn bind_one_of(&mut self, candidates: Vec<Arc<Server>>, path: Path, route: Route) -> Result<(), PgError> {
         let mut last = None;
         let mut rest = candidates;
         while !rest.is_empty() {
@@ -378,6 +396,7 @@ impl Session {
         let (code, kind) = match e {
             PgError::Timeout(_) => (sqlstate::TOO_MANY_CONNECTIONS, "pg_unavailable"),
             // Counted as the HTTP path counts its refusals.
+            PgError::Refused { sqlstate, ref message } if message == CANCELLED => (sqlstate, "cancelled"),
             PgError::Refused { sqlstate, .. } => (sqlstate, "overloaded"),
             // The server refused the session's SETs on the connection bound for the statement
             // (`Bound::give_params`): its own error, which names what it refused.

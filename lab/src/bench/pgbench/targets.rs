@@ -424,9 +424,15 @@ mod tests {
             c.arg("30").env("RUST_LOG", "warn");
             let mut p = spawn(&setup, c, "sleeper", "TERM", false).expect("spawn");
             let pid = p.child.id();
-            // setsid(1) runs its setsid() and exec() after fork: wait until it is `sleep`.
+            // setsid(1) runs its setsid() and exec() after fork: wait until it is `sleep`, with
+            // its environment in place (exec names the process before it lays out the new
+            // environment, so a loaded machine can show one without the other).
             let deadline = Instant::now() + Duration::from_secs(5);
-            while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() != "sleep" {
+            let execed = || {
+                std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() == "sleep"
+                    && !std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default().is_empty()
+            };
+            while !execed() {
                 assert!(Instant::now() < deadline, "{placement:?}: the child never became `sleep`");
                 std::thread::sleep(Duration::from_millis(10));
             }

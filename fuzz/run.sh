@@ -8,7 +8,7 @@
 set -euo pipefail
 seconds=${1:?usage: run.sh SECONDS}
 cd "$(dirname "$0")"
-read -ra targets <<<"${FUZZ_TARGETS:-http_head http_chunked pg_frontend pg_backend pg_startup handover_msg pg_keyparam pg_copyrows pg_numeric pg_scram pg_hybrid}"
+read -ra targets <<<"${FUZZ_TARGETS:-http_head http_chunked pg_frontend pg_backend pg_startup handover_msg pg_keyparam pg_copyrows pg_numeric pg_scram pg_hybrid peer_cancel}"
 
 # cargo-afl builds AFL++ itself on install; `config --build` covers an install that did not
 # (it refuses, harmlessly, when AFL++ is there already).

@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! - [`targets`]: the target functions (`http_head`, `http_chunked`, `pg_frontend`,
-//!   `pg_backend`, `pg_startup`, `handover_msg`) and [`targets::ALL`], their names.
+//!   `pg_backend`, `pg_startup`, `handover_msg`, `pg_keyparam`, `pg_copyrows`, `pg_numeric`,
+//!   `pg_scram`, `pg_hybrid`, `peer_cancel`) and [`targets::ALL`], their names.
 
 #![forbid(unsafe_code)]
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use refract_fuzz::targets::ALL;
+use refract_fuzz::targets::{ALL, PEER_KEY, PEER_NOW_MS};
 
 /// The files in `dir` (none if it does not exist), sorted so failures name the same file.
 fn inputs(dir: &Path) -> Vec<PathBuf> {
@@ -68,4 +68,14 @@ fn the_handover_seeds_are_whole_frames_of_the_current_wire_format() {
             }
         }
     }
+}
+
+#[test]
+fn the_peer_cancel_seed_valid_opens_with_the_target_key_and_clock() {
+    // Only a frame sealed with the target's key near its clock reaches the accepting side of
+    // `open` from a connection's bytes: when the frame or the key changes, it is sealed again.
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/peer_cancel/valid");
+    let data = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let frame = data.first_chunk().unwrap_or_else(|| panic!("{}: short", file.display()));
+    assert!(refract_dispatch::peers::open(PEER_KEY, frame, PEER_NOW_MS).is_some(), "{}: refused", file.display());
 }

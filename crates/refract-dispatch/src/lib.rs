@@ -9,7 +9,8 @@
 //!   (`admin/guard.rs`).
 //! - `members`: membership changes on this dispatcher, either front end's members.
 //! - `cluster`: several dispatchers sharing membership and reloads through etcd (`[cluster]`).
-//! - `peers`: CancelRequests forwarded between dispatchers, authenticated.
+//! - `peers`: CancelRequests forwarded between dispatchers, authenticated (public, hidden, for
+//!   the fuzz target `peer_cancel`).
 //! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
 
 mod admin;
@@ -17,7 +18,10 @@ mod cluster;
 pub mod config;
 pub mod dispatcher;
 mod members;
-mod peers;
+// Public only for the fuzz target `peer_cancel` (fuzz/, docs/fuzzing.md): the frame's `seal`,
+// `open` and `receive`.
+#[doc(hidden)]
+pub mod peers;
 mod reload;
 
 pub use dispatcher::{run_workers, Dispatcher};

@@ -13,15 +13,15 @@ use sha2::Sha256;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 const MAGIC: &[u8; 4] = b"RFC1";
 /// magic, pid, secret, milliseconds since the epoch, HMAC.
-const FRAME: usize = 4 + 4 + 4 + 8 + 32;
+pub const FRAME: usize = 4 + 4 + 4 + 8 + 32;
 /// How far a forwarded request's time may be from this dispatcher's clock.
-const WINDOW_MS: u64 = 30_000;
+pub const WINDOW_MS: u64 = 30_000;
 /// The least key length.
 pub(crate) const MIN_KEY: usize = 16;
 /// How long forwarding or reading one request may take.
@@ -57,7 +57,7 @@ fn now_ms() -> u64 {
 }
 
 /// A forwarded request for (`pid`, `secret`) at `at_ms`.
-fn seal(key: &[u8], pid: i32, secret: [u8; 4], at_ms: u64) -> [u8; FRAME] {
+pub fn seal(key: &[u8], pid: i32, secret: [u8; 4], at_ms: u64) -> [u8; FRAME] {
     let mut f = [0u8; FRAME];
     f[..4].copy_from_slice(MAGIC);
     f[4..8].copy_from_slice(&pid.to_be_bytes());
@@ -69,7 +69,7 @@ fn seal(key: &[u8], pid: i32, secret: [u8; 4], at_ms: u64) -> [u8; FRAME] {
 }
 
 /// The (`pid`, `secret`) of a genuine, fresh request; `None` for anything else.
-fn open(key: &[u8], f: &[u8; FRAME], now_ms: u64) -> Option<(i32, [u8; 4])> {
+pub fn open(key: &[u8], f: &[u8; FRAME], now_ms: u64) -> Option<(i32, [u8; 4])> {
     if &f[..4] != MAGIC || mac(key, &f[..20]).verify_slice(&f[20..]).is_err() {
         return None;
     }
@@ -78,6 +78,18 @@ fn open(key: &[u8], f: &[u8; FRAME], now_ms: u64) -> Option<(i32, [u8; 4])> {
         return None;
     }
     Some((i32::from_be_bytes(f[4..8].try_into().ok()?), f[8..12].try_into().ok()?))
+}
+
+/// Reads one forwarded request, [`FRAME`] bytes, off `r` and [`open`]s it at the time `now_ms`
+/// gives once it is read; `None` for a connection closed short, or a request `open` refuses.
+pub async fn receive<R: AsyncRead + Unpin>(
+    r: &mut R,
+    key: &[u8],
+    now_ms: impl FnOnce() -> u64,
+) -> Option<(i32, [u8; 4])> {
+    let mut f = [0u8; FRAME];
+    r.read_exact(&mut f).await.ok()?;
+    open(key, &f, now_ms())
 }
 
 /// Forwards CancelRequests for keys this dispatcher did not hand out to the peers of their slot.
@@ -126,9 +138,7 @@ pub(crate) async fn serve(listener: TcpListener, key: Arc<Vec<u8>>, pg: Arc<PgFr
         };
         let (key, pg) = (key.clone(), pg.clone());
         tokio::spawn(async move {
-            let mut f = [0u8; FRAME];
-            let read = tokio::time::timeout(IO_TIMEOUT, s.read_exact(&mut f)).await;
-            match read.ok().and_then(|r| r.ok()).and_then(|_| open(&key, &f, now_ms())) {
+            match tokio::time::timeout(IO_TIMEOUT, receive(&mut s, &key, now_ms)).await.ok().flatten() {
                 Some((pid, secret)) => pg.cancel_forwarded(pid, secret).await,
                 None => tracing::warn!(%peer, "a forwarded cancel request failed authentication: dropped"),
             }
@@ -152,6 +162,17 @@ mod tests {
             bad[i] ^= 1;
             assert_eq!(open(key, &bad, 1_000_000), None, "byte {i} altered");
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_is_read_whole_and_opened_once_read() {
+        let key = b"0123456789abcdef";
+        let f = seal(key, 7, *b"abcd", 5_000);
+        let mut sent = [&f[..], b"more"].concat();
+        assert_eq!(receive(&mut &sent[..], key, || 5_000).await, Some((7, *b"abcd")), "bytes after it unread");
+        assert_eq!(receive(&mut &f[..FRAME - 1], key, || panic!("opened a short read")).await, None);
+        sent[FRAME - 1] ^= 1;
+        assert_eq!(receive(&mut &sent[..], key, || 5_000).await, None, "altered");
     }
 
     #[test]

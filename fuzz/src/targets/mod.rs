@@ -4,6 +4,7 @@
 mod handover;
 mod http;
 mod hybrid;
+mod peers;
 mod pg;
 mod scram;
 mod shard;
@@ -11,6 +12,7 @@ mod shard;
 pub use handover::handover_msg;
 pub use http::{http_chunked, http_head};
 pub use hybrid::pg_hybrid;
+pub use peers::{peer_cancel, PEER_KEY, PEER_NOW_MS};
 pub use pg::{pg_backend, pg_copyrows, pg_frontend, pg_keyparam, pg_startup};
 pub use scram::pg_scram;
 pub use shard::pg_numeric;
@@ -19,7 +21,7 @@ pub use shard::pg_numeric;
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target, in the order `make fuzz` runs them.
-pub const ALL: [Target; 11] = [
+pub const ALL: [Target; 12] = [
     ("http_head", http_head),
     ("http_chunked", http_chunked),
     ("pg_frontend", pg_frontend),
@@ -31,4 +33,5 @@ pub const ALL: [Target; 11] = [
     ("pg_numeric", pg_numeric),
     ("pg_scram", pg_scram),
     ("pg_hybrid", pg_hybrid),
+    ("peer_cancel", peer_cancel),
 ];

@@ -77,5 +77,5 @@ fn the_peer_cancel_seed_valid_opens_with_the_target_key_and_clock() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/peer_cancel/valid");
     let data = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let frame = data.first_chunk().unwrap_or_else(|| panic!("{}: short", file.display()));
-    assert!(refract_dispatch::peers::open(PEER_KEY, frame, PEER_NOW_MS).is_some(), "{}: refused", file.display());
+    assert!(refract_pg::peer_cancel::open(PEER_KEY, frame, PEER_NOW_MS).is_some(), "{}: refused", file.display());
 }

@@ -18,10 +18,7 @@ mod cluster;
 pub mod config;
 pub mod dispatcher;
 mod members;
-// Public only for the fuzz target `peer_cancel` (fuzz/, docs/fuzzing.md): the frame's `seal`,
-// `open` and `receive`.
-#[doc(hidden)]
-pub mod peers;
+mod peers;
 mod reload;
 
 pub use dispatcher::{run_workers, Dispatcher};

@@ -6,10 +6,11 @@
 //! the key every dispatcher shares (`peer_key_file`); a forged, altered or stale request (more
 //! than 30 s off) is dropped without effect, and nothing is ever answered, as PostgreSQL does.
 
-use hmac::{Hmac, Mac};
 use refract_cluster::Cluster;
 use refract_front_pg::{slot_of, CancelRelay, PgFront, SLOTS};
-use sha2::Sha256;
+#[cfg(test)]
+use refract_pg::peer_cancel::WINDOW_MS;
+pub(crate) use refract_pg::peer_cancel::{open, seal, FRAME};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,11 +18,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-const MAGIC: &[u8; 4] = b"RFC1";
-/// magic, pid, secret, milliseconds since the epoch, HMAC.
-pub const FRAME: usize = 4 + 4 + 4 + 8 + 32;
-/// How far a forwarded request's time may be from this dispatcher's clock.
-pub const WINDOW_MS: u64 = 30_000;
 /// The least key length.
 pub(crate) const MIN_KEY: usize = 16;
 /// How long forwarding or reading one request may take.
@@ -46,43 +42,13 @@ pub(crate) fn read_key(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     Ok(key)
 }
 
-fn mac(key: &[u8], body: &[u8]) -> Hmac<Sha256> {
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
-    m.update(body);
-    m
-}
-
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// A forwarded request for (`pid`, `secret`) at `at_ms`.
-pub fn seal(key: &[u8], pid: i32, secret: [u8; 4], at_ms: u64) -> [u8; FRAME] {
-    let mut f = [0u8; FRAME];
-    f[..4].copy_from_slice(MAGIC);
-    f[4..8].copy_from_slice(&pid.to_be_bytes());
-    f[8..12].copy_from_slice(&secret);
-    f[12..20].copy_from_slice(&at_ms.to_be_bytes());
-    let tag = mac(key, &f[..20]).finalize().into_bytes();
-    f[20..].copy_from_slice(&tag);
-    f
-}
-
-/// The (`pid`, `secret`) of a genuine, fresh request; `None` for anything else.
-pub fn open(key: &[u8], f: &[u8; FRAME], now_ms: u64) -> Option<(i32, [u8; 4])> {
-    if &f[..4] != MAGIC || mac(key, &f[..20]).verify_slice(&f[20..]).is_err() {
-        return None;
-    }
-    let at = u64::from_be_bytes(f[12..20].try_into().ok()?);
-    if at.abs_diff(now_ms) > WINDOW_MS {
-        return None;
-    }
-    Some((i32::from_be_bytes(f[4..8].try_into().ok()?), f[8..12].try_into().ok()?))
-}
-
 /// Reads one forwarded request, [`FRAME`] bytes, off `r` and [`open`]s it at the time `now_ms`
 /// gives once it is read; `None` for a connection closed short, or a request `open` refuses.
-pub async fn receive<R: AsyncRead + Unpin>(
+pub(crate) async fn receive<R: AsyncRead + Unpin>(
     r: &mut R,
     key: &[u8],
     now_ms: impl FnOnce() -> u64,

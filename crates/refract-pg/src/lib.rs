@@ -28,6 +28,7 @@ pub mod frame;
 pub mod frontend;
 pub mod hybrid;
 pub mod notice;
+pub mod peer_cancel;
 pub mod reply;
 pub mod session;
 pub mod startup;

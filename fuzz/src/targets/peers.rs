@@ -1,13 +1,8 @@
 //! Target for the frames dispatchers forward PostgreSQL CancelRequests to each other in
-//! (`refract_dispatch::peers`, `[cluster] cancel_listen`): `receive` reading a peer's connection,
-//! `open` checking the frame's magic, HMAC-SHA256 and time, and `seal`, which writes them.
+//! (`refract_pg::peer_cancel`, `[cluster] cancel_listen`): `open` checking a peer's frame's
+//! magic, HMAC-SHA256 and time, and `seal`, which writes them.
 
-use std::cell::Cell;
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
-
-use refract_dispatch::peers::{open, receive, seal, FRAME, WINDOW_MS};
+use refract_pg::peer_cancel::{open, seal, FRAME, WINDOW_MS};
 
 /// The key the dispatchers share here; the seeds (`corpus/peer_cancel/`) are sealed with it.
 pub const PEER_KEY: &[u8] = b"refract fuzz peer key";
@@ -18,7 +13,7 @@ const OTHER_KEY: &[u8] = b"refract fuzz peer kez";
 /// seed `valid` is sealed 1 s before it.
 pub const PEER_NOW_MS: u64 = 1_750_000_000_000;
 
-/// The input twice: as what a peer sends on a connection (read and opened at [`PEER_NOW_MS`]),
+/// The input twice: as what a peer sends (its first [`FRAME`] bytes opened at [`PEER_NOW_MS`]),
 /// and as the fields of a request (`pid`, `secret`, time at bytes 4..20, as in a frame) that
 /// this side seals and then alters.
 pub fn peer_cancel(data: &[u8]) {
@@ -26,23 +21,11 @@ pub fn peer_cancel(data: &[u8]) {
     sealed(data);
 }
 
-/// A connection's bytes: a request is read whole before the clock is read, is exactly
-/// `data[..FRAME]` opened, and is accepted exactly when it is what `seal` writes for its own
-/// fields, at a time within the window.
+/// A peer's frame is accepted exactly when it is what `seal` writes for its own fields, at a
+/// time within the window.
 fn received(data: &[u8]) {
-    let clock_read = Cell::new(false);
-    let now = || {
-        clock_read.set(true);
-        PEER_NOW_MS
-    };
-    let got = ready(receive(&mut &data[..], PEER_KEY, now));
-    let Some(f) = data.first_chunk::<FRAME>() else {
-        assert_eq!(got, None, "a request of {} bytes opened", data.len());
-        assert!(!clock_read.get(), "the clock read for a short request");
-        return;
-    };
-    assert!(clock_read.get(), "a whole request opened without the clock");
-    assert_eq!(got, open(PEER_KEY, f, PEER_NOW_MS), "receive and open disagree");
+    let Some(f) = data.first_chunk::<FRAME>() else { return };
+    let got = open(PEER_KEY, f, PEER_NOW_MS);
     let (pid, secret, at) = fields(f);
     let genuine = seal(PEER_KEY, pid, secret, at) == *f;
     let fresh = at.abs_diff(PEER_NOW_MS) <= WINDOW_MS;
@@ -53,8 +36,7 @@ fn received(data: &[u8]) {
 }
 
 /// A request this side seals opens with its own fields, at any time within the window of its
-/// own and at none outside it, and with no other key; every altered byte is refused; it is read
-/// off a connection whole, the bytes after it unread.
+/// own and at none outside it, and with no other key; every altered byte is refused.
 fn sealed(data: &[u8]) {
     let mut b = [0u8; FRAME];
     data.iter().take(FRAME).enumerate().for_each(|(i, d)| b[i] = *d);
@@ -69,9 +51,6 @@ fn sealed(data: &[u8]) {
     }
     assert_eq!(open(OTHER_KEY, &f, at), None, "opened with another key");
     altered_refused(&f, at, data.get(FRAME).copied());
-    let sent = [&f[..], data].concat();
-    assert_eq!(ready(receive(&mut &sent[..], PEER_KEY, || at)), Some((pid, secret)), "the bytes after it read");
-    assert_eq!(ready(receive(&mut &f[..FRAME - 1], PEER_KEY, || at)), None, "a request cut short opened");
 }
 
 /// `f`, which opens at `now`, refused with any one byte altered (xor `mask`, 1 if none or 0).
@@ -93,12 +72,4 @@ fn fields(f: &[u8; FRAME]) -> (i32, [u8; 4], u64) {
     secret.copy_from_slice(&f[8..12]);
     at.copy_from_slice(&f[12..20]);
     (i32::from_be_bytes(pid), secret, u64::from_be_bytes(at))
-}
-
-/// The output of a future over bytes already in memory, which never waits: polled once.
-fn ready<F: Future>(fut: F) -> F::Output {
-    match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("reading bytes already received waited"),
-    }
 }

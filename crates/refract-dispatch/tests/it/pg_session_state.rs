@@ -431,6 +431,23 @@ fn partial_and_custom_settings_are_carried_as_postgresql_keeps_them() {
     assert_eq!(primary(&mut a, "SHOW custom.rf_x").value(), "");
 }
 
+#[test]
+fn a_cancel_ends_a_wait_for_a_server_connection() {
+    // One connection per server, and a checkout that would wait 5 s for it.
+    let f = Fixture::start("pool_size = 1\nmin_idle = 1\ncheckout_timeout_ms = 5000");
+    let (mut a, mut b) = (connect(&f), connect(&f));
+    primary(&mut a, "BEGIN"); // holds the primary's only connection
+    b.send(&[FrontendMessage::Query("/* refract: route=primary */ SELECT 1".into())]);
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    b.cancel(f.addr());
+    let answer = b.until_ready();
+    assert_eq!(answer.code(), Some("57014"), "cancelled while waiting: {answer:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "at once, not at the checkout timeout");
+    primary(&mut a, "COMMIT");
+    assert_eq!(primary(&mut b, "SELECT 1").value(), "1", "the session goes on");
+}
+
 /// The warning PostgreSQL gives when a library reserves the prefix of a parameter the session set.
 fn removed(a: &Answer, name: &str) -> bool {
     let message = format!("invalid configuration parameter name \"{name}\", removing it");

@@ -1,12 +1,11 @@
 //! `Switch`: runs, of the lab's dispatchers that steer (hybrid, handover), the one a target
 //! needs, and tallies the hand-over figures of every hand-over dispatcher over a run.
 //!
-//! Why one at a time: both steer from rf-d's eth0 ingress, and the ingress program lets a flow
-//! it has no entry for pass with `TC_ACT_OK`, which ends tc's filter chain. A second program on
-//! the same interface would never see its flows: their segments would reach rf-d's stack, which
-//! has no socket for them any more, and the clients would be reset. A dispatcher attaches its
-//! program on its first hand-over and never detaches it, so before starting one the Switch
-//! removes the filters its predecessor left.
+//! Why one at a time: a run measures one target, and both steer from rf-d's eth0 ingress. Their
+//! programs could share the interface (each passes a flow it has no entry for on to the next
+//! filter), but the hand-over figures read from `/metrics` must be the measured target's only. A
+//! dispatcher attaches its program on its first hand-over and never detaches it, so before
+//! starting one the Switch removes the filters its predecessor left.
 
 use crate::bench::sweep::handover_stats::HandoverStats;
 use crate::cluster::http_client::Client;

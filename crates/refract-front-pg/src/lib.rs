@@ -131,12 +131,8 @@ impl PgFront {
     /// dispatcher's client with that key, if there is one; never forwarded again.
     pub async fn cancel_forwarded(&self, pid: i32, secret: [u8; 4]) {
         let Some(shared) = self.shared.get() else { return };
-        if let Some(key) = shared.cancels.lookup(pid, &secret) {
-            let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
-            if let Err(e) = server::cancel(&key, timeout).await {
-                tracing::debug!(error = %e, "forwarded cancel request not delivered");
-            }
-        }
+        let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
+        shared.cancels.deliver(pid, &secret, timeout).await;
     }
 
     /// An admin view (`/pg/pools`, `/pg/clients`, `/pg/servers`), once the front end runs.

@@ -279,11 +279,16 @@ fn render(a: &ClusterArgs, runs: &[Run]) -> String {
     let _ = writeln!(
         out,
         "Two dispatcher hosts (rf-d1, rf-d2, the VIP on `lo`) behind router rf-r's ECMP route to the \
-         VIP (4-tuple hash); {} results, {} client connections ({} per client host, one `wrk -c1` \
-         each, source ports chosen so that rf-r's hash gives each dispatcher it routes to the \
-         same number; every byte checked), {:?} per run, links shaped at {}; the targets take turns in each of {} repeats. \
-         `relay, 1 dispatcher` is the same setup with rf-r routing the VIP to d1 only. \
-         Requests per dispatcher show how rf-r spread the connections in that run. {}, {} cores, \
+         VIP (5-tuple hash); {} results, {} client connections ({} per client host, each a \
+         `refract bench streams` connection asking for one result at a time, its source port \
+         chosen so that rf-r's hash gives each dispatcher it routes to the same number; every \
+         byte checked), {:?} per run, links shaped at {}; the targets take turns in each of {} \
+         repeats. `relay, 1 dispatcher` is the same setup with rf-r routing the VIP to d1 only. \
+         Requests per dispatcher are read from each one's `/metrics`. Each dispatcher host's \
+         link is 1 Gbit/s each way, and so are the two backend hosts' and the two client \
+         hosts': relay through two dispatchers and hybrid (answers from the backend hosts \
+         straight to the clients) both meet the clients' 2 Gbit/s, so hybrid cannot double \
+         relay here as it does through one dispatcher. {}, {} cores, \
          kernel {}, {}; {}.\n",
         a.size.human(),
         2 * a.per_client,
@@ -396,6 +401,7 @@ fn render_failover(f: &Failover) -> String {
 fn pg_cancels(guard: &mut LabGuard, a: &ClusterArgs, exe: &std::path::Path) -> Result<Vec<cancels::Cancelled>> {
     guard.stop_cluster();
     multi::stop_nodes(&multi::HTTP_KINDS);
+    multi::clients_direct(); // the PostgreSQL cluster's readiness is probed on rf-d, as always
     crate::pglab::start(exe)?;
     let result = multi::up_kinds(DISPATCHERS.len(), &multi::PG_KINDS, a.rate, exe)
         .and_then(|()| cancels::run(6432, a.cancels.div_ceil(2)));

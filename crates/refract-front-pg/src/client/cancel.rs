@@ -14,8 +14,9 @@
 use crate::server::ServerKey;
 use rand::RngCore;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 type Slot = Arc<SlotState>;
 
@@ -26,6 +27,10 @@ struct SlotState {
     server: Mutex<Option<ServerKey>>,
     /// Wakes a statement that waits for a server connection ([`CancelKey::unless_cancelled`]).
     wait: tokio::sync::Notify,
+    /// Statements (or batches) sent to a server so far.
+    started: AtomicU64,
+    /// Whether the last one sent has not had its ReadyForQuery yet.
+    running: AtomicBool,
 }
 
 impl SlotState {
@@ -56,6 +61,12 @@ impl std::fmt::Debug for Cancels {
         f.debug_struct("Cancels").field("slot", &self.cluster.get().map(|c| c.0)).finish_non_exhaustive()
     }
 }
+
+/// How long after a cancel a statement that still runs gets it again ([`Cancels::deliver`]).
+pub const RESEND_AFTER: Duration = Duration::from_millis(200);
+
+/// How many times at most.
+pub const RESENDS: u32 = 4;
 
 /// Ids in one dispatcher's slot.
 const SLOT_IDS: u32 = 1 << 22;
@@ -109,20 +120,47 @@ impl Cancels {
         CancelKey { pid, secret, slot, owner: self.clone() }
     }
 
-    /// The server connection to cancel for a client's (pid, secret), if it is using one. A
-    /// statement still waiting for a server connection is cancelled here: its wait ends with
-    /// `57014`, as the statement would on PostgreSQL ([`CancelKey::unless_cancelled`]).
-    pub fn lookup(&self, pid: i32, secret: &[u8]) -> Option<ServerKey> {
+    /// Delivers a client's CancelRequest for (`pid`, `secret`): to the server connection its
+    /// statement runs on (a CancelRequest on a new connection, `timeout` to connect), or it
+    /// ends the statement's wait for one. A cancel can overtake the statement it is for (the
+    /// statement still on its way to the server, which ignores a cancel while it waits for a
+    /// command): while that same statement still runs on that connection, the request is sent
+    /// again every [`RESEND_AFTER`], [`RESENDS`] times at most, in the background. Not once
+    /// the session has seen the statement's ReadyForQuery: a later statement is not its target.
+    pub async fn deliver(&self, pid: i32, secret: &[u8], timeout: Duration) {
+        let Some((slot, statement)) = self.running(pid, secret) else { return };
+        let Some(server) = slot.server().clone() else {
+            slot.wait.notify_waiters();
+            return;
+        };
+        if let Err(e) = crate::server::cancel(&server, timeout).await {
+            tracing::debug!(error = %e, "cancel request not delivered");
+            return;
+        }
+        let Some(statement) = statement else { return };
+        // In the background: the client's cancel connection closes now, as PostgreSQL's does.
+        tokio::spawn(async move {
+            for _ in 0..RESENDS {
+                tokio::time::sleep(RESEND_AFTER).await;
+                let same = slot.running.load(Ordering::SeqCst)
+                    && slot.started.load(Ordering::SeqCst) == statement
+                    && slot.server().as_ref() == Some(&server);
+                if !same || crate::server::cancel(&server, timeout).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// A client's slot and the number of its statement running now (`None`: wrong key).
+    fn running(&self, pid: i32, secret: &[u8]) -> Option<(Slot, Option<u64>)> {
         let keys = self.lock();
         let (s, slot) = keys.get(&pid)?;
         if s.as_slice() != secret {
             return None;
         }
-        let key = slot.server().clone();
-        if key.is_none() {
-            slot.wait.notify_waiters();
-        }
-        key
+        let running = slot.running.load(Ordering::SeqCst).then(|| slot.started.load(Ordering::SeqCst));
+        Some((slot.clone(), running))
     }
 
     /// From now on ids come from `slot` (below [`SLOTS`]) and requests for ids this dispatcher
@@ -131,17 +169,16 @@ impl Cancels {
         self.cluster.set((slot % SLOTS, relay)).is_ok()
     }
 
-    /// A CancelRequest from a client: sent on to the server connection its session is using,
-    /// or, for an id this dispatcher did not hand out, to the dispatcher that did. `None`:
-    /// nothing to do here (the session is idle, the secret is wrong, or it was relayed).
-    pub fn route(&self, pid: i32, secret: &[u8]) -> Option<ServerKey> {
+    /// A CancelRequest from a client: delivered ([`Cancels::deliver`]) if this dispatcher
+    /// handed out its id, else passed to the dispatcher that did (several dispatchers).
+    pub async fn cancel(&self, pid: i32, secret: &[u8], timeout: Duration) {
         if !self.lock().contains_key(&pid) {
             if let (Some((_, relay)), Ok(secret)) = (self.cluster.get(), <[u8; 4]>::try_from(secret)) {
                 relay.relay(pid, secret);
             }
-            return None;
+            return;
         }
-        self.lookup(pid, secret)
+        self.deliver(pid, secret, timeout).await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, ([u8; 4], Slot)>> {
@@ -153,6 +190,17 @@ impl CancelKey {
     /// The client now runs on `key` (or on nothing).
     pub fn set(&self, key: Option<ServerKey>) {
         *self.slot.server() = key;
+    }
+
+    /// The client's statement (or batch) went to its server connection.
+    pub fn started(&self) {
+        self.slot.started.fetch_add(1, Ordering::SeqCst);
+        self.slot.running.store(true, Ordering::SeqCst);
+    }
+
+    /// Its ReadyForQuery came: no statement of the client's runs.
+    pub fn finished(&self) {
+        self.slot.running.store(false, Ordering::SeqCst);
     }
 
     /// What a wait for a server connection needs to end at this client's cancel.
@@ -215,15 +263,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn in_a_cluster_ids_come_from_the_slot_and_unknown_ones_are_relayed() {
+    #[tokio::test]
+    async fn in_a_cluster_ids_come_from_the_slot_and_unknown_ones_are_relayed() {
         let cancels = Arc::new(Cancels::default());
         let relayed = Arc::new(Relayed(Mutex::default()));
         assert!(cancels.join(3, relayed.clone()));
         let key = cancels.register();
         assert_eq!((key.pid, slot_of(key.pid)), (FIRST_PID + 3 * (1 << 22), Some(3)));
-        assert_eq!(cancels.route(key.pid, &key.secret), None, "idle: nothing to cancel, nothing relayed");
-        assert_eq!(cancels.route(key.pid + 1, b"abcd"), None);
+        let timeout = Duration::from_secs(1);
+        cancels.cancel(key.pid, &key.secret, timeout).await; // idle: nothing to cancel, nothing relayed
+        cancels.cancel(key.pid + 1, b"abcd", timeout).await;
         assert_eq!(*relayed.0.lock().unwrap(), [(key.pid + 1, *b"abcd")]);
         assert_eq!(slot_of(i32::MAX), Some(SLOTS - 1));
         assert_eq!(slot_of(7), None);
@@ -237,15 +286,20 @@ mod tests {
         let (pid, secret) = (key.pid, key.secret);
         let c = cancels.clone();
         let cancel = async move {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            assert_eq!(c.lookup(pid, b"nope"), None);
-            assert_eq!(c.lookup(pid, &secret), None, "no server yet");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            c.cancel(pid, b"nope", Duration::from_secs(1)).await;
+            c.cancel(pid, &secret, Duration::from_secs(1)).await; // no server yet: ends the wait
         };
         let forever = std::future::pending::<()>();
         let (out, ()) = tokio::join!(waiter.unless_cancelled(forever), cancel);
         assert_eq!(out, None, "cancelled");
         // A cancel that came before a wait does not end it.
         assert_eq!(waiter.unless_cancelled(async { 7 }).await, Some(7));
+    }
+
+    /// The server connection a cancel for (`pid`, `secret`) would reach.
+    fn server_of(c: &Cancels, pid: i32, secret: &[u8]) -> Option<ServerKey> {
+        c.running(pid, secret).and_then(|(slot, _)| slot.server().clone())
     }
 
     #[test]
@@ -255,10 +309,24 @@ mod tests {
         let server =
             ServerKey { addr: ([127, 0, 0, 1], 5432).into(), pid: 42, secret: bytes::Bytes::from_static(b"abcd") };
         key.set(Some(server.clone()));
-        assert_eq!(cancels.lookup(key.pid, &key.secret), Some(server));
-        assert_eq!(cancels.lookup(key.pid, b"nope"), None);
+        assert_eq!(server_of(&cancels, key.pid, &key.secret), Some(server));
+        assert_eq!(server_of(&cancels, key.pid, b"nope"), None);
         let (pid, secret) = (key.pid, key.secret);
         drop(key);
-        assert_eq!(cancels.lookup(pid, &secret), None, "gone with its client");
+        assert_eq!(server_of(&cancels, pid, &secret), None, "gone with its client");
+    }
+
+    #[test]
+    fn only_the_statement_running_when_the_cancel_came_is_resent_to() {
+        let cancels = Arc::new(Cancels::default());
+        let key = cancels.register();
+        assert_eq!(cancels.running(key.pid, &key.secret).map(|(_, n)| n), Some(None), "idle");
+        key.started();
+        let (_, first) = cancels.running(key.pid, &key.secret).expect("known");
+        assert_eq!(first, Some(1));
+        key.finished();
+        key.started();
+        let (_, second) = cancels.running(key.pid, &key.secret).expect("known");
+        assert_ne!(first, second, "a later statement is another one");
     }
 }

@@ -7,7 +7,6 @@ use super::greeting;
 use super::startup::{options, Refusal};
 use super::wire::Wire;
 use crate::error::PgError;
-use crate::server;
 use crate::Shared;
 use bytes::{Bytes, BytesMut};
 use refract_pg::auth::{AuthMethod, ServerAuth, ServerStep};
@@ -95,12 +94,8 @@ async fn read_startup(shared: &Shared, wire: &mut Wire) -> Result<Option<Startup
                 wire.send(reply::REFUSE_ENCRYPTION).await.map_err(refusal)?
             }
             StartupPacket::Cancel(c) => {
-                if let Some(key) = shared.cancels.route(c.pid, &c.secret) {
-                    let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
-                    if let Err(e) = server::cancel(&key, timeout).await {
-                        tracing::debug!(error = %e, "cancel request not delivered");
-                    }
-                }
+                let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
+                shared.cancels.cancel(c.pid, &c.secret, timeout).await;
                 return Ok(None);
             }
             StartupPacket::Startup(s) => return Ok(Some(s)),

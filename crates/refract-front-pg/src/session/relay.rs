@@ -110,6 +110,7 @@ impl Session {
             _ => {}
         }
         if tag == b'Z' {
+            self.key.finished();
             self.client.info.set_state(self.ready_state());
             if self.phase.tx() == TxStatus::Idle && self.held.take_schema_change() {
                 // Its transaction ended: Parses from now on see what it committed (or not).
@@ -201,6 +202,7 @@ impl Session {
 
     /// Marks a statement (or batch) of kind `key` about to go to the server.
     pub(crate) fn sent(&self, key: u64) -> Sent {
+        self.key.started();
         Sent { at: Instant::now(), relayed: self.io.sent(), key }
     }
 

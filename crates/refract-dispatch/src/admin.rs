@@ -338,9 +338,10 @@ impl Front for Admin {
         let cancels = self.bind_cancels(ctx)?;
         let cluster = cluster::start(ctx, self.bound.get().copied(), cancels.as_ref().map(|c| c.0));
         if let (Some(c), Some((_, listener, key))) = (&cluster, cancels) {
-            let relay = PeerCancels { cluster: c.clone(), key: key.clone() };
+            let metrics = ctx.metrics.families(ClusterMetrics::register);
+            let relay = PeerCancels { cluster: c.clone(), key: key.clone(), metrics: metrics.clone() };
             self.pg.join_cluster(ctx, peers::slot(c.node_id()), Arc::new(relay));
-            tokio::spawn(peers::serve(listener, key, self.pg.clone(), ctx.stop.clone()));
+            tokio::spawn(peers::serve(listener, key, self.pg.clone(), metrics, ctx.stop.clone()));
         }
         if let Some(c) = &cluster {
             self.pg.share_decisions(ctx, Arc::new(cluster::EtcdDecisions(c.clone())));

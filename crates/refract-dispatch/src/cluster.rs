@@ -5,6 +5,8 @@
 //! this runs.
 
 use crate::members::{self, Definition, Refusal};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use refract_cluster::{Cluster, ClusterConfig, ClusterError, Link, View};
@@ -298,12 +300,20 @@ pub(crate) fn health_line(cluster: &Cluster) -> String {
 pub(crate) struct ClusterMetrics {
     dispatchers: Gauge,
     etcd_up: Gauge,
+    /// PostgreSQL CancelRequests between dispatchers, by what happened (`peers.rs`).
+    cancels: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl ClusterMetrics {
     /// Registers the families into the dispatcher's registry.
     pub fn register(reg: &mut Registry) -> Self {
-        let m = ClusterMetrics { dispatchers: Gauge::default(), etcd_up: Gauge::default() };
+        let m = ClusterMetrics { dispatchers: Gauge::default(), etcd_up: Gauge::default(), cancels: Family::default() };
+        reg.register(
+            "cluster_cancels",
+            "PostgreSQL CancelRequests between dispatchers: forwarded to a peer, forward_failed (twice), \
+             unroutable (no peer holds the key's slot), received from a peer, refused (failed authentication)",
+            m.cancels.clone(),
+        );
         reg.register(
             "cluster_dispatchers",
             "Dispatchers registered in etcd, as this one last saw",
@@ -311,6 +321,11 @@ impl ClusterMetrics {
         );
         reg.register("cluster_etcd_up", "1 while this dispatcher is in touch with etcd, else 0", m.etcd_up.clone());
         m
+    }
+
+    /// Counts a cancel `event` (see the family's help).
+    pub fn cancel(&self, event: &'static str) {
+        self.cancels.get_or_create(&[("event", event)]).inc();
     }
 
     /// Sets the gauges from the view now.

@@ -6,6 +6,7 @@
 //! the key every dispatcher shares (`peer_key_file`); a forged, altered or stale request (more
 //! than 30 s off) is dropped without effect, and nothing is ever answered, as PostgreSQL does.
 
+use crate::cluster::ClusterMetrics;
 use refract_cluster::Cluster;
 use refract_front_pg::{slot_of, CancelRelay, PgFront, SLOTS};
 #[cfg(test)]
@@ -20,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 /// The least key length.
 pub(crate) const MIN_KEY: usize = 16;
+/// How long after a failed forward the second try starts.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// How long forwarding or reading one request may take.
 const IO_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -62,6 +65,7 @@ pub(crate) async fn receive<R: AsyncRead + Unpin>(
 pub(crate) struct PeerCancels {
     pub cluster: Arc<Cluster>,
     pub key: Arc<Vec<u8>>,
+    pub metrics: Arc<ClusterMetrics>,
 }
 
 impl CancelRelay for PeerCancels {
@@ -77,22 +81,39 @@ impl CancelRelay for PeerCancels {
             .collect();
         if targets.is_empty() {
             tracing::debug!(pid, "cancel request for a key no dispatcher's slot holds: dropped");
+            self.metrics.cancel("unroutable");
         }
         let frame = seal(&self.key, pid, secret, now_ms());
         for peer in targets {
+            let metrics = self.metrics.clone();
             tokio::spawn(async move {
-                let sent =
-                    tokio::time::timeout(IO_TIMEOUT, async { TcpStream::connect(peer).await?.write_all(&frame).await });
-                if let Err(e) = sent.await.map_err(std::io::Error::from).and_then(|r| r) {
-                    tracing::debug!(%peer, error = %e, "cancel request not forwarded");
+                // Once more after a moment if the first try fails (a peer restarting, a SYN lost).
+                for attempt in 0..2 {
+                    if attempt > 0 {
+                        tokio::time::sleep(RETRY_AFTER).await;
+                    }
+                    let sent = tokio::time::timeout(IO_TIMEOUT, async {
+                        TcpStream::connect(peer).await?.write_all(&frame).await
+                    });
+                    match sent.await.map_err(std::io::Error::from).and_then(|r| r) {
+                        Ok(()) => return metrics.cancel("forwarded"),
+                        Err(e) => tracing::debug!(%peer, error = %e, attempt, "cancel request not forwarded"),
+                    }
                 }
+                metrics.cancel("forward_failed");
             });
         }
     }
 }
 
 /// Takes forwarded CancelRequests until `stop`.
-pub(crate) async fn serve(listener: TcpListener, key: Arc<Vec<u8>>, pg: Arc<PgFront>, stop: CancellationToken) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    key: Arc<Vec<u8>>,
+    pg: Arc<PgFront>,
+    metrics: Arc<ClusterMetrics>,
+    stop: CancellationToken,
+) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -102,11 +123,17 @@ pub(crate) async fn serve(listener: TcpListener, key: Arc<Vec<u8>>, pg: Arc<PgFr
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (key, pg) = (key.clone(), pg.clone());
+        let (key, pg, metrics) = (key.clone(), pg.clone(), metrics.clone());
         tokio::spawn(async move {
             match tokio::time::timeout(IO_TIMEOUT, receive(&mut s, &key, now_ms)).await.ok().flatten() {
-                Some((pid, secret)) => pg.cancel_forwarded(pid, secret).await,
-                None => tracing::warn!(%peer, "a forwarded cancel request failed authentication: dropped"),
+                Some((pid, secret)) => {
+                    metrics.cancel("received");
+                    pg.cancel_forwarded(pid, secret).await
+                }
+                None => {
+                    metrics.cancel("refused");
+                    tracing::warn!(%peer, "a forwarded cancel request failed authentication: dropped")
+                }
             }
         });
     }

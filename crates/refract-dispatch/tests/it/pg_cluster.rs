@@ -42,6 +42,16 @@ fn cluster_view(d: &Dispatcher) -> serde_json::Value {
     serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap()
 }
 
+/// `d`'s count of cancel `event`s between dispatchers (`refract_cluster_cancels_total`).
+fn cancels(d: &Dispatcher, event: &str) -> u64 {
+    let mut s = TcpStream::connect(d.admin).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+    let series = format!("refract_cluster_cancels_total{{event=\"{event}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&series)?.trim().parse().ok()).unwrap_or(0)
+}
+
 /// Waits until `d` sees two dispatchers, each with its cancel address.
 fn wait_for_peers(d: &Dispatcher) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -118,6 +128,10 @@ fn a_cancel_reaching_the_other_dispatcher_cancels_the_statement() {
         assert_eq!(c.query("SELECT 1").value(), "1", "the session goes on");
     }
     assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    // 11 forwarded: 6 by d2 (the first and five), 5 by d1; each received by the other.
+    assert_eq!((cancels(&d2, "forwarded"), cancels(&d1, "received")), (6, 6));
+    assert_eq!((cancels(&d1, "forwarded"), cancels(&d2, "received")), (5, 5));
+    assert_eq!(cancels(&d1, "forward_failed") + cancels(&d2, "forward_failed"), 0);
 }
 
 #[test]
@@ -144,4 +158,5 @@ fn forged_or_wrong_cancels_change_nothing() {
     let a = c.until_ready();
     assert_eq!(a.code(), None, "the statement ran to its end: {a:?}");
     assert_eq!(a.rows.len(), 1);
+    assert_eq!(cancels(&d1, "refused"), 1, "the forged request, counted");
 }

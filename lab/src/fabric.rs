@@ -164,9 +164,14 @@ pub(crate) fn prepare_agent_host(h: &Host) -> Result<()> {
         keys.push(format!("net.ipv4.conf.{iface}.arp_ignore=1"));
         keys.push(format!("net.ipv4.conf.{iface}.arp_announce=2"));
     }
+    sysctl(&ns, &keys.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// `sysctl -q -w KEY=VALUE…` in namespace `ns`.
+pub(crate) fn sysctl(ns: &str, keys: &[&str]) -> Result<()> {
     let mut args = vec!["-q", "-w"];
-    args.extend(keys.iter().map(String::as_str));
-    sh::run(cmd(Some(&ns), "sysctl", &args)).map(drop)
+    args.extend_from_slice(keys);
+    sh::run(cmd(Some(ns), "sysctl", &args)).map(drop)
 }
 
 /// Turn IPv6 off in a namespace (best effort): the lab is IPv4 only, and router and multicast

@@ -2,27 +2,25 @@
 //! kill-dispatcher`): hosts rf-d1 … rf-dN, each with the VIP on `lo` (ARP suppressed, as the
 //! backend hosts have it), a router rf-r whose route to the VIP is an ECMP multipath over them
 //! hashed on each packet's 5-tuple (the kernel's own multipath routing, as a top-of-rack router
-//! does for an anycast address; see [`up`] for why the hash policy is 3, not 1), and etcd in
-//! rf-e. The clients reach the
-//! VIP through rf-r; answers go straight back (from a dispatcher, or from an agent after a
-//! hand-over). Every new link is shaped like the others.
+//! does for an anycast address; see [`up_kinds`] for why the hash policy is 3, not 1), and
+//! etcd in rf-e. The clients reach the VIP through rf-r; answers go straight back (from a
+//! dispatcher, or from an agent after a hand-over). Every new link is shaped like the others.
 //!
 //! Each dispatcher host runs the lab's relay-only dispatcher (VIP:8081) and its hybrid one
-//! (VIP:8080), each with `[cluster]` on the etcd in rf-e (one prefix per kind), its admin
-//! listener on the host's own address (port + 100). Killing a dispatcher (`kill-dispatcher`)
+//! (VIP:8080), or their PostgreSQL counterparts ([`PG_KINDS`]), each with `[cluster]` on the
+//! etcd in rf-e (one prefix per kind), its admin listener on the host's own address. Killing a dispatcher (`kill-dispatcher`)
 //! kills its processes and withdraws its next hop from rf-r's route, as a BGP withdrawal would.
 
 use crate::cluster::http_client::Client;
 use crate::cluster::layout::{HYBRID_TOML, RELAY_TOML};
+use crate::cluster::pid_of;
 use crate::fabric::topology::{Host, C1, C2, DISPATCHER, HOST_IF, NS_PREFIX, VIP};
 use crate::fabric::{self, congestion};
 use crate::support::sh::{self, cmd};
 use crate::support::state;
 use crate::support::units::Rate;
 use anyhow::{bail, Context, Result};
-use std::fs::File;
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The router in front of the dispatchers.
@@ -47,6 +45,13 @@ pub struct Kind {
     /// Its admin port (on the host's own address).
     pub admin_port: u16,
     base: &'static str,
+}
+
+impl Kind {
+    /// Whether it serves PostgreSQL.
+    pub fn is_pg(&self) -> bool {
+        self.name.starts_with("pg-")
+    }
 }
 
 /// The HTTP cluster's dispatchers (examples/lab/relay.toml, hybrid.toml).
@@ -91,11 +96,6 @@ impl Node {
         self.kind.port
     }
 
-    /// Whether it serves PostgreSQL.
-    pub fn is_pg(&self) -> bool {
-        self.kind.name.starts_with("pg-")
-    }
-
     /// Its admin listener (on the host's own address).
     pub fn admin(&self) -> String {
         format!("{}:{}", self.host.addr, self.kind.admin_port)
@@ -104,7 +104,7 @@ impl Node {
     /// Its config: the one-dispatcher lab's, on the host's own address, with `[cluster]`.
     pub fn config(&self) -> String {
         let mut text = self.kind.base.replace(&format!("\"{}:", DISPATCHER.addr), &format!("\"{}:", self.host.addr));
-        if self.is_pg() {
+        if self.kind.is_pg() {
             // Room for 100 clients' statements at once over two dispatchers and two servers
             // (the cancel check), with an uneven spread: 2 × 2 × 40 connections.
             text = text.replace("pool_size = 20", &format!("pool_size = {PG_POOL_SIZE}"));
@@ -115,7 +115,7 @@ impl Node {
             self.name(),
             self.kind.name
         );
-        if self.is_pg() {
+        if self.kind.is_pg() {
             let port = CANCEL_PORT + u16::from(self.kind.name == "pg-hybrid");
             let key = state::path(PEER_KEY);
             cluster +=
@@ -141,12 +141,12 @@ pub fn nodes(n: usize) -> Vec<Node> {
 /// Brings up (or repairs) `n` dispatcher hosts, the router and etcd on the running lab (its
 /// fabric and HTTP cluster must be up), starts etcd and the dispatchers, and routes the
 /// clients' VIP traffic through the router.
-pub fn up(n: usize, rate: Rate, refract_bin: &std::path::Path) -> Result<()> {
+pub fn up(n: usize, rate: Rate, refract_bin: &Path) -> Result<()> {
     up_kinds(n, &HTTP_KINDS, rate, refract_bin)
 }
 
 /// [`up`] with the dispatchers of `kinds` ([`HTTP_KINDS`] or [`PG_KINDS`]).
-pub fn up_kinds(n: usize, kinds: &[Kind], rate: Rate, refract_bin: &std::path::Path) -> Result<()> {
+pub fn up_kinds(n: usize, kinds: &[Kind], rate: Rate, refract_bin: &Path) -> Result<()> {
     if !(1..=DISPATCHERS.len()).contains(&n) {
         bail!("--dispatchers must be 1 to {}", DISPATCHERS.len());
     }
@@ -169,11 +169,14 @@ pub fn up_kinds(n: usize, kinds: &[Kind], rate: Rate, refract_bin: &std::path::P
     // over veth it is the sending socket's random `txhash` (which Linux changes after a
     // retransmission timeout): rf-r would then send a connection wherever that hash says, and
     // move it when it changes. Policy 3 with these fields always reads the headers.
-    sysctl(&router, &["net.ipv4.ip_forward=1", "net.ipv4.fib_multipath_hash_policy=3"])?;
-    sysctl(&router, &["net.ipv4.fib_multipath_hash_fields=0x0037"])?; // src/dst IP, proto, ports
-    sysctl(&router, &["net.ipv4.conf.all.send_redirects=0", &format!("net.ipv4.conf.{HOST_IF}.send_redirects=0")])?;
+    fabric::sysctl(&router, &["net.ipv4.ip_forward=1", "net.ipv4.fib_multipath_hash_policy=3"])?;
+    fabric::sysctl(&router, &["net.ipv4.fib_multipath_hash_fields=0x0037"])?; // src/dst IP, proto, ports
+    fabric::sysctl(
+        &router,
+        &["net.ipv4.conf.all.send_redirects=0", &format!("net.ipv4.conf.{HOST_IF}.send_redirects=0")],
+    )?;
     start_etcd(etcd_fresh)?;
-    if kinds.iter().any(|k| k.name.starts_with("pg-")) && state::read(PEER_KEY).is_none() {
+    if kinds.iter().any(Kind::is_pg) && state::read(PEER_KEY).is_none() {
         let key: String = (0..32).map(|_| char::from(b'a' + rand::random::<u8>() % 26)).collect();
         crate::cluster::write_private(&state::path(PEER_KEY), &key)?;
     }
@@ -182,7 +185,7 @@ pub fn up_kinds(n: usize, kinds: &[Kind], rate: Rate, refract_bin: &std::path::P
     }
     route(&DISPATCHERS[..n])?;
     for c in CLIENTS {
-        sysctl(&c.ns(), &["net.ipv4.conf.all.accept_redirects=0"])?;
+        fabric::sysctl(&c.ns(), &["net.ipv4.conf.all.accept_redirects=0"])?;
         fabric::ns_ip(&c.ns(), &["route", "replace", &format!("{VIP}/32"), "via", ROUTER.addr])?;
     }
     wait_ready(&nodes_of(n, kinds))
@@ -205,12 +208,6 @@ fn make_host(h: &Host) -> Result<()> {
     fabric::ns_ip(&ns, &["link", "set", "lo", "up"])?;
     fabric::quiet_ipv6(&ns);
     fabric::link(h)
-}
-
-fn sysctl(ns: &str, keys: &[&str]) -> Result<()> {
-    let mut args = vec!["-q", "-w"];
-    args.extend_from_slice(keys);
-    sh::run(cmd(Some(ns), "sysctl", &args)).map(drop)
 }
 
 /// rf-r's route to the VIP: a multipath over `hosts` (one next hop: a plain route).
@@ -287,7 +284,7 @@ pub fn start_etcd(fresh: bool) -> Result<()> {
         format!("--initial-cluster=rf-e={peer}"),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    daemon("etcd", &ETCD.ns(), "etcd", &args)?;
+    crate::pglab::spawn(&ETCD.ns(), "etcd", Path::new("etcd"), &args)?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !listening(&ETCD.ns(), "198.18.0.5:2379") {
         if Instant::now() > deadline {
@@ -307,24 +304,12 @@ fn listening(ns: &str, addr: &str) -> bool {
     !sh::run(cmd(Some(ns), "ss", &["-ltnH", "src", addr])).unwrap_or_default().trim().is_empty()
 }
 
-/// Starts `program` in `ns` as a daemon (own process group), output to `NAME.log`, pid to
-/// `NAME.pid` in the state directory.
-fn daemon(name: &str, ns: &str, program: &str, args: &[&str]) -> Result<()> {
-    let mut c = cmd(Some(ns), program, args);
-    let log = File::create(state::path(&format!("{name}.log")))?;
-    c.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).env("RUST_LOG", "warn").process_group(0);
-    let child = c.spawn().with_context(|| format!("cannot start `{}`", sh::show(&c)))?;
-    state::write(&format!("{name}.pid"), &child.id().to_string())?;
-    Ok(())
-}
-
-fn start_node(node: &Node, refract_bin: &std::path::Path) -> Result<()> {
+fn start_node(node: &Node, refract_bin: &Path) -> Result<()> {
     if listening(&node.host.ns(), &node.admin()) {
         return Ok(());
     }
     let path = state::write(&format!("{}.toml", node.name()), &node.config())?;
-    let bin = refract_bin.to_string_lossy();
-    daemon(&node.name(), &node.host.ns(), &bin, &["dispatch", "--config", &path.to_string_lossy()])
+    crate::pglab::spawn(&node.host.ns(), &node.name(), refract_bin, &["dispatch", "--config", &path.to_string_lossy()])
 }
 
 /// Waits until every node's client port serves a blob (asked from its own host, where the VIP
@@ -335,14 +320,14 @@ fn wait_ready(nodes: &[Node]) -> Result<()> {
         let client = format!("{VIP}:{}", n.port());
         let local = Client::Curl(n.host.ns());
         let serves = || {
-            n.is_pg() && listening(&n.host.ns(), &client)
+            n.kind.is_pg() && listening(&n.host.ns(), &client)
                 || local.get(&client, "/blob?bytes=1").is_ok_and(|r| r.status == 200)
         };
         let shares = || local.get(&n.admin(), "/health").is_ok_and(|r| r.body.contains("etcd: up"));
         while !(serves() && shares()) {
             if Instant::now() > deadline {
                 let log = format!("{}.log", n.name());
-                bail!("{} not listening after 30 s; {log}:\n{}", n.name(), state::log_tail(&log, 20));
+                bail!("{} not ready after 30 s; {log}:\n{}", n.name(), state::log_tail(&log, 20));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -352,11 +337,7 @@ fn wait_ready(nodes: &[Node]) -> Result<()> {
 
 /// Stops the dispatchers of `kinds` on every dispatcher host (SIGTERM, then SIGKILL after 2 s).
 pub fn stop_nodes(kinds: &[Kind]) {
-    let pids: Vec<u32> = nodes_of(DISPATCHERS.len(), kinds)
-        .iter()
-        .filter_map(|n| state::read(&format!("{}.pid", n.name()))?.trim().parse().ok())
-        .filter(|p| sh::alive(*p))
-        .collect();
+    let pids: Vec<u32> = nodes_of(DISPATCHERS.len(), kinds).iter().filter_map(|n| pid_of(&n.name())).collect();
     sh::stop_pids(&pids);
 }
 
@@ -371,8 +352,7 @@ pub fn kill_dispatcher(name: &str) -> Result<()> {
         DISPATCHERS.iter().filter(|h| h.name != short && next_hops().iter().any(|a| a == h.addr)).copied().collect();
     route(&left)?;
     for kind in HTTP_KINDS.iter().chain(&PG_KINDS) {
-        let node = Node { host: *host, kind: *kind };
-        if let Some(pid) = state::read(&format!("{}.pid", node.name())).and_then(|p| p.trim().parse::<u32>().ok()) {
+        if let Some(pid) = pid_of(&Node { host: *host, kind: *kind }.name()) {
             sh::signal(pid, "KILL");
         }
     }

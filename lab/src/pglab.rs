@@ -117,7 +117,7 @@ fn start_pgbouncer(pg: &Pg, dispatchers: &[PgDispatcher]) -> Result<()> {
 
 /// Start a daemon in namespace `ns`: its own process group, output to `NAME.log`, pid to
 /// `NAME.pid`.
-fn spawn(ns: &str, name: &str, program: &Path, args: &[&str]) -> Result<()> {
+pub(crate) fn spawn(ns: &str, name: &str, program: &Path, args: &[&str]) -> Result<()> {
     let mut c = sh::cmd(Some(ns), &program.to_string_lossy(), args);
     let log = std::fs::File::create(state::path(&format!("{name}.log")))?;
     c.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).env("RUST_LOG", "warn").process_group(0);

@@ -9,8 +9,8 @@
 //!   (`admin/guard.rs`).
 //! - `members`: membership changes on this dispatcher, either front end's members.
 //! - `cluster`: several dispatchers sharing membership and reloads through etcd (`[cluster]`).
-//! - `peers`: CancelRequests forwarded between dispatchers, authenticated (public, hidden, for
-//!   the fuzz target `peer_cancel`).
+//! - `peers`: CancelRequests forwarded between dispatchers, authenticated (the frame:
+//!   `refract_pg::peer_cancel`).
 //! - `reload`: SIGHUP / `refract reload`: re-read, validate, apply.
 
 mod admin;

@@ -9,9 +9,7 @@
 use crate::cluster::ClusterMetrics;
 use refract_cluster::Cluster;
 use refract_front_pg::{slot_of, CancelRelay, PgFront, SLOTS};
-#[cfg(test)]
-use refract_pg::peer_cancel::WINDOW_MS;
-pub(crate) use refract_pg::peer_cancel::{open, seal, FRAME};
+use refract_pg::peer_cancel::{open, seal, FRAME};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -142,6 +140,7 @@ pub(crate) async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use refract_pg::peer_cancel::WINDOW_MS;
 
     #[test]
     fn sealed_requests_open_only_with_the_key_unaltered_and_in_time() {

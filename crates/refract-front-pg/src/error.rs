@@ -27,6 +27,9 @@ pub enum PgError {
     /// was not sent: its error is the client's answer.
     #[error("the server refused this session's settings: {}", .0.message().unwrap_or(""))]
     Settings(ErrorFields),
+    /// The client cancelled the statement while it waited for a server connection.
+    #[error("canceling statement due to user request")]
+    Cancelled,
     /// Connecting, logging in or waiting for a connection took too long.
     #[error("timed out: {0}")]
     Timeout(&'static str),
@@ -55,7 +58,7 @@ impl PgError {
             PgError::Io { side, .. } | PgError::Closed(side) => *side,
             PgError::Protocol(e) => e.side(),
             PgError::Server(_) | PgError::Settings(_) | PgError::Timeout(_) => Side::Backend,
-            PgError::Unavailable(_) | PgError::Refused { .. } => Side::Internal,
+            PgError::Unavailable(_) | PgError::Refused { .. } | PgError::Cancelled => Side::Internal,
         }
     }
 
@@ -64,7 +67,7 @@ impl PgError {
         match self {
             PgError::Io { side, .. } | PgError::Closed(side) => *side == Side::Backend,
             PgError::Timeout(_) | PgError::Unavailable(_) | PgError::Refused { .. } => true,
-            PgError::Protocol(_) | PgError::Server(_) | PgError::Settings(_) => false,
+            PgError::Protocol(_) | PgError::Server(_) | PgError::Settings(_) | PgError::Cancelled => false,
         }
     }
 }

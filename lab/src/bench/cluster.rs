@@ -1,10 +1,11 @@
 //! `refract bench cluster`: several dispatchers behind one address ([`crate::multi`]). In the
 //! lab with two dispatcher hosts behind rf-r's ECMP route, large results (16 MiB) on 4 client
-//! connections (2 from each client host, one wrk each): relay-only through one dispatcher (rf-r
-//! routes the VIP to d1 only), relay-only through both, hybrid through both, taking turns in
-//! each repeat. Every run records how rf-r spread the connections (requests per dispatcher,
-//! from each one's `/metrics`): the ECMP hash of 4 connections is not always 2 + 2, and a
-//! dispatcher's link is the bottleneck. Writes section `cluster:RATE` of docs/benchmarks.md.
+//! connections (2 from each client host, `bench streams`, source ports chosen so that rf-r
+//! gives each dispatcher it routes to the same number): relay-only through one dispatcher
+//! (rf-r routes the VIP to d1 only), relay-only through both, hybrid through both, taking
+//! turns in each repeat; every run records the requests each dispatcher served (its
+//! `/metrics`). Then a dispatcher killed under hybrid streams ([`failover`]) and 100
+//! PostgreSQL cancels ([`cancels`]). Writes section `cluster:RATE` of docs/benchmarks.md.
 
 pub mod cancels;
 
@@ -12,7 +13,7 @@ use crate::bench::streams::ConnResult;
 use crate::cluster::http_client::Client;
 use crate::fabric::topology::{Host, B1, B2, C1, C2, VIP};
 use crate::lab::LabGuard;
-use crate::multi::{self, Node, DISPATCHERS};
+use crate::multi::{self, Kind, Node, DISPATCHERS};
 use crate::report::environment::Environment;
 use crate::support::interrupt;
 use crate::support::sh;
@@ -36,7 +37,7 @@ pub struct ClusterArgs {
     /// Connections per client host (two client hosts).
     #[arg(long, default_value_t = 2)]
     per_client: usize,
-    /// wrk duration per run.
+    /// Duration of each run.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     duration: Duration,
     /// Repeats (each runs every target once, in turn).
@@ -55,13 +56,17 @@ pub struct ClusterArgs {
 struct Target {
     name: &'static str,
     hosts: usize,
-    kind: &'static str,
+    kind: Kind,
 }
 
+/// The dispatchers' kinds ([`multi::HTTP_KINDS`]).
+const RELAY: Kind = multi::HTTP_KINDS[0];
+const HYBRID: Kind = multi::HTTP_KINDS[1];
+
 const TARGETS: [Target; 3] = [
-    Target { name: "relay, 1 dispatcher", hosts: 1, kind: "relay" },
-    Target { name: "relay, 2 dispatchers", hosts: 2, kind: "relay" },
-    Target { name: "hybrid, 2 dispatchers", hosts: 2, kind: "hybrid" },
+    Target { name: "relay, 1 dispatcher", hosts: 1, kind: RELAY },
+    Target { name: "relay, 2 dispatchers", hosts: 2, kind: RELAY },
+    Target { name: "hybrid, 2 dispatchers", hosts: 2, kind: HYBRID },
 ];
 
 /// One run of one target.
@@ -76,11 +81,10 @@ struct Run {
 
 /// Runs the benchmark and writes its section.
 pub fn run(a: &ClusterArgs) -> Result<()> {
-    let guard = LabGuard::ensure(a.rate)?;
+    let mut guard = LabGuard::ensure(a.rate)?;
     let was_up = multi::is_up();
     let exe = std::env::current_exe().context("locating the refract binary")?;
     multi::up(DISPATCHERS.len(), a.rate, &exe)?;
-    let mut guard = guard;
     let result = measure(a, &exe).and_then(|runs| Ok((runs, failover(a.rate, &exe)?))).and_then(|(runs, f)| {
         let cancelled = if a.cancels > 0 { Some(pg_cancels(&mut guard, a, &exe)?) } else { None };
         Ok((runs, f, cancelled))
@@ -110,10 +114,9 @@ fn measure(a: &ClusterArgs, exe: &std::path::Path) -> Result<Vec<Run>> {
         for (i, t) in TARGETS.iter().enumerate() {
             interrupt::check()?;
             multi::route(&DISPATCHERS[..t.hosts])?;
-            let nodes: Vec<Node> =
-                multi::nodes(DISPATCHERS.len()).into_iter().filter(|n| n.kind.name == t.kind).collect();
+            let nodes = multi::nodes_of(DISPATCHERS.len(), &[t.kind]);
             let before: Vec<u64> = nodes.iter().map(|n| requests(&probe, n)).collect();
-            let port = if t.kind == "hybrid" { 8080 } else { 8081 };
+            let port = t.kind.port;
             let mut children = vec![];
             for c in [C1, C2] {
                 // Ports rf-r spreads evenly over the dispatchers it routes to (one each, or all
@@ -192,14 +195,14 @@ fn collect(child: std::process::Child) -> Result<Vec<ConnResult>> {
         bail!("bench streams failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text.lines().filter(|l| l.contains("\"responses\"")).filter_map(|l| serde_json::from_str(l).ok()).collect())
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
 }
 
 /// What the failover run found.
 pub struct Failover {
     /// Per connection: its client host, the dispatcher host rf-r sent it to, its outcome.
     pub conns: Vec<(Host, Host, ConnResult)>,
-    /// Milliseconds from the run's start to the kill.
+    /// Milliseconds from the run's start to the kill's (the withdrawal's) start.
     pub killed_at_ms: u64,
     /// Per client host: how long after the kill a new connection first got a response.
     pub new_connection_ms: Vec<Option<u64>>,
@@ -218,21 +221,23 @@ pub fn failover(rate: Rate, exe: &std::path::Path) -> Result<Failover> {
     let mut children = vec![];
     let mut hops = vec![];
     for c in [C1, C2] {
-        let ports = multi::ports_per_hop(&c, 8080, 2, 43000)?;
+        let ports = multi::ports_per_hop(&c, HYBRID.port, 2, 43000)?;
         hops.extend(ports.iter().map(|(p, h)| (c, *p, *h)));
-        children.push(spawn_streams(exe, &c, &streams_args(&c, 8080, &ports, duration, &sizes, 2))?);
+        children.push(spawn_streams(exe, &c, &streams_args(&c, HYBRID.port, &ports, duration, &sizes, 2))?);
     }
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(3));
-    multi::kill_dispatcher(DISPATCHERS[1].name)?;
+    // From when the kill begins: the route is withdrawn first, and d2's clients are reset by
+    // d1 as soon as their next segment arrives there, before the SIGKILL is sent.
     let killed_at_ms = started.elapsed().as_millis() as u64;
     let killed = Instant::now();
+    multi::kill_dispatcher(DISPATCHERS[1].name)?;
     let mut new_connection_ms = vec![];
     for c in [C1, C2] {
         let probe = Client::Curl(c.ns());
         let mut ok = None;
         while killed.elapsed() < Duration::from_secs(10) {
-            if probe.get(&format!("{VIP}:8080"), "/blob?bytes=1").is_ok_and(|r| r.status == 200) {
+            if probe.get(&format!("{VIP}:{}", HYBRID.port), "/blob?bytes=1").is_ok_and(|r| r.status == 200) {
                 ok = Some(killed.elapsed().as_millis() as u64);
                 break;
             }
@@ -284,11 +289,11 @@ fn render(a: &ClusterArgs, runs: &[Run]) -> String {
          chosen so that rf-r's hash gives each dispatcher it routes to the same number; every \
          byte checked), {:?} per run, links shaped at {}; the targets take turns in each of {} \
          repeats. `relay, 1 dispatcher` is the same setup with rf-r routing the VIP to d1 only. \
-         Requests per dispatcher are read from each one's `/metrics`. Each dispatcher host's \
-         link is 1 Gbit/s each way, and so are the two backend hosts' and the two client \
-         hosts': relay through two dispatchers and hybrid (answers from the backend hosts \
-         straight to the clients) both meet the clients' 2 Gbit/s, so hybrid cannot double \
-         relay here as it does through one dispatcher. {}, {} cores, \
+         Requests per dispatcher are read from each one's `/metrics`. Every link, the two client \
+         hosts' and the two backend hosts' included, has the same rate each way: relay through \
+         two dispatchers and hybrid (answers from the backend hosts straight to the clients) \
+         both meet the clients' two links, so hybrid cannot double relay here as it does \
+         through one dispatcher. {}, {} cores, \
          kernel {}, {}; {}.\n",
         a.size.human(),
         2 * a.per_client,
@@ -304,12 +309,14 @@ fn render(a: &ClusterArgs, runs: &[Run]) -> String {
     );
     let _ = writeln!(
         out,
-        "Rerun: `sudo refract bench cluster --rate {} --size {} --per-client {} --duration {}s --repeat {}`\n",
+        "Rerun: `sudo refract bench cluster --rate {} --size {} --per-client {} --duration {}s --repeat {} \
+         --cancels {}`\n",
         a.rate.label(),
         a.size.0,
         a.per_client,
         a.duration.as_secs(),
-        a.repeat
+        a.repeat,
+        a.cancels
     );
     let _ = writeln!(out, "| target | median MB/s | runs (MB/s; requests on d1 / d2) | errors |");
     let _ = writeln!(out, "|---|---:|---|---:|");
@@ -335,19 +342,6 @@ fn render(a: &ClusterArgs, runs: &[Run]) -> String {
         crate::report::ratio(medians[1], medians[0]),
         crate::report::ratio(medians[2], medians[1])
     );
-    let balanced: Vec<f64> =
-        runs.iter().filter(|r| r.target == 1 && r.split.iter().all(|n| *n > 0)).map(|r| r.throughput).collect();
-    if !balanced.is_empty() && balanced.len() < a.repeat {
-        let _ = writeln!(
-            out,
-            "Relay through two dispatchers in the runs where both got connections: median {} MB/s \
-             ({} / {} runs), **{}** one dispatcher's median.",
-            sig3(median(balanced.clone()) / 1e6),
-            balanced.len(),
-            a.repeat,
-            crate::report::ratio(median(balanced), medians[0])
-        );
-    }
     out
 }
 
@@ -355,11 +349,11 @@ fn render_failover(f: &Failover) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n### A dispatcher killed\n\nHybrid (VIP:8080), 8 connections (4 per client host, 2 of them \
+        "\n### A dispatcher killed\n\nHybrid (VIP:{}), 8 connections (4 per client host, 2 of them \
          through each dispatcher), each keeping 2 requests in flight for 1 KiB, 64 KiB, 1 MiB and \
          4 MiB blobs in turn for 8 s, every byte checked; `lab kill-dispatcher d2` (SIGKILL, its \
          next hop withdrawn from rf-r) after {} ms.\n",
-        f.killed_at_ms
+        HYBRID.port, f.killed_at_ms
     );
     let _ = writeln!(out, "| connection | dispatcher | responses | MiB | ended |");
     let _ = writeln!(out, "|---|---|---:|---:|---|");

@@ -2,8 +2,7 @@
 //! connection keeps `pipeline` requests for blobs in flight (sizes taken in turn, each with its
 //! own seed), checks every body byte against the blob pattern, and on `--ports` binds the given
 //! source port (so that `bench cluster` can choose which dispatcher rf-r's hash sends it to).
-//! Prints a JSON line `{"port":P}` when a connection is up, and one result line per connection
-//! at the end ([`ConnResult`]).
+//! Prints one JSON line per connection at the end ([`ConnResult`]).
 
 use crate::support::units::{parse_duration, ByteSize};
 use anyhow::{bail, Context, Result};
@@ -109,7 +108,6 @@ async fn one(spec: &StreamsSpec, conn: u64, port: Option<u16>) -> ConnResult {
         }
     };
     r.port = stream.local_addr().map(|a| a.port()).unwrap_or_default();
-    println!("{{\"port\":{}}}", r.port);
     let deadline = started + spec.duration;
     let mut next = 0u64; // requests sent
     let mut in_flight = std::collections::VecDeque::new();

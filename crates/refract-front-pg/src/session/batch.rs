@@ -391,12 +391,11 @@ impl Session {
                     self.bound.iter_mut().for_each(Bound::untrack);
                     self.io.out.extend_from_slice(&frame);
                 }
-                b'N' | b'A' => {
-                    if tag == b'N' {
-                        self.note_notice(&frame);
-                    }
+                b'N' => {
+                    self.note_notice(&frame);
                     self.io.out.extend_from_slice(&frame);
                 }
+                b'A' => self.io.out.extend_from_slice(&frame),
                 b'E' => {
                     outcome = Outcome::Failed;
                     self.held.ext_outcome = Outcome::Failed;

@@ -196,9 +196,6 @@ impl Bound {
     }
 }
 
-/// PostgreSQL's message for a statement its client cancelled.
-const CANCELLED: &str = "canceling statement due to user request";
-
 /// PostgreSQL's warning when a library reserves the prefix of a custom parameter the session
 /// has set (`MarkGUCPrefixReserved`): the parameter is removed.
 fn placeholder_removed(name: &str) -> bytes::Bytes {
@@ -314,7 +311,7 @@ impl Session {
             None => {
                 self.client.info.set_bound(None);
                 self.key.set(None);
-                Err(PgError::Refused { sqlstate: sqlstate::QUERY_CANCELED, message: CANCELLED.into() })
+                Err(PgError::Cancelled)
             }
         }
     }
@@ -396,7 +393,7 @@ impl Session {
         let (code, kind) = match e {
             PgError::Timeout(_) => (sqlstate::TOO_MANY_CONNECTIONS, "pg_unavailable"),
             // Counted as the HTTP path counts its refusals.
-            PgError::Refused { sqlstate, ref message } if message == CANCELLED => (sqlstate, "cancelled"),
+            PgError::Cancelled => (sqlstate::QUERY_CANCELED, "cancelled"),
             PgError::Refused { sqlstate, .. } => (sqlstate, "overloaded"),
             // The server refused the session's SETs on the connection bound for the statement
             // (`Bound::give_params`): its own error, which names what it refused.

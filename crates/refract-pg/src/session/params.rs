@@ -256,8 +256,9 @@ impl ParamTracker {
         session.chain(pending).find(|n| named(n)).cloned()
     }
 
-    /// Drops a custom parameter PostgreSQL no longer keeps ([`Self::reserved_placeholder`]):
-    /// a library that reserved its prefix was loaded, which removes it from the session there.
+    /// Drops a parameter from the session: a custom one PostgreSQL no longer keeps (a library
+    /// that reserved its prefix was loaded, [`Self::reserved_placeholder`]), or one a server
+    /// refused when it was replayed.
     pub fn forget(&mut self, name: &str) {
         self.session.retain(|(n, _)| n != name);
         self.startup.retain(|(n, _)| n != name);

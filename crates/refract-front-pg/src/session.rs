@@ -172,14 +172,16 @@ impl Session {
                 Ok(Incoming::Whole(f)) => f,
                 Ok(Incoming::Large(h)) => {
                     self.client.info.set_state(ClientState::Active);
+                    self.key.started();
                     self.large_bind(h).await?;
                     continue;
                 }
                 Err(PgError::Closed(Side::Client)) => return Ok(()),
                 Err(e) => return Err(e),
             };
-            if matches!(tag, b'Q' | b'S' | b'H') {
+            if matches!(tag, b'Q' | b'S' | b'H' | b'F') {
                 self.client.info.set_state(ClientState::Active);
+                self.key.started(); // a cancel from now on is for this request
             }
             let msg = FrontendMessage::decode(tag, &frame[5..])?;
             if self.phase.discarding() {
@@ -205,7 +207,6 @@ impl Session {
                 // Outside COPY, PostgreSQL ignores these too.
                 FrontendMessage::CopyData(_) | FrontendMessage::CopyDone | FrontendMessage::CopyFail(_) => {}
                 FrontendMessage::Unknown { tag: b'F', .. } if self.shared.sharding.is_none() => {
-                    self.client.info.set_state(ClientState::Active);
                     self.function_call(frame).await?
                 }
                 _ => {
@@ -214,6 +215,9 @@ impl Session {
                     self.io.wire.send(&reply::error(code, &text)).await?;
                     self.io.wire.send(&reply::ready_for_query(self.phase.tx())).await?;
                 }
+            }
+            if matches!(tag, b'Q' | b'S' | b'F') {
+                self.key.finished(); // answered, by a server or by refract
             }
         }
     }
@@ -224,6 +228,7 @@ impl Session {
     /// primary (the rest of the pipeline, a write perhaps, must find its transaction there).
     async fn pipeline_flush(&mut self) -> Result<(), PgError> {
         self.batch.push(FrontendMessage::Flush);
+        self.key.started();
         self.held.batch_start = BatchStart::QuietTime;
         let result = self.run_batch().await;
         self.held.batch_start = BatchStart::Client;

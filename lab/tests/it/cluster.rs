@@ -167,8 +167,19 @@ fn pg_cancels_through_either_dispatcher_take_effect_within_a_second() {
     // 100 clients, as the acceptance asks: each one's CancelRequest lands on either dispatcher.
     let results = refract_lab::bench::cluster::cancels::run(6432, 50).expect("cancels");
     assert_eq!(results.len(), 100);
-    for r in &results {
-        assert_eq!(r.code.as_deref(), Some("57014"), "every statement cancelled: {r:?}");
-        assert!(r.seconds.is_some_and(|s| s <= 1.0), "within 1 s: {r:?}");
-    }
+    let late: Vec<_> =
+        results.iter().filter(|r| r.code.as_deref() != Some("57014") || r.seconds.is_none_or(|s| s > 1.0)).collect();
+    // What the dispatchers did with the cancels, to tell a lost forward from a late delivery.
+    let counted = |d: usize| {
+        let metrics = admin("GET", &format!("{}:6532", DISPATCHERS[d].addr), "/metrics").1;
+        let lines = metrics.lines().filter(|l| l.starts_with("refract_cluster_cancels_total"));
+        format!("{}: {}", DISPATCHERS[d].name, lines.collect::<Vec<_>>().join(", "))
+    };
+    assert!(
+        late.is_empty(),
+        "every statement cancelled within 1 s: {} not: {late:?}; {}; {}",
+        late.len(),
+        counted(0),
+        counted(1)
+    );
 }

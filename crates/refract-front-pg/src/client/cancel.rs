@@ -27,15 +27,29 @@ struct SlotState {
     server: Mutex<Option<ServerKey>>,
     /// Wakes a statement that waits for a server connection ([`CancelKey::unless_cancelled`]).
     wait: tokio::sync::Notify,
-    /// Statements (or batches) sent to a server so far.
+    /// Requests the client made so far: a simple Query, a FunctionCall, a batch up to its
+    /// Sync or Flush ([`CancelKey::started`]).
     started: AtomicU64,
-    /// Whether the last one sent has not had its ReadyForQuery yet.
+    /// Whether the last one has not had its ReadyForQuery yet.
     running: AtomicBool,
+    /// The request (its number in `started`) a cancel came for while it had no server
+    /// connection: it does not go on to one ([`CancelWaiter::unless_cancelled`]).
+    cancelled: AtomicU64,
 }
 
 impl SlotState {
     fn server(&self) -> std::sync::MutexGuard<'_, Option<ServerKey>> {
         self.server.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The number of the request running now, if one is.
+    fn request(&self) -> Option<u64> {
+        self.running.load(Ordering::SeqCst).then(|| self.started.load(Ordering::SeqCst))
+    }
+
+    /// Whether a cancel came for the request running now before it had a server connection.
+    fn cancelled(&self) -> bool {
+        self.request().is_some_and(|n| self.cancelled.load(Ordering::SeqCst) == n)
     }
 }
 
@@ -121,30 +135,38 @@ impl Cancels {
     }
 
     /// Delivers a client's CancelRequest for (`pid`, `secret`): to the server connection its
-    /// statement runs on (a CancelRequest on a new connection, `timeout` to connect), or it
-    /// ends the statement's wait for one. A cancel can overtake the statement it is for (the
-    /// statement still on its way to the server, which ignores a cancel while it waits for a
-    /// command): while that same statement still runs on that connection, the request is sent
-    /// again every [`RESEND_AFTER`], [`RESENDS`] times at most, in the background. Not once
-    /// the session has seen the statement's ReadyForQuery: a later statement is not its target.
+    /// request runs on (a CancelRequest on a new connection, `timeout` to connect), or, while
+    /// the request has none (it waits for one, or is on its way to one), it ends there with
+    /// 57014 ([`CancelWaiter`]). A cancel can overtake the statement it is for on the server
+    /// connection too (the statement still on its way to the server, which ignores a cancel
+    /// while it waits for a command): while that same request still runs on that connection,
+    /// the cancel is sent again every [`RESEND_AFTER`], [`RESENDS`] times at most, in the
+    /// background. Not once the client has had the request's ReadyForQuery: a later request
+    /// is not its target.
     pub async fn deliver(&self, pid: i32, secret: &[u8], timeout: Duration) {
-        let Some((slot, statement)) = self.running(pid, secret) else { return };
-        let Some(server) = slot.server().clone() else {
-            slot.wait.notify_waiters();
-            return;
+        let Some((slot, request)) = self.running(pid, secret) else { return };
+        let server = slot.server().clone();
+        let server = match (server, request) {
+            (Some(server), _) => server,
+            (None, None) => return, // idle: nothing to cancel, as PostgreSQL finds
+            (None, Some(n)) => {
+                slot.cancelled.store(n, Ordering::SeqCst);
+                slot.wait.notify_waiters();
+                // It may have got its connection in between: the cancel goes there too.
+                let Some(server) = slot.server().clone() else { return };
+                server
+            }
         };
         if let Err(e) = crate::server::cancel(&server, timeout).await {
             tracing::debug!(error = %e, "cancel request not delivered");
             return;
         }
-        let Some(statement) = statement else { return };
+        let Some(request) = request else { return };
         // In the background: the client's cancel connection closes now, as PostgreSQL's does.
         tokio::spawn(async move {
             for _ in 0..RESENDS {
                 tokio::time::sleep(RESEND_AFTER).await;
-                let same = slot.running.load(Ordering::SeqCst)
-                    && slot.started.load(Ordering::SeqCst) == statement
-                    && slot.server().as_ref() == Some(&server);
+                let same = slot.request() == Some(request) && slot.server().as_ref() == Some(&server);
                 if !same || crate::server::cancel(&server, timeout).await.is_err() {
                     return;
                 }
@@ -159,8 +181,7 @@ impl Cancels {
         if s.as_slice() != secret {
             return None;
         }
-        let running = slot.running.load(Ordering::SeqCst).then(|| slot.started.load(Ordering::SeqCst));
-        Some((slot.clone(), running))
+        Some((slot.clone(), slot.request()))
     }
 
     /// From now on ids come from `slot` (below [`SLOTS`]) and requests for ids this dispatcher
@@ -192,13 +213,14 @@ impl CancelKey {
         *self.slot.server() = key;
     }
 
-    /// The client's statement (or batch) went to its server connection.
+    /// The client made a request that runs until its ReadyForQuery: a simple Query, a
+    /// FunctionCall, a batch of extended-protocol messages up to its Sync or Flush.
     pub fn started(&self) {
         self.slot.started.fetch_add(1, Ordering::SeqCst);
         self.slot.running.store(true, Ordering::SeqCst);
     }
 
-    /// Its ReadyForQuery came: no statement of the client's runs.
+    /// Its ReadyForQuery went to the client: no request of the client's runs.
     pub fn finished(&self) {
         self.slot.running.store(false, Ordering::SeqCst);
     }
@@ -216,15 +238,22 @@ pub struct CancelWaiter {
 }
 
 impl CancelWaiter {
-    /// `wait`'s output, or `None` if the client cancelled (a CancelRequest with its key, here or
-    /// forwarded by another dispatcher) while it ran.
+    /// `wait`'s output, or `None` if the client cancelled its request (a CancelRequest with its
+    /// key, here or forwarded by another dispatcher) before or while it ran.
     pub async fn unless_cancelled<F: std::future::Future>(&self, wait: F) -> Option<F::Output> {
-        let cancelled = self.slot.wait.notified();
-        tokio::pin!(cancelled);
-        cancelled.as_mut().enable(); // a cancel from now on ends it
-        tokio::select! {
-            out = wait => Some(out),
-            () = cancelled => None,
+        tokio::pin!(wait);
+        loop {
+            let cancelled = self.slot.wait.notified();
+            tokio::pin!(cancelled);
+            cancelled.as_mut().enable(); // a cancel from now on ends it
+            if self.slot.cancelled() {
+                return None; // one came before
+            }
+            tokio::select! {
+                biased;
+                () = cancelled => {} // for this request, or one that has ended (checked above)
+                out = &mut wait => return Some(out),
+            }
         }
     }
 }
@@ -284,17 +313,35 @@ mod tests {
         let key = cancels.register();
         let waiter = key.waiter();
         let (pid, secret) = (key.pid, key.secret);
+        let timeout = Duration::from_secs(1);
+        // Idle: a cancel has nothing to end, and the next request's wait is not ended by it.
+        cancels.cancel(pid, &secret, timeout).await;
+        key.started();
+        assert_eq!(waiter.unless_cancelled(async { 7 }).await, Some(7));
         let c = cancels.clone();
         let cancel = async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            c.cancel(pid, b"nope", Duration::from_secs(1)).await;
-            c.cancel(pid, &secret, Duration::from_secs(1)).await; // no server yet: ends the wait
+            c.cancel(pid, b"nope", timeout).await;
+            c.cancel(pid, &secret, timeout).await; // no server yet: ends the wait
         };
         let forever = std::future::pending::<()>();
         let (out, ()) = tokio::join!(waiter.unless_cancelled(forever), cancel);
         assert_eq!(out, None, "cancelled");
-        // A cancel that came before a wait does not end it.
-        assert_eq!(waiter.unless_cancelled(async { 7 }).await, Some(7));
+    }
+
+    #[tokio::test]
+    async fn a_cancel_before_the_wait_ends_its_request_and_no_later_one() {
+        let cancels = Arc::new(Cancels::default());
+        let key = cancels.register();
+        let waiter = key.waiter();
+        let timeout = Duration::from_secs(1);
+        key.started();
+        // The request is on its way to a server connection when its cancel comes.
+        cancels.cancel(key.pid, &key.secret, timeout).await;
+        assert_eq!(waiter.unless_cancelled(async { 7 }).await, None, "it does not go on");
+        key.finished();
+        key.started();
+        assert_eq!(waiter.unless_cancelled(async { 8 }).await, Some(8), "the next request runs");
     }
 
     /// The server connection a cancel for (`pid`, `secret`) would reach.
@@ -328,5 +375,46 @@ mod tests {
         key.started();
         let (_, second) = cancels.running(key.pid, &key.secret).expect("known");
         assert_ne!(first, second, "a later statement is another one");
+    }
+
+    /// A server that counts the CancelRequests it is sent (reads each, then closes).
+    async fn counting_server() -> (ServerKey, Arc<AtomicU32>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicU32::new(0));
+        let seen = count.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut request = [0u8; 16];
+                if tokio::io::AsyncReadExt::read_exact(&mut s, &mut request).await.is_ok() {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        (ServerKey { addr, pid: 42, secret: bytes::Bytes::from_static(b"abcd") }, count)
+    }
+
+    #[tokio::test]
+    async fn a_cancel_is_sent_again_while_its_request_runs_and_not_after() {
+        let (server, count) = counting_server().await;
+        let cancels = Arc::new(Cancels::default());
+        let key = cancels.register();
+        let timeout = Duration::from_secs(1);
+        // The request has its connection, and its statement may not have reached the server yet.
+        key.set(Some(server));
+        key.started();
+        cancels.cancel(key.pid, &key.secret, timeout).await;
+        assert_eq!(count.load(Ordering::SeqCst), 1, "sent at once");
+        tokio::time::sleep(RESEND_AFTER * 2 + RESEND_AFTER / 2).await;
+        key.finished();
+        tokio::time::sleep(RESEND_AFTER / 4).await; // one on its way when it finished lands
+        let resent = count.load(Ordering::SeqCst);
+        assert!(resent >= 2, "sent again while the request runs: {resent}");
+        tokio::time::sleep(RESEND_AFTER * 2).await;
+        assert_eq!(count.load(Ordering::SeqCst), resent, "not after its ReadyForQuery");
+        // Idle on its connection (session mode): one cancel, as PostgreSQL gets, and no more.
+        cancels.cancel(key.pid, &key.secret, timeout).await;
+        tokio::time::sleep(RESEND_AFTER * 2).await;
+        assert_eq!(count.load(Ordering::SeqCst), resent + 1);
     }
 }

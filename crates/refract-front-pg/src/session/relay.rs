@@ -202,7 +202,6 @@ impl Session {
 
     /// Marks a statement (or batch) of kind `key` about to go to the server.
     pub(crate) fn sent(&self, key: u64) -> Sent {
-        self.key.started();
         Sent { at: Instant::now(), relayed: self.io.sent(), key }
     }
 

@@ -1,5 +1,6 @@
 # Run by `refract bench cluster` (lab/src/bench/cluster/cancels.rs) in each client
-# host: N psycopg2 connections to HOST:PORT each start `SELECT pg_sleep(10)`; after 0.5 s each
+# host: N psycopg2 connections to HOST:PORT each start `SELECT pg_sleep(10)` (autocommit, so
+# the statement is the only one on its way); 0.5 s after the driver was asked to run it, each
 # is cancelled with the driver's own cancel (libpq's PQcancel: a CancelRequest on a new
 # connection to the same address, which the router may send to either dispatcher). Prints one
 # JSON object: per connection the seconds from the cancel to the statement's end and how it
@@ -17,9 +18,12 @@ def one(i):
     except Exception as e:
         results[i] = {"error": "connect: %s" % e}
         return
+    c.autocommit = True
     done = {}
+    asked = threading.Event()
     def run():
         cur = c.cursor()
+        asked.set()
         try:
             cur.execute("SELECT pg_sleep(10)")
             done["code"] = "00000"
@@ -29,6 +33,7 @@ def one(i):
         done["at"] = time.monotonic()
     t = threading.Thread(target=run)
     t.start()
+    asked.wait(10)
     time.sleep(0.5)
     sent = time.monotonic()
     try:

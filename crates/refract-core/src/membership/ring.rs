@@ -226,7 +226,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(24))]
+        #![proptest_config(ProptestConfig::with_cases(64))]
 
         /// Removing one of three members moves only its keys (at most 40 % of them all); adding
         /// it back moves only keys to it.

@@ -98,7 +98,8 @@ impl Ring {
     /// one's reads `inflight`: walking clockwise from the key's point, the first eligible member
     /// below its capacity, `ceil(factor × (total in flight + 1) × weight / total weight)`
     /// (totals over the eligible members). When every one is full (only possible with `factor`
-    /// ≤ 1), the key's owner. `None` when no eligible member has a point.
+    /// below 1: the capacities add up to at least the total + 1), the key's owner. `None` when
+    /// no eligible member has a point.
     pub fn pick(
         &self,
         key: u64,

@@ -229,6 +229,11 @@ pub enum Policy {
     /// or struggling replica gets a shrinking share. The default.
     #[default]
     PeakEwma,
+    /// Consistent hashing with bounded loads: a read with an affinity key goes to the replica
+    /// owning the key on a hash ring, unless that one carries more than
+    /// `affinity_load_factor` × the average of the reads in flight; then to the next one on
+    /// the ring (`membership/ring.rs`). Reads without a key: as `PeakEwma`.
+    Affinity,
 }
 
 /// `[balance]`
@@ -241,11 +246,37 @@ pub struct Balance {
     pub read_from_primary: bool,
     /// Whether reads go to the primary when no replica is up.
     pub read_fallback_to_primary: bool,
+    /// With `policy = "affinity"`: a read leaves its key's owner for the next replica on the
+    /// ring when the owner carries this many times its share of the reads in flight (> 1).
+    pub affinity_load_factor: f64,
 }
+
+/// The default `[balance] affinity_load_factor`: the owner may carry 25 % more than the average.
+pub const AFFINITY_LOAD_FACTOR: f64 = 1.25;
 
 impl Default for Balance {
     fn default() -> Self {
-        Balance { policy: Policy::PeakEwma, read_from_primary: false, read_fallback_to_primary: true }
+        Balance {
+            policy: Policy::PeakEwma,
+            read_from_primary: false,
+            read_fallback_to_primary: true,
+            affinity_load_factor: AFFINITY_LOAD_FACTOR,
+        }
+    }
+}
+
+impl Balance {
+    /// `affinity_load_factor` must be a number above 1: at 1 or below, the replicas' bounds add
+    /// up to no more than the reads in flight, and a read could find every replica full.
+    fn validate(&self, text: &str) -> Result<(), String> {
+        let f = self.affinity_load_factor;
+        if f.is_finite() && f > 1.0 {
+            return Ok(());
+        }
+        Err(format!(
+            "line {}: [balance] affinity_load_factor must be a number above 1 (e.g. 1.25: a replica takes up to 25 % more than the average of the reads in flight), not {f}",
+            find_key_line(text, "affinity_load_factor")
+        ))
     }
 }
 
@@ -453,6 +484,7 @@ impl Config {
             }
         }
         self.timeouts.validate_client(text)?;
+        self.balance.validate(text)?;
         if self.health.interval_ms == 0 || self.health.timeout_ms == 0 {
             return Err(format!("line {}: [health] times must be > 0", find_key_line(text, "health")));
         }
@@ -654,6 +686,22 @@ mod tests {
             let e = Config::parse(&format!("{MIN}[overload]\nclient_share = {bad}\n")).unwrap_err();
             assert!(e.starts_with("line 8: [overload] fractions") && e.contains("client_share"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_affinity_policy_and_its_load_factor() {
+        let c = Config::parse(MIN).unwrap();
+        assert_eq!(c.balance.affinity_load_factor, 1.25);
+        let c = Config::parse(&format!("{MIN}[balance]\npolicy = \"affinity\"\n")).unwrap();
+        assert_eq!((c.balance.policy, c.balance.affinity_load_factor), (Policy::Affinity, 1.25));
+        let c = Config::parse(&format!("{MIN}[balance]\npolicy = \"affinity\"\naffinity_load_factor = 1.5\n"));
+        assert_eq!(c.unwrap().balance.affinity_load_factor, 1.5);
+        for bad in ["1.0", "0.5", "-2.0", "inf", "nan"] {
+            let e = Config::parse(&format!("{MIN}[balance]\naffinity_load_factor = {bad}\n")).unwrap_err();
+            assert!(e.starts_with("line 9: [balance] affinity_load_factor must be a number above 1"), "{e}");
+        }
+        let e = Config::parse(&format!("{MIN}[balance]\npolicy = \"hash\"\n")).unwrap_err();
+        assert!(e.starts_with("line 9:") && e.contains("affinity"), "{e}");
     }
 
     #[test]

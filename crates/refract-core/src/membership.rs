@@ -1,30 +1,36 @@
 //! Runtime membership (members added and removed while serving) and the choice of a member for
-//! a request: the primary for writes, a replica for reads (round robin or least outstanding
-//! with two random choices). One [`Membership`] per front end, generic over what a member is
-//! ([`Member`]): HTTP backends ([`Backend`]) and PostgreSQL servers are kept, chosen and
-//! ejected by the same code.
+//! a request: the primary for writes, a replica for reads (round robin, least outstanding or
+//! peak-EWMA with two random choices, or the owner of the read's key on a ring with bounded
+//! loads). One [`Membership`] per front end, generic over what a member is ([`Member`]): HTTP
+//! backends ([`Backend`]) and PostgreSQL servers are kept, chosen and ejected by the same code.
 //!
 //! # Layout
-//! - this file: [`Membership`], the chooser ([`choose`]), ejection and the outlier check.
+//! - this file: [`Membership`], the chooser ([`choose`], [`Membership::choose_keyed`]),
+//!   ejection and the outlier check.
 //! - `member.rs`: [`Member`], what the engine needs of a member.
+//! - `ring.rs`: the affinity policy's ring ([`ring::Ring`]) and its stable hash
+//!   ([`ring::key_hash`]).
 
 mod member;
+pub mod ring;
 
 pub use member::Member;
 
 use crate::backend::Backend;
 use crate::config::{validate_backend, BackendConfig, Balance, Overload, Policy, Role};
-use crate::metrics::Metrics;
+use crate::metrics::{AffinityCounters, Metrics};
 use crate::overload::AdmissionConfig;
 use crate::partial::Shares;
 use rand::Rng;
 use refract_vocab::{FrontKind, MemberName, RouteClass};
+use ring::Ring;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 /// What a read names, for partial replicas (a Hyrise-R plan's tables): only members holding
-/// every one of `tables` may serve it, in the class's share when `shares` configures one.
+/// every one of `tables` may serve it, in the class's share when `shares` configures one; and,
+/// for the affinity policy, its key.
 #[derive(Debug, Clone, Copy)]
 pub struct Scope<'a> {
     /// The tables, sorted; empty when refract cannot name them all (then only a member that
@@ -32,6 +38,9 @@ pub struct Scope<'a> {
     pub tables: &'a [String],
     /// The configured shares.
     pub shares: &'a Shares,
+    /// Its affinity key ([`ring::key_hash`] of what it reads), for `[balance] policy =
+    /// "affinity"`; `None`: balanced by load alone.
+    pub key: Option<u64>,
 }
 
 /// Why a member could not be added.
@@ -58,6 +67,29 @@ pub struct Membership<M: Member = Backend> {
     eject_max_fraction: f64,
     /// The front end its members belong to (HTTP unless [`Membership::serving`] says).
     front: FrontKind,
+    /// The affinity ring over the members, as last built.
+    ring: RwLock<Arc<Keyed>>,
+    /// The affinity policy's counts, registered at its first choice.
+    affinity: OnceLock<AffinityCounters>,
+}
+
+/// The affinity ring over a membership's members, by name (each of weight 1).
+struct Keyed {
+    names: Vec<String>,
+    ring: Ring,
+}
+
+impl Keyed {
+    fn of<M: Member>(list: &[Arc<M>]) -> Keyed {
+        let names: Vec<String> = list.iter().map(|m| m.name().to_string()).collect();
+        let ring = Ring::new(names.iter().map(|n| (n.as_str(), 1)));
+        Keyed { names, ring }
+    }
+
+    /// Whether it is the ring of `list` (the same names in the same order).
+    fn is_of<M: Member>(&self, list: &[Arc<M>]) -> bool {
+        self.names.len() == list.len() && self.names.iter().zip(list).all(|(n, m)| n == m.name())
+    }
 }
 
 impl<M: Member> Membership<M> {
@@ -72,6 +104,8 @@ impl<M: Member> Membership<M> {
         eject_max_fraction: f64,
     ) -> Self {
         Membership {
+            // Built at the first keyed read (only the affinity policy has any).
+            ring: RwLock::new(Arc::new(Keyed::of::<M>(&[]))),
             list: RwLock::new(Arc::new(members)),
             rr: AtomicUsize::new(0),
             balance,
@@ -80,6 +114,7 @@ impl<M: Member> Membership<M> {
             metrics,
             eject_max_fraction,
             front: FrontKind::Http,
+            affinity: OnceLock::new(),
         }
     }
 
@@ -226,17 +261,64 @@ impl<M: Member> Membership<M> {
             let fallback = self.balance.read_fallback_to_primary || none_holds;
             return if fallback && !replica_left { primary() } else { None };
         }
-        Some(self.choose(&readers).clone())
+        // A read's first choice is counted; one moved off a member that failed it or refused
+        // it is not counted again.
+        let first = failed.is_empty() && saturated.is_empty();
+        let key = scope.and_then(|s| s.key);
+        let keyed = self.keyed(&readers, key, &|b| b.backend(), first);
+        let i = keyed.unwrap_or_else(|| self.choose_in(&readers, |b| b.backend()));
+        Some(readers[i].clone())
     }
 
     /// The index in `readers` (not empty) of the one a request goes to under the `[balance]`
-    /// policy, turns counted by this membership.
+    /// policy, turns counted by this membership (the affinity policy, given no key: peak-EWMA).
     pub fn choose_in<T>(&self, readers: &[T], member: impl Fn(&T) -> &Backend) -> usize {
         choose(self.balance.policy, &self.rr, readers, member)
     }
 
-    fn choose<'a>(&self, readers: &[&'a Arc<M>]) -> &'a Arc<M> {
-        readers[self.choose_in(readers, |b| b.backend())]
+    /// The index in `readers` (not empty: the members eligible for one read) of the one a read
+    /// with affinity `key` goes to. Under `policy = "affinity"` with a key: the key's owner on
+    /// the ring over every member of this membership, or the next reader on the ring when the
+    /// owner is no reader (down, drained, behind, not holding the tables) or carries more than
+    /// `affinity_load_factor` × its share of the readers' requests in flight (counted in
+    /// `refract_balance_affinity_total{outcome}`). Without a key, under another policy, or
+    /// when no reader is a member (by `member(r).name`): [`Self::choose_in`]. `member` gives a
+    /// reader's engine member.
+    pub fn choose_keyed<T>(&self, readers: &[T], key: Option<u64>, member: impl Fn(&T) -> &Backend) -> usize {
+        self.keyed(readers, key, &member, true).unwrap_or_else(|| self.choose_in(readers, member))
+    }
+
+    /// [`Self::choose_keyed`]'s ring choice (`None`: no key, another policy, no reader on the
+    /// ring); counted when `count`.
+    fn keyed<T>(
+        &self,
+        readers: &[T],
+        key: Option<u64>,
+        member: &impl Fn(&T) -> &Backend,
+        count: bool,
+    ) -> Option<usize> {
+        let key = key.filter(|_| self.balance.policy == Policy::Affinity)?;
+        let keyed = self.ring();
+        let at: Vec<Option<usize>> =
+            keyed.names.iter().map(|n| readers.iter().position(|r| member(r).name == *n)).collect();
+        let inflight = |i: usize| at[i].map_or(0, |j| member(&readers[j]).inflight());
+        let pick = keyed.ring.pick(key, |i| at[i].is_some(), inflight, self.balance.affinity_load_factor)?;
+        if count {
+            self.affinity.get_or_init(|| self.metrics.affinity(self.front)).count(pick.spilled);
+        }
+        at[pick.member]
+    }
+
+    /// The ring over the members now: the cached one, built again when they changed.
+    fn ring(&self) -> Arc<Keyed> {
+        let list = self.snapshot();
+        let cached = self.ring.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if cached.is_of(&list) {
+            return cached;
+        }
+        let fresh = Arc::new(Keyed::of(&list));
+        *self.ring.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        fresh
     }
 }
 
@@ -316,16 +398,16 @@ fn same_definition(b: &Backend, c: &BackendConfig) -> bool {
 }
 
 /// The index in `readers` (not empty) of the one a request goes to under `policy`: in turn
-/// (`rr` counts the turns), or the lower cost of two random choices. `member` gives each
-/// reader's engine member, so that any front end's servers (HTTP backends, PostgreSQL servers)
-/// are balanced by this one chooser.
+/// (`rr` counts the turns), or the lower cost of two random choices (the affinity policy
+/// without a key: peak-EWMA). `member` gives each reader's engine member, so that any front
+/// end's servers (HTTP backends, PostgreSQL servers) are balanced by this one chooser.
 pub fn choose<T>(policy: Policy, rr: &AtomicUsize, readers: &[T], member: impl Fn(&T) -> &Backend) -> usize {
     let n = readers.len();
     match policy {
         _ if n <= 1 => 0,
         Policy::RoundRobin => rr.fetch_add(1, Relaxed) % n,
         Policy::LeastOutstanding => two_choices(n, |i| member(&readers[i]).inflight() as f64),
-        Policy::PeakEwma => two_choices(n, |i| member(&readers[i]).cost()),
+        Policy::PeakEwma | Policy::Affinity => two_choices(n, |i| member(&readers[i]).cost()),
     }
 }
 
@@ -434,13 +516,136 @@ mod tests {
     /// Who serves `n` reads naming `t`, counted by name.
     fn served(m: &Membership, t: &[&str], shares: &Shares, n: usize) -> std::collections::BTreeMap<String, usize> {
         let t = tables(t);
-        let scope = Scope { tables: &t, shares };
+        let scope = Scope { tables: &t, shares, key: None };
         let mut out = std::collections::BTreeMap::new();
         for _ in 0..n {
             let b = m.pick_in(RouteClass::Read, Some(scope), &[], &[]).map_or("none".into(), |b| b.name.clone());
             *out.entry(b).or_insert(0) += 1;
         }
         out
+    }
+
+    /// A primary and three replicas under the affinity policy.
+    fn affine() -> Membership {
+        let cfgs = [
+            cfg("p", 1, Role::Primary),
+            cfg("r1", 2, Role::Replica),
+            cfg("r2", 3, Role::Replica),
+            cfg("r3", 4, Role::Replica),
+        ];
+        let balance = Balance { policy: Policy::Affinity, ..Balance::default() };
+        Membership::new(&cfgs, balance, 4, Arc::new(Metrics::new()), &Overload::default())
+    }
+
+    /// Who serves a read with key `key`.
+    fn keyed(m: &Membership, key: u64) -> String {
+        let none = Shares::default();
+        let scope = Scope { tables: &[], shares: &none, key: Some(key) };
+        m.pick_in(RouteClass::Read, Some(scope), &[], &[]).map_or("none".into(), |b| b.name.clone())
+    }
+
+    /// The keys the affinity tests place.
+    fn keys() -> Vec<u64> {
+        (0u32..300).map(|i| ring::key_hash(&[b"t", &i.to_le_bytes()])).collect()
+    }
+
+    #[test]
+    fn affinity_sends_a_key_to_one_replica_and_dispatchers_agree() {
+        let (a, b) = (affine(), affine());
+        let placed: Vec<String> = keys().into_iter().map(|k| keyed(&a, k)).collect();
+        for (k, name) in keys().into_iter().zip(&placed) {
+            assert!((0..5).all(|_| keyed(&a, k) == *name), "one key, one replica");
+            assert_eq!(keyed(&b, k), *name, "another membership of the same members agrees");
+        }
+        for r in ["r1", "r2", "r3"] {
+            let n = placed.iter().filter(|p| *p == r).count();
+            assert!((50..=150).contains(&n), "{r} took {n} of 300 keys: {placed:?}");
+        }
+        assert!(!placed.contains(&"p".to_string()), "the primary takes no read");
+    }
+
+    #[test]
+    fn affinity_moves_only_the_keys_of_a_replica_that_is_down_removed_or_added() {
+        let m = affine();
+        let before: Vec<String> = keys().into_iter().map(|k| keyed(&m, k)).collect();
+        m.snapshot()[2].set_up(false);
+        let down: Vec<String> = keys().into_iter().map(|k| keyed(&m, k)).collect();
+        for (b, d) in before.iter().zip(&down) {
+            assert!(b == d || (b == "r2" && d != "r2"), "{b} -> {d}");
+        }
+        m.snapshot()[2].set_up(true);
+        assert_eq!(keys().into_iter().map(|k| keyed(&m, k)).collect::<Vec<_>>(), before, "back up: back");
+        assert!(m.remove("r2"));
+        let removed: Vec<String> = keys().into_iter().map(|k| keyed(&m, k)).collect();
+        assert_eq!(removed, down, "removed: as when down");
+        m.add(cfg("r4", 5, Role::Replica)).unwrap();
+        let added: Vec<String> = keys().into_iter().map(|k| keyed(&m, k)).collect();
+        for (r, a) in removed.iter().zip(&added) {
+            assert!(r == a || a == "r4", "{r} -> {a}");
+        }
+        assert!(added.iter().any(|a| a == "r4"));
+    }
+
+    #[test]
+    fn affinity_spills_past_a_busy_owner_and_counts_it() {
+        let m = affine();
+        let key = keys()[0];
+        let owner = m.get(&keyed(&m, key)).unwrap();
+        // 4 in flight at the owner, none elsewhere: its bound is ceil(1.25 × 5 / 3) = 3.
+        let _busy: Vec<_> = (0..4).map(|_| owner.begin()).collect();
+        let spilled = keyed(&m, key);
+        assert_ne!(spilled, owner.name);
+        assert!((0..5).all(|_| keyed(&m, key) == spilled), "the next on the ring, every time");
+        let text = m.metrics.render();
+        assert!(text.contains(r#"refract_balance_affinity_total{outcome="spilled"} 6"#), "{text}");
+        assert!(text.contains(r#"refract_balance_affinity_total{outcome="owner"} 1"#), "{text}");
+        // A retry (owner failed it) is not counted again.
+        let none = Shares::default();
+        let scope = Scope { tables: &[], shares: &none, key: Some(key) };
+        m.pick_in(RouteClass::Read, Some(scope), std::slice::from_ref(&owner), &[]).unwrap();
+        assert!(m.metrics.render().contains(r#"refract_balance_affinity_total{outcome="spilled"} 6"#));
+    }
+
+    #[test]
+    fn affinity_without_a_key_is_peak_ewma_and_another_policy_ignores_keys() {
+        let m = affine();
+        let list = m.snapshot();
+        for (i, ms) in [(1, 100), (2, 1), (3, 1)] {
+            list[i].latency.observe(Duration::from_millis(ms));
+        }
+        for _ in 0..20 {
+            assert_ne!(m.pick(RouteClass::Read, &[], &[]).unwrap().name, "r1", "the slow one is never chosen");
+        }
+        let rr = three(Policy::RoundRobin);
+        let names: Vec<String> = (0..4).map(|_| keyed(&rr, keys()[0])).collect();
+        assert_eq!(names, ["r1", "r2", "r1", "r2"]);
+        assert!(!m.metrics.render().contains("refract_balance_affinity_total{"), "nothing keyed yet");
+    }
+
+    /// A front end's own reader type, as the PostgreSQL front end's servers.
+    struct Reader {
+        member: Arc<Backend>,
+    }
+
+    #[test]
+    fn choose_keyed_maps_the_ring_onto_any_readers_by_name() {
+        let m = affine();
+        let readers: Vec<Reader> = m.snapshot().iter().skip(1).rev().map(|b| Reader { member: b.clone() }).collect();
+        for k in keys() {
+            let i = m.choose_keyed(&readers, Some(k), |r| &r.member);
+            assert_eq!(readers[i].member.name, keyed(&m, k));
+        }
+        // Only r3 and r1 eligible: r2's keys go to one of them, the others' stay.
+        let two = [Reader { member: m.snapshot()[3].clone() }, Reader { member: m.snapshot()[1].clone() }];
+        for k in keys() {
+            let name = &two[m.choose_keyed(&two, Some(k), |r| &r.member)].member.name;
+            let owner = keyed(&m, k);
+            assert!(*name == owner || owner == "r2", "{owner} -> {name}");
+        }
+        // A reader that is no member: load balancing.
+        let stranger = Arc::new(m.engine_part(&cfg("x", 9, Role::Replica)));
+        let alone = [Reader { member: stranger }];
+        assert_eq!(m.choose_keyed(&alone, Some(keys()[0]), |r| &r.member), 0);
     }
 
     #[test]

@@ -87,6 +87,21 @@ impl EncodeLabelSet for HowLabels {
     }
 }
 
+/// The affinity policy's outcome, and `front` on the PostgreSQL front end's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct OutcomeLabels {
+    outcome: &'static str,
+    front: FrontKind,
+}
+
+impl EncodeLabelSet for OutcomeLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> std::fmt::Result {
+        let front = self.front.label().map(|f| ("front", f));
+        let labels: Vec<_> = std::iter::once(("outcome", self.outcome)).chain(front).collect();
+        EncodeLabelSet::encode(&labels.as_slice(), encoder)
+    }
+}
+
 /// The dispatcher's metrics.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -111,6 +126,22 @@ pub struct Metrics {
     backend_queued: Family<BackendLabel, Gauge>,
     log_dropped: Counter,
     stall_yields: Family<HowLabels, Counter>,
+    balance_affinity: Family<OutcomeLabels, Counter>,
+}
+
+/// One front end's handles for the affinity policy's choices (`[balance] policy = "affinity"`).
+#[derive(Clone, Debug)]
+pub struct AffinityCounters {
+    owner: Counter,
+    spilled: Counter,
+}
+
+impl AffinityCounters {
+    /// Counts a read that went to its key's owner, or (`spilled`) past it to the next member
+    /// on the ring because the owner was at its bound.
+    pub fn count(&self, spilled: bool) {
+        if spilled { &self.spilled } else { &self.owner }.inc();
+    }
 }
 
 /// Per-backend handles, one request counter per route class.
@@ -197,7 +228,14 @@ impl Metrics {
             "Backends let go for a client that stopped reading while others waited: spilled, cut",
             stall_yields.clone(),
         );
+        let balance_affinity = Family::<OutcomeLabels, Counter>::default();
+        reg.register(
+            "balance_affinity",
+            "Reads with an affinity key ([balance] policy = \"affinity\"): to the key's owner, or spilled past it (owner at its bound)",
+            balance_affinity.clone(),
+        );
         Metrics {
+            balance_affinity,
             log_dropped,
             registry: Mutex::new(reg),
             families: Mutex::new(Vec::new()),
@@ -238,6 +276,12 @@ impl Metrics {
             self.requests.get_or_create(&labels).clone()
         };
         BackendCounters { requests: RouteClass::ALL.map(get) }
+    }
+
+    /// Handles for counting the affinity policy's choices among `front`'s members.
+    pub fn affinity(&self, front: FrontKind) -> AffinityCounters {
+        let get = |outcome| self.balance_affinity.get_or_create(&OutcomeLabels { outcome, front }).clone();
+        AffinityCounters { owner: get("owner"), spilled: get("spilled") }
     }
 
     /// Counts an error of `kind`.
@@ -319,7 +363,12 @@ mod tests {
         m.observe(RouteClass::Read, 0.001);
         m.set_backend("b1", true, 2);
         m.stall_yield("b1", "spilled");
+        m.affinity(FrontKind::Http).count(true);
+        m.affinity(FrontKind::Postgres).count(false);
         let text = m.render();
+        assert!(text.contains(r#"refract_balance_affinity_total{outcome="spilled"} 1"#), "{text}");
+        assert!(text.contains(r#"refract_balance_affinity_total{outcome="owner"} 0"#), "{text}");
+        assert!(text.contains(r#"refract_balance_affinity_total{outcome="owner",front="postgres"} 1"#), "{text}");
         assert!(text.contains(r#"refract_stall_yields_total{backend="b1",how="spilled"} 1"#), "{text}");
         assert!(text.contains(r#"refract_requests_total{class="read",backend="b1"} 1"#), "{text}");
         assert!(text.contains(r#"refract_errors_total{kind="connect"} 1"#), "{text}");

@@ -35,7 +35,7 @@ pub(crate) async fn forward(ctx: &Ctx, conn: &mut ClientConn, req: &Request<'_>)
     let mut saturated: Vec<Arc<Backend>> = Vec::new();
     let mut last = None;
     loop {
-        let Some(first) = ctx.members.pick_in(req.class, scope(ctx, req.tables), &tried, &saturated) else {
+        let Some(first) = ctx.members.pick_in(req.class, scope(ctx, req.tables, req.key), &tried, &saturated) else {
             return Err(last.unwrap_or(Failure::untouched(Error::NoBackend(req.class.as_str()))));
         };
         let (b, permit) = match admit_now(ctx, req, first, &tried, &saturated) {
@@ -101,7 +101,7 @@ fn admit_now(
     }
     let mut busy: Vec<Arc<Backend>> = saturated.iter().cloned().chain([first.clone()]).collect();
     let mut best = (first.admission.expected_wait(), first);
-    let scope = scope(ctx, req.tables);
+    let scope = scope(ctx, req.tables, req.key);
     while let Some(b) = ctx.members.pick_in(req.class, scope, failed, &busy) {
         if let Some(p) = b.admission.try_acquire_by(req.client, req.arrival) {
             return Ok((b, p));

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use refract_core::ctx::Ctx;
 use refract_core::overload::{Arrival, Priority};
 use refract_http::chunked::decode_all;
-use refract_http::{reply, BodyKind, PlanTables, RequestHead, RouteClass};
+use refract_http::{reply, BodyKind, ReadPlan, RequestHead, RouteClass};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +76,7 @@ async fn serve(
         head_bytes = clean.into();
     }
     let started = Instant::now();
-    let (class, tables, body) = match prepare(ctx, conn, &head).await {
+    let (class, plan, body) = match prepare(ctx, conn, &head).await {
         Ok(x) => x,
         Err(e) => return reply_error(ctx, conn, &e, false).await,
     };
@@ -88,8 +88,9 @@ async fn serve(
         let keep = head.keep_alive && matches!(body, ReqBody::Buffered(_));
         return reply_error(ctx, conn, &Error::RateLimited(user.to_string()), keep).await;
     }
-    let tables = tables.as_ref();
-    let offered = crate::handover::Offered { class, head_bytes: &head_bytes, body: &body, tables };
+    let tables = plan.as_ref().map(|p| &p.tables);
+    let key = plan.as_ref().and_then(crate::request::affinity_key);
+    let offered = crate::handover::Offered { class, head_bytes: &head_bytes, body: &body, tables, key };
     if HttpConfig::of(&ctx.cfg).handover.is_some() {
         let ho = ho.get_or_insert_with(|| Box::new(crate::handover::Session::new()));
         if let Some(go_on) = crate::handover::offer(ctx, conn, ho, &offered).await {
@@ -111,6 +112,7 @@ async fn serve(
                 arrival,
                 client: conn.peer,
                 tables,
+                key,
             };
             forward::forward(ctx, conn, &req).await
         }
@@ -145,13 +147,13 @@ fn priority(head: &RequestHead) -> Result<Priority, Error> {
     }
 }
 
-/// Reads what classification needs, classifies (with a read plan's tables), and buffers the
+/// Reads what classification needs, classifies (with what a read plan reads), and buffers the
 /// body of a fan-out.
 async fn prepare(
     ctx: &Ctx,
     conn: &mut ClientConn,
     head: &RequestHead,
-) -> Result<(RouteClass, Option<PlanTables>, ReqBody), Error> {
+) -> Result<(RouteClass, Option<ReadPlan>, ReqBody), Error> {
     let limit = ctx.cfg.limits.max_buffered_body;
     go_ahead(conn, head).await?;
     let mut body = match head.body {
@@ -162,12 +164,10 @@ async fn prepare(
         kind => ReqBody::Stream(kind),
     };
     let classifier = &HttpConfig::of(&ctx.cfg).classifier;
-    let (class, tables) = match &body {
-        ReqBody::Buffered(raw) if head.body == BodyKind::Chunked => {
-            classifier.classify_with_tables(head, &decode_all(raw))?
-        }
-        ReqBody::Buffered(raw) => classifier.classify_with_tables(head, raw)?,
-        ReqBody::Stream(_) => classifier.classify_with_tables(head, &[])?,
+    let (class, plan) = match &body {
+        ReqBody::Buffered(raw) if head.body == BodyKind::Chunked => classifier.classify_read(head, &decode_all(raw))?,
+        ReqBody::Buffered(raw) => classifier.classify_read(head, raw)?,
+        ReqBody::Stream(_) => classifier.classify_read(head, &[])?,
     };
     match (class, &body) {
         (RouteClass::All, ReqBody::Stream(kind)) => body = ReqBody::Buffered(conn.read_body(*kind, limit).await?),
@@ -176,7 +176,7 @@ async fn prepare(
         (_, ReqBody::Stream(kind)) => conn.read_ahead(*kind, limit).await?,
         _ => {}
     }
-    Ok((class, tables, body))
+    Ok((class, plan, body))
 }
 
 /// `Expect: 100-continue`: the client holds its body back until it gets `100 Continue` (curl

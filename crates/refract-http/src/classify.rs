@@ -1,7 +1,8 @@
 //! Route classes and request classification. Order: the `x-refract-route` header; Hyrise-R
 //! `POST /query` plans (write operators → write, TableLoad → all, else read); `/procedure` →
 //! procedure; configured rules (method + path prefix); GET/HEAD → read, anything else → write.
-//! A read plan also names the tables it reads ([`PlanTables`]), for partial replicas.
+//! A read plan also names the tables it reads ([`PlanTables`]), for partial replicas, and the
+//! values its equality predicates look up ([`ReadPlan`]), for the affinity policy.
 
 use crate::error::Error;
 use crate::head::RequestHead;
@@ -54,11 +55,17 @@ impl Classifier {
         head: &RequestHead,
         body: &[u8],
     ) -> Result<(RouteClass, Option<PlanTables>), Error> {
+        self.classify_read(head, body).map(|(class, plan)| (class, plan.map(|p| p.tables)))
+    }
+
+    /// [`Self::classify`], and for a Hyrise-R read plan what it reads ([`ReadPlan`]; `None`:
+    /// the request is no plan, or its route header decided).
+    pub fn classify_read(&self, head: &RequestHead, body: &[u8]) -> Result<(RouteClass, Option<ReadPlan>), Error> {
         if let Some(hint) = &head.route_hint {
             return parse_hint(hint).map(|c| (c, None));
         }
         if is_query_plan(head) {
-            return Ok(read_plan(body));
+            return Ok(parse_read_plan(body));
         }
         if head.path() == "/procedure" || head.path().starts_with("/procedure/") {
             return Ok((RouteClass::Procedure, None));
@@ -126,6 +133,12 @@ pub fn classify_plan(body: &[u8]) -> RouteClass {
 
 /// A Hyrise-R plan's class and, for a read, the tables it reads (one parse for both).
 pub fn read_plan(body: &[u8]) -> (RouteClass, Option<PlanTables>) {
+    let (class, plan) = parse_read_plan(body);
+    (class, plan.map(|p| p.tables))
+}
+
+/// A Hyrise-R plan's class and, for a read, what it reads (one parse for both).
+pub fn parse_read_plan(body: &[u8]) -> (RouteClass, Option<ReadPlan>) {
     let Some(ops) = plan_operators(body) else {
         return (RouteClass::Write, None);
     };
@@ -135,7 +148,64 @@ pub fn read_plan(body: &[u8]) -> (RouteClass, Option<PlanTables>) {
     } else if types.iter().any(|t| WRITE_OPERATORS.contains(t)) {
         (RouteClass::Write, None)
     } else {
-        (RouteClass::Read, Some(plan_tables(&ops)))
+        (RouteClass::Read, Some(ReadPlan { tables: plan_tables(&ops), values: plan_values(&ops) }))
+    }
+}
+
+/// What a read plan reads, as the balancer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadPlan {
+    /// Its tables (partial replicas).
+    pub tables: PlanTables,
+    /// The values its equality predicates look up: in any operator's `predicates`, those of
+    /// type `EQ`, `EQ_V` or `EQ_R` (or their numbers 0, 20, 13) with a string, number or
+    /// boolean `value`, as text (a string as it is, a number or boolean as JSON writes it);
+    /// sorted, each once.
+    pub values: Vec<String>,
+}
+
+impl ReadPlan {
+    /// What its affinity key is made of: its tables, then its values (a read of table `t`
+    /// looking up `42`: `["t", "42"]`); `None` when it names no table or refract cannot name
+    /// them all.
+    pub fn key_parts(&self) -> Option<Vec<&[u8]>> {
+        let tables = self.tables.as_slice();
+        if tables.is_empty() {
+            return None;
+        }
+        Some(tables.iter().chain(&self.values).map(|s| s.as_bytes()).collect())
+    }
+}
+
+/// Hyrise-R's equality predicates, by name and by number (`PredicateType`): `EQ`, `EQ_R`, `EQ_V`.
+const EQUALITY_PREDICATES: [(&str, u64); 3] = [("EQ", 0), ("EQ_R", 13), ("EQ_V", 20)];
+
+/// The values a read plan's equality predicates look up (see [`ReadPlan::values`]).
+fn plan_values(ops: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
+    let predicates = ops.values().filter_map(|op| op.get("predicates")?.as_array()).flatten();
+    let mut values: Vec<String> =
+        predicates.filter(|p| p.get("type").is_some_and(is_equality)).filter_map(|p| text(p.get("value")?)).collect();
+    values.sort();
+    values.dedup();
+    values
+}
+
+/// Whether a predicate's `type` is an equality.
+fn is_equality(t: &serde_json::Value) -> bool {
+    match t {
+        serde_json::Value::String(s) => EQUALITY_PREDICATES.iter().any(|(name, _)| name == s),
+        serde_json::Value::Number(n) => EQUALITY_PREDICATES.iter().any(|(_, k)| n.as_u64() == Some(*k)),
+        _ => false,
+    }
+}
+
+/// A scalar value as text; `None` for null, an array or an object.
+fn text(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::Bool(b) => Some(b.to_string()),
+        _ => None,
     }
 }
 
@@ -323,6 +393,37 @@ mod tests {
         let inline = r#"{"operators":{"0":{"type":"JsonTable","names":["x"],"data":[[1]]}}}"#;
         assert_eq!(tables(inline), named(&[]), "names no table: only a full copy may run it");
         assert_eq!(named(&[]).unwrap().as_slice(), &[] as &[String]);
+    }
+
+    #[test]
+    fn a_read_plan_names_the_values_its_equality_predicates_look_up() {
+        let plan = |preds: &str| {
+            let ops = format!(
+                r#"{{"operators":{{"0":{{"type":"GetTable","name":"t"}},"1":{{"type":"SimpleTableScan","predicates":[{preds}]}}}}}}"#
+            );
+            parse_read_plan(&form(&ops)).1.unwrap()
+        };
+        let one = plan(r#"{"type":"EQ","in":0,"f":"id","vtype":0,"value":42}"#);
+        assert_eq!(one.values, ["42"]);
+        assert_eq!(one.key_parts(), Some(vec![&b"t"[..], b"42"]));
+        let and = plan(
+            r#"{"type":"AND"},{"type":20,"in":0,"f":0,"vtype":2,"value":"b"},{"type":"EQ_R","in":0,"f":1,"value":"a"}"#,
+        );
+        assert_eq!(and.values, ["a", "b"], "sorted: the order of the predicates does not matter");
+        let others = plan(r#"{"type":"LT","in":0,"f":"id","value":3},{"type":"EQ","value":[1]},{"type":1,"value":4}"#);
+        assert_eq!(others.values, Vec::<String>::new(), "ranges and lists are no key");
+        assert_eq!(others.key_parts(), Some(vec![&b"t"[..]]), "the table alone");
+        let dup = plan(r#"{"type":"OR"},{"type":"EQ","value":7},{"type":0,"value":7},{"type":"EQ","value":true}"#);
+        assert_eq!(dup.values, ["7", "true"]);
+        // A plan whose tables are unknown or none has no key.
+        let index = r#"{"operators":{"0":{"type":"IndexScan","index":"i","predicates":[{"type":"EQ","value":1}]}}}"#;
+        assert_eq!(parse_read_plan(index.as_bytes()).1.unwrap().key_parts(), None);
+        let inline = r#"{"operators":{"0":{"type":"JsonTable","names":["x"],"data":[[1]]}}}"#;
+        assert_eq!(parse_read_plan(inline.as_bytes()).1.unwrap().key_parts(), None);
+        let h = head("POST /query HTTP/1.1\r\nContent-Length: 1\r\n\r\n");
+        let scan = r#"{"operators":{"0":{"type":"GetTable","name":"t"},"1":{"type":"TableScan","predicates":[{"type":"EQ","value":"x"}]}}}"#;
+        let (class, read) = Classifier::default().classify_read(&h, &form(scan)).unwrap();
+        assert_eq!((class, read.map(|r| r.values)), (RouteClass::Read, Some(vec!["x".to_string()])));
     }
 
     #[test]

@@ -21,6 +21,6 @@ pub mod reply;
 mod strict;
 
 pub use chunked::ChunkedDecoder;
-pub use classify::{Classifier, PlanTables, RouteClass, RouteRule};
+pub use classify::{Classifier, PlanTables, ReadPlan, RouteClass, RouteRule};
 pub use error::Error;
 pub use head::{BodyKind, RequestHead, ResponseHead};

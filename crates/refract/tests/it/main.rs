@@ -1,11 +1,13 @@
 //! The `refract` binary's integration tests, one test binary: each module starts the real
 //! binary (blob servers, dispatchers, agents) on loopback ports or in network namespaces it
-//! creates and checks what a client sees: routing, admin, overload, timeouts, signals, request
-//! smuggling, memory, hand-over (same host, over TCP, in the lab) and PostgreSQL shards.
+//! creates and checks what a client sees: routing (affinity included), admin, overload,
+//! timeouts, signals, request smuggling, memory, hand-over (same host, over TCP, in the lab) and
+//! PostgreSQL shards.
 //! `common` is the kit they share. Run: `cargo test --profile ci -p refract --test it`.
 #![allow(clippy::unwrap_used)]
 
 mod admin;
+mod affinity;
 mod common;
 mod config_errors;
 mod failures;

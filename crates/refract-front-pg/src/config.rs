@@ -106,6 +106,11 @@ pub struct PgSettings {
     /// its tables (partial replication, `docs/postgres.md`).
     #[serde(default, rename = "share")]
     pub shares: Vec<PgShare>,
+    /// `[[postgres.affinity]]`: the column whose value is a table's affinity key (with
+    /// `[balance] policy = "affinity"`, docs/routing.md); a table not listed has its primary
+    /// key's, learned from the catalog.
+    #[serde(default, rename = "affinity")]
+    pub affinity: Vec<PgAffinity>,
     /// `[[postgres.shard]]`: a sharded cluster, instead of `[[postgres.server]]` (docs/sharding.md).
     #[serde(default, rename = "shard")]
     pub shards: Vec<PgShard>,
@@ -193,6 +198,21 @@ pub struct PgShare {
     pub tables: Vec<String>,
     /// Server name → weight (> 0; e.g. an LP allocation's fractions).
     pub servers: HashMap<String, f64>,
+}
+
+/// `[[postgres.affinity]]`: reads of `table` restricted to one value of `column` (`=`, `IN`,
+/// `= ANY`) have the key (table, value), which the affinity policy maps onto one replica.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgAffinity {
+    /// The relation (`name`, or `schema.name` outside `public`).
+    pub table: String,
+    /// The key column.
+    pub column: String,
+    /// Integer keys go in ranges of this many consecutive values, so that rows stored
+    /// together (inserted in key order) share one replica's cache; 1 keys by the value alone.
+    #[serde(default = "default_affinity_bucket")]
+    pub bucket: u64,
 }
 
 /// `[[postgres.user]]`
@@ -307,6 +327,10 @@ impl PoolMode {
     }
 }
 
+fn default_affinity_bucket() -> u64 {
+    crate::affinity::DEFAULT_BUCKET
+}
+
 fn default_database() -> String {
     "postgres".into()
 }
@@ -410,6 +434,14 @@ impl PgSettings {
         for (i, u) in self.users.iter().enumerate() {
             if u.name.is_empty() || self.users[..i].iter().any(|o| o.name == u.name) {
                 return Err(format!("[[postgres.user]] name {:?} is empty or used twice", u.name));
+            }
+        }
+        for (i, a) in self.affinity.iter().enumerate() {
+            if a.table.is_empty() || a.column.is_empty() || a.bucket == 0 {
+                return Err(format!("[[postgres.affinity]] {:?}: table and column must be named, bucket ≥ 1", a.table));
+            }
+            if self.affinity[..i].iter().any(|o| o.table == a.table) {
+                return Err(format!("[[postgres.affinity]] table {:?} is listed twice", a.table));
             }
         }
         let times = [

@@ -20,10 +20,13 @@
 //!   connection, its permits, the no-load baselines its limit reads.
 //! - `sharding.rs`, `sharding/`: a sharded cluster: the rules (which shard holds a key), each
 //!   statement's shards, scatter-gather reads and writes over several shards, `/pg/shards`.
+//! - `affinity`: the key a read is routed by under `[balance] policy = "affinity"`, and the
+//!   primary keys it learns from the catalog.
 //! - [`config`]: `[postgres]` ([`PgConfig`]), parsed and validated.
 //! - `error`: the error type.
 
 mod admit;
+mod affinity;
 mod client;
 pub mod config;
 mod error;
@@ -64,7 +67,7 @@ fn plain(name: &str) -> &str {
 use client::cancel::Cancels;
 use client::clients::Clients;
 use client::startup::Greetings;
-use refract_core::config::{Balance, Overload};
+use refract_core::config::{Balance, Overload, Policy};
 use refract_core::engine::{Front, Serving};
 use refract_core::metrics::Metrics;
 use refract_core::{Config, Ctx};
@@ -229,6 +232,9 @@ impl Front for PgFront {
             let (min_idle, metrics, stop) = (shared.cfg.min_idle, ctx.metrics.clone(), ctx.stop.clone());
             tokio::spawn(server::probes::run_health(servers.clone(), interval, min_idle, metrics, stop));
         }
+        if let Some(affinity) = &shared.affinity {
+            tokio::spawn(affinity::learn(affinity.clone(), shared.servers.clone(), ctx.stop.clone()));
+        }
         // With shared decisions recovery starts once they are reachable (`share_decisions`).
         if let Some(Ok(log)) = shared.sharding.as_ref().map(|s| s.log.clone()).filter(|_| !shared.cfg.shared_decisions)
         {
@@ -286,6 +292,8 @@ pub(crate) struct Shared {
     /// Parse after it never reuses a server statement prepared before it
     /// (`PreparedRegistry::follow_epoch`).
     pub(crate) schema_epoch: Arc<AtomicU64>,
+    /// Under `[balance] policy = "affinity"`: the affinity columns, configured and learned.
+    pub(crate) affinity: Option<Arc<affinity::Affinity>>,
 }
 
 impl Shared {
@@ -329,6 +337,7 @@ impl Shared {
             notifier: Arc::default(),
             default_timeout_ms: overload.default_timeout_ms,
             schema_epoch: Arc::default(),
+            affinity: (balance.policy == Policy::Affinity).then(|| Arc::new(affinity::Affinity::new(&cfg.affinity))),
             cfg: cfg.clone(),
         }
     }

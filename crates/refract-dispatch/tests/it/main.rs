@@ -8,6 +8,7 @@
 mod cluster;
 mod examples;
 mod pg_admission;
+mod pg_affinity;
 mod pg_cluster;
 mod pg_common;
 mod pg_drivers;

@@ -17,7 +17,7 @@ use refract_testkit::{
     PASSWORD, USER,
 };
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -599,4 +599,32 @@ pub fn shard_config(names: &[&str], servers: &[&PgServer], tables: &[(&str, &str
         );
     }
     out
+}
+
+/// A TCP proxy to `upstream` that holds every chunk the server sends for `delay`: a replica
+/// that answers slowly. Runs until the test process ends.
+pub fn slow_proxy(upstream: SocketAddr, delay: Duration) -> SocketAddr {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(upstream) else { continue };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || copy(&mut c_in, &mut s_out, Duration::ZERO));
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || copy(&mut s_in, &mut c_out, delay));
+        }
+    });
+    addr
+}
+
+fn copy(from: &mut TcpStream, to: &mut TcpStream, delay: Duration) {
+    let mut buf = [0u8; 16 * 1024];
+    while let Ok(n @ 1..) = from.read(&mut buf) {
+        std::thread::sleep(delay);
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
 }

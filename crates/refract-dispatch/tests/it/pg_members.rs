@@ -6,10 +6,8 @@
 
 use crate::pg_common;
 
-use pg_common::{until, Client, Fixture};
+use pg_common::{slow_proxy, until, Client, Fixture};
 use refract_testkit::{PASSWORD, USER};
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// The state `/backends` gives member `name` (`None`: not listed).
@@ -18,23 +16,6 @@ fn state(f: &Fixture, name: &str) -> Option<String> {
     let m = list.as_array().unwrap().iter().find(|m| m["name"] == name)?.clone();
     assert_eq!(m["front"], "postgres", "{m}");
     Some(m["state"].as_str().unwrap().to_owned())
-}
-
-/// A TCP proxy to `upstream` that holds every chunk the server sends for `delay`: a replica
-/// that answers slowly. Runs until the test process ends.
-fn slow_proxy(upstream: SocketAddr, delay: Duration) -> SocketAddr {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for client in listener.incoming().flatten() {
-            let Ok(server) = TcpStream::connect(upstream) else { continue };
-            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            std::thread::spawn(move || copy(&mut c_in, &mut s_out, Duration::ZERO));
-            let (mut s_in, mut c_out) = (server, client);
-            std::thread::spawn(move || copy(&mut s_in, &mut c_out, delay));
-        }
-    });
-    addr
 }
 
 /// What `/backends` says member `name` served so far.
@@ -46,17 +27,6 @@ fn served(f: &Fixture, name: &str) -> u64 {
 /// Top-level sections for [`Fixture::start_with`], whose first argument ends `[listen]`.
 fn sections(text: &str) -> String {
     format!("\n{text}\n")
-}
-
-fn copy(from: &mut TcpStream, to: &mut TcpStream, delay: Duration) {
-    let mut buf = [0u8; 16 * 1024];
-    while let Ok(n @ 1..) = from.read(&mut buf) {
-        std::thread::sleep(delay);
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
 #[test]

@@ -460,8 +460,15 @@ impl Servers {
     /// (`partial.rs`), are available (up, not ejected or drained), within the lag bounds (bytes
     /// and time) and (read-your-writes) past `min_lsn`; and the primary too with `[balance]
     /// read_from_primary` or a share for the class that names it. Empty when none may: the
-    /// caller falls back to the primary.
-    pub fn replicas_for_read(&self, min_lsn: Option<u64>, tables: &[String]) -> Vec<Arc<Server>> {
+    /// caller falls back to the primary. Under `policy = "affinity"` a read with an `affinity`
+    /// key goes first to the replica that owns the key on the ring, unless it is loaded past
+    /// the bound (`refract_core::membership::ring`).
+    pub fn replicas_for_read(
+        &self,
+        min_lsn: Option<u64>,
+        tables: &[String],
+        affinity: Option<u64>,
+    ) -> Vec<Arc<Server>> {
         let list = self.list();
         let mut readers: Vec<Arc<Server>> = list
             .iter()
@@ -481,7 +488,7 @@ impl Servers {
                 if readers.is_empty() {
                     return readers;
                 }
-                self.members.choose_in(&readers, |s| &s.member)
+                self.members.choose_keyed(&readers, affinity, |s| &s.member)
             }
         };
         let chosen = readers.remove(first);

@@ -151,7 +151,10 @@ impl Session {
         let key = self.batch_key(&msgs);
         let tables = if route == Route::Read { self.batch_tables(&msgs) } else { vec![] };
         let bound = match self.shared.sharding.clone() {
-            None => self.bind(route, Some(key), &tables).await,
+            None => {
+                let affinity = if route == Route::Read { self.batch_affinity(&msgs, &tables) } else { None };
+                self.bind(route, Some(key), &tables, affinity).await
+            }
             Some(sh) => match self.place_batch(&sh, &msgs, route, key, &tables, end).await {
                 Placed::Bound(result) => result,
                 Placed::Several => return self.run_several(&sh, msgs).await,
@@ -243,6 +246,23 @@ impl Session {
         tables.sort();
         tables.dedup();
         tables
+    }
+
+    /// The affinity key of a read batch (`[balance] policy = "affinity"`): its first Bind's, or
+    /// without one (a Parse and Describe ahead of the values) its first statement's.
+    fn batch_affinity(&self, msgs: &[FrontendMessage], tables: &[String]) -> Option<u64> {
+        let affinity = self.shared.affinity.as_ref()?;
+        let texts = self.statement_texts(msgs);
+        let first = *texts.first()?;
+        let named = msgs.iter().filter(|m| matches!(m, FrontendMessage::Parse { .. } | FrontendMessage::Bind(_)));
+        let bound = texts.into_iter().zip(named).find_map(|(text, m)| match m {
+            FrontendMessage::Bind(b) => Some((text, b)),
+            _ => None,
+        });
+        match bound {
+            Some((text, bind)) => affinity.of_bind(text?, bind, tables),
+            None => affinity.of_query(first?, tables),
+        }
     }
 
     /// A batch is a read if every statement it parses or binds is one (and it is not part of a

@@ -42,7 +42,7 @@ impl Session {
             return self.io.wire.pass_on(None, rest).await;
         }
         let queued = std::mem::take(&mut self.batch);
-        if let Err(e) = self.bind(Route::Write, None, &[]).await {
+        if let Err(e) = self.bind(Route::Write, None, &[], None).await {
             self.io.wire.pass_on(None, rest).await?;
             return self.refuse(e, BatchEnd::Flush).await;
         }

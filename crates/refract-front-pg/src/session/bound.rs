@@ -276,7 +276,13 @@ impl Session {
     /// batch it is for is of kind `key` (a fingerprint; `None`: not known), which chooses the
     /// connection's kind ([`Session::path_for`]), and names `tables` (a read goes to a server
     /// that holds them all: `partial.rs`; none or not known: a server that holds everything).
-    pub(crate) async fn bind(&mut self, route: Route, key: Option<u64>, tables: &[String]) -> Result<(), PgError> {
+    pub(crate) async fn bind(
+        &mut self,
+        route: Route,
+        key: Option<u64>,
+        tables: &[String],
+        affinity: Option<u64>,
+    ) -> Result<(), PgError> {
         if self.bound.is_some() {
             if route != Route::Write || !self.may_leave_replica() {
                 return self.admit_bound().await;
@@ -290,7 +296,7 @@ impl Session {
             servers.primary().into_iter().collect()
         } else {
             let mut v = match self.replica_floor() {
-                Some(min) => servers.replicas_for_read(min, tables),
+                Some(min) => servers.replicas_for_read(min, tables, affinity),
                 None => vec![],
             };
             v.extend(servers.primary());

@@ -24,7 +24,9 @@ impl Session {
         }
         let route = self.route(&c);
         let key = fingerprint(sql);
-        if let Err(e) = self.bind(route, Some(key), &c.tables).await {
+        let affinity =
+            self.shared.affinity.as_ref().filter(|_| route == Route::Read).and_then(|a| a.of_query(sql, &c.tables));
+        if let Err(e) = self.bind(route, Some(key), &c.tables, affinity).await {
             return self.refuse(e, BatchEnd::Sync).await;
         }
         let result = self.run_simple(&c, frame, route, key).await;
@@ -50,7 +52,7 @@ impl Session {
         };
         self.note_state(&c);
         let key = fingerprint("refract: FunctionCall");
-        if let Err(e) = self.bind(Route::Write, Some(key), &[]).await {
+        if let Err(e) = self.bind(Route::Write, Some(key), &[], None).await {
             return self.refuse(e, BatchEnd::Sync).await;
         }
         let result = self.run_simple(&c, frame, Route::Write, key).await;

@@ -77,7 +77,7 @@ impl Session {
         self.note_state(&c);
         let route = c.target(self.state.route);
         let key = refract_pg::classify::fingerprint(sql);
-        if let Err(e) = self.bind(route, Some(key), &c.tables).await {
+        if let Err(e) = self.bind(route, Some(key), &c.tables, None).await {
             return self.refuse(e, BatchEnd::Sync).await;
         }
         if untracked {

@@ -144,7 +144,7 @@ impl Session {
         for &i in shards {
             let servers = self.shared.shard_servers(i).clone();
             let mut candidates = if read && self.floors[i].pending_write.is_none() {
-                servers.replicas_for_read(self.floors[i].min_lsn, tables)
+                servers.replicas_for_read(self.floors[i].min_lsn, tables, None)
             } else {
                 vec![]
             };

@@ -179,7 +179,7 @@ impl Session {
         // A transaction runs on the primary unless it began READ ONLY.
         let starts_tx = self.shard_tx().pending().is_some_and(|b| !self.read_only_begin(b));
         let route_class = if starts_tx { Route::Write } else { route_class };
-        self.bind(route_class, key, tables).await?;
+        self.bind(route_class, key, tables, None).await?;
         let Some(begin) = self.shard_tx().pending().map(str::to_owned) else { return Ok(()) };
         self.shard_tx_on(tx::Event::Sent);
         let mut head = BytesMut::new();

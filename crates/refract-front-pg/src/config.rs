@@ -69,6 +69,10 @@ pub struct PgSettings {
     /// Health check and lag poll period.
     #[serde(default = "default_health_interval_ms")]
     pub health_interval_ms: u64,
+    /// How often each server's cache statistics are read (on its health probe's connection, at
+    /// most once a health interval); 0 = never (`server/cache.rs`).
+    #[serde(default = "default_cache_stats_interval_ms")]
+    pub cache_stats_interval_ms: u64,
     /// A replica further behind the primary than this many WAL bytes is skipped; 0 = no bound.
     #[serde(default = "default_max_lag_bytes")]
     pub max_lag_bytes: u64,
@@ -351,6 +355,9 @@ fn default_login_timeout_ms() -> u64 {
 }
 fn default_health_interval_ms() -> u64 {
     1_000
+}
+fn default_cache_stats_interval_ms() -> u64 {
+    5_000
 }
 fn default_max_lag_bytes() -> u64 {
     16 * 1024 * 1024

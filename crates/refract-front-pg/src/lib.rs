@@ -191,6 +191,9 @@ impl PgFront {
                 let s = servers.get(plain(name))?;
                 if s.member.set_drained(drained) {
                     tracing::info!(server = %s.name, drained, "postgres server drain changed");
+                    if !drained {
+                        servers.cold(&s, "undrained");
+                    }
                 }
                 Ok(())
             }

@@ -5,10 +5,12 @@
 //! - this file: [`ServerConn`], one server connection.
 //! - `servers`: the servers of a cluster (or shard), health, lag, the choice of one.
 //! - `pool`: connections per server; `sizes`: which kinds of statement answer small.
-//! - `probes`: health checks and lag polls; `partial`: the tables a partial replica holds.
+//! - `probes`: health checks and lag polls; `partial`: the tables a partial replica holds;
+//!   `cache`: what each server's buffer cache does (sampled by the health loop).
 //! - `views`: the servers' admin views (`/pg/pools`, `/pg/servers`, `/backends`) and gauges.
 //! - `metrics`: the front end's metric families (`refract_pg_*`, [`metrics::PgMetrics`]).
 
+pub(crate) mod cache;
 pub(crate) mod metrics;
 pub(crate) mod partial;
 pub(crate) mod pool;

@@ -1,6 +1,6 @@
 //! refract-dispatch's integration tests, one test binary: the dispatcher as a library in this
 //! process in front of real PostgreSQL (the `pg_*` modules: wire, sessions, statements,
-//! results, replicas, members, admission, TLS, sharding, hand-over, drivers) and the example
+//! results, replicas, members, admission, caches, TLS, sharding, hand-over, drivers) and the example
 //! configs. `pg_common` is the PostgreSQL fixture they share, `pg_sharded_cases` the sharded
 //! suite. Run: `cargo test --profile ci -p refract-dispatch --test it`.
 #![allow(clippy::unwrap_used)]
@@ -9,6 +9,7 @@ mod cluster;
 mod examples;
 mod pg_admission;
 mod pg_affinity;
+mod pg_cache;
 mod pg_cluster;
 mod pg_common;
 mod pg_drivers;

@@ -4,6 +4,7 @@
 //! Kept beside the servers, which set most of them; the clients and the sharding layer set
 //! theirs (`client::clients`, `sharding`).
 
+use super::cache::Blocks;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -29,12 +30,17 @@ struct StateLabel {
 }
 
 /// The PostgreSQL front end's metrics.
+#[derive(Debug)]
 pub(crate) struct PgMetrics {
     replica_lag: Family<BackendLabel, Gauge>,
     replica_lag_seconds: Family<BackendLabel, Gauge<f64, AtomicU64>>,
     pool_idle: Family<BackendLabel, Gauge>,
     pool_busy: Family<BackendLabel, Gauge>,
     pool_waiting: Family<BackendLabel, Gauge>,
+    cache_hit_ratio: Family<BackendLabel, Gauge<f64, AtomicU64>>,
+    blocks_hit: Family<BackendLabel, Counter>,
+    blocks_read: Family<BackendLabel, Counter>,
+    cache_warming: Family<BackendLabel, Gauge>,
     clients: Family<StateLabel, Gauge>,
     pinned_clients: Gauge,
     shard_statements: Family<ShardLabel, Counter>,
@@ -56,6 +62,10 @@ impl PgMetrics {
             pool_idle: Family::default(),
             pool_busy: Family::default(),
             pool_waiting: Family::default(),
+            cache_hit_ratio: Family::default(),
+            blocks_hit: Family::default(),
+            blocks_read: Family::default(),
+            cache_warming: Family::default(),
             clients: Family::default(),
             pinned_clients: Gauge::default(),
             shard_statements: Family::default(),
@@ -64,6 +74,7 @@ impl PgMetrics {
             shard_refused: Counter::default(),
         };
         m.register_servers(reg);
+        m.register_caches(reg);
         m.register_shards(reg);
         m
     }
@@ -87,6 +98,32 @@ impl PgMetrics {
             "pg_pinned_clients",
             "PostgreSQL clients in transaction mode pinned to their server connection by session state",
             self.pinned_clients.clone(),
+        );
+    }
+
+    fn register_caches(&self, reg: &mut Registry) {
+        reg.register(
+            "pg_server_cache_hit_ratio",
+            "Share of the blocks a PostgreSQL server's database touched over the last cache sample interval \
+             that were found in its shared buffers (absent when that interval touched none)",
+            self.cache_hit_ratio.clone(),
+        );
+        reg.register(
+            "pg_server_blocks_hit",
+            "Blocks a PostgreSQL server's database found in its shared buffers (pg_stat_database.blks_hit), \
+             counted between cache samples",
+            self.blocks_hit.clone(),
+        );
+        reg.register(
+            "pg_server_blocks_read",
+            "Blocks a PostgreSQL server's database read from outside its shared buffers \
+             (pg_stat_database.blks_read), counted between cache samples",
+            self.blocks_read.clone(),
+        );
+        reg.register(
+            "pg_server_cache_warming",
+            "1 while a PostgreSQL server's cache is warming (it joined, came back up or was undrained)",
+            self.cache_warming.clone(),
         );
     }
 
@@ -122,6 +159,40 @@ impl PgMetrics {
         self.pool_idle.get_or_create(&l).set(idle as i64);
         self.pool_busy.get_or_create(&l).set(busy as i64);
         self.pool_waiting.get_or_create(&l).set(waiting as i64);
+    }
+
+    /// Counts a server's database blocks over one cache sample interval.
+    pub(crate) fn add_blocks(&self, name: &str, blocks: Blocks) {
+        let l = BackendLabel { backend: name.into() };
+        self.blocks_hit.get_or_create(&l).inc_by(blocks.hit);
+        self.blocks_read.get_or_create(&l).inc_by(blocks.read);
+    }
+
+    /// Sets a server's cache gauges: its hit ratio over the last interval (`None`: the
+    /// interval touched no block, or there is none yet: no series) and whether it is warming.
+    pub(crate) fn set_cache(&self, name: &str, interval_hit_ratio: Option<f64>, warming: bool) {
+        let l = BackendLabel { backend: name.into() };
+        match interval_hit_ratio {
+            Some(r) => {
+                self.cache_hit_ratio.get_or_create(&l).set(r);
+            }
+            None => {
+                self.cache_hit_ratio.remove(&l);
+            }
+        }
+        self.cache_warming.get_or_create(&l).set(i64::from(warming));
+    }
+
+    /// Drops the series of a server that left.
+    pub(crate) fn forget_server(&self, name: &str) {
+        let l = BackendLabel { backend: name.into() };
+        for family in [&self.replica_lag, &self.pool_idle, &self.pool_busy, &self.pool_waiting, &self.cache_warming] {
+            family.remove(&l);
+        }
+        self.replica_lag_seconds.remove(&l);
+        self.cache_hit_ratio.remove(&l);
+        self.blocks_hit.remove(&l);
+        self.blocks_read.remove(&l);
     }
 
     /// Sets how many clients are in `state`.
@@ -167,14 +238,37 @@ mod tests {
         pg.set_lag("r", 100, 0.5);
         pg.shard_statement("s0");
         pg.scatter();
+        pg.add_blocks("r", Blocks { hit: 90, read: 10 });
+        pg.add_blocks("r", Blocks { hit: 9, read: 1 });
+        pg.set_cache("r", Some(0.9), true);
         let text = m.render();
         for line in [
             r#"refract_pg_pool_idle{backend="p"} 2"#,
             r#"refract_pg_replica_lag_bytes{backend="r"} 100"#,
             r#"refract_pg_shard_statements_total{shard="s0"} 1"#,
             "refract_pg_scatter_total 1",
+            r#"refract_pg_server_blocks_hit_total{backend="r"} 99"#,
+            r#"refract_pg_server_blocks_read_total{backend="r"} 11"#,
+            r#"refract_pg_server_cache_hit_ratio{backend="r"} 0.9"#,
+            r#"refract_pg_server_cache_warming{backend="r"} 1"#,
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn an_idle_interval_has_no_ratio_and_a_server_that_left_no_series() {
+        let m = Metrics::new();
+        let pg = PgMetrics::of(&m);
+        pg.set_cache("r", Some(0.5), false);
+        pg.set_cache("r", None, false);
+        let text = m.render();
+        assert!(!text.contains(r#"refract_pg_server_cache_hit_ratio{backend="r"}"#), "{text}");
+        assert!(text.contains(r#"refract_pg_server_cache_warming{backend="r"} 0"#), "{text}");
+        pg.set_pool("r", 1, 0, 0);
+        pg.add_blocks("r", Blocks { hit: 1, read: 0 });
+        pg.forget_server("r");
+        let text = m.render();
+        assert!(!text.contains(r#"backend="r""#), "{text}");
     }
 }

@@ -1,18 +1,20 @@
 //! The servers' probes: [`run_health`] checks each server every interval (up or down, WAL
-//! positions, lag), keeps `min_idle` connections open, publishes gauges and runs the engine's
-//! latency outlier check; [`run_lsn_poll`] polls WAL positions fast while read-your-writes
-//! sessions wait for them.
+//! positions, lag), samples its cache every `cache_stats_interval_ms` (`cache.rs`), keeps
+//! `min_idle` connections open, publishes gauges and runs the engine's latency outlier check;
+//! [`run_lsn_poll`] polls WAL positions fast while read-your-writes sessions wait for them.
 
+use super::cache::{Sample, CACHE_PROBE};
 use super::partial::{holds_from_rows, TABLES_PROBE};
 use super::servers::{unix_ms, Server, Servers};
 use super::{parse_lsn, ServerConn};
 use crate::config::PgRole;
+use crate::error::PgError;
 use crate::server::metrics::PgMetrics;
 use refract_core::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// A replica's position in the primary's WAL: a streaming standby's replay position; a
@@ -47,6 +49,9 @@ pub async fn run_health(
         let list = servers.list();
         probes.retain(|i, _| list.iter().any(|s| s.index == *i));
         let primary_lsn = probe_all(&servers, &list, &mut probes).await;
+        if let Some(every) = servers.cache_every() {
+            sample_caches(&list, every, &mut probes, &pg).await;
+        }
         for s in list.iter() {
             if s.role == PgRole::Replica {
                 let lag = match (primary_lsn, s.lsn()) {
@@ -128,6 +133,7 @@ async fn probe_all(servers: &Servers, list: &[Arc<Server>], probes: &mut Conns) 
                 s.lag_ms.store(lag_ms, Ordering::Relaxed);
                 if s.member.set_up(true) {
                     tracing::info!(server = %s.name, "postgres server up");
+                    servers.cold(s, "back up");
                 }
                 if s.role == PgRole::Primary {
                     primary_lsn = Some(lsn);
@@ -140,6 +146,52 @@ async fn probe_all(servers: &Servers, list: &[Arc<Server>], probes: &mut Conns) 
         }
     }
     primary_lsn
+}
+
+/// Samples the cache of each server that is up and due, on the connection its probe just used
+/// (no other).
+async fn sample_caches(list: &[Arc<Server>], every: Duration, probes: &mut Conns, pg: &PgMetrics) {
+    for s in list {
+        if !s.is_up() || !s.cache_state().due(Instant::now(), every) {
+            continue;
+        }
+        let Some(sample) = sample_cache(s, probes).await else { continue };
+        let (blocks, warm) = s.cache_state().record(sample, Instant::now(), unix_ms());
+        if let Some(blocks) = blocks {
+            pg.add_blocks(&s.name, blocks);
+        }
+        s.log_warm(warm);
+    }
+}
+
+/// `s`'s cache counters ([`CACHE_PROBE`]) read on its probe connection, if it has one. A
+/// failure is not a failed probe: the server stays up, and only a connection left mid-query
+/// (timed out, broken) is dropped, for the next probe to open anew.
+async fn sample_cache(s: &Server, probes: &mut Conns) -> Option<Sample> {
+    let conn = probes.get_mut(&s.index)?;
+    match tokio::time::timeout(s.login.timeout, conn.query(CACHE_PROBE)).await {
+        Ok(Ok(rows)) => {
+            let sample = Sample::from_rows(&rows);
+            if sample.is_none() {
+                tracing::debug!(server = %s.name, "postgres server cache sample: no row for the database");
+            }
+            sample
+        }
+        Ok(Err(PgError::Server(e))) => {
+            tracing::debug!(server = %s.name, error = ?e.message(), "postgres server cache sample refused");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(server = %s.name, "postgres server cache sample failed: {e}");
+            probes.remove(&s.index);
+            None
+        }
+        Err(_) => {
+            tracing::debug!(server = %s.name, "postgres server cache sample timed out");
+            probes.remove(&s.index);
+            None
+        }
+    }
 }
 
 /// The primary's probe: its WAL position.

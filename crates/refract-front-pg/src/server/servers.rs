@@ -4,9 +4,11 @@
 //! engine part ([`refract_core::backend::Backend`]) keeps its health state, drain, ejection
 //! (failures and the latency outlier check), admission control and latency, as for an HTTP
 //! backend. What stays here is PostgreSQL's: roles, lag bounds, WAL positions
-//! (read-your-writes), the tables a partial replica holds, agents. Replicas join and leave at
-//! run time ([`Servers::add`], [`Servers::remove`]); the probes are in `probes.rs`.
+//! (read-your-writes), the tables a partial replica holds, agents, what its buffer cache does
+//! (`cache.rs`). Replicas join and leave at run time ([`Servers::add`], [`Servers::remove`]);
+//! the probes are in `probes.rs`.
 
+use super::cache::{Cache, CacheView, Warm};
 use super::partial::{Holds, Shares};
 use super::pool::Pool;
 use super::sizes::Outcome;
@@ -61,6 +63,8 @@ pub struct Server {
     holds: RwLock<Holds>,
     /// `holds` is configured (`tables`), not read from the server.
     pub(crate) holds_fixed: bool,
+    /// What its buffer cache does, from the health loop's samples.
+    cache: Mutex<Cache>,
 }
 
 /// The next server's [`Server::index`], over every shard's servers.
@@ -146,6 +150,33 @@ impl Server {
         }
     }
 
+    /// Its buffer cache as last sampled (`cache.rs`; empty when never sampled).
+    pub fn cache(&self) -> CacheView {
+        self.cache_state().view()
+    }
+
+    /// Its cache knowledge, to sample or look at.
+    pub(crate) fn cache_state(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Logs a change of warming (once when it starts, once when it ends).
+    pub(crate) fn log_warm(&self, warm: Option<Warm>) {
+        match warm {
+            Some(Warm::Started(reason)) => {
+                tracing::info!(server = %self.name, reason, "postgres server cache warming")
+            }
+            Some(Warm::Ended { after, ratio, timed_out: false }) => {
+                tracing::info!(server = %self.name, after_s = after.as_secs(), hit_ratio = ?ratio, "postgres server cache warm")
+            }
+            Some(Warm::Ended { after, ratio, timed_out: true }) => tracing::info!(
+                server = %self.name, after_s = after.as_secs(), hit_ratio = ?ratio,
+                "postgres server cache no longer counted as warming (its hit ratio never reached the bound)"
+            ),
+            None => {}
+        }
+    }
+
     /// Replication lag in WAL bytes (replicas; 0 for the primary).
     pub fn lag_bytes(&self) -> u64 {
         self.lag.load(Ordering::Relaxed)
@@ -208,6 +239,10 @@ impl Server {
         if self.role == PgRole::Replica {
             pg.set_lag(&self.name, self.lag_bytes(), self.lag_ms() as f64 / 1000.0);
         }
+        let gauges = self.cache_state().gauges();
+        if let Some((ratio, warming)) = gauges {
+            pg.set_cache(&self.name, ratio, warming);
+        }
     }
 }
 
@@ -248,6 +283,11 @@ pub struct Servers {
     /// When a session last needed fresh WAL positions (Unix ms): fast polling runs while
     /// this is recent.
     demand: AtomicU64,
+    /// How often the health loop samples each server's cache (`cache_stats_interval_ms`;
+    /// `None`: never).
+    cache_every: Option<Duration>,
+    /// The front end's metric families (a server that leaves takes its series along).
+    pg: Arc<PgMetrics>,
 }
 
 /// How many finished primary polls [`Servers::polls`] keeps.
@@ -296,6 +336,8 @@ impl Servers {
             poll_started: AtomicU64::new(0),
             polls: Mutex::new(VecDeque::with_capacity(POLLS_KEPT)),
             demand: AtomicU64::new(0),
+            cache_every: (cfg.cache_stats_interval_ms > 0).then(|| Duration::from_millis(cfg.cache_stats_interval_ms)),
+            pg: PgMetrics::of(metrics),
         };
         let list = cfg.servers.iter().map(|s| servers.server(s)).collect();
         servers.members.replace(list);
@@ -328,6 +370,7 @@ impl Servers {
             baselines: Mutex::default(),
             holds: RwLock::new(s.tables.as_deref().map_or(Holds::All, Holds::only)),
             holds_fixed: s.tables.is_some(),
+            cache: Mutex::default(),
         })
     }
 
@@ -382,8 +425,9 @@ impl Servers {
         let server = self.server(s);
         // Not up until the health loop has seen it answer.
         server.member.set_up(false);
-        self.members.insert(server).map_err(|e| ChangeError::Conflict(e.to_string()))?;
+        self.members.insert(server.clone()).map_err(|e| ChangeError::Conflict(e.to_string()))?;
         tracing::info!(server = %s.name, addr = %s.addr, "postgres replica joined");
+        self.cold(&server, "joined");
         Ok(())
     }
 
@@ -398,6 +442,7 @@ impl Servers {
         }
         // Retired (its idle connections close) and its gauges gone.
         self.members.take(name).ok_or_else(|| ChangeError::Unknown(name.into()))?;
+        self.pg.forget_server(name);
         tracing::info!(server = %name, "postgres replica left");
         Ok(())
     }
@@ -541,6 +586,21 @@ impl Servers {
     /// The engine's members, for its outlier check.
     pub(crate) fn members(&self) -> Vec<Arc<Backend>> {
         self.list().iter().map(|s| s.member.clone()).collect()
+    }
+
+    /// `s` starts taking reads (it `reason`: joined, came back up, was undrained): its cache is
+    /// cold for them, and warming until its samples find it warm (`cache.rs`; only while the
+    /// caches are sampled).
+    pub fn cold(&self, s: &Server, reason: &'static str) {
+        if self.cache_every.is_some() {
+            let warm = s.cache_state().start_warming(reason, std::time::Instant::now(), unix_ms());
+            s.log_warm(warm);
+        }
+    }
+
+    /// How often the health loop samples each server's cache (`None`: never).
+    pub(crate) fn cache_every(&self) -> Option<Duration> {
+        self.cache_every
     }
 
     /// The `[overload]` the servers follow.

@@ -38,8 +38,9 @@ pub(crate) fn pools_view(servers: &Servers) -> Value {
     json!(pools)
 }
 
-/// `GET /pg/servers`: health and replication lag from the last probe, and admission control
-/// (the limit, units of work in flight and waiting, whether the queue is in overload mode).
+/// `GET /pg/servers`: health and replication lag from the last probe, admission control
+/// (the limit, units of work in flight and waiting, whether the queue is in overload mode) and
+/// the buffer cache from the last sample (`cache.rs`).
 pub(crate) fn servers_view(shards: &[Arc<Servers>]) -> Value {
     let servers: Vec<Value> = all(shards)
         .iter()
@@ -59,6 +60,7 @@ pub(crate) fn servers_view(shards: &[Arc<Servers>]) -> Value {
                 "last_check_unix_ms": s.last_check_unix_ms(),
                 // `null`: every table; else the relations a partial replica holds.
                 "tables": s.holds().list(),
+                "cache": s.cache(),
             })
         })
         .collect();

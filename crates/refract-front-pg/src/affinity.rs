@@ -13,7 +13,7 @@
 //! parameter, or a binary one (2-, 4- and 8-byte integers and 16-byte UUIDs are turned into
 //! their text; other binary values key by their bytes).
 
-use crate::config::PgAffinity;
+use crate::config::{PgAffinity, DEFAULT_AFFINITY_BUCKET};
 use crate::server::servers::Servers;
 use crate::server::ServerConn;
 use refract_core::membership::ring::key_hash;
@@ -24,9 +24,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// `[[postgres.affinity]] bucket` when not set.
-pub const DEFAULT_BUCKET: u64 = 1024;
 
 /// How often the primary keys are read from the catalog again.
 const LEARN_EVERY: Duration = Duration::from_secs(30);
@@ -128,7 +125,7 @@ impl Affinity {
     }
 
     fn bucket(&self, table: &str) -> u64 {
-        self.configured.get(table).map_or(DEFAULT_BUCKET, |c| c.bucket)
+        self.configured.get(table).map_or(DEFAULT_AFFINITY_BUCKET, |c| c.bucket)
     }
 
     /// What `sql` says about its key (remembered per text); `None`: not one statement.

@@ -331,8 +331,11 @@ impl PoolMode {
     }
 }
 
+/// `[[postgres.affinity]] bucket` when not set.
+pub const DEFAULT_AFFINITY_BUCKET: u64 = 1024;
+
 fn default_affinity_bucket() -> u64 {
-    crate::affinity::DEFAULT_BUCKET
+    DEFAULT_AFFINITY_BUCKET
 }
 
 fn default_database() -> String {

@@ -39,8 +39,14 @@ pub const ZIPF_S: f64 = 1.1;
 /// pgbench's query mode.
 pub const MODE: &str = "prepared";
 
-/// The targets, in report order: two refract policies, then the reference.
-pub const TARGETS: [&str; 3] = ["peak-ewma", "affinity", "ideal"];
+/// The targets, in report order: two refract policies, the reference (`ideal`: each
+/// replica's clients straight to it, its key range only), and the reference through refract
+/// (`ideal-refract`, opt-in: the same clients through one refract per replica whose only
+/// replica is that one, so that refract's own cost per query is in it too).
+pub const TARGETS: [&str; 4] = ["peak-ewma", "affinity", "ideal", "ideal-refract"];
+
+/// The targets run unless `--targets` says otherwise.
+pub const DEFAULT_TARGETS: &str = "peak-ewma,affinity,ideal";
 
 /// How keys are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -141,8 +147,10 @@ pub struct PgCacheArgs {
     /// The workloads, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "uniform,zipf,zipf-scattered")]
     pub dists: Vec<Dist>,
-    /// The targets, comma-separated: `peak-ewma`, `affinity` (refract's policies) and `ideal`.
-    #[arg(long, value_delimiter = ',', default_value = "peak-ewma,affinity,ideal")]
+    /// The targets, comma-separated: `peak-ewma`, `affinity` (refract's policies), `ideal`
+    /// (straight to the replica owning the key range) and `ideal-refract` (the same through one
+    /// refract per replica, that replica its only one; not run unless named).
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_TARGETS)]
     pub targets: Vec<String>,
     /// pgbench clients (`-c`); refract's `pool_size` per server.
     #[arg(long, default_value_t = 16)]
@@ -225,7 +233,7 @@ impl PgCacheArgs {
         if self.rows < (self.replicas as u64) * 1024 {
             bail!("--rows must be at least 1024 per replica");
         }
-        if !(self.load_factor >= 1.0) {
+        if self.load_factor.is_nan() || self.load_factor < 1.0 {
             bail!("--load-factor must be at least 1");
         }
         let asked: Vec<String> = self.targets.iter().map(|t| t.trim().to_string()).collect();
@@ -253,7 +261,7 @@ impl PgCacheArgs {
             self.jobs,
             self.warmup,
         );
-        if targets.len() < TARGETS.len() {
+        if targets.join(",") != DEFAULT_TARGETS {
             let _ = write!(command, " --targets {}", targets.join(","));
         }
         if self.load_factor != 1.25 {
@@ -283,11 +291,15 @@ impl PgCacheArgs {
 }
 
 impl PgCacheOptions {
-    /// Seconds the runs take (not the loading): every variant, workload, pair and target, each
-    /// a warm-up and a run.
-    pub fn estimate_secs(&self) -> u64 {
-        let runs = self.iops.len() * self.dists.len() * self.pairs * self.targets.len();
-        runs as u64 * (self.warmup + self.duration + 3)
+    /// Runs of `targets` targets: every variant, workload and pair.
+    pub fn runs(&self, targets: usize) -> usize {
+        self.iops.len() * self.dists.len() * self.pairs * targets
+    }
+
+    /// Seconds those runs take (not the loading), each a warm-up and a run, and a few
+    /// seconds of starting and counting.
+    pub fn estimate_secs(&self, targets: usize) -> u64 {
+        self.runs(targets) as u64 * (self.warmup + self.duration + 3)
     }
 }
 
@@ -304,8 +316,8 @@ pub struct Part {
 }
 
 impl Part {
-    /// Keys in the range.
-    pub fn len(&self) -> u64 {
+    /// Keys in the range (never none: a part has at least one key).
+    pub fn keys(&self) -> u64 {
         self.hi + 1 - self.lo
     }
 }
@@ -425,12 +437,12 @@ mod tests {
         );
         let thirds = split(20_000, 16, 3);
         assert_eq!(thirds.iter().map(|p| p.clients).sum::<usize>(), 16);
-        assert_eq!(thirds.iter().map(Part::len).sum::<u64>(), 20_000);
+        assert_eq!(thirds.iter().map(Part::keys).sum::<u64>(), 20_000);
         assert_eq!((thirds[0].lo, thirds[2].hi), (1, 20_000));
         for w in thirds.windows(2) {
             assert_eq!(w[0].hi + 1, w[1].lo, "contiguous");
         }
-        assert!(thirds.iter().all(|p| (6666..=6667).contains(&p.len()) && (5..=6).contains(&p.clients)));
+        assert!(thirds.iter().all(|p| (6666..=6667).contains(&p.keys()) && (5..=6).contains(&p.clients)));
         assert_eq!(split(10, 3, 1), vec![Part { lo: 1, hi: 10, clients: 3 }]);
     }
 
@@ -452,7 +464,7 @@ mod tests {
         assert_eq!((o.replicas, o.replica_mem, o.rows, o.clients, o.jobs), (2, 384 << 20, 2_100_000, 16, 2));
         assert_eq!((o.warmup, o.duration, o.pairs), (60, 60, 5));
         assert_eq!(o.iops, vec![Iops(None), Iops(Some(5000))]);
-        assert_eq!(o.targets, TARGETS.to_vec());
+        assert_eq!(o.targets, TARGETS[..3].to_vec());
         assert_eq!(o.dists, Dist::ALL.to_vec());
         assert_eq!(
             o.command,
@@ -462,10 +474,13 @@ mod tests {
         let q = options(&["--rows", "20000", "--duration", "3", "--warmup", "1", "--pairs", "1", "--iops", "none"])
             .expect("smoke");
         assert_eq!((q.rows, q.duration, q.warmup, q.pairs, q.iops.clone()), (20_000, 3, 1, 1, vec![Iops(None)]));
-        assert_eq!(q.estimate_secs(), 3 * 3 * (1 + 3 + 3));
+        assert_eq!((q.runs(3), q.estimate_secs(2)), (9, 3 * 2 * (1 + 3 + 3)));
         let t = options(&["--targets", "ideal,peak-ewma", "--dists", "zipf,uniform"]).expect("subset");
         assert_eq!((t.targets, t.dists), (vec!["peak-ewma", "ideal"], vec![Dist::Uniform, Dist::Zipf]));
         assert!(options(&["--targets", "round-robin"]).is_err());
+        let r = options(&["--targets", "peak-ewma,ideal-refract,ideal"]).expect("ideal-refract");
+        assert_eq!(r.targets, vec!["peak-ewma", "ideal", "ideal-refract"]);
+        assert!(r.command.ends_with(" --targets peak-ewma,ideal,ideal-refract"), "{}", r.command);
         assert!(options(&["--iops", "0"]).is_err());
         assert!(options(&["--replicas", "3", "--clients", "2"]).is_err());
     }

@@ -17,7 +17,20 @@ pub const MARKER: &str = "pgcache";
 pub const SECTION: &str = "loopback";
 
 /// The ratios reported, numerator over denominator.
-pub const RATIOS: [(&str, &str); 3] = [("affinity", "peak-ewma"), ("affinity", "ideal"), ("ideal", "peak-ewma")];
+pub const RATIOS: [(&str, &str); 5] = [
+    ("affinity", "peak-ewma"),
+    ("affinity", "ideal"),
+    ("ideal", "peak-ewma"),
+    ("affinity", "ideal-refract"),
+    ("ideal-refract", "peak-ewma"),
+];
+
+/// The ratios shown: the first three always (so that a skipped affinity shows as `–`), the
+/// others when their targets ran.
+fn ratios(targets: &[&str]) -> Vec<(&'static str, &'static str)> {
+    let asked = |t: &str| t == "affinity" || targets.contains(&t);
+    RATIOS.iter().enumerate().filter(|(i, (a, b))| *i < 3 || (asked(a) && asked(b))).map(|(_, r)| *r).collect()
+}
 
 /// What one recorded run measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -262,7 +275,7 @@ fn header(out: &mut String, r: &Results) {
          - **Targets:** `peak-ewma` and `affinity` are refract (`[balance] policy`, everything else shipped \
          defaults, `pool_size = {}`; affinity with `affinity_load_factor = {}` and `[[postgres.affinity]] table = \
          \"{TABLE}\", column = \"id\"`), the primary and every replica as `[[postgres.server]]`, a refract started \
-         for each run and stopped after it.\n\
+         for each run and stopped after it.{}\n\
          - **Runs:** per variant and workload, {} pair(s); a pair is one run of every target, the order rotating \
          from pair to pair; every run is {} s of warm-up through its target, then {} s recorded.\n\
          - **Measures, per run:** TPS; per replica, from `pg_stat_database` deltas (database `postgres`), \
@@ -301,6 +314,13 @@ fn header(out: &mut String, r: &Results) {
         scripts.join("; "),
         o.clients,
         o.load_factor,
+        if o.targets.contains(&"ideal-refract") {
+            " `ideal-refract` is the ideal through refract: each replica's clients and key range through a refract \
+             of its own whose only replica is that one (`peak-ewma`, `pool_size` = those clients), so it has \
+             refract's cost per query and the ideal's caches; `affinity / ideal-refract` is the caches' part alone."
+        } else {
+            ""
+        },
         o.pairs,
         o.warmup,
         o.duration,
@@ -310,23 +330,28 @@ fn header(out: &mut String, r: &Results) {
 
 /// Per variant and workload: median TPS of each target and the ratios.
 pub fn headline(r: &Results) -> String {
-    let mut s = String::from(
-        "| reads | workload | peak-ewma TPS | affinity TPS | ideal TPS | affinity / peak-ewma | affinity / ideal | ideal / peak-ewma |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|\n",
-    );
+    const ALWAYS: [&str; 3] = ["peak-ewma", "affinity", "ideal"];
+    let mut shown: Vec<&str> = ALWAYS.to_vec();
+    shown.extend(r.opts.targets.iter().filter(|t| !ALWAYS.contains(t)));
+    let ratios = ratios(&r.opts.targets);
+    let mut s = String::from("| reads | workload |");
+    for t in &shown {
+        let _ = write!(s, " {t} TPS |");
+    }
+    for (a, b) in &ratios {
+        let _ = write!(s, " {a} / {b} |");
+    }
+    let _ = writeln!(s, "\n|---|---|{}", "---:|".repeat(shown.len() + ratios.len()));
     let tps = |c: &Cell, t: &str| c.median(t, |m| Some(m.tps)).map_or_else(|| "–".to_string(), format_rate);
     for c in &r.cells {
-        let ratios: Vec<String> = RATIOS.iter().map(|(a, b)| describe_ratio(&c.pair_ratios(a, b))).collect();
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} |",
-            c.iops.label(),
-            c.dist.name(),
-            tps(c, "peak-ewma"),
-            tps(c, "affinity"),
-            tps(c, "ideal"),
-            ratios.join(" | ")
-        );
+        let _ = write!(s, "| {} | {} |", c.iops.label(), c.dist.name());
+        for t in &shown {
+            let _ = write!(s, " {} |", tps(c, t));
+        }
+        for (a, b) in &ratios {
+            let _ = write!(s, " {} |", describe_ratio(&c.pair_ratios(a, b)));
+        }
+        s.push('\n');
     }
     s
 }
@@ -336,7 +361,16 @@ fn pct(v: Option<f64>) -> String {
 }
 
 fn num(v: Option<f64>) -> String {
-    v.map_or_else(|| "–".into(), sig3)
+    v.map_or_else(|| "–".into(), small)
+}
+
+/// Three significant digits; below 0.001 in scientific notation (`1.0e-5`), 0 as `0`.
+fn small(v: f64) -> String {
+    if v != 0.0 && v.abs() < 0.001 {
+        format!("{v:.1e}")
+    } else {
+        sig3(v)
+    }
 }
 
 /// Medians over the runs of each target.
@@ -408,8 +442,8 @@ fn runs_table(out: &mut String, r: &Results) {
                         format_rate(m.tps),
                         sig3(m.latency_ms),
                         hits.join(" / "),
-                        sig3(m.reads_per_query()),
-                        sig3(m.disk_reads_per_query()),
+                        small(m.reads_per_query()),
+                        small(m.disk_reads_per_query()),
                         pct(m.memory_hit()),
                         num(m.imbalance()),
                         q.join(" / "),
@@ -433,8 +467,8 @@ pub fn line(m: &Measured) -> String {
         format_rate(m.tps),
         m.latency_ms,
         hits.join(" / "),
-        sig3(m.reads_per_query()),
-        sig3(m.disk_reads_per_query()),
+        small(m.reads_per_query()),
+        small(m.disk_reads_per_query()),
         num(m.imbalance())
     )
 }
@@ -470,6 +504,7 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(vec![]), None);
+        assert_eq!((small(0.00001), small(0.0), small(0.682)), ("1.0e-5".into(), sig3(0.0), "0.682".into()));
         let run = |pair, target, tps: f64| Run {
             pair,
             target,

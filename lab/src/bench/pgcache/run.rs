@@ -56,17 +56,7 @@ pub fn measure(opts: &PgCacheOptions) -> Result<Results> {
             bail!("{} does not exist (pgbench and psql: Debian's postgresql-client)", t.display());
         }
     }
-    let secs = opts.estimate_secs();
-    step(
-        started,
-        &format!(
-            "{} runs of {} s warm-up + {} s: about {:.0} min after loading",
-            opts.iops.len() * opts.dists.len() * opts.pairs * opts.targets.len(),
-            opts.warmup,
-            opts.duration,
-            secs as f64 / 60.0
-        ),
-    );
+    eta(started, opts, opts.targets.len());
     step(
         started,
         &format!("starting a primary and {} replicas (memory cgroups of {} bytes)", opts.replicas, opts.replica_mem),
@@ -107,6 +97,7 @@ pub fn measure(opts: &PgCacheOptions) -> Result<Results> {
     let affinity = if opts.targets.contains(&"affinity") { probe_affinity(&ctx)? } else { Affinity::NotAsked };
     if let Affinity::Skipped(why) = &affinity {
         step(started, &format!("SKIPPING the affinity runs: refract refused `policy = \"affinity\"`: {why}"));
+        eta(started, opts, opts.targets.len() - 1);
     }
     let targets: Vec<&'static str> =
         opts.targets.iter().copied().filter(|t| *t != "affinity" || affinity == Affinity::Ran).collect();
@@ -158,6 +149,14 @@ pub fn measure(opts: &PgCacheOptions) -> Result<Results> {
     })
 }
 
+/// Says how many runs there are and how long they take.
+fn eta(started: Instant, opts: &PgCacheOptions, targets: usize) {
+    let (runs, secs) = (opts.runs(targets), opts.estimate_secs(targets));
+    let what =
+        format!("{runs} runs of {} s warm-up + {} s: about {:.0} min", opts.warmup, opts.duration, secs as f64 / 60.0);
+    step(started, &what);
+}
+
 /// Starts refract with the affinity config once: `Ran` if it comes up, `Skipped(reason)` if
 /// it refuses the config as unknown; any other failure is an error.
 fn probe_affinity(ctx: &Ctx<'_>) -> Result<Affinity> {
@@ -201,17 +200,23 @@ fn start_refract(ctx: &Ctx<'_>, policy: &str) -> Result<Target> {
 fn one(ctx: &Ctx<'_>, target: &str, dist: Dist) -> Result<std::result::Result<Measured, String>> {
     let script = ctx.scripts.iter().find(|(d, _)| *d == dist).map(|(_, p)| p.as_path()).context("no script")?;
     let o = ctx.opts;
-    let mut refract = match target {
-        "ideal" => None,
-        policy => match start_refract(ctx, policy) {
-            Ok(t) => Some(t),
-            Err(e) => return Ok(Err(format!("refract did not start: {e:#}"))),
-        },
+    let mut refracts: Vec<Target> = vec![];
+    let started = match target {
+        "ideal" => Ok(()),
+        "ideal-refract" => start_per_replica(ctx, &mut refracts),
+        policy => start_refract(ctx, policy).map(|t| refracts.push(t)),
     };
+    if let Err(e) = started {
+        refracts.iter_mut().for_each(Target::stop);
+        return Ok(Err(format!("refract did not start: {e:#}")));
+    }
+    let replicas = ctx.cluster.replica_ports();
     let drive = |seconds: u64| -> Result<Outcome> {
-        match &refract {
-            Some(t) => client::run(&ctx.pgbench, &load(script, o.clients, o.jobs, seconds, 1, o.rows), t.port),
-            None => ideal(ctx, script, seconds),
+        match (target, refracts.as_slice()) {
+            ("ideal", _) => parallel(ctx, script, seconds, &replicas),
+            ("ideal-refract", r) => parallel(ctx, script, seconds, &r.iter().map(|t| t.port).collect::<Vec<_>>()),
+            (_, [t]) => client::run(&ctx.pgbench, &load(script, o.clients, o.jobs, seconds, 1, o.rows), t.port),
+            _ => Ok(Err("no refract".into())),
         }
     };
     if o.warmup > 0 {
@@ -222,9 +227,7 @@ fn one(ctx: &Ctx<'_>, target: &str, dist: Dist) -> Result<std::result::Result<Me
     let before = ctx.cluster.counters()?;
     let outcome = drive(o.duration)?;
     let after = ctx.cluster.counters()?;
-    if let Some(t) = refract.as_mut() {
-        t.stop();
-    }
+    refracts.iter_mut().for_each(Target::stop);
     Ok(outcome.map(|s| measured(&s, &before, &after)))
 }
 
@@ -238,18 +241,32 @@ fn measured(s: &Summary, before: &[Counters], after: &[Counters]) -> Measured {
     }
 }
 
-/// The ideal: one pgbench per replica at once, straight to it, over its key range; their
-/// summaries added up (latency weighted by transactions). The first failure fails it.
-fn ideal(ctx: &Ctx<'_>, script: &Path, seconds: u64) -> Result<Outcome> {
+/// For `ideal-refract`: one refract per replica, over the primary and that replica only, its
+/// pool the size of that replica's share of the clients.
+fn start_per_replica(ctx: &Ctx<'_>, into: &mut Vec<Target>) -> Result<()> {
+    let (o, c) = (ctx.opts, ctx.cluster);
+    let parts = split(o.rows, o.clients, o.replicas);
+    for (i, (port, part)) in c.replica_ports().into_iter().zip(parts).enumerate() {
+        let name = format!("ideal-refract-{}", i + 1);
+        into.push(targets::start_refract_with(&ctx.setup, &name, |pg, http, admin| {
+            config("peak-ewma", c.primary.port, &[port], part.clients, o.load_factor, Ports { pg, http, admin })
+        })?);
+    }
+    Ok(())
+}
+
+/// The ideal: one pgbench per replica at once, over its key range, to `ports[i]` (the
+/// replica itself, or a refract whose only replica it is); their summaries added up (latency
+/// weighted by transactions). The first failure fails it.
+fn parallel(ctx: &Ctx<'_>, script: &Path, seconds: u64, ports: &[u16]) -> Result<Outcome> {
     let o = ctx.opts;
     let parts = split(o.rows, o.clients, o.replicas);
-    let ports = ctx.cluster.replica_ports();
     let results: Vec<Result<Outcome>> = std::thread::scope(|s| {
         let handles: Vec<_> = parts
             .iter()
-            .zip(&ports)
+            .zip(ports)
             .map(|(p, &port)| {
-                let l = load(script, p.clients, 1, seconds, p.lo, p.len());
+                let l = load(script, p.clients, 1, seconds, p.lo, p.keys());
                 let bin = &ctx.pgbench;
                 s.spawn(move || client::run(bin, &l, port))
             })

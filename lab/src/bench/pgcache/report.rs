@@ -285,7 +285,7 @@ fn header(out: &mut String, r: &Results) {
          reached the disk per query, and from them the share of page accesses served from memory (1 − disk \
          reads / (`blks_hit` + `blks_read`)). With no read cap a limit of {} IOPS is set only so that the kernel \
          counts the reads. Ratios are medians of the per-pair TPS ratios; with two or more pairs that differ, \
-         a paired 90 % interval (Student's t on the log ratios).\n\n",
+         the paired 90 % interval of their geometric mean (Student's t on the log ratios).\n\n",
         e.date,
         r.minutes,
         e.cores,

@@ -121,6 +121,12 @@ pub enum BenchCmd {
     /// shards, both on one server) vs unsharded, in paired runs (simple and extended protocol);
     /// writes section `pgshard:loopback` of docs/benchmarks.md.
     PgShard(crate::bench::pgshard::PgShardArgs),
+    /// PostgreSQL cache-affinity routing: keyed reads (uniform, Zipf, scattered Zipf) through
+    /// refract under `peak-ewma` and `affinity`, and the ideal (each replica's clients straight
+    /// to it, its key range only), on a loopback primary and replicas whose memory cgroups hold
+    /// about their share of the table; per replica hit ratios, disk reads per query, load;
+    /// writes section `pgcache:loopback` of docs/benchmarks.md (needs root).
+    PgCache(crate::bench::pgcache::PgCacheArgs),
     /// Several dispatchers behind one address: relay through one dispatcher vs two, hybrid
     /// through two (16 MiB results, 4 connections, rf-r's ECMP route; `lab up --dispatchers`);
     /// writes section `cluster:RATE` of docs/benchmarks.md.
@@ -174,6 +180,7 @@ impl BenchCmd {
             BenchCmd::PgOverload(a) => crate::bench::pgoverload::run(a),
             BenchCmd::PgLarge(a) => crate::bench::pglarge::run(&a),
             BenchCmd::PgShard(a) => crate::bench::pgshard::run(a),
+            BenchCmd::PgCache(a) => crate::bench::pgcache::run(a),
             BenchCmd::Cluster(a) => crate::bench::cluster::run(&a),
             BenchCmd::Streams(spec) => crate::bench::streams::main(&spec),
             BenchCmd::Loadgen(spec) => crate::bench::loadgen::main(&spec),

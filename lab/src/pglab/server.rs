@@ -188,7 +188,8 @@ fn path_str(p: &Path) -> Result<String> {
     p.to_str().map(str::to_string).with_context(|| format!("path {} is not UTF-8", p.display()))
 }
 
-fn append(path: &Path, text: &str) -> Result<()> {
+/// Appends `text` to the file at `path` (a server's `postgresql.conf`).
+pub(crate) fn append(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new().append(true).open(path).with_context(|| format!("{}", path.display()))?;
     f.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))

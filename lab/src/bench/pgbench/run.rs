@@ -125,6 +125,18 @@ pub fn measure(opts: &PgbenchOptions) -> Result<Results> {
     Ok(results)
 }
 
+/// pgbench and psql of the kit's PostgreSQL, checked to exist with `refract_bin`.
+pub(crate) fn clients_and(refract_bin: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let pgbench = testkit::tool("pgbench").context("finding pgbench")?;
+    let psql = testkit::tool("psql").context("finding psql")?;
+    for t in [&pgbench, &psql, refract_bin] {
+        if !t.exists() {
+            bail!("{} does not exist (pgbench and psql: Debian's postgresql-client)", t.display());
+        }
+    }
+    Ok((pgbench, psql))
+}
+
 /// The first three fields of `/proc/loadavg`.
 pub(crate) fn loadavg() -> String {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

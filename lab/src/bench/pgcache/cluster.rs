@@ -15,6 +15,7 @@
 //! unprivileged user (`nobody`, or `$REFRACT_PG_RUN_AS`) through `runuser`.
 
 use super::{replica_name, PAD_CHARS, TABLE};
+use crate::pglab::server::append;
 use crate::support::{interrupt, sh};
 use anyhow::{bail, Context, Result};
 use refract_testkit::{self as testkit, DATABASE, PASSWORD, USER};
@@ -631,12 +632,6 @@ fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
 
 fn path_str(p: &Path) -> Result<&str> {
     p.to_str().with_context(|| format!("path {} is not UTF-8", p.display()))
-}
-
-fn append(path: &Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).with_context(|| format!("{}", path.display()))?;
-    f.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]

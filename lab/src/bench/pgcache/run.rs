@@ -15,7 +15,7 @@ use super::cluster::{Cluster, Counters};
 use super::report::{self, Affinity, Cell, Measured, Results, Run};
 use super::{config, load, split, Dist, PgCacheArgs, PgCacheOptions, Ports};
 use crate::bench::pgbench::client::{self, Outcome, Summary};
-use crate::bench::pgbench::run::{loadavg, run_as, step, tempdir};
+use crate::bench::pgbench::run::{clients_and, loadavg, run_as, step, tempdir};
 use crate::bench::pgbench::targets::{self, Placement, Setup, Target};
 use crate::report::environment::Environment;
 use crate::support::{interrupt, sh};
@@ -49,13 +49,7 @@ pub fn measure(opts: &PgCacheOptions) -> Result<Results> {
         bail!("bench pg-cache needs root: it creates cgroups under /sys/fs/cgroup (run it with sudo)");
     }
     let load_at_start = loadavg();
-    let pgbench = testkit::tool("pgbench").context("finding pgbench")?;
-    let psql = testkit::tool("psql").context("finding psql")?;
-    for t in [&pgbench, &psql, &opts.refract_bin] {
-        if !t.exists() {
-            bail!("{} does not exist (pgbench and psql: Debian's postgresql-client)", t.display());
-        }
-    }
+    let (pgbench, psql) = clients_and(&opts.refract_bin)?;
     eta(started, opts, opts.targets.len());
     step(
         started,

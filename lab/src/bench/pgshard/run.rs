@@ -14,11 +14,11 @@ use super::{config, load, PgShardArgs, PgShardOptions, Ports, SCRIPT, SCRIPT_FIL
 use crate::bench::pairs::cpu;
 use crate::bench::pgbench::client;
 use crate::bench::pgbench::options::SERVER_SETTINGS;
-use crate::bench::pgbench::run::{loadavg, restart, run_as, step, tempdir, versions};
+use crate::bench::pgbench::run::{clients_and, loadavg, restart, run_as, step, tempdir, versions};
 use crate::bench::pgbench::targets::{self, Setup, Target};
 use crate::report::environment::Environment;
 use crate::support::{interrupt, sh};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use refract_testkit::{self as testkit, PgCluster, PgServer};
 use std::path::Path;
 use std::process::Command;
@@ -36,13 +36,7 @@ pub fn run(args: PgShardArgs) -> Result<()> {
 pub fn measure(opts: &PgShardOptions) -> Result<Results> {
     let started = Instant::now();
     let load_at_start = loadavg();
-    let pgbench = testkit::tool("pgbench").context("finding pgbench")?;
-    let psql = testkit::tool("psql").context("finding psql")?;
-    for t in [&pgbench, &psql, &opts.refract_bin] {
-        if !t.exists() {
-            bail!("{} does not exist (pgbench and psql: Debian's postgresql-client)", t.display());
-        }
-    }
+    let (pgbench, psql) = clients_and(&opts.refract_bin)?;
     step(started, "starting a PostgreSQL server (refract-testkit)");
     let cluster = PgCluster::start_with_replicas(0).map_err(|e| anyhow!("starting PostgreSQL: {e}"))?;
     let run_as = run_as()?;
